@@ -1,0 +1,97 @@
+"""Configuration from the environment: database URL, lease TTL, recovery interval."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ratchet.errors import ConfigError
+
+log = logging.getLogger("ratchet.config")
+
+DEFAULT_DATABASE_URL = "sqlite:///.ratchet/ratchet.db"
+DEFAULT_LEASE_TTL = 15.0
+DEFAULT_RECOVERY_INTERVAL = 30.0
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"500ms"``, ``"30s"``, ``"2m"``, ``"1h"`` or bare seconds → seconds.
+
+    Raises :class:`ConfigError` for anything else, including zero or negative values.
+    """
+    match = _DURATION.match(text)
+    if match is None:
+        raise ConfigError(f"invalid duration {text!r}: expected a number with ms, s, m or h")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+    if seconds <= 0:
+        raise ConfigError(f"invalid duration {text!r}: must be positive")
+    return seconds
+
+
+def duration_from_env(name: str, default: float) -> float:
+    """A positive duration from ``name``; an invalid value falls back to ``default`` with a
+    warning, so a typo cannot switch the mechanism off."""
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return parse_duration(raw)
+    except ConfigError as e:
+        log.warning("action=config_fallback name=%s value=%r default=%ss: %s", name, raw, default, e)
+        return default
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseURL:
+    """A parsed ``RATCHET_DATABASE_URL``."""
+
+    scheme: str  # sqlite | postgresql
+    url: str
+    path: str = ""  # sqlite only
+
+    @staticmethod
+    def parse(url: str) -> DatabaseURL:
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigError("RATCHET_DATABASE_URL is empty: expected sqlite:///path or postgresql://...")
+        url = url.strip()
+        parts = urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme == "sqlite":
+            # sqlite:///relative/path and sqlite:////absolute/path, as SQLAlchemy spells them.
+            if not url.startswith("sqlite:///") or parts.netloc:
+                raise ConfigError(
+                    f"malformed database URL {url!r}: a SQLite URL is sqlite:///path/to/file.db"
+                )
+            path = url[len("sqlite:///") :].split("?", 1)[0]
+            if not path or path.endswith("/"):
+                raise ConfigError(f"malformed database URL {url!r}: no database file named")
+            return DatabaseURL("sqlite", url, path)
+        if scheme in ("postgresql", "postgres"):
+            if not parts.hostname and "host=" not in (parts.query or ""):
+                raise ConfigError(f"malformed database URL {url!r}: no host named")
+            try:
+                _ = parts.port
+            except ValueError as e:
+                raise ConfigError(f"malformed database URL {url!r}: {e}") from e
+            return DatabaseURL("postgresql", url)
+        raise ConfigError(
+            f"malformed database URL {url!r}: scheme {parts.scheme!r} is not sqlite or postgresql"
+        )
+
+
+def database_url_from_env() -> str:
+    return os.environ.get("RATCHET_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+def lease_ttl_from_env() -> float:
+    return duration_from_env("RATCHET_LEASE_TTL", DEFAULT_LEASE_TTL)
+
+
+def recovery_interval_from_env() -> float:
+    return duration_from_env("RATCHET_RECOVERY_INTERVAL", DEFAULT_RECOVERY_INTERVAL)

@@ -1,0 +1,129 @@
+"""Ratchet's exceptions.
+
+Every error derives from :class:`RatchetError`; its docstring is its default message.
+``retry_class`` names the retry class (DESIGN.md §4) a step failure belongs to, so a
+retry policy can decide without string matching. Control-flow signals that user code
+must not swallow (a parked run, a lost lease) derive from ``BaseException``.
+"""
+
+from __future__ import annotations
+
+
+class RatchetError(Exception):
+    """A Ratchet error."""
+
+    retry_class: str = "any"
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (self.__doc__ or "").strip())
+
+
+class ConfigError(RatchetError, ValueError):
+    """Invalid configuration."""
+
+
+class InvalidInput(RatchetError, ValueError):
+    """Invalid input."""
+
+
+class UnknownWorkflow(InvalidInput):
+    """Unknown workflow."""
+
+
+class UnknownRun(InvalidInput, LookupError):
+    """Unknown run id."""
+
+
+class NotSerializable(InvalidInput, TypeError):
+    """A value is not JSON-serialisable."""
+
+
+class InvalidRetryPolicy(InvalidInput):
+    """Invalid retry policy."""
+
+
+class StorageError(RatchetError):
+    """The database refused or failed an operation."""
+
+
+class NonDeterminismError(RatchetError):
+    """The workflow's step sequence differs from its journal."""
+
+
+class StepFailed(RatchetError):
+    """A step failed and will not be retried."""
+
+    def __init__(self, step_id: str, error: str) -> None:
+        super().__init__(f"step {step_id} failed: {error}")
+        self.step_id = step_id
+        self.error = error
+
+
+class StepTimeout(RatchetError):
+    """A step ran past its timeout."""
+
+    retry_class = "timeout"
+
+
+class ConnectorError(RatchetError):
+    """A connector call failed."""
+
+    retry_class = "connector"
+
+
+class LLMError(RatchetError):
+    """A model call failed."""
+
+    retry_class = "llm"
+
+
+class ToolError(RatchetError):
+    """A tool call failed."""
+
+    retry_class = "tool"
+
+
+class SignalTimeout(RatchetError):
+    """No signal arrived before the wait's deadline."""
+
+    retry_class = "timeout"
+
+
+class ReceiptUnresolved(RatchetError):
+    """A delivery's receipt was left claimed by a crash and its policy forbids a resend."""
+
+
+class ChildRunFailed(RatchetError):
+    """A child run ended without succeeding."""
+
+
+class RunFailed(RatchetError):
+    """The run failed."""
+
+
+class RunCancelled(RatchetError):
+    """The run was cancelled."""
+
+
+class ResultTimeout(RatchetError):
+    """The run did not finish within the timeout."""
+
+
+class NotDeadLettered(RatchetError):
+    """The run is not in the dead-letter queue."""
+
+
+class RunFinished(RatchetError):
+    """The run has already finished."""
+
+
+class LeaseLost(BaseException):
+    """This worker no longer holds the run's lease; nothing it writes will land."""
+
+    def __init__(self, run_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"lease on run {run_id} lost")
+        self.run_id = run_id
+
+
+class Parked(BaseException):
+    """The run is parked (sleep, signal, child run, backoff); the worker lets it go."""

@@ -1,0 +1,320 @@
+"""Runs, events, statuses and the fold.
+
+The journal is the truth: a run's state is the fold of its events. The engine, the CLI
+and any viewer fold the same way through :func:`fold`. This module imports nothing else
+of Ratchet's, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class RunStatus(StrEnum):
+    """Where a run stands."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class EventKind(StrEnum):
+    """The kinds of journal event (DESIGN.md §5)."""
+
+    RUN_QUEUED = "run_queued"
+    RUN_STARTED = "run_started"
+    RUN_RESUMED = "run_resumed"
+    STEP_STARTED = "step_started"
+    STEP_COMPLETED = "step_completed"
+    STEP_FAILED = "step_failed"
+    STEP_RETRYING = "step_retrying"
+    STEP_WAITING = "step_waiting"
+    SIGNAL_RECEIVED = "signal_received"
+    RUN_SUCCEEDED = "run_succeeded"
+    RUN_FAILED = "run_failed"
+    RUN_CANCELLED = "run_cancelled"
+
+
+TERMINAL_EVENTS = {
+    EventKind.RUN_SUCCEEDED: RunStatus.SUCCEEDED,
+    EventKind.RUN_FAILED: RunStatus.FAILED,
+    EventKind.RUN_CANCELLED: RunStatus.CANCELLED,
+}
+
+GENESIS_HASH = "0" * 64
+
+
+def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
+    """``sha256("runID|stepID|attempt")`` in hex (DESIGN.md invariant 6)."""
+    return hashlib.sha256(f"{run_id}|{step_id}|{attempt}".encode()).hexdigest()
+
+
+def dumps(value: Any) -> str:
+    """Canonical JSON: the form payloads, inputs and outputs are stored in."""
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One journal event. ``seq`` starts at 1 and has no gaps within a run."""
+
+    run_id: str
+    seq: int
+    kind: str
+    step_id: str | None
+    attempt: int | None
+    payload: dict[str, Any]
+    at: float
+    prev_hash: str
+    hash: str
+
+    @staticmethod
+    def chain(
+        run_id: str,
+        seq: int,
+        kind: str,
+        step_id: str | None,
+        attempt: int | None,
+        payload: dict[str, Any],
+        at: float,
+        prev_hash: str,
+    ) -> Event:
+        """Build the event that follows ``prev_hash`` in a run's hash chain."""
+        body = dumps([run_id, seq, kind, step_id, attempt, payload, round(at, 6)])
+        digest = hashlib.sha256(f"{prev_hash}|{body}".encode()).hexdigest()
+        return Event(run_id, seq, kind, step_id, attempt, payload, at, prev_hash, digest)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "seq": self.seq,
+            "kind": self.kind,
+            "step_id": self.step_id,
+            "attempt": self.attempt,
+            "payload": self.payload,
+            "at": self.at,
+            "hash": self.hash,
+        }
+
+
+@dataclass(slots=True)
+class StepState:
+    """A step as its events leave it."""
+
+    step_id: str
+    ordinal: int
+    name: str
+    status: str = "pending"  # pending | started | retrying | waiting | completed | failed
+    attempt: int = 0  # the latest attempt journaled
+    attempt_base: int = 0  # attempts before the latest manual retry; not charged again
+    output: Any = None
+    error: str | None = None
+    waiting: dict[str, Any] | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    first_started_at: float | None = None
+
+    @property
+    def attempts_used(self) -> int:
+        return self.attempt - self.attempt_base
+
+
+@dataclass(slots=True)
+class RunState:
+    """A run as its journal leaves it."""
+
+    run_id: str
+    status: RunStatus = RunStatus.QUEUED
+    steps: dict[str, StepState] = field(default_factory=dict)
+    by_ordinal: dict[int, StepState] = field(default_factory=dict)
+    output: Any = None
+    error: str | None = None
+    started: bool = False
+    last_seq: int = 0
+    last_hash: str = GENESIS_HASH
+    drives: int = 0
+
+
+def split_step_id(step_id: str) -> tuple[int, str]:
+    """``"3:fetch_page"`` → ``(3, "fetch_page")``."""
+    ordinal, _, name = step_id.partition(":")
+    return int(ordinal), name
+
+
+def fold(run_id: str, events: list[Event]) -> RunState:
+    """The state of a run after ``events``, in ``seq`` order."""
+    state = RunState(run_id)
+    for ev in events:
+        apply(state, ev)
+    return state
+
+
+def apply(state: RunState, ev: Event) -> None:
+    """Fold one event into ``state``."""
+    state.last_seq = ev.seq
+    state.last_hash = ev.hash
+    kind = ev.kind
+    if ev.step_id is not None and kind.startswith("step_"):
+        step = state.steps.get(ev.step_id)
+        if step is None:
+            ordinal, name = split_step_id(ev.step_id)
+            step = StepState(ev.step_id, ordinal, name)
+            state.steps[ev.step_id] = step
+            state.by_ordinal[ordinal] = step
+        if kind == EventKind.STEP_STARTED:
+            step.status = "started"
+            step.attempt = ev.attempt or step.attempt + 1
+            step.started_at = ev.at
+            if step.first_started_at is None:
+                step.first_started_at = ev.at
+            step.error = None
+        elif kind == EventKind.STEP_COMPLETED:
+            step.status = "completed"
+            step.output = ev.payload.get("output")
+            step.finished_at = ev.at
+            step.waiting = None
+        elif kind == EventKind.STEP_FAILED:
+            step.status = "failed"
+            step.error = ev.payload.get("error")
+            step.finished_at = ev.at
+        elif kind == EventKind.STEP_RETRYING:
+            step.status = "retrying"
+            step.error = ev.payload.get("error")
+            step.waiting = ev.payload
+        elif kind == EventKind.STEP_WAITING:
+            step.status = "waiting"
+            step.waiting = ev.payload
+            if step.first_started_at is None:
+                step.first_started_at = ev.at
+        return
+    if kind == EventKind.RUN_QUEUED:
+        state.status = RunStatus.QUEUED
+        if ev.payload.get("reason") == "retry":
+            # A dead-lettered run was re-queued: its failed steps get a fresh budget of
+            # attempts, numbered on from the last one so their keys stay distinct.
+            for step in state.steps.values():
+                if step.status == "failed":
+                    step.status = "pending"
+                    step.attempt_base = step.attempt
+            state.error = None
+    elif kind == EventKind.RUN_STARTED:
+        state.status = RunStatus.RUNNING
+        state.started = True
+        state.drives += 1
+    elif kind == EventKind.RUN_RESUMED:
+        state.status = RunStatus.RUNNING
+        state.drives += 1
+    elif kind in TERMINAL_EVENTS:
+        state.status = TERMINAL_EVENTS[EventKind(kind)]
+        state.output = ev.payload.get("output")
+        state.error = ev.payload.get("error")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A row of ``runs``."""
+
+    run_id: str
+    workflow: str
+    workflow_version: str
+    input: Any
+    status: RunStatus
+    output: Any
+    error: str | None
+    parent_run_id: str | None
+    parent_step_id: str | None
+    queue: str
+    priority: int
+    not_before: float | None
+    waiting_for: str | None
+    created_at: float
+    updated_at: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "workflow": self.workflow,
+            "workflow_version": self.workflow_version,
+            "input": self.input,
+            "status": str(self.status),
+            "output": self.output,
+            "error": self.error,
+            "parent_run_id": self.parent_run_id,
+            "parent_step_id": self.parent_step_id,
+            "queue": self.queue,
+            "priority": self.priority,
+            "not_before": self.not_before,
+            "waiting_for": self.waiting_for,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    """A run to create: validated, serialisable input."""
+
+    run_id: str
+    workflow: str
+    workflow_version: str
+    input: Any
+    queue: str = "default"
+    priority: int = 0
+    parent_run_id: str | None = None
+    parent_step_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A worker's hold on a run: ``epoch`` is the fencing token."""
+
+    run_id: str
+    worker_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRun:
+    """A run a worker has just taken, with the lease it holds and why it took it."""
+
+    record: RunRecord
+    lease: Lease
+    reason: str  # claim | sweep | reclaim
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A row of ``side_effect_receipts``."""
+
+    idempotency_key: str
+    run_id: str
+    step_id: str
+    status: str  # claimed | settled
+    response: Any
+    claimed_at: float
+    settled_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A row of ``dead_letters``."""
+
+    run_id: str
+    workflow: str
+    reason: str
+    error: str
+    at: float

@@ -1,0 +1,23 @@
+"""Storage: one Store interface, a SQLite and a PostgreSQL dialect."""
+
+from __future__ import annotations
+
+from ratchet.config import DatabaseURL
+from ratchet.store.base import NO_SIGNAL, Clock, HeldLease, Store
+
+__all__ = ["NO_SIGNAL", "Clock", "HeldLease", "Store", "make_store"]
+
+
+def make_store(url: str, clock: Clock | None = None) -> Store:
+    """A store for ``url`` (``sqlite:///path`` or ``postgresql://...``), not yet opened.
+
+    A malformed URL raises :class:`ratchet.errors.ConfigError` before anything is touched.
+    """
+    parsed = DatabaseURL.parse(url)
+    if parsed.scheme == "sqlite":
+        from ratchet.store.sqlite import SqliteStore
+
+        return SqliteStore(parsed.path, clock)
+    from ratchet.store.postgres import PostgresStore
+
+    return PostgresStore(parsed.url, clock)

@@ -1,0 +1,519 @@
+"""The Store: every read and write the engine makes, as one transaction each.
+
+The transaction bodies live here, once, over named queries; a dialect subclass supplies
+the queries, the connection, how a transaction is run off the event loop, and how a
+waiting worker is woken. Each public method is one transaction, so each is one commit.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from ratchet.errors import LeaseLost, NotDeadLettered, RunFinished, UnknownRun
+from ratchet.model import (
+    ClaimedRun,
+    DeadLetter,
+    Event,
+    EventKind,
+    Lease,
+    NewRun,
+    Receipt,
+    RunRecord,
+    RunStatus,
+    dumps,
+)
+
+T = TypeVar("T")
+
+
+class Clock:
+    """An offset added to the database's clock. Tests move it forward to expire leases
+    and timers without sleeping through them; in production it stays at zero."""
+
+    def __init__(self, offset: float = 0.0) -> None:
+        self.offset = offset
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+
+
+class Cursor(Protocol):
+    rowcount: int
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+    def executemany(self, sql: str, params: Any, /) -> Any: ...
+    def fetchone(self) -> Any: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Tx:
+    """A transaction in progress: runs named queries on one cursor."""
+
+    __slots__ = ("_cur", "_q", "after_commit")
+
+    def __init__(self, cur: Cursor, queries: dict[str, str]) -> None:
+        self._cur = cur
+        self._q = queries
+        self.after_commit: list[Callable[[], None]] = []
+
+    def one(self, name: str, params: dict[str, Any]) -> Any:
+        self._cur.execute(self._q[name], params)
+        return self._cur.fetchone()
+
+    def all(self, name: str, params: dict[str, Any]) -> list[Any]:
+        self._cur.execute(self._q[name], params)
+        return self._cur.fetchall()
+
+    def run(self, name: str, params: dict[str, Any]) -> int:
+        self._cur.execute(self._q[name], params)
+        return int(self._cur.rowcount)
+
+    def many(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
+        self._cur.executemany(self._q[name], rows)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldLease:
+    """A lease as renewal found it: still this worker's, at this epoch."""
+
+    run_id: str
+    epoch: int
+    cancel_requested: bool
+
+
+def _record(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(
+        run_id=row[0],
+        workflow=row[1],
+        workflow_version=row[2],
+        input=json.loads(row[3]),
+        status=RunStatus(row[4]),
+        output=json.loads(row[5]) if row[5] is not None else None,
+        error=row[6],
+        parent_run_id=row[7],
+        parent_step_id=row[8],
+        queue=row[9],
+        priority=row[10],
+        not_before=row[11],
+        waiting_for=row[12],
+        created_at=row[13],
+        updated_at=row[14],
+    )
+
+
+def _event(row: Sequence[Any]) -> Event:
+    return Event(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7], row[8])
+
+
+def _receipt(row: Sequence[Any]) -> Receipt:
+    response = json.loads(row[4]) if row[4] is not None else None
+    return Receipt(row[0], row[1], row[2], row[3], response, row[5], row[6])
+
+
+def _event_row(ev: Event) -> dict[str, Any]:
+    return {
+        "run_id": ev.run_id,
+        "seq": ev.seq,
+        "kind": ev.kind,
+        "step_id": ev.step_id,
+        "attempt": ev.attempt,
+        "payload": dumps(ev.payload),
+        "at": ev.at,
+        "prev_hash": ev.prev_hash,
+        "hash": ev.hash,
+    }
+
+
+class Store(ABC):
+    """One schema, two backends. Every method is one transaction."""
+
+    dialect: str
+    queries: dict[str, str]
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+
+    # -- dialect hooks -------------------------------------------------------------------
+
+    @abstractmethod
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(tx, *args)`` in one transaction, off the event loop."""
+
+    @abstractmethod
+    def _ids(self, ids: Sequence[str]) -> Any:
+        """A list of ids as the dialect's queries take it."""
+
+    @abstractmethod
+    def _announce(self, tx: Tx, queue: str) -> None:
+        """Tell idle workers that a run became ready (after this transaction commits)."""
+
+    @abstractmethod
+    async def open(self) -> None:
+        """Connect and apply pending migrations."""
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    @abstractmethod
+    async def wait_ready(self, timeout: float) -> None:
+        """Return when a run may have become ready, or after ``timeout`` seconds."""
+
+    async def now(self) -> float:
+        """The database's clock (plus the store's offset), in Unix seconds."""
+        return float(await self._run(lambda tx: tx.one("now", {})[0]))
+
+    # -- shared transaction pieces ---------------------------------------------------------
+
+    @staticmethod
+    def _check_lease(tx: Tx, lease: Lease) -> None:
+        params = {"run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch}
+        if tx.one("lease_check", params) is None:
+            raise LeaseLost(lease.run_id)
+
+    @staticmethod
+    def _insert_events(tx: Tx, events: Sequence[Event]) -> None:
+        if len(events) == 1:
+            tx.run("event_insert", _event_row(events[0]))
+        elif events:
+            tx.many("event_insert", [_event_row(e) for e in events])
+
+    @staticmethod
+    def _append_unowned(tx: Tx, run_id: str, kind: str, payload: dict[str, Any]) -> Event:
+        """Append for a writer without the lease; the caller holds the run's lease row
+        locked (or fenced), so no holder can append concurrently."""
+        last = tx.one("event_last", {"run_id": run_id})
+        seq, prev = (last[0], last[1]) if last else (0, "0" * 64)
+        ev = Event.chain(run_id, seq + 1, kind, None, None, payload, time.time(), prev)
+        tx.run("event_insert", _event_row(ev))
+        return ev
+
+    def _insert_run(self, tx: Tx, new: NewRun) -> tuple[RunRecord, bool]:
+        params = {
+            "run_id": new.run_id,
+            "workflow": new.workflow,
+            "workflow_version": new.workflow_version,
+            "input": dumps(new.input),
+            "parent_run_id": new.parent_run_id,
+            "parent_step_id": new.parent_step_id,
+            "queue": new.queue,
+            "priority": new.priority,
+        }
+        created = tx.run("run_insert", params) == 1
+        if created:
+            payload = {"workflow": new.workflow, "version": new.workflow_version}
+            ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload,
+                             time.time(), "0" * 64)
+            tx.run("event_insert", _event_row(ev))
+            self._announce(tx, new.queue)
+        row = tx.one("run_get", {"run_id": new.run_id})
+        return _record(row), created
+
+    def _take(self, tx: Tx, ids: list[str], worker_id: str, ttl: float,
+              reason: str) -> list[ClaimedRun]:
+        if not ids:
+            return []
+        ids_param = self._ids(ids)
+        tx.run("runs_set_running", {"ids": ids_param})
+        epochs = dict(tx.all("leases_take", {"ids": ids_param, "worker_id": worker_id, "ttl": ttl}))
+        rows = tx.all("runs_get_many", {"ids": ids_param})
+        return [
+            ClaimedRun(rec, Lease(rec.run_id, worker_id, int(epochs[rec.run_id])), reason)
+            for rec in map(_record, rows)
+        ]
+
+    # -- runs ------------------------------------------------------------------------------
+
+    async def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
+        """Write the run (``queued``) and its ``run_queued`` event; idempotent on run_id:
+        an existing run is returned with ``created=False``."""
+        return await self._run(self._insert_run, new)
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        row = await self._run(lambda tx: tx.one("run_get", {"run_id": run_id}))
+        return _record(row) if row else None
+
+    async def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
+        rows = await self._run(lambda tx: tx.all("runs_list", {"status": status, "limit": limit}))
+        return [_record(r) for r in rows]
+
+    async def load_events(self, run_id: str, after: int = 0, limit: int = -1) -> list[Event]:
+        """A run's journal after ``after``, in one query."""
+        if limit < 0:
+            limit = 2**62
+        params = {"run_id": run_id, "after": after, "limit": limit}
+        rows = await self._run(lambda tx: tx.all("events_load", params))
+        return [_event(r) for r in rows]
+
+    async def receipts(self, run_id: str) -> list[Receipt]:
+        rows = await self._run(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
+        return [_receipt(r) for r in rows]
+
+    async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        rows = await self._run(lambda tx: tx.all("dead_letters_list", {"limit": limit}))
+        return [DeadLetter(*r) for r in rows]
+
+    # -- ownership -------------------------------------------------------------------------
+
+    async def register_worker(self, worker_id: str, host: str, pid: int) -> None:
+        params = {"worker_id": worker_id, "host": host, "pid": pid}
+        await self._run(lambda tx: tx.run("worker_upsert", params))
+
+    async def claim(self, worker_id: str, ttl: float, limit: int,
+                    queues: Sequence[str]) -> list[ClaimedRun]:
+        """Take up to ``limit`` ready runs (queued, or waiting past ``not_before``)."""
+
+        def body(tx: Tx) -> list[ClaimedRun]:
+            picked = tx.all("claim_pick", {"queues": self._ids(queues), "limit": limit})
+            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "claim")
+
+        return await self._run(body)
+
+    async def steal_expired(self, worker_id: str, ttl: float, limit: int,
+                            queues: Sequence[str]) -> list[ClaimedRun]:
+        """The recovery sweep: take running runs whose lease is missing or expired."""
+
+        def body(tx: Tx) -> list[ClaimedRun]:
+            picked = tx.all("steal_pick", {"queues": self._ids(queues), "limit": limit})
+            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "sweep")
+
+        return await self._run(body)
+
+    async def reclaim_own(self, worker_id: str, ttl: float) -> list[ClaimedRun]:
+        """On restart: take back, at once, the running runs still under this worker id."""
+
+        def body(tx: Tx) -> list[ClaimedRun]:
+            picked = tx.all("reclaim_pick", {"worker_id": worker_id})
+            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "reclaim")
+
+        return await self._run(body)
+
+    async def renew(self, worker_id: str, ttl: float) -> list[HeldLease]:
+        """Extend every lease this worker holds, in one statement; report what it holds."""
+
+        def body(tx: Tx) -> list[HeldLease]:
+            tx.run("leases_renew", {"worker_id": worker_id, "ttl": ttl})
+            tx.run("worker_seen", {"worker_id": worker_id})
+            rows = tx.all("leases_held", {"worker_id": worker_id})
+            return [HeldLease(r[0], int(r[1]), bool(r[2])) for r in rows]
+
+        return await self._run(body)
+
+    async def release_worker(self, worker_id: str) -> None:
+        """A clean shutdown: hand this worker's running runs back to the queue at once."""
+
+        def body(tx: Tx) -> None:
+            if tx.run("runs_requeue_worker", {"worker_id": worker_id}):
+                self._announce(tx, "")
+            tx.run("leases_release_worker", {"worker_id": worker_id})
+
+        await self._run(body)
+
+    # -- the holder's writes ---------------------------------------------------------------
+
+    async def append(self, lease: Lease, events: Sequence[Event]) -> None:
+        """Append events under the lease: all land, or LeaseLost and none do."""
+
+        def body(tx: Tx) -> None:
+            self._check_lease(tx, lease)
+            self._insert_events(tx, events)
+
+        await self._run(body)
+
+    async def start_child(self, lease: Lease, events: Sequence[Event],
+                          child: NewRun) -> RunRecord:
+        """Append the parent's events and create the child run, in one transaction."""
+
+        def body(tx: Tx) -> RunRecord:
+            self._check_lease(tx, lease)
+            self._insert_events(tx, events)
+            return self._insert_run(tx, child)[0]
+
+        return await self._run(body)
+
+    async def take_signal(self, lease: Lease, events_for: Callable[[Any], Sequence[Event]],
+                          name: str) -> Any:
+        """Consume the oldest pending signal ``name``: append ``events_for(payload)`` and
+        mark the signal consumed. Returns the payload, or ``_NONE`` when none is pending."""
+
+        def body(tx: Tx) -> Any:
+            self._check_lease(tx, lease)
+            row = tx.one("signal_pending", {"run_id": lease.run_id, "name": name})
+            if row is None:
+                return NO_SIGNAL
+            payload = json.loads(row[1])
+            events = events_for(payload)
+            self._insert_events(tx, events)
+            tx.run("signal_consume", {"run_id": lease.run_id, "id": row[0], "seq": events[-1].seq})
+            return payload
+
+        return await self._run(body)
+
+    async def park(self, lease: Lease, events: Sequence[Event], waiting_for: str,
+                   not_before: float | None) -> str:
+        """Append ``events``, set the run ``waiting`` and release the lease, unless what it
+        would wait for is already there. Returns ``parked``, ``ready`` (the signal or child
+        is there: keep driving; events still appended) or ``cancel`` (a cancel is pending)."""
+
+        def body(tx: Tx) -> str:
+            self._check_lease(tx, lease)
+            self._insert_events(tx, events)
+            # Locked before the condition is read: a signal, child or cancel committing
+            # concurrently either is seen below or sees this run already waiting.
+            tx.one("run_get_locked", {"run_id": lease.run_id})
+            kind, _, name = waiting_for.partition(":")
+            if kind == "signal" and tx.one(
+                "signal_pending", {"run_id": lease.run_id, "name": name}
+            ):
+                return "ready"
+            if kind == "child":
+                child = tx.one("run_get", {"run_id": name})
+                if child is not None and RunStatus(child[4]).terminal:
+                    return "ready"
+            tx.run("run_park", {"run_id": lease.run_id, "waiting_for": waiting_for,
+                                "not_before": not_before})
+            tx.run("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
+                                     "epoch": lease.epoch})
+            if not_before is not None:
+                self._announce(tx, "")
+            return "parked"
+
+        return await self._run(body)
+
+    async def finish(self, lease: Lease, events: Sequence[Event], status: RunStatus,
+                     output: Any = None, error: str | None = None,
+                     dead_letter: str | None = None) -> None:
+        """Append the terminal events and set the terminal status, once: the guarded
+        update lets exactly one finisher through; any other gets RunFinished and its
+        events roll back. A child's end wakes its waiting parent in the same commit."""
+
+        def body(tx: Tx) -> None:
+            self._check_lease(tx, lease)
+            self._insert_events(tx, events)
+            params = {
+                "run_id": lease.run_id,
+                "status": str(status),
+                "output": dumps(output) if output is not None else None,
+                "error": error,
+            }
+            if tx.run("run_finish", params) != 1:
+                raise RunFinished(f"run {lease.run_id} has already finished")
+            if dead_letter:
+                tx.run("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
+                                           "error": error or ""})
+            tx.run("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
+                                     "epoch": lease.epoch})
+            rec = _record(tx.one("run_get", {"run_id": lease.run_id}))
+            if rec.parent_run_id and tx.run(
+                "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
+            ):
+                self._announce(tx, "")
+
+        await self._run(body)
+
+    async def claim_receipt(self, lease: Lease, key: str, step_id: str) -> Receipt | None:
+        """Claim the delivery's receipt before dispatch. None: newly claimed, dispatch.
+        Otherwise the existing receipt (settled: reuse its response; claimed: a crash
+        left it, and the delivery's policy decides)."""
+
+        def body(tx: Tx) -> Receipt | None:
+            self._check_lease(tx, lease)
+            params = {"key": key, "run_id": lease.run_id, "step_id": step_id,
+                      "epoch": lease.epoch}
+            if tx.run("receipt_claim", params) == 1:
+                return None
+            return _receipt(tx.one("receipt_get", {"key": key}))
+
+        return await self._run(body)
+
+    async def reclaim_receipt(self, lease: Lease, key: str) -> None:
+        """Re-claim a receipt a crash left claimed, for a resend under the same key."""
+
+        def body(tx: Tx) -> None:
+            self._check_lease(tx, lease)
+            tx.run("receipt_reclaim", {"key": key, "epoch": lease.epoch})
+
+        await self._run(body)
+
+    async def settle_receipt(self, lease: Lease, key: str, response: Any) -> None:
+        def body(tx: Tx) -> None:
+            self._check_lease(tx, lease)
+            tx.run("receipt_settle", {"key": key, "response": dumps(response),
+                                      "epoch": lease.epoch})
+
+        await self._run(body)
+
+    # -- writes from outside the run (API, CLI) --------------------------------------------
+
+    def _locked_run(self, tx: Tx, run_id: str) -> RunRecord:
+        row = tx.one("run_get_locked", {"run_id": run_id})
+        if row is None:
+            raise UnknownRun(f"unknown run id {run_id!r}")
+        return _record(row)
+
+    async def send_signal(self, run_id: str, name: str, payload: Any) -> RunRecord:
+        """Deliver a signal; wakes the run if it waits for this signal."""
+
+        def body(tx: Tx) -> RunRecord:
+            rec = self._locked_run(tx, run_id)
+            if rec.status.terminal:
+                raise RunFinished(f"run {run_id} has already {rec.status}; signal {name!r} refused")
+            tx.run("signal_insert", {"run_id": run_id, "name": name, "payload": dumps(payload)})
+            if tx.run("run_wake", {"run_id": run_id, "waiting_for": f"signal:{name}"}):
+                self._announce(tx, rec.queue)
+            return rec
+
+        return await self._run(body)
+
+    async def cancel(self, run_id: str) -> RunStatus:
+        """Cancel a run. Unowned (queued, waiting): cancelled here and now, fencing any
+        expired holder. Owned by a live worker: flagged, and that worker finishes it."""
+
+        def body(tx: Tx) -> RunStatus:
+            rec = self._locked_run(tx, run_id)
+            if rec.status.terminal:
+                return rec.status
+            lock = tx.one("lease_row_locked", {"run_id": run_id})
+            if lock is not None and lock[0] is not None and bool(lock[2]):
+                tx.run("run_cancel_request", {"run_id": run_id})
+                return rec.status
+            if lock is not None:
+                tx.run("lease_fence", {"run_id": run_id})
+            self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
+            tx.run("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
+                                  "error": "cancelled"})
+            if rec.parent_run_id:
+                tx.run("run_wake", {"run_id": rec.parent_run_id,
+                                    "waiting_for": f"child:{run_id}"})
+            return RunStatus.CANCELLED
+
+        return await self._run(body)
+
+    async def retry_dead(self, run_id: str) -> RunRecord:
+        """Re-queue a dead-lettered run; it resumes after its last completed step."""
+
+        def body(tx: Tx) -> RunRecord:
+            rec = self._locked_run(tx, run_id)
+            if rec.status != RunStatus.FAILED or tx.run("dead_letter_delete",
+                                                        {"run_id": run_id}) != 1:
+                raise NotDeadLettered(f"run {run_id} is {rec.status}, not dead-lettered")
+            tx.one("lease_row_locked", {"run_id": run_id})
+            self._append_unowned(tx, run_id, EventKind.RUN_QUEUED, {"reason": "retry"})
+            tx.run("run_requeue", {"run_id": run_id})
+            self._announce(tx, rec.queue)
+            return _record(tx.one("run_get", {"run_id": run_id}))
+
+        return await self._run(body)
+
+
+class _NoSignal:
+    def __repr__(self) -> str:
+        return "NO_SIGNAL"
+
+
+NO_SIGNAL: Any = _NoSignal()
+

@@ -1,0 +1,203 @@
+-- Ratchet's queries, PostgreSQL dialect.
+--
+-- Many workers on many machines share one database, so every decision about ownership is
+-- made here, under row locks, with the server's clock (ratchet_now()):
+-- * a lease-holder's append takes FOR SHARE on its run_locks row after matching
+--   (worker_id, epoch, unexpired); a steal, reclaim or fence updates that row, so it waits
+--   for in-flight appends and they, re-checking after it, find the epoch moved and stop;
+-- * writers that change a run's status without the lease (signal, cancel, retry) and the
+--   holder's park/finish lock the runs row FOR UPDATE first, so a wake-up can never slip
+--   between a check and a park;
+-- * claims and steals skip rows another transaction holds (SKIP LOCKED), so concurrent
+--   workers never wait on each other or take the same run.
+-- Lists are passed as arrays.
+
+-- name: now
+SELECT ratchet_now()
+
+-- name: run_insert
+INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
+                  parent_step_id, queue, priority, created_at, updated_at)
+VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s, 'queued', %(parent_run_id)s,
+        %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(), ratchet_now())
+ON CONFLICT (run_id) DO NOTHING
+
+-- name: run_get
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE run_id = %(run_id)s
+
+-- name: run_get_locked
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE run_id = %(run_id)s
+FOR UPDATE
+
+-- name: runs_get_many
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
+
+-- name: runs_list
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: events_load
+SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash
+FROM journal_events WHERE run_id = %(run_id)s AND seq > %(after)s ORDER BY seq LIMIT %(limit)s
+
+-- name: event_last
+SELECT seq, hash FROM journal_events WHERE run_id = %(run_id)s ORDER BY seq DESC LIMIT 1
+
+-- name: event_insert
+INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+VALUES (%(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s, %(at)s, %(prev_hash)s, %(hash)s)
+
+-- name: lease_check
+SELECT 1 FROM run_locks
+WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
+  AND expires_at > ratchet_now()
+FOR SHARE
+
+-- name: lease_row_locked
+SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = %(run_id)s
+FOR UPDATE
+
+-- name: lease_fence
+UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = %(run_id)s
+
+-- name: lease_release
+UPDATE run_locks SET worker_id = NULL, expires_at = 0
+WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
+
+-- name: claim_pick
+SELECT run_id FROM runs
+WHERE queue = ANY(%(queues)s::text[])
+  AND (status = 'queued' OR (status = 'waiting' AND not_before <= ratchet_now()))
+ORDER BY priority DESC, created_at LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+
+-- name: steal_pick
+SELECT r.run_id FROM runs r LEFT JOIN run_locks l ON l.run_id = r.run_id
+WHERE r.status = 'running' AND r.queue IN (SELECT unnest(%(queues)s::text[]))
+  AND (l.run_id IS NULL OR l.expires_at <= ratchet_now())
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED
+
+-- name: reclaim_pick
+SELECT l.run_id FROM run_locks l JOIN runs r ON r.run_id = l.run_id
+WHERE l.worker_id = %(worker_id)s AND r.status = 'running'
+FOR UPDATE OF l
+
+-- name: runs_set_running
+UPDATE runs SET status = 'running', waiting_for = NULL, not_before = NULL,
+                updated_at = ratchet_now()
+WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
+
+-- name: leases_take
+INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
+SELECT unnest(%(ids)s::text[]), %(worker_id)s, 1, ratchet_now() + %(ttl)s
+ON CONFLICT (run_id) DO UPDATE
+SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1, expires_at = excluded.expires_at
+RETURNING run_id, epoch
+
+-- name: leases_renew
+UPDATE run_locks SET expires_at = ratchet_now() + %(ttl)s WHERE worker_id = %(worker_id)s
+
+-- name: leases_held
+SELECT l.run_id, l.epoch, r.cancel_requested FROM run_locks l JOIN runs r ON r.run_id = l.run_id
+WHERE l.worker_id = %(worker_id)s
+
+-- name: runs_requeue_worker
+UPDATE runs SET status = 'queued', updated_at = ratchet_now()
+WHERE status = 'running'
+  AND run_id IN (SELECT run_id FROM run_locks WHERE worker_id = %(worker_id)s)
+
+-- name: leases_release_worker
+UPDATE run_locks SET worker_id = NULL, expires_at = 0 WHERE worker_id = %(worker_id)s
+
+-- name: run_park
+UPDATE runs SET status = 'waiting', waiting_for = %(waiting_for)s, not_before = %(not_before)s,
+                updated_at = ratchet_now()
+WHERE run_id = %(run_id)s AND status = 'running'
+
+-- name: run_wake
+UPDATE runs SET status = 'queued', waiting_for = NULL, not_before = NULL,
+                updated_at = ratchet_now()
+WHERE run_id = %(run_id)s AND status = 'waiting' AND waiting_for = %(waiting_for)s
+
+-- name: run_requeue
+UPDATE runs SET status = 'queued', output = NULL, error = NULL, waiting_for = NULL,
+                not_before = NULL, cancel_requested = false, updated_at = ratchet_now()
+WHERE run_id = %(run_id)s AND status = 'failed'
+
+-- name: run_finish
+UPDATE runs SET status = %(status)s, output = %(output)s, error = %(error)s, waiting_for = NULL,
+                not_before = NULL, cancel_requested = false, updated_at = ratchet_now()
+WHERE run_id = %(run_id)s AND status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: run_cancel_request
+UPDATE runs SET cancel_requested = true, updated_at = ratchet_now() WHERE run_id = %(run_id)s
+
+-- name: signal_insert
+INSERT INTO signals (run_id, name, payload, sent_at)
+VALUES (%(run_id)s, %(name)s, %(payload)s, ratchet_now())
+
+-- name: signal_pending
+SELECT id, payload FROM signals
+WHERE run_id = %(run_id)s AND name = %(name)s AND consumed_seq IS NULL ORDER BY id LIMIT 1
+
+-- name: signal_consume
+UPDATE signals SET consumed_seq = %(seq)s
+WHERE run_id = %(run_id)s AND id = %(id)s AND consumed_seq IS NULL
+
+-- name: dead_letter_put
+INSERT INTO dead_letters (run_id, reason, error, at) VALUES (%(run_id)s, %(reason)s, %(error)s, ratchet_now())
+ON CONFLICT (run_id) DO UPDATE SET reason = excluded.reason, error = excluded.error, at = excluded.at
+
+-- name: dead_letter_delete
+DELETE FROM dead_letters WHERE run_id = %(run_id)s
+
+-- name: dead_letters_list
+SELECT d.run_id, r.workflow, d.reason, d.error, d.at
+FROM dead_letters d JOIN runs r ON r.run_id = d.run_id ORDER BY d.at DESC LIMIT %(limit)s
+
+-- name: receipt_get
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at
+FROM side_effect_receipts WHERE idempotency_key = %(key)s
+
+-- name: receipt_claim
+INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, status, epoch, claimed_at)
+VALUES (%(key)s, %(run_id)s, %(step_id)s, 'claimed', %(epoch)s, ratchet_now())
+ON CONFLICT (idempotency_key) DO NOTHING
+
+-- name: receipt_reclaim
+UPDATE side_effect_receipts SET epoch = %(epoch)s, claimed_at = ratchet_now()
+WHERE idempotency_key = %(key)s AND status = 'claimed'
+
+-- name: receipt_settle
+UPDATE side_effect_receipts SET status = 'settled', response = %(response)s, epoch = %(epoch)s,
+                                settled_at = ratchet_now()
+WHERE idempotency_key = %(key)s AND status = 'claimed'
+
+-- name: receipts_list
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at
+FROM side_effect_receipts WHERE run_id = %(run_id)s ORDER BY claimed_at
+
+-- name: worker_upsert
+INSERT INTO workers (worker_id, host, pid, started_at, seen_at)
+VALUES (%(worker_id)s, %(host)s, %(pid)s, ratchet_now(), ratchet_now())
+ON CONFLICT (worker_id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
+    seen_at = excluded.seen_at
+
+-- name: worker_seen
+UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = %(worker_id)s
+
+-- name: notify_ready
+SELECT pg_notify('ratchet_ready', %(queue)s)
+
+-- name: migrations_lock
+SELECT pg_advisory_xact_lock(7261001)

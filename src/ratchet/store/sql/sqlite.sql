@@ -1,0 +1,190 @@
+-- Ratchet's queries, SQLite dialect.
+--
+-- SQLite serialises writers: every store transaction is BEGIN IMMEDIATE, so the checks
+-- below (lease live, run not terminal) and the writes they guard cannot interleave with
+-- another writer, in this process or another. Row locks spelled FOR UPDATE / FOR SHARE in
+-- the PostgreSQL file are therefore absent here. ratchet_now() is registered on each
+-- connection: the host's clock plus the store's injectable offset.
+-- Lists are passed as JSON text and unpacked with json_each.
+
+-- name: now
+SELECT ratchet_now()
+
+-- name: run_insert
+INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
+                  parent_step_id, queue, priority, created_at, updated_at)
+VALUES (:run_id, :workflow, :workflow_version, :input, 'queued', :parent_run_id,
+        :parent_step_id, :queue, :priority, ratchet_now(), ratchet_now())
+ON CONFLICT (run_id) DO NOTHING
+
+-- name: run_get
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE run_id = :run_id
+
+-- name: run_get_locked
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE run_id = :run_id
+
+-- name: runs_get_many
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids))
+
+-- name: runs_list
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE (:status IS NULL OR status = :status)
+ORDER BY created_at DESC, run_id LIMIT :limit
+
+-- name: events_load
+SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash
+FROM journal_events WHERE run_id = :run_id AND seq > :after ORDER BY seq LIMIT :limit
+
+-- name: event_last
+SELECT seq, hash FROM journal_events WHERE run_id = :run_id ORDER BY seq DESC LIMIT 1
+
+-- name: event_insert
+INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+VALUES (:run_id, :seq, :kind, :step_id, :attempt, :payload, :at, :prev_hash, :hash)
+
+-- name: lease_check
+SELECT 1 FROM run_locks
+WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
+  AND expires_at > ratchet_now()
+
+-- name: lease_row_locked
+SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = :run_id
+
+-- name: lease_fence
+UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = :run_id
+
+-- name: lease_release
+UPDATE run_locks SET worker_id = NULL, expires_at = 0
+WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
+
+-- name: claim_pick
+SELECT run_id FROM (
+    SELECT run_id, priority, created_at FROM runs
+    WHERE status = 'queued' AND queue IN (SELECT value FROM json_each(:queues))
+    UNION ALL
+    SELECT run_id, priority, created_at FROM runs
+    WHERE status = 'waiting' AND not_before <= ratchet_now()
+      AND queue IN (SELECT value FROM json_each(:queues))
+) ORDER BY priority DESC, created_at LIMIT :limit
+
+-- name: steal_pick
+SELECT r.run_id FROM runs r LEFT JOIN run_locks l ON l.run_id = r.run_id
+WHERE r.status = 'running' AND r.queue IN (SELECT value FROM json_each(:queues))
+  AND (l.run_id IS NULL OR l.expires_at <= ratchet_now())
+LIMIT :limit
+
+-- name: reclaim_pick
+SELECT l.run_id FROM run_locks l JOIN runs r ON r.run_id = l.run_id
+WHERE l.worker_id = :worker_id AND r.status = 'running'
+
+-- name: runs_set_running
+UPDATE runs SET status = 'running', waiting_for = NULL, not_before = NULL,
+                updated_at = ratchet_now()
+WHERE run_id IN (SELECT value FROM json_each(:ids))
+
+-- name: leases_take
+INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
+SELECT value, :worker_id, 1, ratchet_now() + :ttl FROM json_each(:ids) WHERE true
+ON CONFLICT (run_id) DO UPDATE
+SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1, expires_at = excluded.expires_at
+RETURNING run_id, epoch
+
+-- name: leases_renew
+UPDATE run_locks SET expires_at = ratchet_now() + :ttl WHERE worker_id = :worker_id
+
+-- name: leases_held
+SELECT l.run_id, l.epoch, r.cancel_requested FROM run_locks l JOIN runs r ON r.run_id = l.run_id
+WHERE l.worker_id = :worker_id
+
+-- name: runs_requeue_worker
+UPDATE runs SET status = 'queued', updated_at = ratchet_now()
+WHERE status = 'running'
+  AND run_id IN (SELECT run_id FROM run_locks WHERE worker_id = :worker_id)
+
+-- name: leases_release_worker
+UPDATE run_locks SET worker_id = NULL, expires_at = 0 WHERE worker_id = :worker_id
+
+-- name: run_park
+UPDATE runs SET status = 'waiting', waiting_for = :waiting_for, not_before = :not_before,
+                updated_at = ratchet_now()
+WHERE run_id = :run_id AND status = 'running'
+
+-- name: run_wake
+UPDATE runs SET status = 'queued', waiting_for = NULL, not_before = NULL,
+                updated_at = ratchet_now()
+WHERE run_id = :run_id AND status = 'waiting' AND waiting_for = :waiting_for
+
+-- name: run_requeue
+UPDATE runs SET status = 'queued', output = NULL, error = NULL, waiting_for = NULL,
+                not_before = NULL, cancel_requested = 0, updated_at = ratchet_now()
+WHERE run_id = :run_id AND status = 'failed'
+
+-- name: run_finish
+UPDATE runs SET status = :status, output = :output, error = :error, waiting_for = NULL,
+                not_before = NULL, cancel_requested = 0, updated_at = ratchet_now()
+WHERE run_id = :run_id AND status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: run_cancel_request
+UPDATE runs SET cancel_requested = 1, updated_at = ratchet_now() WHERE run_id = :run_id
+
+-- name: signal_insert
+INSERT INTO signals (run_id, name, payload, sent_at)
+VALUES (:run_id, :name, :payload, ratchet_now())
+
+-- name: signal_pending
+SELECT id, payload FROM signals
+WHERE run_id = :run_id AND name = :name AND consumed_seq IS NULL ORDER BY id LIMIT 1
+
+-- name: signal_consume
+UPDATE signals SET consumed_seq = :seq
+WHERE run_id = :run_id AND id = :id AND consumed_seq IS NULL
+
+-- name: dead_letter_put
+INSERT INTO dead_letters (run_id, reason, error, at) VALUES (:run_id, :reason, :error, ratchet_now())
+ON CONFLICT (run_id) DO UPDATE SET reason = excluded.reason, error = excluded.error, at = excluded.at
+
+-- name: dead_letter_delete
+DELETE FROM dead_letters WHERE run_id = :run_id
+
+-- name: dead_letters_list
+SELECT d.run_id, r.workflow, d.reason, d.error, d.at
+FROM dead_letters d JOIN runs r ON r.run_id = d.run_id ORDER BY d.at DESC LIMIT :limit
+
+-- name: receipt_get
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at
+FROM side_effect_receipts WHERE idempotency_key = :key
+
+-- name: receipt_claim
+INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, status, epoch, claimed_at)
+VALUES (:key, :run_id, :step_id, 'claimed', :epoch, ratchet_now())
+ON CONFLICT (idempotency_key) DO NOTHING
+
+-- name: receipt_reclaim
+UPDATE side_effect_receipts SET epoch = :epoch, claimed_at = ratchet_now()
+WHERE idempotency_key = :key AND status = 'claimed'
+
+-- name: receipt_settle
+UPDATE side_effect_receipts SET status = 'settled', response = :response, epoch = :epoch,
+                                settled_at = ratchet_now()
+WHERE idempotency_key = :key AND status = 'claimed'
+
+-- name: receipts_list
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at
+FROM side_effect_receipts WHERE run_id = :run_id ORDER BY claimed_at
+
+-- name: worker_upsert
+INSERT INTO workers (worker_id, host, pid, started_at, seen_at)
+VALUES (:worker_id, :host, :pid, ratchet_now(), ratchet_now())
+ON CONFLICT (worker_id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
+    seen_at = excluded.seen_at
+
+-- name: worker_seen
+UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = :worker_id

@@ -1,0 +1,247 @@
+"""The embedded SQLite store: one file, WAL mode, ``synchronous=FULL`` by default.
+
+One connection and one writer thread per store. Transactions queued while the thread is
+busy are committed together (group commit): each runs inside its own SAVEPOINT, so one
+failing (a lost lease, say) rolls back only itself, and every caller is answered only
+after the shared COMMIT, so nothing is acknowledged before it is durable. Several
+processes may share the file: BEGIN IMMEDIATE plus a busy timeout serialises them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+from ratchet.errors import ConfigError, StorageError
+from ratchet.model import dumps
+from ratchet.store.base import Clock, Store, Tx
+from ratchet.store.queries import load_migrations, load_queries
+
+T = TypeVar("T")
+log = logging.getLogger("ratchet.store")
+
+_BATCH_MAX = 256
+_Item = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
+
+
+class SqliteStore(Store):
+    dialect = "sqlite"
+
+    def __init__(self, path: str, clock: Clock | None = None, synchronous: str | None = None,
+                 busy_timeout_s: float = 60.0) -> None:
+        super().__init__(clock)
+        self.path = path
+        self.queries = load_queries("sqlite")
+        sync = (synchronous or os.environ.get("RATCHET_SQLITE_SYNCHRONOUS") or "FULL").upper()
+        if sync not in ("FULL", "NORMAL", "EXTRA"):
+            raise ConfigError(f"RATCHET_SQLITE_SYNCHRONOUS={sync!r}: expected FULL, NORMAL or EXTRA")
+        self.synchronous = sync
+        self._busy_timeout_s = busy_timeout_s
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._waiters_lock = threading.Lock()
+
+    # -- connection ------------------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
+                                   timeout=self._busy_timeout_s)
+        except (OSError, sqlite3.Error) as e:
+            raise StorageError(f"cannot open SQLite database {self.path!r}: {e}") from e
+        clock = self.clock
+        conn.create_function("ratchet_now", 0, lambda: time.time() + clock.offset)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS schema_migrations "
+                "(version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+            for version, name, sql in load_migrations("sqlite"):
+                if version in done:
+                    continue
+                for statement in _statements(sql):
+                    conn.execute(statement)
+                conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
+                             (version, name, time.time()))
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def open(self) -> None:
+        if self._thread is not None:
+            return
+        conn = await asyncio.to_thread(self._connect)
+        try:
+            await asyncio.to_thread(self._migrate, conn)
+        except sqlite3.Error as e:
+            conn.close()
+            raise StorageError(f"cannot migrate SQLite database {self.path!r}: {e}") from e
+        self._conn = conn
+        self._thread = threading.Thread(target=self._writer, name="ratchet-sqlite", daemon=True)
+        self._thread.start()
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        self._queue.put(None)
+        await asyncio.to_thread(self._thread.join)
+        self._thread = None
+
+    # -- transactions ----------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._thread is None:
+            raise StorageError("store is not open")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[T] = loop.create_future()
+        self._queue.put((fn, args, loop, fut))
+        return await fut
+
+    def _writer(self) -> None:
+        assert self._conn is not None
+        conn = self._conn
+        cur = conn.cursor()
+        while True:
+            first = self._queue.get()
+            if first is None:
+                conn.close()
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < _BATCH_MAX:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stop = True
+                    break
+                batch.append(item)
+            self._commit_batch(conn, cur, batch)
+            if stop:
+                conn.close()
+                return
+
+    def _commit_batch(self, conn: sqlite3.Connection, cur: sqlite3.Cursor,
+                      batch: list[_Item]) -> None:
+        results: list[tuple[bool, Any]] = []
+        after: list[Callable[[], None]] = []
+        single = len(batch) == 1
+        try:
+            cur.execute("BEGIN IMMEDIATE")
+            for fn, args, _, _ in batch:
+                tx = Tx(cur, self.queries)
+                if not single:
+                    cur.execute("SAVEPOINT op")
+                try:
+                    value = fn(tx, *args)
+                except BaseException as e:  # LeaseLost is a BaseException, and must roll back
+                    if single:
+                        raise
+                    cur.execute("ROLLBACK TO op")
+                    cur.execute("RELEASE op")
+                    results.append((False, _translate(e)))
+                else:
+                    if not single:
+                        cur.execute("RELEASE op")
+                    results.append((True, value))
+                    after.extend(tx.after_commit)
+            cur.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                try:
+                    cur.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("action=rollback_failed")
+            err = _translate(e)
+            results = [(False, err)] * len(batch)
+            after = []
+        for (_, _, loop, fut), (ok, value) in zip(batch, results, strict=True):
+            loop.call_soon_threadsafe(_resolve, fut, ok, value)
+        for hook in after:
+            hook()
+
+    # -- dialect hooks ---------------------------------------------------------------------
+
+    def _ids(self, ids: Sequence[str]) -> Any:
+        return dumps(list(ids))
+
+    def _announce(self, tx: Tx, queue: str) -> None:
+        tx.after_commit.append(self._wake_local)
+
+    def _wake_local(self) -> None:
+        # Workers in this process wake at once; those in other processes poll.
+        with self._waiters_lock:
+            waiters = list(self._waiters)
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    async def wait_ready(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        entry = (loop, event)
+        with self._waiters_lock:
+            self._waiters.add(entry)
+        try:
+            await asyncio.wait_for(event.wait(), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            with self._waiters_lock:
+                self._waiters.discard(entry)
+
+    async def now(self) -> float:
+        # ratchet_now() in SQL reads this same clock; no round trip needed.
+        return time.time() + self.clock.offset
+
+
+def _resolve(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
+    if fut.cancelled():
+        return
+    if ok:
+        fut.set_result(value)
+    else:
+        fut.set_exception(value)
+
+
+def _translate(e: BaseException) -> BaseException:
+    if isinstance(e, sqlite3.Error):
+        err = StorageError(f"SQLite: {e}")
+        err.__cause__ = e
+        return err
+    return e
+
+
+def _statements(sql: str) -> list[str]:
+    """Split a migration file into statements (no semicolons inside our DDL's bodies)."""
+    out, buf = [], []
+    for line in sql.splitlines():
+        if line.strip().startswith("--"):
+            continue
+        buf.append(line)
+        if line.rstrip().endswith(";"):
+            out.append("\n".join(buf))
+            buf = []
+    if "".join(buf).strip():
+        out.append("\n".join(buf))
+    return out
