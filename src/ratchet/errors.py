@@ -2,7 +2,7 @@
 
 Every error derives from :class:`RatchetError`; its docstring is its default message.
 ``retry_class`` names the retry class (DESIGN.md §4) a step failure belongs to, so a
-retry policy can decide without string matching. Control-flow signals that user code
+retry policy can decide without string matching; ``never`` is never retried. Control-flow signals that user code
 must not swallow (a parked run, a lost lease) derive from ``BaseException``.
 """
 
@@ -37,6 +37,8 @@ class UnknownRun(InvalidInput, LookupError):
 class NotSerializable(InvalidInput, TypeError):
     """A value is not JSON-serialisable."""
 
+    retry_class = "never"
+
 
 class InvalidRetryPolicy(InvalidInput):
     """Invalid retry policy."""
@@ -48,6 +50,8 @@ class StorageError(RatchetError):
 
 class NonDeterminismError(RatchetError):
     """The workflow's step sequence differs from its journal."""
+
+    retry_class = "never"
 
 
 class StepFailed(RatchetError):
@@ -91,6 +95,8 @@ class SignalTimeout(RatchetError):
 
 class ReceiptUnresolved(RatchetError):
     """A delivery's receipt was left claimed by a crash and its policy forbids a resend."""
+
+    retry_class = "never"
 
 
 class ChildRunFailed(RatchetError):

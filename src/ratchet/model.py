@@ -63,9 +63,18 @@ def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
     return hashlib.sha256(f"{run_id}|{step_id}|{attempt}".encode()).hexdigest()
 
 
+def _jsonable(value: Any) -> Any:
+    # pydantic models (and anything else with the same method) serialise as their JSON form.
+    dump = getattr(value, "model_dump", None)
+    if callable(dump):
+        return dump(mode="json")
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def dumps(value: Any) -> str:
     """Canonical JSON: the form payloads, inputs and outputs are stored in."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
+                      allow_nan=False, default=_jsonable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +132,7 @@ class StepState:
     attempt_base: int = 0  # attempts before the latest manual retry; not charged again
     output: Any = None
     error: str | None = None
+    error_type: str | None = None
     waiting: dict[str, Any] | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -190,6 +200,7 @@ def apply(state: RunState, ev: Event) -> None:
         elif kind == EventKind.STEP_FAILED:
             step.status = "failed"
             step.error = ev.payload.get("error")
+            step.error_type = ev.payload.get("error_type")
             step.finished_at = ev.at
         elif kind == EventKind.STEP_RETRYING:
             step.status = "retrying"

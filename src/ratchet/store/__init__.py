@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ratchet.config import DatabaseURL
-from ratchet.store.base import NO_SIGNAL, Clock, HeldLease, Store
+from ratchet.store.base import Clock, HeldLease, Store
 
-__all__ = ["NO_SIGNAL", "Clock", "HeldLease", "Store", "make_store"]
+__all__ = ["Clock", "HeldLease", "Store", "make_store"]
 
 
 def make_store(url: str, clock: Clock | None = None) -> Store:

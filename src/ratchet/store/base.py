@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ratchet.errors import LeaseLost, NotDeadLettered, RunFinished, UnknownRun
+from ratchet.errors import LeaseLost, NotDeadLettered, RunFinished, StorageError, UnknownRun
 from ratchet.model import (
     ClaimedRun,
     DeadLetter,
@@ -292,13 +292,17 @@ class Store(ABC):
 
         return await self._run(body)
 
-    async def renew(self, worker_id: str, ttl: float) -> list[HeldLease]:
-        """Extend every lease this worker holds, in one statement; report what it holds."""
+    async def renew(self, worker_id: str, ttl: float, run_ids: Sequence[str]) -> list[HeldLease]:
+        """Extend the leases of the runs this worker drives, in one statement, and report
+        which it still holds (a run missing from the answer was taken from it)."""
+        ids = self._ids(run_ids)
 
         def body(tx: Tx) -> list[HeldLease]:
-            tx.run("leases_renew", {"worker_id": worker_id, "ttl": ttl})
             tx.run("worker_seen", {"worker_id": worker_id})
-            rows = tx.all("leases_held", {"worker_id": worker_id})
+            if not run_ids:
+                return []
+            tx.run("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
+            rows = tx.all("leases_held", {"worker_id": worker_id, "ids": ids})
             return [HeldLease(r[0], int(r[1]), bool(r[2])) for r in rows]
 
         return await self._run(body)
@@ -335,23 +339,24 @@ class Store(ABC):
 
         return await self._run(body)
 
-    async def take_signal(self, lease: Lease, events_for: Callable[[Any], Sequence[Event]],
-                          name: str) -> Any:
-        """Consume the oldest pending signal ``name``: append ``events_for(payload)`` and
-        mark the signal consumed. Returns the payload, or ``_NONE`` when none is pending."""
+    async def pending_signal(self, run_id: str, name: str) -> tuple[int, Any] | None:
+        """The oldest unconsumed signal ``name`` for the run: ``(signal_id, payload)``."""
+        params = {"run_id": run_id, "name": name}
+        row = await self._run(lambda tx: tx.one("signal_pending", params))
+        return (int(row[0]), json.loads(row[1])) if row else None
 
-        def body(tx: Tx) -> Any:
+    async def consume_signal(self, lease: Lease, events: Sequence[Event], signal_id: int) -> None:
+        """Append ``events`` and mark the signal consumed by the last of them, together.
+        Only the lease holder consumes a run's signals, so the peek before cannot race."""
+
+        def body(tx: Tx) -> None:
             self._check_lease(tx, lease)
-            row = tx.one("signal_pending", {"run_id": lease.run_id, "name": name})
-            if row is None:
-                return NO_SIGNAL
-            payload = json.loads(row[1])
-            events = events_for(payload)
             self._insert_events(tx, events)
-            tx.run("signal_consume", {"run_id": lease.run_id, "id": row[0], "seq": events[-1].seq})
-            return payload
+            params = {"run_id": lease.run_id, "id": signal_id, "seq": events[-1].seq}
+            if tx.run("signal_consume", params) != 1:
+                raise StorageError(f"signal {signal_id} of run {lease.run_id} was already consumed")
 
-        return await self._run(body)
+        await self._run(body)
 
     async def park(self, lease: Lease, events: Sequence[Event], waiting_for: str,
                    not_before: float | None) -> str:
@@ -364,7 +369,9 @@ class Store(ABC):
             self._insert_events(tx, events)
             # Locked before the condition is read: a signal, child or cancel committing
             # concurrently either is seen below or sees this run already waiting.
-            tx.one("run_get_locked", {"run_id": lease.run_id})
+            row = tx.one("run_get_locked", {"run_id": lease.run_id})
+            if row[15]:
+                return "cancel"
             kind, _, name = waiting_for.partition(":")
             if kind == "signal" and tx.one(
                 "signal_pending", {"run_id": lease.run_id, "name": name}
@@ -508,12 +515,4 @@ class Store(ABC):
             return _record(tx.one("run_get", {"run_id": run_id}))
 
         return await self._run(body)
-
-
-class _NoSignal:
-    def __repr__(self) -> str:
-        return "NO_SIGNAL"
-
-
-NO_SIGNAL: Any = _NoSignal()
 

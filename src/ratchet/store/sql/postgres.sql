@@ -29,7 +29,8 @@ FROM runs WHERE run_id = %(run_id)s
 
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
+       cancel_requested
 FROM runs WHERE run_id = %(run_id)s
 FOR UPDATE
 
@@ -104,11 +105,12 @@ SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1, expires_at = ex
 RETURNING run_id, epoch
 
 -- name: leases_renew
-UPDATE run_locks SET expires_at = ratchet_now() + %(ttl)s WHERE worker_id = %(worker_id)s
+UPDATE run_locks SET expires_at = ratchet_now() + %(ttl)s
+WHERE worker_id = %(worker_id)s AND run_id = ANY(%(ids)s::text[])
 
 -- name: leases_held
 SELECT l.run_id, l.epoch, r.cancel_requested FROM run_locks l JOIN runs r ON r.run_id = l.run_id
-WHERE l.worker_id = %(worker_id)s
+WHERE l.worker_id = %(worker_id)s AND l.run_id = ANY(%(ids)s::text[])
 
 -- name: runs_requeue_worker
 UPDATE runs SET status = 'queued', updated_at = ratchet_now()

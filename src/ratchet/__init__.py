@@ -1,0 +1,108 @@
+"""Ratchet: a durable execution engine for AI-agent workflows.
+
+What users may import is listed in ``__all__``; a test pins the list.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratchet.app import Ratchet
+from ratchet.effects.deliver import deliver, deliver_sync
+from ratchet.engine.context import StepInfo, current_step, require_run
+from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.retry import Retry
+from ratchet.errors import (
+    ChildRunFailed,
+    ConfigError,
+    ConnectorError,
+    InvalidInput,
+    InvalidRetryPolicy,
+    LeaseLost,
+    LLMError,
+    NonDeterminismError,
+    NotDeadLettered,
+    NotSerializable,
+    RatchetError,
+    ReceiptUnresolved,
+    ResultTimeout,
+    RunCancelled,
+    RunFailed,
+    RunFinished,
+    SignalTimeout,
+    StepFailed,
+    StepTimeout,
+    StorageError,
+    ToolError,
+    UnknownRun,
+    UnknownWorkflow,
+)
+from ratchet.model import Event, RunRecord, RunStatus
+
+__all__ = [
+    "ChildRunFailed",
+    "ConfigError",
+    "ConnectorError",
+    "Event",
+    "InvalidInput",
+    "InvalidRetryPolicy",
+    "LLMError",
+    "LeaseLost",
+    "NonDeterminismError",
+    "NotDeadLettered",
+    "NotSerializable",
+    "Ratchet",
+    "RatchetError",
+    "ReceiptUnresolved",
+    "ResultTimeout",
+    "Retry",
+    "RunCancelled",
+    "RunFailed",
+    "RunFinished",
+    "RunRecord",
+    "RunStatus",
+    "SignalTimeout",
+    "StepFailed",
+    "StepInfo",
+    "StepTimeout",
+    "StorageError",
+    "ToolError",
+    "UnknownRun",
+    "UnknownWorkflow",
+    "WorkflowDef",
+    "child",
+    "current_step",
+    "deliver",
+    "deliver_sync",
+    "sleep",
+    "wait_for_signal",
+]
+
+
+async def sleep(seconds: float) -> None:
+    """A durable sleep: the run parks and its worker is free until the time comes, even
+    across restarts."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+        raise InvalidInput(f"ratchet.sleep: seconds must be a number >= 0, got {seconds!r}")
+    await require_run("ratchet.sleep()").sleep(float(seconds))
+
+
+async def wait_for_signal(name: str, timeout_s: float | None = None) -> Any:
+    """Park until signal ``name`` arrives (``app.signal``); return its data. After
+    ``timeout_s`` raise :class:`SignalTimeout`."""
+    if not isinstance(name, str) or not name:
+        raise InvalidInput(f"ratchet.wait_for_signal: invalid signal name {name!r}")
+    if timeout_s is not None and (isinstance(timeout_s, bool) or
+                                  not isinstance(timeout_s, int | float) or timeout_s <= 0):
+        raise InvalidInput(f"ratchet.wait_for_signal: timeout_s must be positive, got {timeout_s!r}")
+    return await require_run("ratchet.wait_for_signal()").wait_for_signal(name, timeout_s)
+
+
+async def child(workflow: WorkflowDef, /, *args: Any, queue: str | None = None,
+                **kwargs: Any) -> Any:
+    """Run ``workflow`` as a child run and return its result. The child's id derives from
+    the parent and the step, so a re-driven parent finds its child instead of starting
+    another."""
+    if not isinstance(workflow, WorkflowDef):
+        raise InvalidInput(f"ratchet.child: {workflow!r} is not a workflow")
+    return await require_run("ratchet.child()").child(workflow, args, kwargs, queue)

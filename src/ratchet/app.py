@@ -1,0 +1,326 @@
+"""The application object: decorators, the client calls, and embedded workers."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, TypeVar, overload
+
+from ratchet.config import DatabaseURL, database_url_from_env
+from ratchet.engine.context import current_run, current_step_info
+from ratchet.engine.definitions import StepDef, WorkflowDef, to_json
+from ratchet.engine.retry import NO_RETRY, Retry
+from ratchet.engine.worker import Worker
+from ratchet.errors import (
+    InvalidInput,
+    RatchetError,
+    ResultTimeout,
+    RunCancelled,
+    RunFailed,
+    UnknownRun,
+    UnknownWorkflow,
+)
+from ratchet.model import DeadLetter, Event, NewRun, Receipt, RunRecord, RunStatus
+from ratchet.store import Clock, Store, make_store
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
+
+
+class _Portal:
+    """An event loop on a thread of its own, so synchronous callers can use the async
+    store and an embedded worker can run beside the caller's code."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="ratchet-portal",
+                                 daemon=True).start()
+                self._loop = loop
+            return self._loop
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is self._loop:
+            coro.close()
+            raise RatchetError("a blocking Ratchet call was made on the engine's own event loop; "
+                               "await the *_async variant instead")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._loop is not None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._loop = None
+
+
+class Ratchet:
+    """A Ratchet application: its workflows, its steps and its database.
+
+    ``database_url`` defaults to ``RATCHET_DATABASE_URL``, else
+    ``sqlite:///.ratchet/ratchet.db``. A malformed URL is refused here, before anything
+    is opened.
+    """
+
+    def __init__(self, database_url: str | None = None, *, lease_ttl: float | None = None,
+                 recovery_interval: float | None = None, clock: Clock | None = None) -> None:
+        self.database_url = database_url or database_url_from_env()
+        DatabaseURL.parse(self.database_url)
+        self.lease_ttl = lease_ttl
+        self.recovery_interval = recovery_interval
+        self.clock = clock or Clock()
+        self.workflows: dict[str, WorkflowDef] = {}
+        self._store: Store | None = None
+        self._store_lock = threading.Lock()
+        self._portal = _Portal()
+        self._embedded: tuple[asyncio.Event, Any] | None = None
+
+    # -- definitions -----------------------------------------------------------------------
+
+    def workflow(self, name: str | None = None, version: str = "1"
+                 ) -> Callable[[Callable[..., Any]], WorkflowDef]:
+        """Declare an ``async def`` workflow. Its name (default: the function's) and version
+        are stored with each run; a worker drives runs of the workflows it has."""
+
+        def decorate(fn: Callable[..., Any]) -> WorkflowDef:
+            wd = WorkflowDef(fn, name or fn.__name__, str(version))
+            if wd.name in self.workflows and self.workflows[wd.name].fn is not fn:
+                raise InvalidInput(f"workflow {wd.name!r} is already registered")
+            self.workflows[wd.name] = wd
+            return wd
+
+        return decorate
+
+    @overload
+    def step(self, fn: F, /) -> F: ...
+    @overload
+    def step(self, *, name: str | None = None, retry: Retry | Mapping[str, Any] | None = None,
+             timeout_s: float | None = None) -> Callable[[F], F]: ...
+
+    def step(self, fn: Any = None, /, *, name: str | None = None,
+             retry: Retry | Mapping[str, Any] | None = None,
+             timeout_s: float | None = None) -> Any:
+        """Declare a step (``async def`` or plain ``def``, which runs in a thread). Inside a
+        workflow each call is journaled and, once completed, never runs again for that run.
+        Outside a workflow (or inside another step) it is a plain call."""
+        if isinstance(retry, Mapping):
+            policy = Retry.from_json(retry)
+        elif retry is None:
+            policy = NO_RETRY
+        elif isinstance(retry, Retry):
+            policy = retry
+        else:
+            raise InvalidInput(f"retry must be a ratchet.Retry or a mapping, got {retry!r}")
+
+        def decorate(fn: F) -> F:
+            sd = StepDef(fn, name or fn.__name__, policy, timeout_s)
+
+            @functools.wraps(fn)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                ctx = current_run.get()
+                if ctx is None or current_step_info.get() is not None:
+                    return fn(*args, **kwargs)
+                # The ordinal is taken at call time, so steps started together
+                # (asyncio.gather) number the same way on every replay.
+                step_id, journaled = ctx.next_step(sd.name)
+                return ctx.run_step(sd, args, kwargs, step_id, journaled)
+
+            call.__ratchet_step__ = sd  # type: ignore[attr-defined]
+            return call  # type: ignore[return-value]
+
+        return decorate(fn) if fn is not None else decorate
+
+    # -- the store -------------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """The opened store (opened on first use, migrations applied)."""
+        with self._store_lock:
+            if self._store is None:
+                store = make_store(self.database_url, self.clock)
+                self._portal.call(store.open())
+                self._store = store
+            return self._store
+
+    async def _astore(self) -> Store:
+        if self._store is not None:
+            return self._store
+        return await asyncio.to_thread(lambda: self.store)
+
+    def _resolve(self, wf: WorkflowDef | str) -> WorkflowDef:
+        if isinstance(wf, WorkflowDef):
+            return wf
+        if isinstance(wf, str) and wf in self.workflows:
+            return self.workflows[wf]
+        known = ", ".join(sorted(self.workflows)) or "none"
+        raise UnknownWorkflow(f"unknown workflow {wf!r}; registered workflows: {known}")
+
+    # -- client calls (async) --------------------------------------------------------------
+
+    async def start_async(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
+                          queue: str = "default", priority: int = 0, **kwargs: Any) -> str:
+        """Queue a run and return its id at once; nothing executes in the caller. With an
+        explicit ``run_id`` the call is idempotent: the existing run's id comes back."""
+        wd = self._resolve(wf)
+        if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.match(run_id)):
+            raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of letters, "
+                               "digits and . _ : @ -, starting with a letter or digit")
+        if not isinstance(queue, str) or not queue:
+            raise InvalidInput(f"invalid queue {queue!r}: expected a non-empty string")
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidInput(f"invalid priority {priority!r}: expected an integer")
+        data = wd.bind(args, kwargs)
+        new = NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority)
+        rec, created = await (await self._astore()).create_run(new)
+        if not created and rec.workflow != wd.name:
+            raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
+                               f"{rec.workflow!r}, not {wd.name!r}")
+        return rec.run_id
+
+    async def get_async(self, run_id: str) -> RunRecord:
+        rec = await (await self._astore()).get_run(run_id)
+        if rec is None:
+            raise UnknownRun(f"unknown run id {run_id!r}")
+        return rec
+
+    async def result_async(self, run_id: str, timeout_s: float | None = None) -> Any:
+        """Wait for the run to finish; return its result, or raise RunFailed/RunCancelled."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        delay = 0.002
+        while True:
+            rec = await self.get_async(run_id)
+            if rec.status == RunStatus.SUCCEEDED:
+                wd = self.workflows.get(rec.workflow)
+                return wd.revive(rec.output) if wd else rec.output
+            if rec.status == RunStatus.FAILED:
+                raise RunFailed(f"run {run_id} failed: {rec.error}")
+            if rec.status == RunStatus.CANCELLED:
+                raise RunCancelled(f"run {run_id} was cancelled")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ResultTimeout(f"run {run_id} is still {rec.status} after {timeout_s:g}s")
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+    async def signal_async(self, run_id: str, name: str, data: Any = None) -> None:
+        """Send signal ``name`` with ``data``; a run waiting for it wakes up."""
+        if not isinstance(name, str) or not name:
+            raise InvalidInput(f"invalid signal name {name!r}")
+        to_json(data, f"the data of signal {name!r}")
+        await (await self._astore()).send_signal(run_id, name, data)
+
+    async def cancel_async(self, run_id: str) -> RunStatus:
+        """Cancel a run; returns its status after the request (a running run is cancelled
+        by its worker at its next lease renewal)."""
+        return await (await self._astore()).cancel(run_id)
+
+    async def retry_async(self, run_id: str) -> RunRecord:
+        """Re-queue a dead-lettered run; it resumes after its last completed step."""
+        return await (await self._astore()).retry_dead(run_id)
+
+    async def events_async(self, run_id: str, after: int = 0) -> list[Event]:
+        await self.get_async(run_id)
+        return await (await self._astore()).load_events(run_id, after)
+
+    # -- client calls (blocking) -----------------------------------------------------------
+
+    def start(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
+              queue: str = "default", priority: int = 0, **kwargs: Any) -> str:
+        """Blocking :meth:`start_async`."""
+        return self._portal.call(self.start_async(wf, *args, run_id=run_id, queue=queue,
+                                                  priority=priority, **kwargs))
+
+    def get(self, run_id: str) -> RunRecord:
+        return self._portal.call(self.get_async(run_id))
+
+    def result(self, run_id: str, timeout_s: float | None = None) -> Any:
+        """Blocking :meth:`result_async`."""
+        return self._portal.call(self.result_async(run_id, timeout_s))
+
+    def signal(self, run_id: str, name: str, data: Any = None) -> None:
+        self._portal.call(self.signal_async(run_id, name, data))
+
+    def cancel(self, run_id: str) -> RunStatus:
+        return self._portal.call(self.cancel_async(run_id))
+
+    def retry(self, run_id: str) -> RunRecord:
+        return self._portal.call(self.retry_async(run_id))
+
+    def events(self, run_id: str, after: int = 0) -> list[Event]:
+        return self._portal.call(self.events_async(run_id, after))
+
+    def runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
+        if status is not None and status not in RunStatus.__members__.values():
+            raise InvalidInput(f"unknown status {status!r}: expected one of "
+                               f"{', '.join(s.value for s in RunStatus)}")
+        return self._portal.call(self.store.list_runs(status, limit))
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        return self._portal.call(self.store.dead_letters(limit))
+
+    def receipts(self, run_id: str) -> list[Receipt]:
+        return self._portal.call(self.store.receipts(run_id))
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def worker(self, **options: Any) -> Worker:
+        """A worker for this app's workflows (see :class:`ratchet.engine.worker.Worker`)."""
+        options.setdefault("lease_ttl", self.lease_ttl)
+        options.setdefault("recovery_interval", self.recovery_interval)
+        return Worker(self.store, self.workflows, **options)
+
+    async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:
+        """Run a worker on the current event loop until ``stop`` is set."""
+        await self._astore()
+        await self.worker(**options).run(stop)
+
+    def launch(self, **options: Any) -> Worker:
+        """Start a worker in the background of this process (on the app's own loop)."""
+        if self._embedded is not None:
+            raise RatchetError("a worker is already launched; call shutdown() first")
+        worker = self.worker(**options)
+
+        async def begin() -> tuple[asyncio.Event, Any]:
+            stop = asyncio.Event()
+            task = asyncio.ensure_future(worker.run(stop))
+            await worker.started.wait()
+            return stop, task
+
+        self._embedded = self._portal.call(begin())
+        return worker
+
+    def shutdown(self) -> None:
+        """Stop a launched worker (its runs go back to the queue) and close the store."""
+        if self._embedded is not None:
+            stop, task = self._embedded
+            self._embedded = None
+
+            async def end() -> None:
+                stop.set()
+                await task
+
+            self._portal.call(end())
+        if self._store is not None:
+            self._portal.call(self._store.close())
+            self._store = None
+
+    def __enter__(self) -> Ratchet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

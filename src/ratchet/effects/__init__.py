@@ -1,0 +1,1 @@
+"""Effects on the outside world, delivered once."""

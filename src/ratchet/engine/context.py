@@ -1,0 +1,46 @@
+"""Which run and which step the running code belongs to."""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ratchet.errors import RatchetError
+
+if TYPE_CHECKING:
+    from ratchet.engine.driver import RunContext
+
+
+@dataclass(frozen=True, slots=True)
+class StepInfo:
+    """What a step knows about itself (``ratchet.current_step()``)."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    lease_epoch: int
+    idempotency_key: str
+
+
+current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+    "ratchet_run", default=None
+)
+current_step_info: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
+    "ratchet_step", default=None
+)
+
+
+def current_step() -> StepInfo:
+    """The step being executed: run id, step id, attempt, lease epoch, idempotency key."""
+    info = current_step_info.get()
+    if info is None:
+        raise RatchetError("ratchet.current_step() called outside a step")
+    return info
+
+
+def require_run(what: str) -> RunContext:
+    ctx = current_run.get()
+    if ctx is None or current_step_info.get() is not None:
+        raise RatchetError(f"{what} must be awaited in a workflow, outside any step")
+    return ctx
