@@ -1,0 +1,68 @@
+"""Shared fixtures: every storage and engine test runs against SQLite and PostgreSQL.
+
+PostgreSQL is ``RATCHET_TEST_POSTGRES_URL`` (default: the local server's ``test``
+database). Each test gets a schema of its own, dropped afterwards. When the server is not
+reachable the PostgreSQL half is skipped with the reason, except under ``CI=true``, where
+that fails the run.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import psycopg
+import pytest
+
+PG_URL = os.environ.get("RATCHET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+_pg_error: str | None = None
+_pg_checked = False
+
+
+def _pg_unreachable() -> str | None:
+    global _pg_error, _pg_checked
+    if not _pg_checked:
+        _pg_checked = True
+        try:
+            psycopg.connect(PG_URL, connect_timeout=3).close()
+        except psycopg.Error as e:
+            _pg_error = f"PostgreSQL unreachable at {PG_URL}: {str(e).strip().splitlines()[0]}"
+    return _pg_error
+
+
+def with_schema(url: str, schema: str) -> str:
+    sep = "&" if "?" in url else "?"
+    return f"{url}{sep}options={quote(f'-csearch_path={schema}')}"
+
+
+@pytest.fixture
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL URL whose search_path is a fresh schema of this test's own."""
+    error = _pg_unreachable()
+    if error:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{error} (CI=true requires PostgreSQL)")
+        pytest.skip(error)
+    schema = f"rt_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    try:
+        yield with_schema(PG_URL, schema)
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: object) -> str:
+    return f"sqlite:///{tmp_path}/ratchet.db"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request: pytest.FixtureRequest) -> str:
+    """Each test using this runs once per backend."""
+    if request.param == "sqlite":
+        return str(request.getfixturevalue("sqlite_url"))
+    return str(request.getfixturevalue("pg_url"))
