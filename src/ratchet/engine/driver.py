@@ -164,7 +164,7 @@ class RunContext:
             raise NonDeterminismError(
                 f"non-deterministic workflow {self.record.workflow}: at step position "
                 f"{ordinal} the journal has {step.step_id!r} but the code now calls "
-                f"{ordinal}:{name!r}"
+                f"'{ordinal}:{name}'"
             )
         return f"{ordinal}:{name}", step
 

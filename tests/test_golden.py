@@ -1,0 +1,118 @@
+"""Golden journals: recorded runs replayed against today's code.
+
+Each file in ``tests/golden/`` is the journal of a real run, committed. Loading it into a
+fresh database and letting a worker re-drive it must reuse every recorded step output
+(no step code runs again), and a workflow whose step order changed must fail the run with
+a non-determinism error that names both steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ratchet
+from ratchet.model import Event, RunStatus, dumps
+from ratchet.store.base import Store, Tx
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def _load(name: str) -> tuple[dict[str, Any], list[Event]]:
+    data = json.loads((GOLDEN / name).read_text())
+    events = [Event(e["run_id"], e["seq"], e["kind"], e["step_id"], e["attempt"], e["payload"],
+                    e["at"], e["prev_hash"], e["hash"]) for e in data["events"]]
+    return data, events
+
+
+def _install(app: ratchet.Ratchet, data: dict[str, Any], events: list[Event]) -> str:
+    """Write the recorded run and its journal as they were, then mark it ready to drive."""
+    run_id = events[0].run_id
+
+    def body(tx: Tx) -> None:
+        tx.run("run_insert", {"run_id": run_id, "workflow": data["workflow"],
+                              "workflow_version": "1", "input": dumps(data["input"]),
+                              "parent_run_id": None, "parent_step_id": None,
+                              "queue": "default", "priority": 0})
+        Store._insert_events(tx, events)
+
+    app._portal.call(app.store._run(body))
+    return run_id
+
+
+def _research_app(db_url: str, calls: Counter[str], reorder: bool) -> ratchet.Ratchet:
+    app = ratchet.Ratchet(db_url, lease_ttl=3)
+
+    @app.step()
+    async def search(q: str) -> list[str]:
+        calls["search"] += 1
+        return [f"{q}-1", f"{q}-2"]
+
+    @app.step()
+    async def read(url: str) -> str:
+        calls["read"] += 1
+        return f"text of {url}"
+
+    @app.step()
+    async def summarize(texts: list[str]) -> str:
+        calls["summarize"] += 1
+        return " | ".join(texts)
+
+    @app.workflow(name="research")
+    async def research(q: str) -> dict[str, str]:
+        if reorder:  # the code changed: reading before searching
+            texts = [await read(q)]
+            await search(q)
+        else:
+            urls = await search(q)
+            texts = [await read(u) for u in urls]
+        decision = await ratchet.wait_for_signal("approve")
+        return {"summary": await summarize(texts), "by": decision["by"]}
+
+    return app
+
+
+def test_golden_journal_replays_without_running_recorded_steps(db_url: str) -> None:
+    data, events = _load("research_waiting_on_signal.json")
+    calls: Counter[str] = Counter()
+    app = _research_app(db_url, calls, reorder=False)
+    try:
+        run_id = _install(app, data, events)
+        app.launch()
+        app.signal(run_id, "approve", {"by": "ana"})
+        result = app.result(run_id, timeout_s=15)
+        assert result == {"summary": "text of durable engines-1 | text of durable engines-2",
+                          "by": "ana"}
+        assert calls == {"summarize": 1}  # search and read came from the journal
+        journal = app.events(run_id)
+        assert journal[: len(events)] == events  # the recorded prefix is untouched
+        assert [e.seq for e in journal] == list(range(1, len(journal) + 1))
+    finally:
+        app.shutdown()
+
+
+def test_golden_journal_against_reordered_code_is_non_deterministic(db_url: str) -> None:
+    data, events = _load("research_waiting_on_signal.json")
+    calls: Counter[str] = Counter()
+    app = _research_app(db_url, calls, reorder=True)
+    try:
+        run_id = _install(app, data, events)
+        app.launch()
+        app.signal(run_id, "approve", {"by": "ana"})
+        with pytest.raises(ratchet.RunFailed) as err:
+            app.result(run_id, timeout_s=15)
+        message = str(err.value)
+        assert "NonDeterminismError" in message
+        assert "position 1" in message and "'1:search'" in message and "'1:read'" in message
+        assert sum(calls.values()) == 0  # nothing ran on a guess
+        deadline = time.monotonic() + 5
+        while app.get(run_id).status != RunStatus.FAILED and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert app.dead_letters()[0].reason == "non_determinism"
+    finally:
+        app.shutdown()

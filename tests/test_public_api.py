@@ -1,0 +1,34 @@
+"""The names users may import from ``ratchet``: adding or removing one is a decision."""
+
+from __future__ import annotations
+
+import ratchet
+
+EXPECTED = {
+    "ChildRunFailed", "ConfigError", "ConnectorError", "Event", "InvalidInput",
+    "InvalidRetryPolicy", "LLMError", "LeaseLost", "NonDeterminismError", "NotDeadLettered",
+    "NotSerializable", "Ratchet", "RatchetError", "ReceiptUnresolved", "ResultTimeout", "Retry",
+    "RunCancelled", "RunFailed", "RunFinished", "RunRecord", "RunStatus", "SignalTimeout",
+    "StepFailed", "StepInfo", "StepTimeout", "StorageError", "ToolError", "UnknownRun",
+    "UnknownWorkflow", "WorkflowDef", "child", "current_step", "deliver", "deliver_sync",
+    "sleep", "wait_for_signal",
+}
+
+
+def test_exports_are_pinned() -> None:
+    assert set(ratchet.__all__) == EXPECTED
+    for name in ratchet.__all__:
+        assert getattr(ratchet, name) is not None
+
+
+def test_control_flow_signals_cannot_be_swallowed_by_except_exception() -> None:
+    from ratchet.errors import Parked
+
+    assert not issubclass(ratchet.LeaseLost, Exception)
+    assert not issubclass(Parked, Exception)
+
+
+def test_every_public_name_has_a_docstring() -> None:
+    for name in ratchet.__all__:
+        obj = getattr(ratchet, name)
+        assert (obj.__doc__ or "").strip(), name
