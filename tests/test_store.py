@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator
 
 import pytest
@@ -224,7 +225,7 @@ async def test_journal_is_a_gapless_hash_chain(store: Store) -> None:
         events.append(ev)
     stored = await store.load_events("r1")
     assert [e.seq for e in stored] == list(range(1, 7))
-    for prev, ev in zip(stored, stored[1:], strict=False):
+    for prev, ev in itertools.pairwise(stored):
         assert ev.prev_hash == prev.hash
         assert Event.chain(ev.run_id, ev.seq, ev.kind, ev.step_id, ev.attempt, ev.payload,
                            ev.at, ev.prev_hash).hash == ev.hash

@@ -94,7 +94,8 @@ async def wait_for_signal(name: str, timeout_s: float | None = None) -> Any:
         raise InvalidInput(f"ratchet.wait_for_signal: invalid signal name {name!r}")
     if timeout_s is not None and (isinstance(timeout_s, bool) or
                                   not isinstance(timeout_s, int | float) or timeout_s <= 0):
-        raise InvalidInput(f"ratchet.wait_for_signal: timeout_s must be positive, got {timeout_s!r}")
+        raise InvalidInput(
+            f"ratchet.wait_for_signal: timeout_s must be positive, got {timeout_s!r}")
     return await require_run("ratchet.wait_for_signal()").wait_for_signal(name, timeout_s)
 
 

@@ -113,7 +113,7 @@ class Ratchet:
     def step(self, *, name: str | None = None, retry: Retry | Mapping[str, Any] | None = None,
              timeout_s: float | None = None) -> Callable[[F], F]: ...
 
-    def step(self, fn: Any = None, /, *, name: str | None = None,
+    def step(self, fn: Any = None, /, *, name: str | None = None,  # type: ignore[misc]
              retry: Retry | Mapping[str, Any] | None = None,
              timeout_s: float | None = None) -> Any:
         """Declare a step (``async def`` or plain ``def``, which runs in a thread). Inside a

@@ -43,7 +43,8 @@ def duration_from_env(name: str, default: float) -> float:
     try:
         return parse_duration(raw)
     except ConfigError as e:
-        log.warning("action=config_fallback name=%s value=%r default=%ss: %s", name, raw, default, e)
+        log.warning("action=config_fallback name=%s value=%r default=%ss: %s",
+                    name, raw, default, e)
         return default
 
 

@@ -2,8 +2,9 @@
 
 Every error derives from :class:`RatchetError`; its docstring is its default message.
 ``retry_class`` names the retry class (DESIGN.md §4) a step failure belongs to, so a
-retry policy can decide without string matching; ``never`` is never retried. Control-flow signals that user code
-must not swallow (a parked run, a lost lease) derive from ``BaseException``.
+retry policy can decide without string matching; ``never`` is never retried.
+Control-flow signals that user code must not swallow (a parked run, a lost lease) derive
+from ``BaseException``.
 """
 
 from __future__ import annotations

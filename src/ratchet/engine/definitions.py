@@ -79,7 +79,8 @@ class WorkflowDef:
                 f"arguments do not fit workflow {self.name}{self.signature}: {e}"
             ) from e
         value = {"args": list(args), "kwargs": kwargs}
-        return json.loads(to_json(value, f"the input of workflow {self.name}"))
+        stored: dict[str, Any] = json.loads(to_json(value, f"the input of workflow {self.name}"))
+        return stored
 
     def revive(self, value: Any) -> Any:
         return self.model.model_validate(value) if self.model is not None else value

@@ -43,7 +43,8 @@ class Clock:
 
 
 class Cursor(Protocol):
-    rowcount: int
+    @property
+    def rowcount(self) -> int: ...
 
     def execute(self, sql: str, params: Any = ..., /) -> Any: ...
     def executemany(self, sql: str, params: Any, /) -> Any: ...

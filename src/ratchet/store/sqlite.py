@@ -41,7 +41,8 @@ class SqliteStore(Store):
         self.queries = load_queries("sqlite")
         sync = (synchronous or os.environ.get("RATCHET_SQLITE_SYNCHRONOUS") or "FULL").upper()
         if sync not in ("FULL", "NORMAL", "EXTRA"):
-            raise ConfigError(f"RATCHET_SQLITE_SYNCHRONOUS={sync!r}: expected FULL, NORMAL or EXTRA")
+            raise ConfigError(
+                f"RATCHET_SQLITE_SYNCHRONOUS={sync!r}: expected FULL, NORMAL or EXTRA")
         self.synchronous = sync
         self._busy_timeout_s = busy_timeout_s
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
