@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import re
 import threading
@@ -27,6 +28,7 @@ from ratchet.errors import (
 )
 from ratchet.model import DeadLetter, Event, NewRun, Receipt, RunRecord, RunStatus
 from ratchet.store import Clock, Store, make_store
+from ratchet.store.base import DONE
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -40,6 +42,7 @@ class _Portal:
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     @property
@@ -47,10 +50,20 @@ class _Portal:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, name="ratchet-portal",
-                                 daemon=True).start()
+                self._thread = threading.Thread(target=self._serve, args=(loop,),
+                                                name="ratchet-portal", daemon=True)
+                self._thread.start()
                 self._loop = loop
             return self._loop
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            loop.close()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
@@ -65,9 +78,12 @@ class _Portal:
 
     def stop(self) -> None:
         with self._lock:
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                self._loop = None
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            if thread is not threading.current_thread():
+                thread.join()
 
 
 class Ratchet:
@@ -202,20 +218,28 @@ class Ratchet:
     async def result_async(self, run_id: str, timeout_s: float | None = None) -> Any:
         """Wait for the run to finish; return its result, or raise RunFailed/RunCancelled."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        delay = 0.002
+        delay = 0.005
+        store = await self._astore()
         while True:
-            rec = await self.get_async(run_id)
+            with store.watching(DONE) as finished:
+                rec = await self.get_async(run_id)
+                if not rec.status.terminal:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise ResultTimeout(
+                            f"run {run_id} is still {rec.status} after {timeout_s:g}s")
+                    # Woken at once by a finish in this process (or, on PostgreSQL, any
+                    # process); the poll covers SQLite workers in other processes.
+                    wait = delay if deadline is None else min(delay, deadline - time.monotonic())
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(finished.wait(), max(wait, 0))
+                    delay = min(delay * 2, 0.1)
+                    continue
             if rec.status == RunStatus.SUCCEEDED:
                 wd = self.workflows.get(rec.workflow)
                 return wd.revive(rec.output) if wd else rec.output
             if rec.status == RunStatus.FAILED:
                 raise RunFailed(f"run {run_id} failed: {rec.error}")
-            if rec.status == RunStatus.CANCELLED:
-                raise RunCancelled(f"run {run_id} was cancelled")
-            if deadline is not None and time.monotonic() >= deadline:
-                raise ResultTimeout(f"run {run_id} is still {rec.status} after {timeout_s:g}s")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.1)
+            raise RunCancelled(f"run {run_id} was cancelled")
 
     async def signal_async(self, run_id: str, name: str, data: Any = None) -> None:
         """Send signal ``name`` with ``data``; a run waiting for it wakes up."""
@@ -318,6 +342,7 @@ class Ratchet:
         if self._store is not None:
             self._portal.call(self._store.close())
             self._store = None
+        self._portal.stop()
 
     def __enter__(self) -> Ratchet:
         return self

@@ -26,7 +26,7 @@ from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import Control, drive
 from ratchet.engine.faults import crash_point
 from ratchet.model import ClaimedRun
-from ratchet.store.base import Store
+from ratchet.store.base import READY, Store
 
 log = logging.getLogger("ratchet.worker")
 
@@ -160,7 +160,7 @@ class Worker:
                 crash_point("after_claim")
                 self._spawn(runs)
                 continue
-            await self.store.wait_ready(self.poll_interval)
+            await self.store.wait_for(READY, self.poll_interval)
 
     async def _renew_loop(self) -> None:
         every = self.lease_ttl / 3

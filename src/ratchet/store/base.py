@@ -7,10 +7,13 @@ waiting worker is woken. Each public method is one transaction, so each is one c
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -29,6 +32,9 @@ from ratchet.model import (
 )
 
 T = TypeVar("T")
+
+READY = "ratchet_ready"  # a run became claimable
+DONE = "ratchet_done"  # a run reached a terminal status
 
 
 class Clock:
@@ -87,6 +93,15 @@ class HeldLease:
     cancel_requested: bool
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseState:
+    """A run's lease as the database has it."""
+
+    worker_id: str | None
+    epoch: int
+    live: bool
+
+
 def _record(row: Sequence[Any]) -> RunRecord:
     return RunRecord(
         run_id=row[0],
@@ -138,6 +153,8 @@ class Store(ABC):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
+        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._waiters_lock = threading.Lock()
 
     # -- dialect hooks -------------------------------------------------------------------
 
@@ -150,8 +167,10 @@ class Store(ABC):
         """A list of ids as the dialect's queries take it."""
 
     @abstractmethod
-    def _announce(self, tx: Tx, queue: str) -> None:
-        """Tell idle workers that a run became ready (after this transaction commits)."""
+    def _announce(self, tx: Tx, channel: str) -> None:
+        """Once this transaction commits, wake the waiters on ``channel`` (READY: a run
+        became claimable; DONE: a run finished), in this process and, where the dialect
+        can, in others."""
 
     @abstractmethod
     async def open(self) -> None:
@@ -160,9 +179,35 @@ class Store(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
-    @abstractmethod
-    async def wait_ready(self, timeout: float) -> None:
-        """Return when a run may have become ready, or after ``timeout`` seconds."""
+    def _listen(self) -> None:
+        """Start listening for other processes' announcements (dialects that can)."""
+        return
+
+    def _wake(self, channel: str) -> None:
+        """Wake every waiter on ``channel``; callable from any thread."""
+        with self._waiters_lock:
+            waiters = list(self._waiters.get(channel, ()))
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
+    @contextlib.contextmanager
+    def watching(self, channel: str) -> Iterator[asyncio.Event]:
+        """An event set by the next announcement on ``channel``. Enter before checking the
+        state it announces, so an announcement between the check and the wait is not lost."""
+        self._listen()
+        entry = (asyncio.get_running_loop(), asyncio.Event())
+        with self._waiters_lock:
+            self._waiters.setdefault(channel, set()).add(entry)
+        try:
+            yield entry[1]
+        finally:
+            with self._waiters_lock:
+                self._waiters[channel].discard(entry)
+
+    async def wait_for(self, channel: str, timeout: float) -> None:
+        """Return at the next announcement on ``channel``, or after ``timeout`` seconds."""
+        with self.watching(channel) as event, contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
 
     async def now(self) -> float:
         """The database's clock (plus the store's offset), in Unix seconds."""
@@ -210,7 +255,7 @@ class Store(ABC):
             ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload,
                              time.time(), "0" * 64)
             tx.run("event_insert", _event_row(ev))
-            self._announce(tx, new.queue)
+            self._announce(tx, READY)
         row = tx.one("run_get", {"run_id": new.run_id})
         return _record(row), created
 
@@ -249,6 +294,12 @@ class Store(ABC):
         params = {"run_id": run_id, "after": after, "limit": limit}
         rows = await self._run(lambda tx: tx.all("events_load", params))
         return [_event(r) for r in rows]
+
+    async def lease(self, run_id: str) -> LeaseState | None:
+        """Who holds the run's lease now, at which epoch, and whether it is still live by
+        the database's clock; None if the run was never claimed."""
+        row = await self._run(lambda tx: tx.one("lease_get", {"run_id": run_id}))
+        return LeaseState(row[0], int(row[1]), bool(row[2])) if row else None
 
     async def receipts(self, run_id: str) -> list[Receipt]:
         rows = await self._run(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
@@ -313,7 +364,7 @@ class Store(ABC):
 
         def body(tx: Tx) -> None:
             if tx.run("runs_requeue_worker", {"worker_id": worker_id}):
-                self._announce(tx, "")
+                self._announce(tx, READY)
             tx.run("leases_release_worker", {"worker_id": worker_id})
 
         await self._run(body)
@@ -366,11 +417,12 @@ class Store(ABC):
         is there: keep driving; events still appended) or ``cancel`` (a cancel is pending)."""
 
         def body(tx: Tx) -> str:
+            # Locked before the condition is read: a signal, child or cancel committing
+            # concurrently either is seen below or sees this run already waiting. (Every
+            # transaction that locks both takes the runs row before the run_locks row.)
+            row = tx.one("run_get_locked", {"run_id": lease.run_id})
             self._check_lease(tx, lease)
             self._insert_events(tx, events)
-            # Locked before the condition is read: a signal, child or cancel committing
-            # concurrently either is seen below or sees this run already waiting.
-            row = tx.one("run_get_locked", {"run_id": lease.run_id})
             if row[15]:
                 return "cancel"
             kind, _, name = waiting_for.partition(":")
@@ -387,7 +439,7 @@ class Store(ABC):
             tx.run("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
                                      "epoch": lease.epoch})
             if not_before is not None:
-                self._announce(tx, "")
+                self._announce(tx, READY)
             return "parked"
 
         return await self._run(body)
@@ -400,8 +452,11 @@ class Store(ABC):
         events roll back. A child's end wakes its waiting parent in the same commit."""
 
         def body(tx: Tx) -> None:
+            # Runs row first (the lock order every transaction follows), then the lease;
+            # the guarded update goes before the events so a second finisher is told
+            # RunFinished rather than tripping over the first one's sequence numbers.
+            tx.one("run_get_locked", {"run_id": lease.run_id})
             self._check_lease(tx, lease)
-            self._insert_events(tx, events)
             params = {
                 "run_id": lease.run_id,
                 "status": str(status),
@@ -410,16 +465,18 @@ class Store(ABC):
             }
             if tx.run("run_finish", params) != 1:
                 raise RunFinished(f"run {lease.run_id} has already finished")
+            self._insert_events(tx, events)
             if dead_letter:
                 tx.run("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
                                            "error": error or ""})
             tx.run("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
                                      "epoch": lease.epoch})
+            self._announce(tx, DONE)
             rec = _record(tx.one("run_get", {"run_id": lease.run_id}))
             if rec.parent_run_id and tx.run(
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
             ):
-                self._announce(tx, "")
+                self._announce(tx, READY)
 
         await self._run(body)
 
@@ -472,7 +529,7 @@ class Store(ABC):
                 raise RunFinished(f"run {run_id} has already {rec.status}; signal {name!r} refused")
             tx.run("signal_insert", {"run_id": run_id, "name": name, "payload": dumps(payload)})
             if tx.run("run_wake", {"run_id": run_id, "waiting_for": f"signal:{name}"}):
-                self._announce(tx, rec.queue)
+                self._announce(tx, READY)
             return rec
 
         return await self._run(body)
@@ -494,9 +551,11 @@ class Store(ABC):
             self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
             tx.run("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
                                   "error": "cancelled"})
-            if rec.parent_run_id:
-                tx.run("run_wake", {"run_id": rec.parent_run_id,
-                                    "waiting_for": f"child:{run_id}"})
+            self._announce(tx, DONE)
+            if rec.parent_run_id and tx.run(
+                "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
+            ):
+                self._announce(tx, READY)
             return RunStatus.CANCELLED
 
         return await self._run(body)
@@ -512,7 +571,7 @@ class Store(ABC):
             tx.one("lease_row_locked", {"run_id": run_id})
             self._append_unowned(tx, run_id, EventKind.RUN_QUEUED, {"reason": "retry"})
             tx.run("run_requeue", {"run_id": run_id})
-            self._announce(tx, rec.queue)
+            self._announce(tx, READY)
             return _record(tx.one("run_get", {"run_id": run_id}))
 
         return await self._run(body)

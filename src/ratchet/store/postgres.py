@@ -18,8 +18,9 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 
-from ratchet.errors import StorageError
-from ratchet.store.base import Clock, Store, Tx
+from ratchet.errors import LeaseLost, StorageError
+from ratchet.model import Event, Lease, dumps
+from ratchet.store.base import DONE, READY, Clock, Store, Tx
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -36,16 +37,17 @@ class PostgresStore(Store):
         self._pool_size = pool_size
         self._pool: psycopg_pool.ConnectionPool | None = None
         self._executor: ThreadPoolExecutor | None = None
-        self._listen: psycopg.AsyncConnection[Any] | None = None
+        self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_task: asyncio.Task[None] | None = None
-        self._ready = asyncio.Event()
 
     async def open(self) -> None:
         if self._pool is not None:
             return
         pool = psycopg_pool.ConnectionPool(
             self.url, min_size=1, max_size=self._pool_size, open=False,
-            kwargs={"autocommit": False}, name="ratchet",
+            # Autocommit: a single statement is its own transaction (one round trip);
+            # multi-statement bodies open one explicitly with conn.transaction().
+            kwargs={"autocommit": True}, name="ratchet",
         )
         try:
             await asyncio.to_thread(pool.open, True, 10.0)
@@ -57,15 +59,19 @@ class PostgresStore(Store):
         await self._loop_run(self._migrate)
 
     async def close(self) -> None:
-        if self._listen_task is not None:
-            self._listen_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listen_task
-            self._listen_task = None
-        if self._listen is not None:
+        task, self._listen_task = self._listen_task, None
+        if task is not None:
+            if task.get_loop() is asyncio.get_running_loop():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            elif not task.done() and not task.get_loop().is_closed():
+                # Listening on another thread's loop: stop it there.
+                task.get_loop().call_soon_threadsafe(task.cancel)
+        if self._listen_conn is not None:
             with contextlib.suppress(Exception):
-                await self._listen.close()
-            self._listen = None
+                await self._listen_conn.close()
+            self._listen_conn = None
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -75,7 +81,7 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         assert self._pool is not None
-        with self._pool.connection() as conn, conn.transaction():
+        with self._checkout() as conn, conn.transaction():
             # One migrator at a time across every process starting against this database.
             conn.execute(self.queries["migrations_lock"])
             conn.execute(
@@ -103,48 +109,71 @@ class PostgresStore(Store):
             raise StorageError("store is not open")
         return await self._loop_run(lambda: self._tx(fn, args))
 
-    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _checkout(self) -> contextlib.AbstractContextManager[psycopg.Connection[Any]]:
         assert self._pool is not None
-        with self._pool.connection() as conn:
-            skew = self.clock.offset
-            if getattr(conn, "_ratchet_skew", 0.0) != skew:
-                conn.execute("SELECT set_config('ratchet.skew', %s, false)", (repr(skew),))
-                conn.commit()
-                conn._ratchet_skew = skew  # type: ignore[attr-defined]
+        return self._pool.connection()
+
+    def _sync_clock(self, conn: psycopg.Connection[Any]) -> None:
+        skew = self.clock.offset
+        if getattr(conn, "_ratchet_skew", 0.0) != skew:
+            conn.execute("SELECT set_config('ratchet.skew', %s, false)", (repr(skew),))
+            conn._ratchet_skew = skew  # type: ignore[attr-defined]
+
+    def _tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        with self._checkout() as conn:
+            self._sync_clock(conn)
             with conn.transaction(), conn.cursor() as cur:
-                tx = Tx(cur, self.queries)
-                result = fn(tx, *args)
-        return result
+                return fn(Tx(cur, self.queries), *args)
+
+    async def append(self, lease: Lease, events: Sequence[Event]) -> None:
+        if not events:
+            return await super().append(lease, events)
+        params = {
+            "run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch,
+            "seqs": [e.seq for e in events], "kinds": [e.kind for e in events],
+            "step_ids": [e.step_id for e in events], "attempts": [e.attempt for e in events],
+            "payloads": [dumps(e.payload) for e in events], "ats": [e.at for e in events],
+            "prev_hashes": [e.prev_hash for e in events], "hashes": [e.hash for e in events],
+        }
+        sql = self.queries["append_events"]
+
+        def statement() -> int:
+            with self._checkout() as conn:
+                self._sync_clock(conn)
+                return conn.execute(sql, params).rowcount
+
+        if await self._loop_run(statement) != len(events):
+            raise LeaseLost(lease.run_id)
+        return None
 
     # -- dialect hooks ---------------------------------------------------------------------
 
     def _ids(self, ids: Sequence[str]) -> Any:
         return list(ids)
 
-    def _announce(self, tx: Tx, queue: str) -> None:
-        tx.one("notify_ready", {"queue": queue})
+    def _announce(self, tx: Tx, channel: str) -> None:
+        tx.one("notify", {"channel": channel})
+
+    def _listen(self) -> None:
+        if self._listen_task is None or self._listen_task.done():
+            self._listen_task = asyncio.get_running_loop().create_task(
+                self._listen_loop(), name="ratchet-listen")
 
     async def _listen_loop(self) -> None:
         while True:
             try:
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
-                self._listen = conn
-                await conn.execute("LISTEN ratchet_ready")
-                self._ready.set()  # anything may have happened while not listening
-                async for _ in conn.notifies():
-                    self._ready.set()
+                self._listen_conn = conn
+                await conn.execute(f"LISTEN {READY}")
+                await conn.execute(f"LISTEN {DONE}")
+                for channel in (READY, DONE):  # anything may have happened while deaf
+                    self._wake(channel)
+                async for note in conn.notifies():
+                    self._wake(note.channel)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("action=listen_lost error=%s", e)
-                self._ready.set()
+                for channel in (READY, DONE):
+                    self._wake(channel)
                 await asyncio.sleep(0.5)
-
-    async def wait_ready(self, timeout: float) -> None:
-        if self._listen_task is None:
-            self._listen_task = asyncio.create_task(self._listen_loop(), name="ratchet-listen")
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout)
-        except TimeoutError:
-            pass
-        self._ready.clear()

@@ -48,8 +48,6 @@ class SqliteStore(Store):
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._conn: sqlite3.Connection | None = None
-        self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
-        self._waiters_lock = threading.Lock()
 
     # -- connection ------------------------------------------------------------------------
 
@@ -187,29 +185,9 @@ class SqliteStore(Store):
     def _ids(self, ids: Sequence[str]) -> Any:
         return dumps(list(ids))
 
-    def _announce(self, tx: Tx, queue: str) -> None:
-        tx.after_commit.append(self._wake_local)
-
-    def _wake_local(self) -> None:
-        # Workers in this process wake at once; those in other processes poll.
-        with self._waiters_lock:
-            waiters = list(self._waiters)
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
-
-    async def wait_ready(self, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        event = asyncio.Event()
-        entry = (loop, event)
-        with self._waiters_lock:
-            self._waiters.add(entry)
-        try:
-            await asyncio.wait_for(event.wait(), timeout)
-        except TimeoutError:
-            pass
-        finally:
-            with self._waiters_lock:
-                self._waiters.discard(entry)
+    def _announce(self, tx: Tx, channel: str) -> None:
+        # Waiters in this process wake at once; other processes poll.
+        tx.after_commit.append(lambda: self._wake(channel))
 
     async def now(self) -> float:
         # ratchet_now() in SQL reads this same clock; no round trip needed.

@@ -7,7 +7,8 @@
 --   for in-flight appends and they, re-checking after it, find the epoch moved and stop;
 -- * writers that change a run's status without the lease (signal, cancel, retry) and the
 --   holder's park/finish lock the runs row FOR UPDATE first, so a wake-up can never slip
---   between a check and a park;
+--   between a check and a park; a transaction that locks both rows of a run always takes
+--   the runs row before the run_locks row, so they cannot deadlock on each other;
 -- * claims and steals skip rows another transaction holds (SKIP LOCKED), so concurrent
 --   workers never wait on each other or take the same run.
 -- Lists are passed as arrays.
@@ -65,6 +66,9 @@ FOR SHARE
 -- name: lease_row_locked
 SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = %(run_id)s
 FOR UPDATE
+
+-- name: lease_get
+SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = %(run_id)s
 
 -- name: lease_fence
 UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = %(run_id)s
@@ -198,8 +202,25 @@ SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
 -- name: worker_seen
 UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = %(worker_id)s
 
--- name: notify_ready
-SELECT pg_notify('ratchet_ready', %(queue)s)
+-- name: notify
+SELECT pg_notify(%(channel)s, '')
 
 -- name: migrations_lock
 SELECT pg_advisory_xact_lock(7261001)
+
+-- name: append_events
+-- The per-step hot path in one statement, run outside an explicit transaction (one round
+-- trip, one commit): the CTE takes the lease row FOR SHARE only if the lease is live and
+-- this holder's, and the insert joins against it, so a stale holder inserts no rows.
+WITH lease AS (
+    SELECT 1 FROM run_locks
+    WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
+      AND expires_at > ratchet_now()
+    FOR SHARE
+)
+INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+SELECT %(run_id)s, e.seq, e.kind, e.step_id, e.attempt, e.payload, e.at, e.prev_hash, e.hash
+FROM lease, unnest(%(seqs)s::bigint[], %(kinds)s::text[], %(step_ids)s::text[],
+                   %(attempts)s::integer[], %(payloads)s::text[], %(ats)s::float8[],
+                   %(prev_hashes)s::text[], %(hashes)s::text[])
+     AS e(seq, kind, step_id, attempt, payload, at, prev_hash, hash)

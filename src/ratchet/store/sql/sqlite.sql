@@ -58,6 +58,9 @@ WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
 -- name: lease_row_locked
 SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = :run_id
 
+-- name: lease_get
+SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = :run_id
+
 -- name: lease_fence
 UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = :run_id
 

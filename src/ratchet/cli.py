@@ -1,0 +1,523 @@
+"""The ``ratchet`` command: run a worker, inspect runs and their journals, act on them.
+
+Client commands (``runs``, ``show``, ``events``, ``signal``, ``cancel``, ``dlq``,
+``retry``) need only the database, not the user's workflows. Every failure is one line,
+``error: <message>`` on stderr, with exit code 2 for anything the caller can fix (bad
+input, an unknown run, a malformed URL) and no traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Annotated, Any, NoReturn
+from urllib.parse import urlsplit, urlunsplit
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ratchet.app import Ratchet
+from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL
+from ratchet.errors import RatchetError
+from ratchet.model import Event, RunRecord, RunStatus, StepState, dumps, fold
+
+log = logging.getLogger("ratchet.cli")
+
+cli = typer.Typer(
+    name="ratchet",
+    help="Ratchet: a durable execution engine for AI-agent workflows.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
+)
+
+DbOption = Annotated[
+    str | None,
+    typer.Option("--db", metavar="URL",
+                 help="Database URL (sqlite:///path or postgresql://...); default: "
+                      f"$RATCHET_DATABASE_URL, else {DEFAULT_DATABASE_URL}."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run id.")]
+
+_STATUS_STYLE = {
+    "queued": "cyan", "running": "blue", "waiting": "yellow", "succeeded": "green",
+    "failed": "red", "cancelled": "magenta", "completed": "green", "started": "blue",
+    "retrying": "yellow", "pending": "dim",
+}
+
+
+# -- plumbing ----------------------------------------------------------------------------
+
+
+class _Fail(Exception):
+    """A clear, expected failure: printed as one line, exit code ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _die(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {' '.join(message.split())}", err=True)
+    raise typer.Exit(code)
+
+
+def _console() -> Console:
+    # Piped output is not cut to 80 columns: a run id must survive `| grep`.
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(highlight=False, width=int(os.environ.get("COLUMNS") or 200))
+
+
+def _given_db(ctx: typer.Context, db: str | None) -> str | None:
+    """The command's --db, else the one given before the command, else None."""
+    root = ctx.find_root().obj
+    return db or (root if isinstance(root, str) else None)
+
+
+def _db_url(ctx: typer.Context, db: str | None) -> str:
+    return _given_db(ctx, db) or os.environ.get("RATCHET_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+@contextlib.contextmanager
+def _errors() -> Iterator[None]:
+    """Turn expected failures into one line on stderr and an exit code."""
+    try:
+        yield
+    except _Fail as e:
+        _die(str(e), e.code)
+    except RatchetError as e:
+        _die(str(e))
+    except KeyboardInterrupt:
+        _die("interrupted", 130)
+
+
+@contextlib.contextmanager
+def _client(ctx: typer.Context, db: str | None) -> Iterator[Ratchet]:
+    """A Ratchet client on the chosen database, shut down afterwards."""
+    with _errors():
+        app = Ratchet(_db_url(ctx, db))
+        try:
+            yield app
+        finally:
+            app.shutdown()
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.2f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}m{rest:02d}s"
+
+
+def _compact(value: Any, limit: int | None = 100) -> str:
+    text = dumps(value)
+    if limit is not None and len(text) > limit:
+        return text[: limit - 1] + "…"
+    return text
+
+
+def _status(status: str) -> Text:
+    return Text(status, style=_STATUS_STYLE.get(status, ""))
+
+
+def _echo_json(value: Any) -> None:
+    typer.echo(json.dumps(value, ensure_ascii=False, default=str))
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@cli.callback()
+def _root(ctx: typer.Context, db: DbOption = None) -> None:
+    """Ratchet: a durable execution engine for AI-agent workflows."""
+    ctx.obj = db
+
+
+# -- worker ------------------------------------------------------------------------------
+
+
+def load_app(spec: str) -> Ratchet:
+    """``module:attribute`` (importable from the current directory) → the Ratchet app."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise _Fail(f"invalid APP {spec!r}: expected module:attribute, "
+                    "e.g. myproject.workflows:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
+            raise _Fail(f"cannot import module {module_name!r} for APP {spec!r}: "
+                        f"no module named {e.name!r} (looked in the current directory "
+                        "and on sys.path)") from e
+        raise _Fail(f"importing module {module_name!r} failed: {_where(e)}") from e
+    except Exception as e:
+        raise _Fail(f"importing module {module_name!r} failed: {_where(e)}") from e
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise _Fail(f"module {module_name!r} has no attribute {attr!r} (APP {spec!r})")
+        obj = getattr(obj, part)
+    if not isinstance(obj, Ratchet):
+        raise _Fail(f"APP {spec!r} is a {type(obj).__name__}, not a ratchet.Ratchet app")
+    return obj
+
+
+def _where(e: BaseException) -> str:
+    """``Type: message (file:line)`` of the innermost frame, so one line says enough."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    where = ""
+    if tb is not None:
+        where = f" ({os.path.relpath(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno})"
+    return f"{type(e).__name__}: {e}{where}"
+
+
+async def _work(app: Ratchet, options: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+
+    def on_signal(sig: signal.Signals) -> None:
+        log.info("action=shutdown_requested signal=%s", sig.name)
+        stop.set()
+        # A second signal takes the default path: stop now, without handing runs back.
+        for s in signals:
+            loop.remove_signal_handler(s)
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        # app.run_worker, with the store also closed on this loop: what the store started
+        # here (PostgreSQL's LISTEN task) cannot be stopped once asyncio.run has closed it.
+        store = await asyncio.to_thread(lambda: app.store)
+        try:
+            await app.worker(**options).run(stop)
+        finally:
+            await store.close()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+@cli.command()
+def worker(
+    ctx: typer.Context,
+    app_spec: Annotated[str, typer.Argument(metavar="APP",
+                                            help="The app, as module:attribute.")],
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs driven at once.")] = 16,
+    worker_id: Annotated[str | None, typer.Option(
+        "--worker-id", help="Keep it stable across restarts (e.g. a pod name) so a restarted "
+                            "worker reclaims its runs at once; default $RATCHET_WORKER_ID, "
+                            "else unique.")] = None,
+    queue: Annotated[list[str] | None, typer.Option(
+        "--queue", "-q", help="A queue to take runs from (repeatable); default: default.")
+    ] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    db: DbOption = None,
+) -> None:
+    """Run a worker for APP's workflows until SIGTERM or Ctrl-C.
+
+    On the first signal the worker stops taking runs and hands the ones it drives back to
+    the queue; a second signal stops it at once.
+    """
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        _die(f"invalid --log-level {log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    with _errors():
+        app = load_app(app_spec)
+        url = _given_db(ctx, db)
+        if url is not None:
+            DatabaseURL.parse(url)
+            app.database_url = url
+        if not app.workflows:
+            log.warning("action=no_workflows app=%s", app_spec)
+        options: dict[str, Any] = {"concurrency": concurrency,
+                                   "queues": tuple(queue or ("default",))}
+        if worker_id:
+            options["worker_id"] = worker_id
+        log.info("action=worker_boot app=%s db=%s workflows=%s queues=%s pid=%s", app_spec,
+                 _redact(app.database_url), ",".join(sorted(app.workflows)) or "-",
+                 ",".join(options["queues"]), os.getpid())
+        try:
+            asyncio.run(_work(app, options))
+        finally:
+            app.shutdown()
+
+
+# -- reading -----------------------------------------------------------------------------
+
+
+@cli.command()
+def runs(
+    ctx: typer.Context,
+    status: Annotated[str | None, typer.Option(
+        help="Only runs with this status: " + ", ".join(s.value for s in RunStatus))] = None,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """List runs, newest first."""
+    if status is not None and status not in {s.value for s in RunStatus}:
+        _die(f"unknown status {status!r}: expected one of "
+             f"{', '.join(s.value for s in RunStatus)}")
+    with _client(ctx, db) as app:
+        records = app.runs(status, limit)
+    if as_json:
+        _echo_json([r.as_dict() for r in records])
+        return
+    table = Table("run_id", "workflow", "status", "created", "updated", title=None)
+    table.columns[0].no_wrap = True
+    for r in records:
+        table.add_row(r.run_id, f"{r.workflow} v{r.workflow_version}", _status(r.status),
+                      _when(r.created_at), _when(r.updated_at))
+    console = _console()
+    if not records:
+        console.print("no runs" + (f" with status {status}" if status else ""))
+        return
+    console.print(table)
+
+
+def _step_dict(step: StepState) -> dict[str, Any]:
+    duration = None
+    if step.finished_at is not None and step.first_started_at is not None:
+        duration = step.finished_at - step.first_started_at
+    return {
+        "step_id": step.step_id,
+        "status": step.status,
+        "attempts": step.attempt,
+        "duration_s": duration,
+        "output": step.output,
+        "error": step.error,
+    }
+
+
+@cli.command()
+def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = False,
+         db: DbOption = None) -> None:
+    """A run: its status, input, output or error, and each step from its journal."""
+    with _client(ctx, db) as app:
+        rec = app.get(run_id)
+        state = fold(run_id, app.events(run_id))
+    steps = [_step_dict(s) for s in sorted(state.steps.values(), key=lambda s: s.ordinal)]
+    if as_json:
+        _echo_json({**rec.as_dict(), "drives": state.drives, "events": state.last_seq,
+                    "steps": steps})
+        return
+    console = _console()
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    head.add_row("run", rec.run_id)
+    head.add_row("workflow", f"{rec.workflow} v{rec.workflow_version}")
+    head.add_row("status", _status(rec.status))
+    head.add_row("created", _when(rec.created_at))
+    head.add_row("updated", _when(rec.updated_at))
+    head.add_row("input", Text(_compact(rec.input, None)))
+    if rec.status == RunStatus.SUCCEEDED:
+        head.add_row("output", Text(_compact(rec.output, None)))
+    if rec.error:
+        head.add_row("error", Text(rec.error, style="red"))
+    if rec.waiting_for:
+        head.add_row("waiting for", rec.waiting_for)
+    head.add_row("drives", str(state.drives))
+    head.add_row("events", str(state.last_seq))
+    console.print(head)
+    if not steps:
+        console.print("no steps yet")
+        return
+    table = Table("step", "status", "attempts", "duration", "output / error")
+    table.columns[0].no_wrap = True
+    for s in steps:
+        detail = (Text(s["error"], style="red") if s["error"]
+                  else Text(_compact(s["output"])) if s["status"] == "completed" else Text("-"))
+        table.add_row(s["step_id"], _status(s["status"]), str(s["attempts"]),
+                      _duration(s["duration_s"]), detail)
+    console.print(table)
+
+
+def _event_line(ev: Event) -> Text:
+    at = datetime.fromtimestamp(ev.at).strftime("%H:%M:%S.%f")[:-3]
+    style = ("green" if ev.kind in ("step_completed", "run_succeeded") else
+             "red" if ev.kind in ("step_failed", "run_failed") else
+             "yellow" if ev.kind in ("step_retrying", "step_waiting", "run_resumed") else "")
+    line = Text(f"{ev.seq:>4}  {at}  ")
+    line.append(f"{ev.kind:<16}", style=style)
+    attempt = f"#{ev.attempt}" if ev.attempt is not None else "-"
+    line.append(f"  {ev.step_id or '-':<24} {attempt:>3}  {_compact(ev.payload, 160)}")
+    return line
+
+
+@cli.command()
+def events(
+    ctx: typer.Context,
+    run_id: RunArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help=(
+        "Keep printing new events until the run finishes."))] = False,
+    interval: Annotated[float, typer.Option(min=0.01, help=(
+        "Seconds between polls with --follow."))] = 0.2,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """A run's journal, one event per line: seq, time, kind, step, attempt, payload.
+
+    With --json, one JSON object per line.
+    """
+    console = _console()
+
+    def emit(batch: list[Event]) -> None:
+        for ev in batch:
+            if as_json:
+                _echo_json(ev.as_dict())
+            else:
+                console.print(_event_line(ev), soft_wrap=True)
+        sys.stdout.flush()
+
+    with _client(ctx, db) as app:
+        last = 0
+        while True:
+            # The status is read before the events: a terminal status is committed with the
+            # terminal event, so once it is seen here, the read below holds every event.
+            finished = app.get(run_id).status.terminal
+            batch = app.events(run_id, after=last)
+            emit(batch)
+            if batch:
+                last = batch[-1].seq
+            if not follow or finished:
+                return
+            time.sleep(interval)
+
+
+@cli.command()
+def dlq(
+    ctx: typer.Context,
+    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 100,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """Dead-lettered runs: failed runs waiting for a person to retry them."""
+    with _client(ctx, db) as app:
+        dead = app.dead_letters(limit)
+    if as_json:
+        _echo_json([{"run_id": d.run_id, "workflow": d.workflow, "reason": d.reason,
+                     "error": d.error, "at": d.at} for d in dead])
+        return
+    console = _console()
+    if not dead:
+        console.print("the dead-letter queue is empty")
+        return
+    table = Table("run_id", "workflow", "reason", "error", "at")
+    table.columns[0].no_wrap = True
+    for d in dead:
+        table.add_row(d.run_id, d.workflow, d.reason, Text(d.error, style="red"), _when(d.at))
+    console.print(table)
+
+
+# -- acting ------------------------------------------------------------------------------
+
+
+@cli.command("signal")
+def signal_(
+    ctx: typer.Context,
+    run_id: RunArg,
+    name: Annotated[str, typer.Argument(help="The signal's name.")],
+    data: Annotated[str | None, typer.Option(
+        "--data", metavar="JSON", help="The signal's data, as JSON.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Send a signal to a run; a run waiting for it wakes up."""
+    payload: Any = None
+    if data is not None:
+        try:
+            payload = json.loads(data)
+        except json.JSONDecodeError as e:
+            _die(f"--data is not valid JSON ({e}); nothing was sent")
+    with _client(ctx, db) as app:
+        app.signal(run_id, name, payload)
+        status = app.get(run_id).status
+    typer.echo(f"signal {name!r} sent to run {run_id} (status: {status})")
+
+
+@cli.command()
+def cancel(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
+    """Cancel a run and print its status after the request."""
+    with _client(ctx, db) as app:
+        before = app.get(run_id).status
+        status = before if before.terminal else app.cancel(run_id)
+    if before.terminal:
+        typer.echo(f"run {run_id}: already {status}; nothing to cancel")
+    elif status == RunStatus.CANCELLED:
+        typer.echo(f"run {run_id}: cancelled")
+    else:
+        typer.echo(f"run {run_id}: {status}, cancel requested (its worker will finish it "
+                   "as cancelled)")
+
+
+@cli.command()
+def retry(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
+    """Re-queue a dead-lettered run; it resumes after its last completed step."""
+    with _client(ctx, db) as app:
+        rec: RunRecord = app.retry(run_id)
+    typer.echo(f"run {run_id}: re-queued (status: {rec.status})")
+
+
+@cli.command()
+def demo(
+    ctx: typer.Context,
+    db: Annotated[str | None, typer.Option(
+        "--db", metavar="URL", help="Database URL; default sqlite:///.ratchet/demo.db "
+                                     "(wiped first).")] = None,
+) -> None:
+    """Kill a worker in the middle of a run and watch a new one finish it.
+
+    A 6-step workflow runs in a worker process, which is killed with SIGKILL in the middle
+    of step 4; a new worker process finishes the run without running steps 1-3 again.
+    """
+    from ratchet.demo import run_demo
+
+    with _errors():
+        code = run_demo(_given_db(ctx, db), _console())
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Entry point of the ``ratchet`` console script."""
+    cli()
+
+
+if __name__ == "__main__":
+    main()

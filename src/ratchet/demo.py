@@ -1,0 +1,277 @@
+"""``ratchet demo``: a worker killed with SIGKILL in the middle of step 4 of 6, and a new
+one that finishes the run without running steps 1-3 again.
+
+Two real worker processes (``ratchet worker ratchet.demo_app:app``) share one embedded
+SQLite file. Both run under the same worker id, the way a restarted pod keeps its name,
+so the second reclaims the dead one's run as soon as it starts instead of waiting for
+the lease to expire. What each step did is read back from two independent records: the
+invocation log the steps write (what actually ran, in which process) and the journal
+(what the engine recorded). The demo fails, with a non-zero exit, if either disagrees
+with the claim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ratchet.app import Ratchet
+from ratchet.config import DatabaseURL
+from ratchet.model import EventKind, dumps
+
+DEFAULT_DB = ".ratchet/demo.db"
+WORKER_ID = "demo-worker"
+STEPS = ("fetch_ticket", "classify", "retrieve_docs", "draft_reply", "review", "send_reply")
+CRASH_STEP = 4
+WAIT_S = 30.0
+
+
+class DemoFailed(Exception):
+    """The demo could not show what it claims."""
+
+
+@dataclass
+class _Worker:
+    number: int
+    proc: subprocess.Popen[bytes]
+    log_path: str
+    log_file: IO[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def tail(self, lines: int = 15) -> str:
+        self.log_file.flush()
+        try:
+            with open(self.log_path, encoding="utf-8", errors="replace") as f:
+                return "\n".join(f.read().splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class _Demo:
+    console: Console
+    url: str
+    shown_url: str
+    folder: str
+    t0: float = field(default_factory=time.monotonic)
+    workers: list[_Worker] = field(default_factory=list)
+
+    def say(self, text: str | Text, style: str = "") -> None:
+        line = Text(f"[{time.monotonic() - self.t0:5.2f}s] ", style="dim")
+        line.append(text if isinstance(text, Text) else Text(text, style=style))
+        self.console.print(line, soft_wrap=True)
+
+    def start_worker(self, env: dict[str, str]) -> _Worker:
+        number = len(self.workers) + 1
+        log_path = os.path.join(self.folder, f"demo-worker-{number}.log")
+        log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop_all
+        cmd = [sys.executable, "-m", "ratchet.cli", "worker", "ratchet.demo_app:app",
+               "--worker-id", WORKER_ID, "--concurrency", "4"]
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
+                                stderr=subprocess.STDOUT)
+        worker = _Worker(number, proc, log_path, log_file)
+        self.workers.append(worker)
+        return worker
+
+    def stop_all(self) -> None:
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
+            w.log_file.close()
+
+    def wait_for(self, what: str, check: Callable[[], bool], alive: _Worker | None = None,
+                 timeout: float = WAIT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not check():
+            if alive is not None and alive.proc.poll() is not None:
+                raise DemoFailed(f"worker {alive.number} exited (code {alive.proc.returncode}) "
+                                 f"before {what}")
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"timed out after {timeout:g}s waiting for {what}")
+            time.sleep(0.01)
+
+
+def _wipe(path: str) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        try:
+            os.remove(path + suffix)
+        except FileNotFoundError:
+            pass
+
+
+def _lease(app: Ratchet, run_id: str) -> tuple[str | None, int, bool] | None:
+    """The run's lease row: (worker id, epoch, still live by the database's clock)."""
+    lease = asyncio.run(app.store.lease(run_id))
+    return (lease.worker_id, lease.epoch, lease.live) if lease else None
+
+
+def run_demo(db: str | None, console: Console) -> int:
+    """Run the demo; 0 when every claim held, 1 otherwise."""
+    folder = os.path.abspath(".ratchet")
+    os.makedirs(folder, exist_ok=True)
+    if db is None:
+        path = os.path.abspath(DEFAULT_DB)
+        _wipe(path)
+        url, shown = f"sqlite:///{path}", f"embedded SQLite at {DEFAULT_DB}"
+    else:
+        DatabaseURL.parse(db)
+        url, shown = db, "the database given with --db"
+    log_path = os.path.join(folder, "demo-invocations.jsonl")
+    _wipe(log_path)
+
+    # The demo's own process reads and starts runs; the workflow is imported for app.start.
+    from ratchet import demo_app
+
+    app = demo_app.app
+    app.database_url = url
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RATCHET_CRASH_AT", "RATCHET_PAUSE_AT", "RATCHET_WORKER_ID")}
+    env.update(RATCHET_DATABASE_URL=url, RATCHET_DEMO_LOG=log_path, PYTHONUNBUFFERED="1")
+    demo = _Demo(console, url, f"sqlite:///{DEFAULT_DB}" if db is None else url, folder)
+    console.print(Text("Ratchet crash-resume demo", style="bold"),
+                  Text(f"— a 6-step agent workflow on {shown}", style="dim"))
+    try:
+        return _play(demo, app, env, log_path)
+    except DemoFailed as e:
+        console.print(Text(f"demo failed: {e}", style="bold red"), soft_wrap=True)
+        for w in demo.workers:
+            console.print(Text(f"--- worker {w.number} log ({w.log_path}), last lines:",
+                               style="dim"))
+            console.print(Text(w.tail()), soft_wrap=True)
+        return 1
+    finally:
+        demo.stop_all()
+        app.shutdown()
+
+
+def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str) -> int:
+    from ratchet.demo_app import SLOW_CALL_S, answer_ticket, invocations
+
+    say = demo.say
+    w1 = demo.start_worker(env)
+    say(f"worker 1 launched: ratchet worker ratchet.demo_app:app --worker-id {WORKER_ID} "
+        f"(pid {w1.pid})")
+    run_id = f"ticket-4711-{uuid.uuid4().hex[:6]}"
+    app.start(answer_ticket, "T-4711", run_id=run_id)
+    say(f"run {run_id} queued: answer_ticket('T-4711')")
+
+    def seen(step: str) -> list[dict[str, Any]]:
+        return [e for e in invocations(log_path) if e["run_id"] == run_id and e["step"] == step]
+
+    crash_step = STEPS[CRASH_STEP - 1]
+    demo.wait_for(f"step {CRASH_STEP} ({crash_step}) to start", lambda: bool(seen(crash_step)),
+                  alive=w1)
+    done = ", ".join(STEPS[: CRASH_STEP - 1])
+    say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({done}) completed in worker 1")
+    say(f"step {CRASH_STEP} {crash_step} started in worker 1: a slow model call "
+        f"(it would take {SLOW_CALL_S:g}s)")
+    w1.proc.send_signal(signal.SIGKILL)
+    w1.proc.wait()
+    t_kill = time.monotonic()
+    say(Text(f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
+             style="bold red"))
+
+    status = app.get(run_id).status
+    lease = _lease(app, run_id)
+    holder = (f"its lease (epoch {lease[1]}, {'unexpired' if lease[2] else 'expired'}) is "
+              f"still held by {lease[0]}, the process just killed"
+              if lease and lease[0] else "no lease is held")
+    say(f"run {run_id} is still {status}: {holder}")
+    if status != "running" or not lease or lease[0] != WORKER_ID:
+        raise DemoFailed(f"expected the run running under {WORKER_ID}'s lease after the kill, "
+                         f"found status {status} and lease {lease}")
+
+    w2 = demo.start_worker(env)
+    say(f"worker 2 launched with the same worker id {WORKER_ID} (pid {w2.pid}): it reclaims "
+        "the run at once instead of waiting for the lease to expire")
+    try:
+        result = app.result(run_id, timeout_s=WAIT_S)
+    except Exception as e:
+        raise DemoFailed(f"the run did not succeed after the restart: {e}") from e
+    t_done = time.monotonic()
+    say(Text(f"run {run_id} succeeded, {t_done - t_kill:.2f}s after the kill", style="bold green"))
+    w2.proc.send_signal(signal.SIGTERM)
+    try:
+        w2.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired as e:
+        raise DemoFailed("worker 2 did not stop within 10s of SIGTERM") from e
+    say(f"worker 2 stopped gracefully (exit code {w2.proc.returncode})")
+    return _report(demo, app, run_id, result, {w1.pid: 1, w2.pid: 2},
+                   invocations(log_path))
+
+
+def _report(demo: _Demo, app: Ratchet, run_id: str, result: Any, workers: dict[int, int],
+            log: list[dict[str, Any]]) -> int:
+    console = demo.console
+    mine = [e for e in log if e["run_id"] == run_id]
+    by_step = {step: [e for e in mine if e["step"] == step] for step in STEPS}
+
+    table = Table("#", "step", "invocations", "idempotency keys", "ran in",
+                  title="step invocations (from the steps' own log)", title_justify="left")
+    for n, step in enumerate(STEPS, 1):
+        calls = by_step[step]
+        keys = sorted({e["idempotency_key"][:12] for e in calls})
+        where = ", ".join(f"worker {workers.get(e['pid'], '?')} (pid {e['pid']})" for e in calls)
+        style = "bold yellow" if n == CRASH_STEP else ""
+        table.add_row(str(n), step, str(len(calls)), ", ".join(keys), where, style=style)
+    console.print()
+    console.print(table)
+
+    events = app.events(run_id)
+    started = {step: [e for e in events if e.kind == EventKind.STEP_STARTED
+                      and e.step_id == f"{n}:{step}"] for n, step in enumerate(STEPS, 1)}
+    resumed = [e for e in events if e.kind == EventKind.RUN_RESUMED]
+    succeeded = sum(1 for e in events if e.kind == EventKind.RUN_SUCCEEDED)
+    w1 = next(pid for pid, n in workers.items() if n == 1)
+    w2 = next(pid for pid, n in workers.items() if n == 2)
+    crash = by_step[STEPS[CRASH_STEP - 1]]
+    crash_keys = {e["idempotency_key"] for e in crash}
+    crash_journal_keys = {e.payload.get("idempotency_key")
+                          for e in started[STEPS[CRASH_STEP - 1]]}
+    key = next(iter(crash_keys)) if len(crash_keys) == 1 else "?"
+
+    checks: list[tuple[bool, str]] = [
+        (all(len(by_step[s]) == 1 and by_step[s][0]["pid"] == w1
+             and len(started[s]) == 1 for s in STEPS[:3]),
+         "steps 1\N{EN DASH}3 ran once each, before the crash — not again after it"),
+        (len(crash) == 2 and [e["pid"] for e in crash] == [w1, w2] and len(crash_keys) == 1
+         and crash_journal_keys == crash_keys,
+         f"step {CRASH_STEP} ran twice with the same idempotency key {key}"),
+        (all(len(by_step[s]) == 1 and by_step[s][0]["pid"] == w2 for s in STEPS[4:]),
+         "steps 5\N{EN DASH}6 ran once each, after the restart, in worker 2"),
+        (len(resumed) == 1 and resumed[0].payload.get("reason") == "reclaim",
+         "the journal shows one re-drive: run_resumed "
+         + (dumps(resumed[0].payload) if resumed else "missing")),
+        (succeeded == 1 and app.get(run_id).status == "succeeded",
+         f"run_succeeded written {succeeded} time{'s' if succeeded != 1 else ''}"),
+    ]
+    console.print()
+    for ok, text in checks:
+        console.print(Text("✓ " if ok else "✗ ", style="bold green" if ok else "bold red"),
+                      Text(text), sep="", soft_wrap=True)
+    console.print(Text(f"result: {dumps(result)}"), soft_wrap=True)
+    console.print(Text(f"elapsed: {time.monotonic() - demo.t0:.2f}s"))
+    console.print(Text(f"see the journal: ratchet --db {shlex.quote(demo.shown_url)} "
+                       f"events {run_id}", style="dim"), soft_wrap=True)
+    failed = [text for ok, text in checks if not ok]
+    if failed:
+        console.print(Text(f"demo failed: {len(failed)} check(s) did not hold", style="bold red"))
+        return 1
+    return 0

@@ -1,0 +1,117 @@
+"""The demo's workflow: a support agent answering a ticket in six steps.
+
+Every step invocation appends one JSON line ``{run_id, step, attempt, idempotency_key,
+pid}`` to the file named by ``RATCHET_DEMO_LOG``, made durable before the step returns, so
+the demo can count invocations across processes, including one killed with SIGKILL. The
+fourth step, the slow model call, blocks for two minutes the first time it is invoked in
+a run: long enough to be killed in the middle of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from typing import Any
+
+import ratchet
+
+app = ratchet.Ratchet()
+
+SLOW_CALL_S = 120.0
+
+
+def _log_path() -> str:
+    path = os.environ.get("RATCHET_DEMO_LOG")
+    if not path:
+        raise ratchet.RatchetError("RATCHET_DEMO_LOG is not set: the demo's steps log there")
+    return path
+
+
+def invocations(path: str) -> list[dict[str, Any]]:
+    """Every step invocation recorded so far (a line cut short by a kill is skipped)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _record(step: str) -> bool:
+    """Log this invocation; True when it is the step's first one in this run."""
+    path = _log_path()
+    info = ratchet.current_step()
+    first = not any(entry["run_id"] == info.run_id and entry["step"] == step
+                    for entry in invocations(path))
+    line = json.dumps({"run_id": info.run_id, "step": step, "step_id": info.step_id,
+                       "attempt": info.attempt, "idempotency_key": info.idempotency_key,
+                       "pid": os.getpid()})
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return first
+
+
+@app.step
+async def fetch_ticket(ticket_id: str) -> dict[str, Any]:
+    """Load the ticket from the help desk."""
+    _record("fetch_ticket")
+    return {"id": ticket_id, "customer": "Ada", "text": "I was charged twice for March."}
+
+
+@app.step
+async def classify(ticket: dict[str, Any]) -> str:
+    """Route the ticket."""
+    _record("classify")
+    return "billing" if "charged" in ticket["text"] else "general"
+
+
+@app.step
+async def retrieve_docs(category: str) -> list[str]:
+    """Find the help-center articles for the category."""
+    _record("retrieve_docs")
+    return [f"kb/{category}/duplicate-charges", f"kb/{category}/refund-policy"]
+
+
+@app.step
+async def draft_reply(ticket: dict[str, Any], docs: list[str]) -> str:
+    """The slow model call: draft an answer from the ticket and the articles."""
+    if _record("draft_reply"):
+        await asyncio.sleep(SLOW_CALL_S)
+    return (f"Hi {ticket['customer']}, sorry about the double charge. "
+            f"We have refunded it (see {docs[1]}).")
+
+
+@app.step
+async def review(draft: str) -> dict[str, Any]:
+    """A second model call grades the draft."""
+    _record("review")
+    return {"approved": True, "score": 0.93}
+
+
+@app.step
+async def send_reply(ticket_id: str, draft: str) -> dict[str, Any]:
+    """Post the reply to the customer."""
+    _record("send_reply")
+    return {"ticket": ticket_id, "sent": True, "chars": len(draft)}
+
+
+@app.workflow()
+async def answer_ticket(ticket_id: str) -> dict[str, Any]:
+    """Answer a support ticket: six steps, the fourth a slow model call."""
+    ticket = await fetch_ticket(ticket_id)
+    category = await classify(ticket)
+    docs = await retrieve_docs(category)
+    draft = await draft_reply(ticket, docs)
+    verdict = await review(draft)
+    receipt = await send_reply(ticket_id, draft)
+    return {"ticket": ticket_id, "category": category, "approved": verdict["approved"],
+            "sent": receipt["sent"]}
