@@ -92,6 +92,9 @@ def test_golden_journal_replays_without_running_recorded_steps(db_url: str) -> N
         journal = app.events(run_id)
         assert journal[: len(events)] == events  # the recorded prefix is untouched
         assert [e.seq for e in journal] == list(range(1, len(journal) + 1))
+        # The hash chain runs unbroken from the recorded events into today's.
+        assert all(e.verify() for e in journal)
+        assert all(b.prev_hash == a.hash for a, b in zip(journal, journal[1:], strict=False))
     finally:
         app.shutdown()
 

@@ -227,6 +227,7 @@ async def test_journal_is_a_gapless_hash_chain(store: Store) -> None:
     assert [e.seq for e in stored] == list(range(1, 7))
     for prev, ev in itertools.pairwise(stored):
         assert ev.prev_hash == prev.hash
+        assert ev.verify()
         assert Event.chain(ev.run_id, ev.seq, ev.kind, ev.step_id, ev.attempt, ev.payload,
                            ev.at, ev.prev_hash).hash == ev.hash
     assert fold("r1", stored).last_seq == 6

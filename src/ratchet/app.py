@@ -218,21 +218,19 @@ class Ratchet:
     async def result_async(self, run_id: str, timeout_s: float | None = None) -> Any:
         """Wait for the run to finish; return its result, or raise RunFailed/RunCancelled."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        delay = 0.005
         store = await self._astore()
         while True:
-            with store.watching(DONE) as finished:
+            with store.watching(DONE, run_id) as finished:
                 rec = await self.get_async(run_id)
                 if not rec.status.terminal:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise ResultTimeout(
                             f"run {run_id} is still {rec.status} after {timeout_s:g}s")
-                    # Woken at once by a finish in this process (or, on PostgreSQL, any
-                    # process); the poll covers SQLite workers in other processes.
-                    wait = delay if deadline is None else min(delay, deadline - time.monotonic())
+                    # Woken when the run finishes, wherever its worker is; the timeout is
+                    # a backstop for a notification lost with a dropped connection.
+                    wait = 5.0 if deadline is None else min(5.0, deadline - time.monotonic())
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(finished.wait(), max(wait, 0))
-                    delay = min(delay * 2, 0.1)
                     continue
             if rec.status == RunStatus.SUCCEEDED:
                 wd = self.workflows.get(rec.workflow)

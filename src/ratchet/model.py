@@ -79,7 +79,10 @@ def dumps(value: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One journal event. ``seq`` starts at 1 and has no gaps within a run."""
+    """One journal event. ``seq`` starts at 1 and has no gaps within a run.
+
+    ``hash`` chains the run's events: sha256 over the previous hash, the event's header
+    and its canonical payload JSON (``payload_json``, the text that is stored)."""
 
     run_id: str
     seq: int
@@ -90,6 +93,14 @@ class Event:
     at: float
     prev_hash: str
     hash: str
+    payload_json: str = field(default="", compare=False, repr=False)
+
+    @staticmethod
+    def digest(run_id: str, seq: int, kind: str, step_id: str | None, attempt: int | None,
+               payload_json: str, at: float, prev_hash: str) -> str:
+        header = json.dumps([run_id, seq, kind, step_id, attempt, round(at, 6)],
+                            separators=(",", ":"))
+        return hashlib.sha256(f"{prev_hash}|{header}|{payload_json}".encode()).hexdigest()
 
     @staticmethod
     def chain(
@@ -101,11 +112,19 @@ class Event:
         payload: dict[str, Any],
         at: float,
         prev_hash: str,
+        payload_json: str | None = None,
     ) -> Event:
-        """Build the event that follows ``prev_hash`` in a run's hash chain."""
-        body = dumps([run_id, seq, kind, step_id, attempt, payload, round(at, 6)])
-        digest = hashlib.sha256(f"{prev_hash}|{body}".encode()).hexdigest()
-        return Event(run_id, seq, kind, step_id, attempt, payload, at, prev_hash, digest)
+        """Build the event that follows ``prev_hash`` in a run's hash chain.
+        ``payload_json`` may be given when the caller already holds ``dumps(payload)``."""
+        text = dumps(payload) if payload_json is None else payload_json
+        digest = Event.digest(run_id, seq, kind, step_id, attempt, text, at, prev_hash)
+        return Event(run_id, seq, kind, step_id, attempt, payload, at, prev_hash, digest, text)
+
+    def verify(self) -> bool:
+        """Whether ``hash`` matches the event's content and ``prev_hash``."""
+        return self.hash == Event.digest(self.run_id, self.seq, self.kind, self.step_id,
+                                         self.attempt, self.payload_json or dumps(self.payload),
+                                         self.at, self.prev_hash)
 
     def as_dict(self) -> dict[str, Any]:
         return {

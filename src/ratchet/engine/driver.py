@@ -91,11 +91,11 @@ class RunContext:
     # -- the journal -----------------------------------------------------------------------
 
     def emit(self, kind: str, step_id: str | None = None, attempt: int | None = None,
-             payload: dict[str, Any] | None = None) -> Event:
+             payload: dict[str, Any] | None = None, payload_json: str | None = None) -> Event:
         """Add an event to the chain, to be committed by the next write."""
         state = self.state
         ev = Event.chain(self.run_id, state.last_seq + 1, kind, step_id, attempt,
-                         payload or {}, time.time(), state.last_hash)
+                         payload or {}, time.time(), state.last_hash, payload_json)
         apply(state, ev)
         self.pending.append(ev)
         return ev
@@ -237,7 +237,9 @@ class RunContext:
             finally:
                 current_step_info.reset(token)
             output = json.loads(text)
-            self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output})
+            # The canonical form of {"output": output}, without encoding the output again.
+            self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
+                      f'{{"output":{text}}}')
             return sd.revive(output)
 
     @staticmethod

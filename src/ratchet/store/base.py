@@ -123,7 +123,8 @@ def _record(row: Sequence[Any]) -> RunRecord:
 
 
 def _event(row: Sequence[Any]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7], row[8])
+    return Event(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7],
+                 row[8], row[5])
 
 
 def _receipt(row: Sequence[Any]) -> Receipt:
@@ -138,7 +139,7 @@ def _event_row(ev: Event) -> dict[str, Any]:
         "kind": ev.kind,
         "step_id": ev.step_id,
         "attempt": ev.attempt,
-        "payload": dumps(ev.payload),
+        "payload": ev.payload_json or dumps(ev.payload),
         "at": ev.at,
         "prev_hash": ev.prev_hash,
         "hash": ev.hash,
@@ -153,7 +154,8 @@ class Store(ABC):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
-        self._waiters: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._waiters: dict[tuple[str, str],
+                            set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._waiters_lock = threading.Lock()
 
     # -- dialect hooks -------------------------------------------------------------------
@@ -162,15 +164,19 @@ class Store(ABC):
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(tx, *args)`` in one transaction, off the event loop."""
 
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a read-only ``fn(tx, *args)``; dialects may serve it beside the writes."""
+        return await self._run(fn, *args)
+
     @abstractmethod
     def _ids(self, ids: Sequence[str]) -> Any:
         """A list of ids as the dialect's queries take it."""
 
     @abstractmethod
-    def _announce(self, tx: Tx, channel: str) -> None:
+    def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
         """Once this transaction commits, wake the waiters on ``channel`` (READY: a run
-        became claimable; DONE: a run finished), in this process and, where the dialect
-        can, in others."""
+        became claimable; DONE: run ``key`` finished), in this process and, where the
+        dialect can, in others."""
 
     @abstractmethod
     async def open(self) -> None:
@@ -183,26 +189,50 @@ class Store(ABC):
         """Start listening for other processes' announcements (dialects that can)."""
         return
 
-    def _wake(self, channel: str) -> None:
-        """Wake every waiter on ``channel``; callable from any thread."""
+    def _wake(self, channel: str, key: str = "") -> None:
+        """Wake the waiters on ``channel`` for ``key`` (DONE: a run id; READY: ""), and on
+        DONE also those waiting for any run. Callable from any thread."""
         with self._waiters_lock:
-            waiters = list(self._waiters.get(channel, ()))
+            waiters = list(self._waiters.get((channel, key), ()))
+            if key:
+                waiters += self._waiters.get((channel, ""), ())
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
 
     @contextlib.contextmanager
-    def watching(self, channel: str) -> Iterator[asyncio.Event]:
-        """An event set by the next announcement on ``channel``. Enter before checking the
-        state it announces, so an announcement between the check and the wait is not lost."""
+    def watching(self, channel: str, key: str = "") -> Iterator[asyncio.Event]:
+        """An event set by the next announcement on ``channel`` (for run ``key`` on DONE).
+        Enter before checking the state it announces, so an announcement between the
+        check and the wait is not lost."""
         self._listen()
         entry = (asyncio.get_running_loop(), asyncio.Event())
         with self._waiters_lock:
-            self._waiters.setdefault(channel, set()).add(entry)
+            self._waiters.setdefault((channel, key), set()).add(entry)
+        if channel == DONE and key:
+            self._watch_finishes(entry[0])
         try:
             yield entry[1]
         finally:
             with self._waiters_lock:
-                self._waiters[channel].discard(entry)
+                waiters = self._waiters[(channel, key)]
+                waiters.discard(entry)
+                if not waiters:
+                    del self._waiters[(channel, key)]
+
+    def _watch_finishes(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sure finishes in other processes reach DONE waiters (dialects without
+        cross-process notifications poll)."""
+        return
+
+    def _awaited_runs(self) -> list[str]:
+        with self._waiters_lock:
+            return [key for channel, key in self._waiters if channel == DONE and key]
+
+    async def finished_among(self, run_ids: Sequence[str]) -> list[str]:
+        """Those of ``run_ids`` that have reached a terminal status."""
+        ids = self._ids(run_ids)
+        rows = await self._read(lambda tx: tx.all("runs_finished", {"ids": ids}))
+        return [r[0] for r in rows]
 
     async def wait_for(self, channel: str, timeout: float) -> None:
         """Return at the next announcement on ``channel``, or after ``timeout`` seconds."""
@@ -280,11 +310,11 @@ class Store(ABC):
         return await self._run(self._insert_run, new)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
-        row = await self._run(lambda tx: tx.one("run_get", {"run_id": run_id}))
+        row = await self._read(lambda tx: tx.one("run_get", {"run_id": run_id}))
         return _record(row) if row else None
 
     async def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
-        rows = await self._run(lambda tx: tx.all("runs_list", {"status": status, "limit": limit}))
+        rows = await self._read(lambda tx: tx.all("runs_list", {"status": status, "limit": limit}))
         return [_record(r) for r in rows]
 
     async def load_events(self, run_id: str, after: int = 0, limit: int = -1) -> list[Event]:
@@ -292,21 +322,21 @@ class Store(ABC):
         if limit < 0:
             limit = 2**62
         params = {"run_id": run_id, "after": after, "limit": limit}
-        rows = await self._run(lambda tx: tx.all("events_load", params))
+        rows = await self._read(lambda tx: tx.all("events_load", params))
         return [_event(r) for r in rows]
 
     async def lease(self, run_id: str) -> LeaseState | None:
         """Who holds the run's lease now, at which epoch, and whether it is still live by
         the database's clock; None if the run was never claimed."""
-        row = await self._run(lambda tx: tx.one("lease_get", {"run_id": run_id}))
+        row = await self._read(lambda tx: tx.one("lease_get", {"run_id": run_id}))
         return LeaseState(row[0], int(row[1]), bool(row[2])) if row else None
 
     async def receipts(self, run_id: str) -> list[Receipt]:
-        rows = await self._run(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
+        rows = await self._read(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
         return [_receipt(r) for r in rows]
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        rows = await self._run(lambda tx: tx.all("dead_letters_list", {"limit": limit}))
+        rows = await self._read(lambda tx: tx.all("dead_letters_list", {"limit": limit}))
         return [DeadLetter(*r) for r in rows]
 
     # -- ownership -------------------------------------------------------------------------
@@ -394,7 +424,7 @@ class Store(ABC):
     async def pending_signal(self, run_id: str, name: str) -> tuple[int, Any] | None:
         """The oldest unconsumed signal ``name`` for the run: ``(signal_id, payload)``."""
         params = {"run_id": run_id, "name": name}
-        row = await self._run(lambda tx: tx.one("signal_pending", params))
+        row = await self._read(lambda tx: tx.one("signal_pending", params))
         return (int(row[0]), json.loads(row[1])) if row else None
 
     async def consume_signal(self, lease: Lease, events: Sequence[Event], signal_id: int) -> None:
@@ -471,7 +501,7 @@ class Store(ABC):
                                            "error": error or ""})
             tx.run("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
                                      "epoch": lease.epoch})
-            self._announce(tx, DONE)
+            self._announce(tx, DONE, lease.run_id)
             rec = _record(tx.one("run_get", {"run_id": lease.run_id}))
             if rec.parent_run_id and tx.run(
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
@@ -551,7 +581,7 @@ class Store(ABC):
             self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
             tx.run("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
                                   "error": "cancelled"})
-            self._announce(tx, DONE)
+            self._announce(tx, DONE, run_id)
             if rec.parent_run_id and tx.run(
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
             ):

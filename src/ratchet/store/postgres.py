@@ -132,7 +132,8 @@ class PostgresStore(Store):
             "run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch,
             "seqs": [e.seq for e in events], "kinds": [e.kind for e in events],
             "step_ids": [e.step_id for e in events], "attempts": [e.attempt for e in events],
-            "payloads": [dumps(e.payload) for e in events], "ats": [e.at for e in events],
+            "payloads": [e.payload_json or dumps(e.payload) for e in events],
+            "ats": [e.at for e in events],
             "prev_hashes": [e.prev_hash for e in events], "hashes": [e.hash for e in events],
         }
         sql = self.queries["append_events"]
@@ -151,8 +152,8 @@ class PostgresStore(Store):
     def _ids(self, ids: Sequence[str]) -> Any:
         return list(ids)
 
-    def _announce(self, tx: Tx, channel: str) -> None:
-        tx.one("notify", {"channel": channel})
+    def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
+        tx.one("notify", {"channel": channel, "key": key})
 
     def _listen(self) -> None:
         if self._listen_task is None or self._listen_task.done():
@@ -169,7 +170,7 @@ class PostgresStore(Store):
                 for channel in (READY, DONE):  # anything may have happened while deaf
                     self._wake(channel)
                 async for note in conn.notifies():
-                    self._wake(note.channel)
+                    self._wake(note.channel, note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as e:

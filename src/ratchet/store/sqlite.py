@@ -17,17 +17,19 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from ratchet.errors import ConfigError, StorageError
 from ratchet.model import dumps
-from ratchet.store.base import Clock, Store, Tx
+from ratchet.store.base import DONE, Clock, Store, Tx
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
 log = logging.getLogger("ratchet.store")
 
 _BATCH_MAX = 256
+FINISH_POLL_S = 0.05
 _Item = tuple[Callable[..., Any], tuple[Any, ...], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
 
@@ -47,6 +49,11 @@ class SqliteStore(Store):
         self._busy_timeout_s = busy_timeout_s
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._finish_poller: asyncio.Task[None] | None = None
+        # Reads go to a connection of their own on a thread of their own: WAL lets them
+        # proceed beside the writer, which then spends its time on commits.
+        self._reader: ThreadPoolExecutor | None = None
+        self._reader_conn: sqlite3.Connection | None = None
         self._conn: sqlite3.Connection | None = None
 
     # -- connection ------------------------------------------------------------------------
@@ -61,7 +68,8 @@ class SqliteStore(Store):
             raise StorageError(f"cannot open SQLite database {self.path!r}: {e}") from e
         clock = self.clock
         conn.create_function("ratchet_now", 0, lambda: time.time() + clock.offset)
-        conn.execute("PRAGMA journal_mode=WAL")
+        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
         return conn
@@ -98,6 +106,7 @@ class SqliteStore(Store):
         self._conn = conn
         self._thread = threading.Thread(target=self._writer, name="ratchet-sqlite", daemon=True)
         self._thread.start()
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="ratchet-sqlite-read")
 
     async def close(self) -> None:
         if self._thread is None:
@@ -105,6 +114,12 @@ class SqliteStore(Store):
         self._queue.put(None)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        if self._reader is not None:
+            reader, self._reader = self._reader, None
+            if self._reader_conn is not None:
+                conn, self._reader_conn = self._reader_conn, None
+                await asyncio.get_running_loop().run_in_executor(reader, conn.close)
+            reader.shutdown(wait=True)
 
     # -- transactions ----------------------------------------------------------------------
 
@@ -115,6 +130,25 @@ class SqliteStore(Store):
         fut: asyncio.Future[T] = loop.create_future()
         self._queue.put((fn, args, loop, fut))
         return await fut
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._reader is None:
+            raise StorageError("store is not open")
+        return await asyncio.get_running_loop().run_in_executor(self._reader, self._read_now,
+                                                                fn, args)
+
+    def _read_now(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        if self._reader_conn is None:
+            self._reader_conn = self._connect()
+        conn = self._reader_conn
+        try:
+            conn.execute("BEGIN")  # one snapshot for every statement of the read
+            try:
+                return fn(Tx(conn.cursor(), self.queries), *args)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            raise StorageError(f"SQLite: {e}") from e
 
     def _writer(self) -> None:
         assert self._conn is not None
@@ -185,9 +219,24 @@ class SqliteStore(Store):
     def _ids(self, ids: Sequence[str]) -> Any:
         return dumps(list(ids))
 
-    def _announce(self, tx: Tx, channel: str) -> None:
-        # Waiters in this process wake at once; other processes poll.
-        tx.after_commit.append(lambda: self._wake(channel))
+    def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
+        # Waiters in this process wake at once; for other processes, see _watch_finishes.
+        tx.after_commit.append(lambda: self._wake(channel, key))
+
+    def _watch_finishes(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Workers in other processes finish runs without telling this one: one poller per
+        # store asks, for all awaited runs at once, which have finished.
+        if self._finish_poller is None or self._finish_poller.done():
+            self._finish_poller = loop.create_task(self._poll_finishes())
+
+    async def _poll_finishes(self) -> None:
+        while True:
+            await asyncio.sleep(FINISH_POLL_S)
+            awaited = self._awaited_runs()
+            if not awaited:
+                return
+            for run_id in await self.finished_among(awaited):
+                self._wake(DONE, run_id)
 
     async def now(self) -> float:
         # ratchet_now() in SQL reads this same clock; no round trip needed.

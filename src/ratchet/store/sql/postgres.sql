@@ -46,6 +46,10 @@ SELECT run_id, workflow, workflow_version, input, status, output, error, parent_
 FROM runs WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
+-- name: runs_finished
+SELECT run_id FROM runs
+WHERE run_id IN (SELECT unnest(%(ids)s::text[])) AND status IN ('succeeded', 'failed', 'cancelled')
+
 -- name: events_load
 SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash
 FROM journal_events WHERE run_id = %(run_id)s AND seq > %(after)s ORDER BY seq LIMIT %(limit)s
@@ -203,7 +207,7 @@ SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
 UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = %(worker_id)s
 
 -- name: notify
-SELECT pg_notify(%(channel)s, '')
+SELECT pg_notify(%(channel)s, %(key)s)
 
 -- name: migrations_lock
 SELECT pg_advisory_xact_lock(7261001)

@@ -39,6 +39,10 @@ SELECT run_id, workflow, workflow_version, input, status, output, error, parent_
 FROM runs WHERE (:status IS NULL OR status = :status)
 ORDER BY created_at DESC, run_id LIMIT :limit
 
+-- name: runs_finished
+SELECT run_id FROM runs
+WHERE run_id IN (SELECT value FROM json_each(:ids)) AND status IN ('succeeded', 'failed', 'cancelled')
+
 -- name: events_load
 SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash
 FROM journal_events WHERE run_id = :run_id AND seq > :after ORDER BY seq LIMIT :limit
