@@ -8,6 +8,7 @@ a non-determinism error that names both steps.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import Counter
@@ -94,7 +95,7 @@ def test_golden_journal_replays_without_running_recorded_steps(db_url: str) -> N
         assert [e.seq for e in journal] == list(range(1, len(journal) + 1))
         # The hash chain runs unbroken from the recorded events into today's.
         assert all(e.verify() for e in journal)
-        assert all(b.prev_hash == a.hash for a, b in zip(journal, journal[1:], strict=False))
+        assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(journal))
     finally:
         app.shutdown()
 
