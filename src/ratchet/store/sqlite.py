@@ -10,6 +10,7 @@ processes may share the file: BEGIN IMMEDIATE plus a busy timeout serialises the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -109,6 +110,14 @@ class SqliteStore(Store):
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="ratchet-sqlite-read")
 
     async def close(self) -> None:
+        poller, self._finish_poller = self._finish_poller, None
+        if poller is not None and not poller.done():
+            if poller.get_loop() is asyncio.get_running_loop():
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poller
+            elif not poller.get_loop().is_closed():
+                poller.get_loop().call_soon_threadsafe(poller.cancel)
         if self._thread is None:
             return
         self._queue.put(None)
