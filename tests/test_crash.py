@@ -469,3 +469,24 @@ def test_retry_attempts_continue_from_the_journal_across_a_crash(
         assert rec.error is not None and "attempt 3 failed" in rec.error
         assert [d.reason for d in h.app.dead_letters() if d.run_id == run_id] == [
             "step_failed"]
+
+
+# -- several workers on one database --------------------------------------------------------
+
+
+def test_several_worker_processes_share_runs_and_each_runs_once(h: Harness, db_url: str
+                                                                ) -> None:
+    workers = [h.spawn(f"w{i}", concurrency=4) for i in range(3)]
+    for w in workers:
+        w.wait_started()
+    run_ids = [h.app.start("chain", n=3) for _ in range(30)]
+    for run_id in run_ids:
+        h.wait_status(run_id, "succeeded", timeout=60)
+        check_journal(h.app.events(run_id))
+    calls = Counter((r["run_id"], r["step_id"]) for r in h.invocations())
+    assert len(calls) == 30 * 3 and set(calls.values()) == {1}  # every step of every run once
+    pids = {r["pid"] for r in h.invocations()}
+    if db_url.startswith("postgresql"):
+        # On PostgreSQL the load is shared: SKIP LOCKED claims, NOTIFY wake-ups.
+        assert len(pids) >= 2, f"one worker did everything: {pids}"
+    assert pids <= {w.pid for w in workers}
