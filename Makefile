@@ -3,6 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+BENCH_STAMP := $(VENV)/.installed-bench
+
 .PHONY: run test lint bench chaos clean
 
 $(STAMP): pyproject.toml
@@ -16,6 +18,13 @@ run: $(STAMP)  ## the crash-resume demo on embedded SQLite
 
 test: $(STAMP)  ## the whole suite, SQLite and PostgreSQL
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)  ## Ratchet beside DBOS, Absurd and LangGraph; QUICK=1 for a short run
+	$(PY) -m bench.run $(if $(filter-out 0,$(QUICK)),--quick)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -496,7 +496,11 @@ def test_the_fold_matches_the_runs_row(make_app: Callable[..., ratchet.Ratchet])
     app.launch()
     run_id = app.start(wf, 4)
     assert app.result(run_id, timeout_s=15) == 6
-    state = fold(run_id, app.events(run_id))
+    events = app.events(run_id)
+    # What is stored is the canonical JSON of each payload, and the chain verifies.
+    assert all(e.payload_json == ratchet.model.dumps(e.payload) for e in events)
+    assert all(e.verify() for e in events)
+    state = fold(run_id, events)
     assert state.status == app.get(run_id).status == RunStatus.SUCCEEDED
     assert state.output == 6 and len(state.steps) == 4
     assert all(st.status == "completed" and st.attempt == 1 for st in state.steps.values())

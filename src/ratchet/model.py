@@ -98,8 +98,10 @@ class Event:
     @staticmethod
     def digest(run_id: str, seq: int, kind: str, step_id: str | None, attempt: int | None,
                payload_json: str, at: float, prev_hash: str) -> str:
-        header = json.dumps([run_id, seq, kind, step_id, attempt, round(at, 6)],
-                            separators=(",", ":"))
+        # run_id cannot hold "|" and kind, seq, attempt and at are fixed forms; the step id
+        # may hold anything, so it goes length-prefixed, just before the payload.
+        sid = step_id if step_id is not None else ""
+        header = f"{run_id}|{seq}|{kind}|{attempt}|{at:.6f}|{len(sid)}:{sid}"
         return hashlib.sha256(f"{prev_hash}|{header}|{payload_json}".encode()).hexdigest()
 
     @staticmethod

@@ -205,7 +205,10 @@ class RunContext:
             payload: dict[str, Any] = {"idempotency_key": key}
             if resumed:
                 payload["resumed"] = True
-            self.emit(EventKind.STEP_STARTED, step_id, attempt, payload)
+            # The key is hex: its canonical JSON is written out rather than encoded.
+            text = (f'{{"idempotency_key":"{key}","resumed":true}}' if resumed
+                    else f'{{"idempotency_key":"{key}"}}')
+            self.emit(EventKind.STEP_STARTED, step_id, attempt, payload, text)
             await self.flush()
             crash_point("after_step_started")
             token = current_step_info.set(

@@ -80,8 +80,9 @@ class Tx:
         self._cur.execute(self._q[name], params)
         return int(self._cur.rowcount)
 
-    def many(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
+    def many(self, name: str, rows: Sequence[dict[str, Any]]) -> int:
         self._cur.executemany(self._q[name], rows)
+        return int(self._cur.rowcount)
 
 
 @dataclass(frozen=True, slots=True)

@@ -54,6 +54,17 @@ SELECT seq, hash FROM journal_events WHERE run_id = :run_id ORDER BY seq DESC LI
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
 VALUES (:run_id, :seq, :kind, :step_id, :attempt, :payload, :at, :prev_hash, :hash)
 
+-- name: event_insert_leased
+-- The per-step hot path: each row is inserted only if the lease is live and this holder's;
+-- fewer rows than events means the lease was lost (the caller rolls back).
+INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+SELECT :run_id, :seq, :kind, :step_id, :attempt, :payload, :at, :prev_hash, :hash
+WHERE EXISTS (
+    SELECT 1 FROM run_locks
+    WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
+      AND expires_at > ratchet_now()
+)
+
 -- name: lease_check
 SELECT 1 FROM run_locks
 WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
