@@ -150,17 +150,22 @@ class Worker:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
-            try:
-                runs = await self.store.claim(self.worker_id, self.lease_ttl, free, self.queues)
-            except Exception as e:
-                log.warning("action=claim_failed error=%s", e)
-                await asyncio.sleep(self.poll_interval)
-                continue
-            if runs:
-                crash_point("after_claim")
-                self._spawn(runs)
-                continue
-            await self.store.wait_for(READY, self.poll_interval)
+            # Watch before claiming: a run made ready after the claim looked is announced
+            # to this watcher, not lost between the look and the wait.
+            with self.store.watching(READY) as ready:
+                try:
+                    runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
+                                                  self.queues)
+                except Exception as e:
+                    log.warning("action=claim_failed error=%s", e)
+                    await asyncio.sleep(self.poll_interval)
+                    continue
+                if runs:
+                    crash_point("after_claim")
+                    self._spawn(runs)
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ready.wait(), self.poll_interval)
 
     async def _renew_loop(self) -> None:
         every = self.lease_ttl / 3

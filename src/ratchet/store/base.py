@@ -59,14 +59,27 @@ class Cursor(Protocol):
 
 
 class Tx:
-    """A transaction in progress: runs named queries on one cursor."""
+    """A transaction in progress: runs named queries on one cursor.
 
-    __slots__ = ("_cur", "_q", "after_commit")
+    ``send`` issues a statement whose outcome the body does not look at; with a dialect
+    that pipelines (PostgreSQL), such statements travel together. ``run`` and ``many``
+    return the affected row count, and ``one``/``all`` rows, so they wait for the answer.
+    """
 
-    def __init__(self, cur: Cursor, queries: dict[str, str]) -> None:
+    __slots__ = ("_cur", "_q", "_sync", "after_commit")
+
+    def __init__(self, cur: Cursor, queries: dict[str, str],
+                 sync: Callable[[], None] | None = None) -> None:
         self._cur = cur
         self._q = queries
+        self._sync = sync
         self.after_commit: list[Callable[[], None]] = []
+
+    def send(self, name: str, params: dict[str, Any]) -> None:
+        self._cur.execute(self._q[name], params)
+
+    def send_many(self, name: str, rows: Sequence[dict[str, Any]]) -> None:
+        self._cur.executemany(self._q[name], rows)
 
     def one(self, name: str, params: dict[str, Any]) -> Any:
         self._cur.execute(self._q[name], params)
@@ -78,10 +91,14 @@ class Tx:
 
     def run(self, name: str, params: dict[str, Any]) -> int:
         self._cur.execute(self._q[name], params)
+        if self._sync is not None:
+            self._sync()
         return int(self._cur.rowcount)
 
     def many(self, name: str, rows: Sequence[dict[str, Any]]) -> int:
         self._cur.executemany(self._q[name], rows)
+        if self._sync is not None:
+            self._sync()
         return int(self._cur.rowcount)
 
 
@@ -242,7 +259,7 @@ class Store(ABC):
 
     async def now(self) -> float:
         """The database's clock (plus the store's offset), in Unix seconds."""
-        return float(await self._run(lambda tx: tx.one("now", {})[0]))
+        return float(await self._read(lambda tx: tx.one("now", {})[0]))
 
     # -- shared transaction pieces ---------------------------------------------------------
 
@@ -255,9 +272,9 @@ class Store(ABC):
     @staticmethod
     def _insert_events(tx: Tx, events: Sequence[Event]) -> None:
         if len(events) == 1:
-            tx.run("event_insert", _event_row(events[0]))
+            tx.send("event_insert", _event_row(events[0]))
         elif events:
-            tx.many("event_insert", [_event_row(e) for e in events])
+            tx.send_many("event_insert", [_event_row(e) for e in events])
 
     @staticmethod
     def _append_unowned(tx: Tx, run_id: str, kind: str, payload: dict[str, Any]) -> Event:
@@ -266,7 +283,7 @@ class Store(ABC):
         last = tx.one("event_last", {"run_id": run_id})
         seq, prev = (last[0], last[1]) if last else (0, "0" * 64)
         ev = Event.chain(run_id, seq + 1, kind, None, None, payload, time.time(), prev)
-        tx.run("event_insert", _event_row(ev))
+        tx.send("event_insert", _event_row(ev))
         return ev
 
     def _insert_run(self, tx: Tx, new: NewRun) -> tuple[RunRecord, bool]:
@@ -285,7 +302,7 @@ class Store(ABC):
             payload = {"workflow": new.workflow, "version": new.workflow_version}
             ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload,
                              time.time(), "0" * 64)
-            tx.run("event_insert", _event_row(ev))
+            tx.send("event_insert", _event_row(ev))
             self._announce(tx, READY)
         row = tx.one("run_get", {"run_id": new.run_id})
         return _record(row), created
@@ -295,7 +312,7 @@ class Store(ABC):
         if not ids:
             return []
         ids_param = self._ids(ids)
-        tx.run("runs_set_running", {"ids": ids_param})
+        tx.send("runs_set_running", {"ids": ids_param})
         epochs = dict(tx.all("leases_take", {"ids": ids_param, "worker_id": worker_id, "ttl": ttl}))
         rows = tx.all("runs_get_many", {"ids": ids_param})
         return [
@@ -344,7 +361,7 @@ class Store(ABC):
 
     async def register_worker(self, worker_id: str, host: str, pid: int) -> None:
         params = {"worker_id": worker_id, "host": host, "pid": pid}
-        await self._run(lambda tx: tx.run("worker_upsert", params))
+        await self._run(lambda tx: tx.send("worker_upsert", params))
 
     async def claim(self, worker_id: str, ttl: float, limit: int,
                     queues: Sequence[str]) -> list[ClaimedRun]:
@@ -381,10 +398,10 @@ class Store(ABC):
         ids = self._ids(run_ids)
 
         def body(tx: Tx) -> list[HeldLease]:
-            tx.run("worker_seen", {"worker_id": worker_id})
+            tx.send("worker_seen", {"worker_id": worker_id})
             if not run_ids:
                 return []
-            tx.run("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
+            tx.send("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
             rows = tx.all("leases_held", {"worker_id": worker_id, "ids": ids})
             return [HeldLease(r[0], int(r[1]), bool(r[2])) for r in rows]
 
@@ -396,7 +413,7 @@ class Store(ABC):
         def body(tx: Tx) -> None:
             if tx.run("runs_requeue_worker", {"worker_id": worker_id}):
                 self._announce(tx, READY)
-            tx.run("leases_release_worker", {"worker_id": worker_id})
+            tx.send("leases_release_worker", {"worker_id": worker_id})
 
         await self._run(body)
 
@@ -465,9 +482,9 @@ class Store(ABC):
                 child = tx.one("run_get", {"run_id": name})
                 if child is not None and RunStatus(child[4]).terminal:
                     return "ready"
-            tx.run("run_park", {"run_id": lease.run_id, "waiting_for": waiting_for,
+            tx.send("run_park", {"run_id": lease.run_id, "waiting_for": waiting_for,
                                 "not_before": not_before})
-            tx.run("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
+            tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
                                      "epoch": lease.epoch})
             if not_before is not None:
                 self._announce(tx, READY)
@@ -498,9 +515,9 @@ class Store(ABC):
                 raise RunFinished(f"run {lease.run_id} has already finished")
             self._insert_events(tx, events)
             if dead_letter:
-                tx.run("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
+                tx.send("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
                                            "error": error or ""})
-            tx.run("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
+            tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
                                      "epoch": lease.epoch})
             self._announce(tx, DONE, lease.run_id)
             rec = _record(tx.one("run_get", {"run_id": lease.run_id}))
@@ -531,14 +548,14 @@ class Store(ABC):
 
         def body(tx: Tx) -> None:
             self._check_lease(tx, lease)
-            tx.run("receipt_reclaim", {"key": key, "epoch": lease.epoch})
+            tx.send("receipt_reclaim", {"key": key, "epoch": lease.epoch})
 
         await self._run(body)
 
     async def settle_receipt(self, lease: Lease, key: str, response: Any) -> None:
         def body(tx: Tx) -> None:
             self._check_lease(tx, lease)
-            tx.run("receipt_settle", {"key": key, "response": dumps(response),
+            tx.send("receipt_settle", {"key": key, "response": dumps(response),
                                       "epoch": lease.epoch})
 
         await self._run(body)
@@ -558,7 +575,7 @@ class Store(ABC):
             rec = self._locked_run(tx, run_id)
             if rec.status.terminal:
                 raise RunFinished(f"run {run_id} has already {rec.status}; signal {name!r} refused")
-            tx.run("signal_insert", {"run_id": run_id, "name": name, "payload": dumps(payload)})
+            tx.send("signal_insert", {"run_id": run_id, "name": name, "payload": dumps(payload)})
             if tx.run("run_wake", {"run_id": run_id, "waiting_for": f"signal:{name}"}):
                 self._announce(tx, READY)
             return rec
@@ -575,12 +592,12 @@ class Store(ABC):
                 return rec.status
             lock = tx.one("lease_row_locked", {"run_id": run_id})
             if lock is not None and lock[0] is not None and bool(lock[2]):
-                tx.run("run_cancel_request", {"run_id": run_id})
+                tx.send("run_cancel_request", {"run_id": run_id})
                 return rec.status
             if lock is not None:
-                tx.run("lease_fence", {"run_id": run_id})
+                tx.send("lease_fence", {"run_id": run_id})
             self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
-            tx.run("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
+            tx.send("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
                                   "error": "cancelled"})
             self._announce(tx, DONE, run_id)
             if rec.parent_run_id and tx.run(
@@ -601,7 +618,7 @@ class Store(ABC):
                 raise NotDeadLettered(f"run {run_id} is {rec.status}, not dead-lettered")
             tx.one("lease_row_locked", {"run_id": run_id})
             self._append_unowned(tx, run_id, EventKind.RUN_QUEUED, {"reason": "retry"})
-            tx.run("run_requeue", {"run_id": run_id})
+            tx.send("run_requeue", {"run_id": run_id})
             self._announce(tx, READY)
             return _record(tx.one("run_get", {"run_id": run_id}))
 

@@ -19,8 +19,8 @@ import psycopg
 import psycopg_pool
 
 from ratchet.errors import LeaseLost, StorageError
-from ratchet.model import Event, Lease, dumps
-from ratchet.store.base import DONE, READY, Clock, Store, Tx
+from ratchet.model import ClaimedRun, Event, Lease, dumps
+from ratchet.store.base import DONE, READY, Clock, Store, Tx, _record
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -122,8 +122,42 @@ class PostgresStore(Store):
     def _tx(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
         with self._checkout() as conn:
             self._sync_clock(conn)
-            with conn.transaction(), conn.cursor() as cur:
-                return fn(Tx(cur, self.queries), *args)
+            # Pipeline mode: statements whose results the body does not read before the
+            # next one travel together, so a transaction costs fewer round trips.
+            with conn.pipeline() as pipeline, conn.transaction(), conn.cursor() as cur:
+                return fn(Tx(cur, self.queries, pipeline.sync), *args)
+
+    async def _read(self, fn: Callable[..., T], *args: Any) -> T:
+        if self._pool is None:
+            raise StorageError("store is not open")
+
+        def read() -> T:
+            # Autocommit: a one-statement read is one round trip, no BEGIN/COMMIT.
+            with self._checkout() as conn:
+                self._sync_clock(conn)
+                with conn.cursor() as cur:
+                    return fn(Tx(cur, self.queries), *args)
+
+        return await self._loop_run(read)
+
+    async def claim(self, worker_id: str, ttl: float, limit: int,
+                    queues: Sequence[str]) -> list[ClaimedRun]:
+        params = {"queues": list(queues), "limit": limit, "worker_id": worker_id, "ttl": ttl}
+        rows = await self._statement(self.queries["claim_ready"], params, fetch=True)
+        return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row[15])), "claim")
+                for row in rows for rec in (_record(row),)]
+
+    async def _statement(self, sql: str, params: dict[str, Any], fetch: bool = False) -> Any:
+        """One statement outside an explicit transaction: its own commit, one round trip.
+        Returns the rows (``fetch``) or the affected row count."""
+
+        def statement() -> Any:
+            with self._checkout() as conn:
+                self._sync_clock(conn)
+                cur = conn.execute(sql, params)
+                return cur.fetchall() if fetch else cur.rowcount
+
+        return await self._loop_run(statement)
 
     async def append(self, lease: Lease, events: Sequence[Event]) -> None:
         if not events:
@@ -136,14 +170,7 @@ class PostgresStore(Store):
             "ats": [e.at for e in events],
             "prev_hashes": [e.prev_hash for e in events], "hashes": [e.hash for e in events],
         }
-        sql = self.queries["append_events"]
-
-        def statement() -> int:
-            with self._checkout() as conn:
-                self._sync_clock(conn)
-                return conn.execute(sql, params).rowcount
-
-        if await self._loop_run(statement) != len(events):
+        if await self._statement(self.queries["append_events"], params) != len(events):
             raise LeaseLost(lease.run_id)
         return None
 

@@ -228,3 +228,27 @@ FROM lease, unnest(%(seqs)s::bigint[], %(kinds)s::text[], %(step_ids)s::text[],
                    %(attempts)s::integer[], %(payloads)s::text[], %(ats)s::float8[],
                    %(prev_hashes)s::text[], %(hashes)s::text[])
      AS e(seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+
+-- name: claim_ready
+-- A claim in one statement (one round trip): pick ready runs no one else is taking, lease
+-- them with the epoch bumped, mark them running, and return them with their epoch.
+WITH picked AS (
+    SELECT run_id FROM runs
+    WHERE queue = ANY(%(queues)s::text[])
+      AND (status = 'queued' OR (status = 'waiting' AND not_before <= ratchet_now()))
+    ORDER BY priority DESC, created_at LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), leased AS (
+    INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
+    SELECT run_id, %(worker_id)s, 1, ratchet_now() + %(ttl)s FROM picked
+    ON CONFLICT (run_id) DO UPDATE
+    SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1,
+        expires_at = excluded.expires_at
+    RETURNING run_id, epoch
+)
+UPDATE runs r SET status = 'running', waiting_for = NULL, not_before = NULL,
+                  updated_at = ratchet_now()
+FROM leased WHERE r.run_id = leased.run_id
+RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
+          r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
+          r.created_at, r.updated_at, leased.epoch

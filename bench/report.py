@@ -1,0 +1,200 @@
+"""Turn the bench's samples into figures: medians, ranges, ratios and the targets."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+# (measure, field, label, unit, better): better is "low" or "high".
+METRICS = [
+    ("sequential", "step_us", "sequential: per-step overhead", "µs", "low"),
+    ("sequential", "workflows_per_s", "sequential: 10-step workflows/s", "/s", "high"),
+    ("concurrent", "steps_per_s", "concurrent: durable steps/s", "/s", "high"),
+    ("concurrent", "p50_ms", "concurrent: start→result p50", "ms", "low"),
+    ("concurrent", "p99_ms", "concurrent: start→result p99", "ms", "low"),
+    ("recovery", "to_step5_ms", "recovery: engine start → step 5 again", "ms", "low"),
+    ("recovery", "to_result_ms", "recovery: engine start → result", "ms", "low"),
+    ("takeover", "takeover_ms", "takeover by a running worker (TTL 2 s)", "ms", "low"),
+    ("replay", "to_last_step_ms", "replay: re-drive → last step starts", "ms", "low"),
+    ("replay", "peak_rss_mb", "replay: peak memory", "MB", "low"),
+    ("pickup", "p50_ms", "pickup: start → first step, p50", "ms", "low"),
+    ("pickup", "p99_ms", "pickup: start → first step, p99", "ms", "low"),
+]
+
+
+def _stats(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
+             ) -> dict[str, dict[str, Any]]:
+    """{system key: {field: stats or note}} with derived figures."""
+    out: dict[str, dict[str, Any]] = {}
+    systems = {k.split("|", 1)[1] for k in samples if not k.startswith("limit|")}
+    for system in sorted(systems):
+        figs: dict[str, Any] = {}
+        zero = samples.get(f"sequential0|{system}", [])
+        ten = samples.get(f"sequential10|{system}", [])
+        step_us, wps = [], []
+        for a, b in zip(zero, ten, strict=False):
+            if "seconds" in a and "seconds" in b:
+                n = b["n"]
+                step_us.append((b["seconds"] - a["seconds"]) / (10 * n) * 1e6)
+                wps.append(n / b["seconds"])
+        figs["sequential.step_us"] = _stats(step_us)
+        figs["sequential.workflows_per_s"] = _stats(wps)
+        notes = [s.get("skipped") or s.get("error") for s in zero + ten
+                 if "skipped" in s or "error" in s]
+        if notes:
+            figs["sequential.note"] = notes[0]
+        for measure in ("concurrent", "recovery", "takeover", "replay", "pickup"):
+            rows = samples.get(f"{measure}|{system}", [])
+            for m, fld, *_ in METRICS:
+                if m == measure:
+                    figs[f"{m}.{fld}"] = _stats([r[fld] for r in rows if fld in r])
+            bad = [r.get("skipped") or r.get("error") for r in rows
+                   if "skipped" in r or "error" in r]
+            if bad:
+                figs[f"{measure}.note"] = bad[0]
+            settings = {r["setting"] for r in rows if "setting" in r}
+            if settings:
+                figs[f"{measure}.setting"] = ", ".join(sorted(settings))
+        out[system] = figs
+    for key, rows in samples.items():
+        if key.startswith("limit|"):
+            _, backend, clients = key.split("|")
+            out.setdefault(f"limit|{backend}", {})[f"commits_per_s.{clients}"] = _stats(
+                [r["commits_per_s"] for r in rows if "commits_per_s" in r])
+            out[f"limit|{backend}"][f"commit_us.{clients}"] = _stats(
+                [r["commit_us"] for r in rows if "commit_us" in r])
+    return out
+
+
+def _fmt(value: float) -> str:
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _cell(stats: dict[str, float] | None) -> str:
+    if not stats:
+        return "—"
+    return f"{_fmt(stats['median'])} ({_fmt(stats['min'])}–{_fmt(stats['max'])})"
+
+
+def _label(system: str) -> str:
+    name, _backend, variant = system.split("|")
+    return name if variant == "default" else f"{name} ({variant})"
+
+
+def _targets(figs: dict[str, dict[str, Any]]) -> list[str]:
+    lines = []
+    for backend in ("sqlite", "postgres"):
+        me = figs.get(f"ratchet|{backend}|default", {})
+        lim = figs.get(f"limit|{backend}", {})
+        peers = {k: v for k, v in figs.items()
+                 if k.endswith(backend + "|" + k.split("|")[-1]) and k.split("|")[1] == backend
+                 and not k.startswith(("ratchet|", "limit|"))}
+
+        def med(d: dict[str, Any], key: str) -> float | None:
+            s = d.get(key)
+            return s["median"] if s else None
+
+        step, commit = med(me, "sequential.step_us"), med(lim, "commit_us.1")
+        if step is not None and commit:
+            verdict = "met" if step <= 1.3 * commit else "missed"
+            lines.append(f"- {backend}: per-step overhead {_fmt(step)} µs = "
+                         f"{step / commit:.2f}× one commit ({_fmt(commit)} µs); target ≤ 1.3×: "
+                         f"**{verdict}**")
+        sps, lim1 = med(me, "concurrent.steps_per_s"), med(lim, "commits_per_s.1")
+        if sps is not None and lim1:
+            verdict = "met" if sps >= 2 * lim1 else "missed"
+            lines.append(f"- {backend}: concurrent {_fmt(sps)} steps/s = {sps / lim1:.2f}× the "
+                         f"single-client commit limit ({_fmt(lim1)}/s); target ≥ 2×: **{verdict}**")
+            for peer, pf in sorted(peers.items()):
+                other = med(pf, "concurrent.steps_per_s")
+                if other:
+                    verdict = "met" if sps >= 10 * other else "missed"
+                    lines.append(f"  - vs {_label(peer)}: {sps / other:.1f}× (target ≥ 10×: "
+                                 f"**{verdict}**)")
+        rec = med(me, "recovery.to_step5_ms")
+        if rec is not None:
+            lines.append(f"- {backend}: step 5 again {_fmt(rec)} ms after the new worker's "
+                         f"engine starts; target ≤ 100 ms: **{'met' if rec <= 100 else 'missed'}**")
+        tk = med(me, "takeover.takeover_ms")
+        if tk is not None:
+            lines.append(f"- {backend}: takeover {_fmt(tk)} ms after the kill; target ≤ TTL + 1 s "
+                         f"(3,000 ms): **{'met' if tk <= 3000 else 'missed'}**")
+        rp = med(me, "replay.to_last_step_ms")
+        if rp is not None:
+            lines.append(f"- {backend}: replay to the last step {_fmt(rp)} ms; target ≤ 500 ms: "
+                         f"**{'met' if rp <= 500 else 'missed'}**")
+        if backend == "postgres":
+            pk = med(me, "pickup.p50_ms")
+            if pk is not None:
+                lines.append(f"- postgres: pickup p50 {_fmt(pk)} ms; target ≤ 5 ms: "
+                             f"**{'met' if pk <= 5 else 'missed'}**")
+    return lines
+
+
+def write_reports(results: dict[str, Any]) -> str:
+    """The markdown report; also stores the derived figures in ``results['figures']``."""
+    figs = _figures(results["samples"], results.get("plan", {}))
+    results["figures"] = figs
+    m = results["machine"]
+    out = [
+        "# Benchmark results",
+        "",
+        f"{m['date']}; {m['cpus']} cores, {m['platform']}; Python {m['python']}; SQLite "
+        f"{m['sqlite']} (WAL, synchronous=FULL); PostgreSQL {m['postgres']} "
+        f"(fsync={m['postgres_settings']['fsync']}, synchronous_commit="
+        f"{m['postgres_settings']['synchronous_commit']}). {results['repeats']} repeats"
+        f"{' (QUICK)' if results['quick'] else ''}; median (min–max). Ratio = Ratchet / peer "
+        "(for times lower is better, for rates higher is better).",
+        "",
+        "## The database's own limit (one-row INSERT, one commit each)",
+        "",
+        "| backend | 1 client commits/s | µs per commit | 8 clients commits/s |",
+        "|---|---|---|---|",
+    ]
+    for backend in ("sqlite", "postgres"):
+        lim = figs.get(f"limit|{backend}", {})
+        out.append(f"| {backend} | {_cell(lim.get('commits_per_s.1'))} | "
+                   f"{_cell(lim.get('commit_us.1'))} | {_cell(lim.get('commits_per_s.8'))} |")
+    for backend in ("sqlite", "postgres"):
+        systems = sorted((k for k in figs if k.split("|")[1:2] == [backend]
+                          and not k.startswith("limit|")),
+                         key=lambda k: (not k.startswith("ratchet|"), k))
+        if not systems:
+            continue
+        me = figs.get(f"ratchet|{backend}|default", {})
+        out += ["", f"## {backend}", "", "| measure | " + " | ".join(map(_label, systems)) + " |",
+                "|---|" + "---|" * len(systems)]
+        for measure, fld, label, unit, _ in METRICS:
+            key = f"{measure}.{fld}"
+            if not any(figs[s].get(key) for s in systems):
+                continue
+            cells = []
+            for s in systems:
+                stats = figs[s].get(key)
+                cell = _cell(stats)
+                mine = me.get(key)
+                if stats and mine and not s.startswith("ratchet|") and stats["median"]:
+                    cell += f" — ratio {mine['median'] / stats['median']:.2f}"
+                if not stats and figs[s].get(f"{measure}.note"):
+                    cell = "n/a"
+                cells.append(cell)
+            out.append(f"| {label} ({unit}) | " + " | ".join(cells) + " |")
+        notes = [(s, k, v) for s in systems for k, v in figs[s].items()
+                 if k.endswith((".note", ".setting"))]
+        if notes:
+            out += ["", "Notes:"]
+            out += [f"- {_label(s)}, {k.replace('.note', '').replace('.setting', ' setting')}: "
+                    f"{str(v)[:200]}" for s, k, v in notes]
+    out += ["", "## Targets", "", *_targets(figs), ""]
+    return "\n".join(out)
