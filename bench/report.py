@@ -60,8 +60,11 @@ def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
             if bad:
                 figs[f"{measure}.note"] = bad[0]
             settings = {r["setting"] for r in rows if "setting" in r}
+            if measure == "concurrent":
+                settings |= {f"{n} ten-step workflows a pass" for n in {r.get("n") for r in rows}
+                             if n is not None}
             if settings:
-                figs[f"{measure}.setting"] = ", ".join(sorted(settings))
+                figs[f"{measure}.setting"] = "; ".join(sorted(settings))
         out[system] = figs
     for key, rows in samples.items():
         if key.startswith("limit|"):

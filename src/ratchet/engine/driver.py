@@ -253,9 +253,9 @@ class RunContext:
             return 1, False
         if step.status == "started":
             return step.attempt, True  # interrupted in flight: same attempt, same key
-        if step.status in ("retrying", "waiting"):
-            return step.attempt + 1, False
-        return step.attempt + 1, False  # pending again after a manual retry
+        # After a failed attempt (retrying, or waiting out its backoff), or pending again
+        # after a manual retry of the run: the next attempt.
+        return step.attempt + 1, False
 
     async def _park_backoff(self, step_id: str, failed_attempt: int, until: float,
                             announce: bool) -> None:

@@ -252,11 +252,6 @@ class Store(ABC):
         rows = await self._read(lambda tx: tx.all("runs_finished", {"ids": ids}))
         return [r[0] for r in rows]
 
-    async def wait_for(self, channel: str, timeout: float) -> None:
-        """Return at the next announcement on ``channel``, or after ``timeout`` seconds."""
-        with self.watching(channel) as event, contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(event.wait(), timeout)
-
     async def now(self) -> float:
         """The database's clock (plus the store's offset), in Unix seconds."""
         return float(await self._read(lambda tx: tx.one("now", {})[0]))

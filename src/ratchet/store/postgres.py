@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -19,7 +21,16 @@ import psycopg
 import psycopg_pool
 
 from ratchet.errors import LeaseLost, StorageError
-from ratchet.model import ClaimedRun, Event, Lease, dumps
+from ratchet.model import (
+    GENESIS_HASH,
+    ClaimedRun,
+    Event,
+    EventKind,
+    Lease,
+    NewRun,
+    RunRecord,
+    dumps,
+)
 from ratchet.store.base import DONE, READY, Clock, Store, Tx, _record
 from ratchet.store.queries import load_migrations, load_queries
 
@@ -27,10 +38,25 @@ T = TypeVar("T")
 log = logging.getLogger("ratchet.store")
 
 
+_APPEND_COLUMNS = ("run_ids", "worker_ids", "epochs", "seqs", "kinds", "step_ids", "attempts",
+                   "payloads", "ats", "prev_hashes", "hashes")
+
+
+class _AppendQueue:
+    """Appends waiting for the next group commit on one event loop."""
+
+    __slots__ = ("busy", "pending", "task")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Lease, Sequence[Event], asyncio.Future[None]]] = []
+        self.busy = False
+        self.task: asyncio.Task[None] | None = None
+
+
 class PostgresStore(Store):
     dialect = "postgresql"
 
-    def __init__(self, url: str, clock: Clock | None = None, pool_size: int = 8) -> None:
+    def __init__(self, url: str, clock: Clock | None = None, pool_size: int = 16) -> None:
         super().__init__(clock)
         self.url = url
         self.queries = load_queries("postgres")
@@ -39,6 +65,9 @@ class PostgresStore(Store):
         self._executor: ThreadPoolExecutor | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_task: asyncio.Task[None] | None = None
+        self._appends: dict[asyncio.AbstractEventLoop, _AppendQueue] = {}
+        self._append_executor = ThreadPoolExecutor(1, thread_name_prefix="ratchet-pg-append")
+        self._append_conn: psycopg.Connection[Any] | None = None
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -75,6 +104,10 @@ class PostgresStore(Store):
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
+        self._append_executor.shutdown(wait=True)
+        if self._append_conn is not None:
+            self._append_conn.close()
+            self._append_conn = None
         if self._pool is not None:
             await asyncio.to_thread(self._pool.close)
             self._pool = None
@@ -140,6 +173,20 @@ class PostgresStore(Store):
 
         return await self._loop_run(read)
 
+    async def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
+        payload = {"workflow": new.workflow, "version": new.workflow_version}
+        ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(),
+                         GENESIS_HASH)
+        params = {
+            "run_id": new.run_id, "workflow": new.workflow,
+            "workflow_version": new.workflow_version, "input": dumps(new.input),
+            "parent_run_id": new.parent_run_id, "parent_step_id": new.parent_step_id,
+            "queue": new.queue, "priority": new.priority,
+            "payload": ev.payload_json, "at": ev.at, "prev_hash": ev.prev_hash, "hash": ev.hash,
+        }
+        [row] = await self._statement(self.queries["create_run"], params, fetch=True)
+        return _record(row), bool(row[15])
+
     async def claim(self, worker_id: str, ttl: float, limit: int,
                     queues: Sequence[str]) -> list[ClaimedRun]:
         params = {"queues": list(queues), "limit": limit, "worker_id": worker_id, "ttl": ttl}
@@ -160,19 +207,63 @@ class PostgresStore(Store):
         return await self._loop_run(statement)
 
     async def append(self, lease: Lease, events: Sequence[Event]) -> None:
+        """Group commit: appends requested while another is in flight on this loop wait
+        and go together in the next statement; each is answered after that commit."""
         if not events:
             return await super().append(lease, events)
-        params = {
-            "run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch,
-            "seqs": [e.seq for e in events], "kinds": [e.kind for e in events],
-            "step_ids": [e.step_id for e in events], "attempts": [e.attempt for e in events],
-            "payloads": [e.payload_json or dumps(e.payload) for e in events],
-            "ats": [e.at for e in events],
-            "prev_hashes": [e.prev_hash for e in events], "hashes": [e.hash for e in events],
-        }
-        if await self._statement(self.queries["append_events"], params) != len(events):
-            raise LeaseLost(lease.run_id)
-        return None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        queue = self._appends.setdefault(loop, _AppendQueue())
+        queue.pending.append((lease, events, fut))
+        if not queue.busy:
+            queue.busy = True
+            queue.task = loop.create_task(self._drain_appends(queue))
+        return await fut
+
+    def _append_now(self, cols: dict[str, list[Any]]) -> list[Any]:
+        # The group commits have a connection and a thread of their own, so they never
+        # queue behind other transactions for a pooled connection.
+        try:
+            if self._append_conn is None or self._append_conn.closed:
+                self._append_conn = psycopg.connect(self.url, autocommit=True)
+            conn = self._append_conn
+            self._sync_clock(conn)
+            return conn.execute(self.queries["append_events"], cols).fetchall()
+        except psycopg.Error as e:
+            if self._append_conn is not None and self._append_conn.broken:
+                self._append_conn = None
+            raise StorageError(f"PostgreSQL: {e}") from e
+
+    async def _drain_appends(self, queue: _AppendQueue) -> None:
+        try:
+            while queue.pending:
+                batch, queue.pending = queue.pending, []
+                cols: dict[str, list[Any]] = {name: [] for name in _APPEND_COLUMNS}
+                for lease, events, _ in batch:
+                    for e in events:
+                        for name, value in zip(_APPEND_COLUMNS, (
+                                lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind,
+                                e.step_id, e.attempt, e.payload_json or dumps(e.payload), e.at,
+                                e.prev_hash, e.hash), strict=True):
+                            cols[name].append(value)
+                try:
+                    rows = await asyncio.get_running_loop().run_in_executor(
+                        self._append_executor, self._append_now, cols)
+                except Exception as e:
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                landed = Counter(row[0] for row in rows)
+                for lease, events, fut in batch:
+                    if fut.done():
+                        continue
+                    if landed[lease.run_id] == len(events):
+                        fut.set_result(None)
+                    else:
+                        fut.set_exception(LeaseLost(lease.run_id))
+        finally:
+            queue.busy = False
 
     # -- dialect hooks ---------------------------------------------------------------------
 

@@ -213,21 +213,30 @@ SELECT pg_notify(%(channel)s, %(key)s)
 SELECT pg_advisory_xact_lock(7261001)
 
 -- name: append_events
--- The per-step hot path in one statement, run outside an explicit transaction (one round
--- trip, one commit): the CTE takes the lease row FOR SHARE only if the lease is live and
--- this holder's, and the insert joins against it, so a stale holder inserts no rows.
-WITH lease AS (
-    SELECT 1 FROM run_locks
-    WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
-      AND expires_at > ratchet_now()
-    FOR SHARE
+-- The per-step hot path, with group commit: the step boundaries of many runs in one
+-- statement outside an explicit transaction (one round trip, one commit). A run's events
+-- are inserted only if its lease is live and held by the (worker_id, epoch) they carry; the
+-- lease rows are share-locked in run_id order (as renewals update them) so a concurrent
+-- steal waits for this commit. RETURNING tells which runs' events landed.
+WITH e AS (
+    SELECT * FROM unnest(%(run_ids)s::text[], %(worker_ids)s::text[], %(epochs)s::bigint[],
+                         %(seqs)s::bigint[], %(kinds)s::text[], %(step_ids)s::text[],
+                         %(attempts)s::integer[], %(payloads)s::text[], %(ats)s::float8[],
+                         %(prev_hashes)s::text[], %(hashes)s::text[])
+         AS e(run_id, worker_id, epoch, seq, kind, step_id, attempt, payload, at, prev_hash,
+              hash)
+), held AS (
+    SELECT l.run_id FROM run_locks l
+    WHERE l.run_id = ANY(%(run_ids)s::text[]) AND l.expires_at > ratchet_now()
+      AND EXISTS (SELECT 1 FROM e WHERE e.run_id = l.run_id AND e.worker_id = l.worker_id
+                                      AND e.epoch = l.epoch)
+    ORDER BY l.run_id
+    FOR SHARE OF l
 )
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
-SELECT %(run_id)s, e.seq, e.kind, e.step_id, e.attempt, e.payload, e.at, e.prev_hash, e.hash
-FROM lease, unnest(%(seqs)s::bigint[], %(kinds)s::text[], %(step_ids)s::text[],
-                   %(attempts)s::integer[], %(payloads)s::text[], %(ats)s::float8[],
-                   %(prev_hashes)s::text[], %(hashes)s::text[])
-     AS e(seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+SELECT e.run_id, e.seq, e.kind, e.step_id, e.attempt, e.payload, e.at, e.prev_hash, e.hash
+FROM e JOIN held ON held.run_id = e.run_id
+RETURNING run_id
 
 -- name: claim_ready
 -- A claim in one statement (one round trip): pick ready runs no one else is taking, lease
@@ -252,3 +261,33 @@ FROM leased WHERE r.run_id = leased.run_id
 RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
           r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
           r.created_at, r.updated_at, leased.epoch
+
+-- name: create_run
+-- Start in one statement: the run (queued), its run_queued event and the wake-up, or, when
+-- the run id exists already, that run as it is (created = false). Rows a statement inserts
+-- are invisible to its own reads, so the new row comes back from RETURNING.
+WITH new AS (
+    INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
+                      parent_step_id, queue, priority, created_at, updated_at)
+    VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s, 'queued',
+            %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
+            ratchet_now())
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id, workflow, workflow_version, input, status, output, error,
+              parent_run_id, parent_step_id, queue, priority, not_before, waiting_for,
+              created_at, updated_at
+), queued AS (
+    INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash,
+                                hash)
+    SELECT run_id, 1, 'run_queued', NULL, NULL, %(payload)s, %(at)s, %(prev_hash)s, %(hash)s
+    FROM new
+    RETURNING run_id
+), woken AS (
+    SELECT pg_notify('ratchet_ready', '') FROM queued
+)
+SELECT new.*, true, (SELECT count(*) FROM woken) FROM new
+UNION ALL
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
+       false, 0
+FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)
