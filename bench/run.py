@@ -70,15 +70,18 @@ class Plan:
     # workflows a pass so the whole bench fits its 15 minutes; rates stay comparable,
     # start→result latencies grow with N and are not.
     concurrent_n_for: dict[str, int] = field(default_factory=dict)
-    # Peers that poll for work every 0.25-1 s: fewer pickups a repeat (all repeats pooled).
+    # Peers that poll for work every 0.25-1 s: fewer pickups a repeat.
     pickup_n_for: dict[str, int] = field(default_factory=dict)
+    # Extra options for a peer's recovery, e.g. a shorter lease to wait out in a quick run.
+    recovery_options: dict[str, list[str]] = field(default_factory=dict)
 
 
 def plan(quick: bool) -> Plan:
     if quick:
         return Plan(repeats=1, sequential_n=10, concurrent_n=100, replay_steps=1000,
                     pickup_n=10, limit_seconds=0.5, timeout=60,
-                    pickup_n_for={"dbos": 3, "absurd": 5})
+                    pickup_n_for={"dbos": 3, "absurd": 5},
+                    recovery_options={"absurd": ["--lease", "3"]})
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 150, "langgraph": 300, "absurd": 500},
@@ -159,13 +162,13 @@ def _last_json(stdout: str, stderr: str) -> dict[str, Any]:
     return {"error": (stderr or stdout)[-400:] or "no output"}
 
 
-def recovery(system: System, db: str, timeout: float) -> dict[str, Any]:
+def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, Any]:
     """Kill a worker in step 5 of 10 with SIGKILL, then time a fresh one's recovery."""
     folder = Path(tempfile.mkdtemp(prefix="recovery-", dir=_disk_tmp()))
     marker = folder / "step5.marker"
     common = ["--backend", system.backend, "--db", db, "--variant", system.variant,
               "--steps", "10", "--kill-at", "5", "--marker", str(marker),
-              "--timeout", str(timeout)]
+              "--timeout", str(timeout), *extra]
     module = f"bench.peers.{system.name}_peer"
     child = subprocess.Popen([sys.executable, "-m", module, "recovery-crash", *common],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -278,7 +281,8 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
                 answer = adapter(system, "concurrent", dbs.fresh(system), p.timeout,
                                  "--n", str(n), "--steps", "10")
                 record(f"concurrent|{key}", answer | {"n": n})
-                record(f"recovery|{key}", recovery(system, dbs.fresh(system), p.timeout))
+                record(f"recovery|{key}", recovery(system, dbs.fresh(system), p.timeout,
+                                                   *p.recovery_options.get(system.name, [])))
                 if system.name == "ratchet":
                     record(f"takeover|{key}",
                            adapter(system, "takeover", dbs.fresh(system), p.timeout,
