@@ -84,8 +84,8 @@ def plan(quick: bool) -> Plan:
                     recovery_options={"absurd": ["--lease", "3"]})
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
-                concurrent_n_for={"dbos": 150, "langgraph": 300, "absurd": 500},
-                pickup_n_for={"dbos": 6, "absurd": 15})
+                concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
+                pickup_n_for={"dbos": 4, "absurd": 15})
 
 
 class Databases:

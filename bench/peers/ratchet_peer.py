@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import ratchet
+import ratchet.store.postgres  # imported up front, as the peers' drivers are: engine start
+import ratchet.store.sqlite  # is opening the store, not loading Python modules
 from bench.peers.common import (
     WARMUP_RUNS,
     Probe,
