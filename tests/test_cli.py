@@ -11,12 +11,13 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from typer.testing import CliRunner, Result
+from waiting import wait_for
 
 import ratchet
 from ratchet.cli import cli
@@ -46,18 +47,6 @@ def refused(*args: str, env: dict[str, str] | None = None) -> str:
     lines = result.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
     return lines[0]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 30.0) -> Any:
-    """Poll an observable state until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("state not reached in time")
-        time.sleep(0.01)
 
 
 def build_app(url: str) -> ratchet.Ratchet:

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 import ratchet
 from ratchet.model import RunStatus, fold
@@ -30,18 +30,6 @@ def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
     yield make
     for app in apps:
         app.shutdown()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 15.0) -> Any:
-    """Poll an observable state until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError("state not reached in time")
-        time.sleep(0.01)
 
 
 def kinds(app: ratchet.Ratchet, run_id: str) -> list[str]:
