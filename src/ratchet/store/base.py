@@ -1,8 +1,8 @@
 """The Store: every read and write the engine makes, as one transaction each.
 
 The transaction bodies live here, once, over named queries; a dialect subclass supplies
-the queries, the connection, how a transaction is run off the event loop, and how a
-waiting worker is woken. Each public method is one transaction, so each is one commit.
+the queries, the connection, how and where a transaction runs (and which ones it may
+commit together), and how waiters are woken. Each public method is one transaction.
 """
 
 from __future__ import annotations
@@ -120,7 +120,7 @@ class LeaseState:
     live: bool
 
 
-def _record(row: Sequence[Any]) -> RunRecord:
+def record_from_row(row: Sequence[Any]) -> RunRecord:
     return RunRecord(
         run_id=row[0],
         workflow=row[1],
@@ -150,7 +150,7 @@ def _receipt(row: Sequence[Any]) -> Receipt:
     return Receipt(row[0], row[1], row[2], row[3], response, row[5], row[6])
 
 
-def _event_row(ev: Event) -> dict[str, Any]:
+def event_params(ev: Event) -> dict[str, Any]:
     return {
         "run_id": ev.run_id,
         "seq": ev.seq,
@@ -267,9 +267,9 @@ class Store(ABC):
     @staticmethod
     def _insert_events(tx: Tx, events: Sequence[Event]) -> None:
         if len(events) == 1:
-            tx.send("event_insert", _event_row(events[0]))
+            tx.send("event_insert", event_params(events[0]))
         elif events:
-            tx.send_many("event_insert", [_event_row(e) for e in events])
+            tx.send_many("event_insert", [event_params(e) for e in events])
 
     @staticmethod
     def _append_unowned(tx: Tx, run_id: str, kind: str, payload: dict[str, Any]) -> Event:
@@ -278,7 +278,7 @@ class Store(ABC):
         last = tx.one("event_last", {"run_id": run_id})
         seq, prev = (last[0], last[1]) if last else (0, "0" * 64)
         ev = Event.chain(run_id, seq + 1, kind, None, None, payload, time.time(), prev)
-        tx.send("event_insert", _event_row(ev))
+        tx.send("event_insert", event_params(ev))
         return ev
 
     def _insert_run(self, tx: Tx, new: NewRun) -> tuple[RunRecord, bool]:
@@ -297,10 +297,10 @@ class Store(ABC):
             payload = {"workflow": new.workflow, "version": new.workflow_version}
             ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload,
                              time.time(), "0" * 64)
-            tx.send("event_insert", _event_row(ev))
+            tx.send("event_insert", event_params(ev))
             self._announce(tx, READY)
         row = tx.one("run_get", {"run_id": new.run_id})
-        return _record(row), created
+        return record_from_row(row), created
 
     def _take(self, tx: Tx, ids: list[str], worker_id: str, ttl: float,
               reason: str) -> list[ClaimedRun]:
@@ -312,7 +312,7 @@ class Store(ABC):
         rows = tx.all("runs_get_many", {"ids": ids_param})
         return [
             ClaimedRun(rec, Lease(rec.run_id, worker_id, int(epochs[rec.run_id])), reason)
-            for rec in map(_record, rows)
+            for rec in map(record_from_row, rows)
         ]
 
     # -- runs ------------------------------------------------------------------------------
@@ -324,11 +324,11 @@ class Store(ABC):
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         row = await self._read(lambda tx: tx.one("run_get", {"run_id": run_id}))
-        return _record(row) if row else None
+        return record_from_row(row) if row else None
 
     async def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
         rows = await self._read(lambda tx: tx.all("runs_list", {"status": status, "limit": limit}))
-        return [_record(r) for r in rows]
+        return [record_from_row(r) for r in rows]
 
     async def load_events(self, run_id: str, after: int = 0, limit: int = -1) -> list[Event]:
         """A run's journal after ``after``, in one query."""
@@ -515,7 +515,7 @@ class Store(ABC):
             tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
                                      "epoch": lease.epoch})
             self._announce(tx, DONE, lease.run_id)
-            rec = _record(tx.one("run_get", {"run_id": lease.run_id}))
+            rec = record_from_row(tx.one("run_get", {"run_id": lease.run_id}))
             if rec.parent_run_id and tx.run(
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
             ):
@@ -561,7 +561,7 @@ class Store(ABC):
         row = tx.one("run_get_locked", {"run_id": run_id})
         if row is None:
             raise UnknownRun(f"unknown run id {run_id!r}")
-        return _record(row)
+        return record_from_row(row)
 
     async def send_signal(self, run_id: str, name: str, payload: Any) -> RunRecord:
         """Deliver a signal; wakes the run if it waits for this signal."""
@@ -615,7 +615,7 @@ class Store(ABC):
             self._append_unowned(tx, run_id, EventKind.RUN_QUEUED, {"reason": "retry"})
             tx.send("run_requeue", {"run_id": run_id})
             self._announce(tx, READY)
-            return _record(tx.one("run_get", {"run_id": run_id}))
+            return record_from_row(tx.one("run_get", {"run_id": run_id}))
 
         return await self._run(body)
 

@@ -31,7 +31,7 @@ from ratchet.model import (
     RunRecord,
     dumps,
 )
-from ratchet.store.base import DONE, READY, Clock, Store, Tx, _record
+from ratchet.store.base import DONE, READY, Clock, Store, Tx, record_from_row
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -185,14 +185,14 @@ class PostgresStore(Store):
             "payload": ev.payload_json, "at": ev.at, "prev_hash": ev.prev_hash, "hash": ev.hash,
         }
         [row] = await self._statement(self.queries["create_run"], params, fetch=True)
-        return _record(row), bool(row[15])
+        return record_from_row(row), bool(row[15])
 
     async def claim(self, worker_id: str, ttl: float, limit: int,
                     queues: Sequence[str]) -> list[ClaimedRun]:
         params = {"queues": list(queues), "limit": limit, "worker_id": worker_id, "ttl": ttl}
         rows = await self._statement(self.queries["claim_ready"], params, fetch=True)
         return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row[15])), "claim")
-                for row in rows for rec in (_record(row),)]
+                for row in rows for rec in (record_from_row(row),)]
 
     async def _statement(self, sql: str, params: dict[str, Any], fetch: bool = False) -> Any:
         """One statement outside an explicit transaction: its own commit, one round trip.

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from ratchet.errors import ConfigError, LeaseLost, StorageError
 from ratchet.model import Event, Lease, dumps
-from ratchet.store.base import DONE, Clock, Store, Tx, _event_row
+from ratchet.store.base import DONE, Clock, Store, Tx, event_params
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -200,7 +200,7 @@ class SqliteStore(Store):
         if not events:
             return await super().append(lease, events)
         holder = {"worker_id": lease.worker_id, "epoch": lease.epoch}
-        rows = [_event_row(e) | holder for e in events]
+        rows = [event_params(e) | holder for e in events]
 
         def body(tx: Tx) -> None:
             inserted = (tx.run("event_insert_leased", rows[0]) if len(rows) == 1
