@@ -492,3 +492,26 @@ def test_the_fold_matches_the_runs_row(make_app: Callable[..., ratchet.Ratchet])
     assert state.status == app.get(run_id).status == RunStatus.SUCCEEDED
     assert state.output == 6 and len(state.steps) == 4
     assert all(st.status == "completed" and st.attempt == 1 for st in state.steps.values())
+
+
+def test_children_ending_while_their_parents_park_never_strand_a_parent(db_url: str) -> None:
+    # A parent parks on its child while, on another worker, the child ends: whichever
+    # commits first, the parent must end up woken (no run left waiting on a finished child).
+    apps = [ratchet.Ratchet(db_url, lease_ttl=5) for _ in range(2)]
+    try:
+        for app in apps:
+            @app.workflow(name="kid")
+            async def kid(i: int) -> int:
+                return i
+
+            @app.workflow(name="parent")
+            async def parent(i: int) -> int:
+                return await ratchet.child(kid, i)  # type: ignore[arg-type]
+
+            app.launch(concurrency=8)
+        run_ids = [apps[0].start("parent", i) for i in range(60)]
+        for i, run_id in enumerate(run_ids):
+            assert apps[1].result(run_id, timeout_s=30) == i
+    finally:
+        for app in apps:
+            app.shutdown()

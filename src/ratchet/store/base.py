@@ -495,10 +495,11 @@ class Store(ABC):
         events roll back. A child's end wakes its waiting parent in the same commit."""
 
         def body(tx: Tx) -> None:
-            # Runs row first (the lock order every transaction follows), then the lease;
-            # the guarded update goes before the events so a second finisher is told
-            # RunFinished rather than tripping over the first one's sequence numbers.
-            tx.one("run_get_locked", {"run_id": lease.run_id})
+            # Runs rows first (the lock order every transaction follows: a parent's, then
+            # the run's, then the lease); the guarded update goes before the events so a
+            # second finisher is told RunFinished rather than tripping over the first one's
+            # sequence numbers.
+            self._locked_run_and_parent(tx, lease.run_id)
             self._check_lease(tx, lease)
             params = {
                 "run_id": lease.run_id,
@@ -563,6 +564,19 @@ class Store(ABC):
             raise UnknownRun(f"unknown run id {run_id!r}")
         return record_from_row(row)
 
+    def _locked_run_and_parent(self, tx: Tx, run_id: str) -> RunRecord:
+        """Lock a run's row, after its parent's when it has one. A run ending wakes its
+        parent; the parent parks holding its own row lock while it reads the child's status.
+        Holding the parent's row across the child's end makes the two take turns: either the
+        parent sees the child ended, or the end sees the parent waiting and wakes it."""
+        row = tx.one("run_get", {"run_id": run_id})
+        if row is None:
+            raise UnknownRun(f"unknown run id {run_id!r}")
+        parent = record_from_row(row).parent_run_id
+        if parent is not None:
+            tx.one("run_get_locked", {"run_id": parent})  # ancestors before descendants
+        return self._locked_run(tx, run_id)
+
     async def send_signal(self, run_id: str, name: str, payload: Any) -> RunRecord:
         """Deliver a signal; wakes the run if it waits for this signal."""
 
@@ -582,7 +596,7 @@ class Store(ABC):
         expired holder. Owned by a live worker: flagged, and that worker finishes it."""
 
         def body(tx: Tx) -> RunStatus:
-            rec = self._locked_run(tx, run_id)
+            rec = self._locked_run_and_parent(tx, run_id)
             if rec.status.terminal:
                 return rec.status
             lock = tx.one("lease_row_locked", {"run_id": run_id})

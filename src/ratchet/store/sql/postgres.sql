@@ -8,7 +8,8 @@
 -- * writers that change a run's status without the lease (signal, cancel, retry) and the
 --   holder's park/finish lock the runs row FOR UPDATE first, so a wake-up can never slip
 --   between a check and a park; a transaction that locks both rows of a run always takes
---   the runs row before the run_locks row, so they cannot deadlock on each other;
+--   the runs row before the run_locks row, and a run's end locks its parent's runs row
+--   before its own (the parent parks under its own row lock), so none deadlock;
 -- * claims and steals skip rows another transaction holds (SKIP LOCKED), so concurrent
 --   workers never wait on each other or take the same run.
 -- Lists are passed as arrays.
