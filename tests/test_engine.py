@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -515,3 +516,29 @@ def test_children_ending_while_their_parents_park_never_strand_a_parent(db_url: 
     finally:
         for app in apps:
             app.shutdown()
+
+
+def test_cancel_of_a_running_run_is_acted_on_before_the_next_renewal(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app(lease_ttl=60.0)  # renewal every 20 s: only the announcement can be quick
+    release = threading.Event()
+
+    @app.step()
+    def blocking() -> None:
+        release.wait(10)
+
+    @app.workflow()
+    async def busy() -> None:
+        await blocking()
+
+    app.launch()
+    try:
+        run_id = app.start(busy)
+        wait_for(lambda: "step_started" in kinds(app, run_id))
+        started = time.monotonic()
+        app.cancel(run_id)
+        with pytest.raises(ratchet.RunCancelled):
+            app.result(run_id, timeout_s=15)
+        assert time.monotonic() - started < 5
+    finally:
+        release.set()

@@ -26,7 +26,7 @@ from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import Control, drive
 from ratchet.engine.faults import crash_point
 from ratchet.model import ClaimedRun
-from ratchet.store.base import READY, Store
+from ratchet.store.base import CANCEL, READY, Store
 
 log = logging.getLogger("ratchet.worker")
 
@@ -170,7 +170,9 @@ class Worker:
     async def _renew_loop(self) -> None:
         every = self.lease_ttl / 3
         while True:
-            await asyncio.sleep(every)
+            # A cancel request announced for a run renews early, so it is seen at once.
+            with self.store.watching(CANCEL) as cancel, contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(cancel.wait(), every)
             snapshot = {run_id: a for run_id, a in self.active.items()}
             try:
                 held = await self.store.renew(self.worker_id, self.lease_ttl, list(snapshot))

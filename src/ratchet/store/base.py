@@ -35,6 +35,7 @@ T = TypeVar("T")
 
 READY = "ratchet_ready"  # a run became claimable
 DONE = "ratchet_done"  # a run reached a terminal status
+CANCEL = "ratchet_cancel"  # a cancel was requested for a run a worker holds
 
 
 class Clock:
@@ -602,6 +603,7 @@ class Store(ABC):
             lock = tx.one("lease_row_locked", {"run_id": run_id})
             if lock is not None and lock[0] is not None and bool(lock[2]):
                 tx.send("run_cancel_request", {"run_id": run_id})
+                self._announce(tx, CANCEL, run_id)
                 return rec.status
             if lock is not None:
                 tx.send("lease_fence", {"run_id": run_id})

@@ -31,13 +31,14 @@ from ratchet.model import (
     RunRecord,
     dumps,
 )
-from ratchet.store.base import DONE, READY, Clock, Store, Tx, record_from_row
+from ratchet.store.base import CANCEL, DONE, READY, Clock, Store, Tx, record_from_row
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
 log = logging.getLogger("ratchet.store")
 
 
+CHANNELS = (READY, DONE, CANCEL)
 _APPEND_COLUMNS = ("run_ids", "worker_ids", "epochs", "seqs", "kinds", "step_ids", "attempts",
                    "payloads", "ats", "prev_hashes", "hashes")
 
@@ -283,9 +284,9 @@ class PostgresStore(Store):
             try:
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
                 self._listen_conn = conn
-                await conn.execute(f"LISTEN {READY}")
-                await conn.execute(f"LISTEN {DONE}")
-                for channel in (READY, DONE):  # anything may have happened while deaf
+                for channel in CHANNELS:
+                    await conn.execute(f"LISTEN {channel}")
+                for channel in CHANNELS:  # anything may have happened while deaf
                     self._wake(channel)
                 async for note in conn.notifies():
                     self._wake(note.channel, note.payload)
@@ -293,6 +294,6 @@ class PostgresStore(Store):
                 raise
             except Exception as e:
                 log.warning("action=listen_lost error=%s", e)
-                for channel in (READY, DONE):
+                for channel in CHANNELS:
                     self._wake(channel)
                 await asyncio.sleep(0.5)
