@@ -542,3 +542,42 @@ def test_cancel_of_a_running_run_is_acted_on_before_the_next_renewal(
         assert time.monotonic() - started < 5
     finally:
         release.set()
+
+
+def test_a_storage_failure_inside_a_step_abandons_the_drive_not_the_run(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    store = app.store
+    original = store.claim_receipt
+    calls: list[int] = []
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ratchet.StorageError("PostgreSQL: server closed the connection unexpectedly")
+        return await original(*args, **kwargs)
+
+    store.claim_receipt = flaky  # type: ignore[method-assign]
+
+    @app.step()
+    async def send() -> str:
+        return str(await ratchet.deliver(lambda key: "sent"))
+
+    @app.workflow()
+    async def wf() -> str:
+        try:
+            return await send()
+        except Exception as e:  # user code catching everything must not see it
+            return f"caught {type(e).__name__}"
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    wait_for(lambda: worker.outcomes.get("aborted"))
+    assert app.get(run_id).status == RunStatus.RUNNING  # not failed: nothing was written
+    app.clock.advance(10)  # its lease expires; the sweep takes the run and drives it again
+    assert app.result(run_id, timeout_s=15) == "sent"
+    events = app.events(run_id)
+    assert [e.kind for e in events].count("step_failed") == 0
+    started = [e for e in events if e.kind == "step_started"]
+    assert [(e.attempt, e.payload.get("resumed", False)) for e in started] == [(1, False),
+                                                                             (1, True)]

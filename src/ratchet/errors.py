@@ -132,5 +132,11 @@ class LeaseLost(BaseException):
         self.run_id = run_id
 
 
+class DriveAborted(BaseException):
+    """A storage failure interrupted this drive of the run; nothing more is written by it,
+    and the run is driven again once its lease expires. Not a step's error: user code
+    catching ``Exception`` cannot turn it into one."""
+
+
 class Parked(BaseException):
     """The run is parked (sleep, signal, child run, backoff); the worker lets it go."""

@@ -11,17 +11,19 @@ Every write goes through the lease (invariant 4).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from ratchet.engine.context import StepInfo, current_run, current_step_info
 from ratchet.engine.definitions import StepDef, WorkflowDef, to_json
 from ratchet.engine.faults import crash_point
 from ratchet.errors import (
     ChildRunFailed,
+    DriveAborted,
     LeaseLost,
     NonDeterminismError,
     NotSerializable,
@@ -68,13 +70,38 @@ class Control:
         self.stop_reason: str | None = None
 
 
+class _GuardedStore:
+    """The store as one drive sees it. A storage failure (the database restarted, a
+    connection cut) abandons the drive with :class:`DriveAborted` rather than surfacing in
+    the workflow as an error of whichever step was writing, which would fail the run."""
+
+    def __init__(self, store: Store, ctx: RunContext) -> None:
+        self._store = store
+        self._ctx = ctx
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+        ctx = self._ctx
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return await attr(*args, **kwargs)
+            except StorageError as e:
+                ctx._broken = True
+                raise DriveAborted(f"run {ctx.run_id}: {e}") from e
+
+        return call
+
+
 class RunContext:
     """One drive of one run: its lease, its folded journal and the events not yet
     committed."""
 
     def __init__(self, store: Store, claimed: ClaimedRun, state: RunState,
                  workflows: Mapping[str, WorkflowDef], control: Control) -> None:
-        self.store = store
+        self.store = cast(Store, _GuardedStore(store, self))
         self.control = control
         self.loop = asyncio.get_running_loop()
         self.lease = claimed.lease
@@ -102,7 +129,7 @@ class RunContext:
 
     def _take_pending(self) -> list[Event]:
         if self._broken:
-            raise StorageError(f"run {self.run_id}: an earlier write failed; drive abandoned")
+            raise DriveAborted(f"run {self.run_id}: an earlier write failed; drive abandoned")
         events, self.pending = self.pending, []
         return events
 
@@ -407,6 +434,9 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         return "lease_lost"
     except RunFinished:
         return "noop"
+    except DriveAborted as e:
+        log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
+        return "aborted"
     except asyncio.CancelledError:
         return "stopped"
     finally:
