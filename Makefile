@@ -26,6 +26,9 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)  ## Ratchet beside DBOS, Absurd and LangGraph; QUICK=1 for a short run
 	$(PY) -m bench.run $(if $(filter-out 0,$(QUICK)),--quick)
 
+chaos: $(STAMP)  ## fault-injection campaigns on both backends; LONG=1 for the long one
+	$(PY) -m chaos.run $(if $(filter-out 0,$(LONG)),--long)
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests
 	$(VENV)/bin/mypy

@@ -1,0 +1,563 @@
+"""One campaign on one backend: set the world up, inject the faults, heal, drain, check.
+
+Threads: the main thread walks the fault schedule; a supervisor reaps and restarts worker
+processes (and tells crash-point deaths from the runner's own kills); a submitter starts
+runs at a steady pace; a signaller sends ``go`` to every run waiting for it. Timers end
+pauses and partitions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from random import Random
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from chaos import app as chaos_app
+from chaos import collect
+from chaos.check import check_all, recovery_times
+from chaos.faults import Partition, Postgres, SqliteDisk
+from chaos.plan import Fault, fault_schedule, run_plans
+from chaos.procs import CRASH_POINT_TARGET, ROOT, Arming, Exit, Fleet, Slot
+from chaos.receiver import read_log
+from chaos.report import assemble
+
+# The server to fault: its maintenance database; each campaign creates a database of its own.
+PG_ADMIN_URL = os.environ.get("CHAOS_PG_ADMIN_URL",
+                              "postgresql://postgres@127.0.0.1:5432/postgres")
+TTL = chaos_app.LEASE_TTL
+SWEEP = chaos_app.RECOVERY_INTERVAL
+SUPERVISE_S = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """What a campaign runs: backend, seed, sizes, and faults to leave out."""
+
+    backend: str
+    seed: int
+    runs: int
+    faults: int
+    long: bool = False
+    keep: bool = False
+    workers: int = 3
+    concurrency: int = chaos_app.CONCURRENCY
+    gap_s: tuple[float, float] = (0.3, 1.2)
+    tmpfs_mb: int = 96
+    skip: tuple[str, ...] = ()
+
+
+class Campaign:
+    """One campaign on one backend; :meth:`run` returns its report."""
+
+    def __init__(self, config: Config) -> None:
+        self.cfg = config
+        tag = f"{config.seed}:{config.backend}"
+        self.rng_plan = Random(f"{tag}:plan")
+        self.rng_faults = Random(f"{tag}:faults")
+        self.rng_restart = Random(f"{tag}:restart")
+        self.arming = Arming(Random(f"{tag}:arm"), CRASH_POINT_TARGET + 1)
+        self.phase = "setup"  # setup | faults | healing | stopping
+        self.injected: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()
+        self.not_run: dict[str, str] = {}
+        self.details: Counter[str] = Counter()
+        self.timings: dict[str, list[float]] = {}
+        self.outages: dict[str, list[tuple[float, str]]] = {}
+        self.exits: Counter[str] = Counter()
+        self.exit_notes: list[str] = []
+        self.submitted: list[str] = []
+        self.unconfirmed: list[str] = []
+        self.submit_retries = 0
+        self.signals_sent = 0
+        self.signal_errors = 0
+        self.timers: list[threading.Timer] = []
+        self.stop_threads = threading.Event()
+        self.lock = threading.RLock()
+        self.workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{config.backend}-{config.seed}-"))
+        self.runner_log = (self.workdir / "runner.log").open("a", buffering=1)
+        # The client's own library logs (connection pool warnings during server restarts)
+        # go to the work folder, not over the report.
+        self.lib_log = logging.FileHandler(self.workdir / "runner-lib.log")
+        self.lib_log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+        logging.getLogger().addHandler(self.lib_log)
+        self.pg: Postgres | None = None
+        self.partition: Partition | None = None
+        self.disk: SqliteDisk | None = None
+        self.receiver: subprocess.Popen[bytes] | None = None
+        self.client: Any = None
+        self.fleet: Fleet | None = None
+        self.url = ""
+
+    # -- bookkeeping ---------------------------------------------------------------------------
+
+    def log(self, message: str) -> None:
+        self.runner_log.write(f"{time.time():.3f} {message}\n")
+
+    def outage(self, kind: str, at: float, worker_id: str) -> None:
+        """A worker stopped working at ``at``: recovery is measured from here."""
+        with self.lock:
+            self.outages.setdefault(kind, []).append((at, worker_id))
+
+    def count(self, kind: str) -> None:
+        with self.lock:
+            self.injected[kind] += 1
+
+    # -- the whole campaign --------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Set up, inject, heal, drain, check; always tear down (server started again,
+        tmpfs unmounted, namespace removed, processes killed)."""
+        began = time.time()
+        clean = False
+        report: dict[str, Any] = {}
+        try:
+            print(f"chaos: {self.cfg.backend}: seed {self.cfg.seed}, {self.cfg.runs} runs, "
+                  f"{self.cfg.faults} scheduled faults; work folder {self.workdir}", flush=True)
+            self.setup()
+            schedule = fault_schedule(self.rng_faults, self.cfg.backend, self.cfg.faults,
+                                      self.cfg.workers, self.cfg.gap_s)
+            plans = run_plans(self.rng_plan, self.cfg.runs)
+            threads = [
+                threading.Thread(target=self.supervise, name="supervisor", daemon=True),
+                threading.Thread(target=self.submit, args=(plans, expected_s(schedule) * 0.9),
+                                 name="submitter", daemon=True),
+                threading.Thread(target=self.signaller, name="signaller", daemon=True),
+            ]
+            self.phase = "faults"
+            for slot in self.fleet_slots():
+                self.start_worker(slot, reclaim=False)
+            for t in threads:
+                t.start()
+            fault_began = time.monotonic()
+            self.inject(schedule)
+            threads[1].join()
+            fault_s = time.monotonic() - fault_began
+            self.heal()
+            drain = self.drain()
+            self.phase = "stopping"
+            self.stop_threads.set()
+            snapshot = self.statuses_now()
+            assert self.fleet is not None
+            self.fleet.stop_all()
+            self.stop_receiver()
+            report = self.check(began, fault_s, drain, snapshot)
+            clean = report["violations"]["count"] == 0 and not self.cfg.keep
+        finally:
+            self.teardown(clean)
+        report["workdir"] = None if clean else str(self.workdir)
+        return report
+
+    def fleet_slots(self) -> list[Slot]:
+        assert self.fleet is not None
+        return self.fleet.slots
+
+    # -- setup and teardown --------------------------------------------------------------------
+
+    def setup(self) -> None:
+        """The database (a fresh PostgreSQL database, or SQLite on its tmpfs), the client,
+        the receiver, the partition's namespace and the worker slots."""
+        cfg = self.cfg
+        for kind in cfg.skip:
+            self.not_run[kind] = "skipped on request (--skip)"
+        if cfg.backend == "postgres":
+            dbname = f"chaos_{cfg.seed}_{int(time.time())}"
+            self.pg = Postgres(PG_ADMIN_URL, dbname)
+            self.pg.ensure_up()
+            self.pg.create_db()
+            self.url = urlunsplit(urlsplit(PG_ADMIN_URL)._replace(path=f"/{dbname}"))
+            if self.pg.unavailable:
+                for kind in ("pg_restart", "pg_stop"):
+                    self.not_run.setdefault(kind, self.pg.unavailable)
+        else:
+            self.disk = SqliteDisk(self.workdir / "db", cfg.tmpfs_mb * max(1, cfg.runs // 600))
+            if self.disk.unavailable:
+                self.not_run.setdefault("disk_full", self.disk.unavailable)
+            self.url = f"sqlite:///{self.disk.db_path}"
+        self.client = chaos_app.build(self.url)
+        _ = self.client.store  # migrate once, before any worker starts
+        port = self.start_receiver()
+        receiver_url = f"http://127.0.0.1:{port}/deliver"
+        slots = [Slot(i, {"CHAOS_DB_URL": self.url, "CHAOS_RECEIVER_URL": receiver_url})
+                 for i in range(cfg.workers)]
+        if cfg.backend == "postgres" and "partition" not in self.not_run:
+            self.partition = Partition(int(time.time()) % 1000, self.workdir)
+            self.partition.setup([urlsplit(self.url).port or 5432, port])
+            if self.partition.unavailable:
+                self.not_run.setdefault("partition", self.partition.unavailable)
+            else:
+                host = self.partition.host_ip
+                slots[0].netns = self.partition.ns
+                slots[0].env = {
+                    "CHAOS_DB_URL": self.url.replace(urlsplit(self.url).hostname or "", host, 1),
+                    "CHAOS_RECEIVER_URL": f"http://{host}:{port}/deliver",
+                }
+        elif self.disk is not None:
+            self.disk.start_checkpointer(self.workdir)
+        self.fleet = Fleet(self.workdir, slots, cfg.concurrency)
+        self.log(f"setup url={self.url} receiver={receiver_url}")
+
+    def start_receiver(self) -> int:
+        port_file = self.workdir / "receiver.port"
+        sink = (self.workdir / "receiver.out").open("wb")
+        self.receiver = subprocess.Popen(
+            [sys.executable, "-m", "chaos.receiver", str(self.workdir / "receiver.jsonl"),
+             str(port_file)], cwd=self.workdir, stdout=sink, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+        deadline = time.monotonic() + 15
+        while not port_file.exists():
+            if self.receiver.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the receiver did not start: " + (
+                    self.workdir / "receiver.out").read_text(errors="replace"))
+            time.sleep(0.02)
+        return int(port_file.read_text())
+
+    def stop_receiver(self) -> None:
+        if self.receiver is not None and self.receiver.poll() is None:
+            self.receiver.kill()
+            self.receiver.wait(timeout=10)
+
+    def teardown(self, clean: bool) -> None:
+        self.stop_threads.set()
+        for timer in self.timers:
+            timer.cancel()
+        if self.fleet is not None:
+            self.fleet.kill_all()
+        self.stop_receiver()
+        if self.partition is not None:
+            self.partition.teardown()
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.shutdown()
+        if self.disk is not None:
+            self.disk.teardown(keep=None if clean else self.workdir / "db-copy")
+        if self.pg is not None:
+            self.pg.ensure_up()
+            if clean:
+                with contextlib.suppress(Exception):
+                    self.pg.drop_db()
+            else:
+                print(f"chaos: kept database {self.pg.dbname}", flush=True)
+        self.runner_log.close()
+        logging.getLogger().removeHandler(self.lib_log)
+        self.lib_log.close()
+        if clean:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # -- workers -------------------------------------------------------------------------------
+
+    def start_worker(self, slot: Slot, *, reclaim: bool) -> None:
+        assert self.fleet is not None
+        arm = self.arming.next() if self.phase == "faults" else None
+        self.fleet.start(slot, reclaim=reclaim, arm=arm)
+        self.log(f"start slot={slot.index} worker={slot.worker_id} armed={arm} "
+                 f"pid={slot.popen.pid if slot.popen else None}")
+
+    def supervise(self) -> None:
+        """Reap worker processes as they end; restart them when their time comes."""
+        assert self.fleet is not None
+        while not self.stop_threads.is_set():
+            for ex in self.fleet.reap():
+                self.on_exit(ex)
+            now = time.time()
+            with self.fleet.lock:
+                for slot in self.fleet.slots:
+                    if (slot.restart_at is not None and slot.restart_at <= now
+                            and self.phase in ("faults", "healing")):
+                        self.start_worker(slot, reclaim=slot.reclaim_next)
+            time.sleep(SUPERVISE_S)
+
+    def on_exit(self, ex: Exit) -> None:
+        """Account for a worker that ended (a crash point, a kill of ours, anything else)
+        and schedule its restart."""
+        assert self.fleet is not None
+        slot = self.fleet.slots[ex.slot]
+        point = ex.crash_point
+        if point is not None:
+            self.arming.hit(point)
+            self.count("crash_point")
+            self.outage("crash_point", ex.at, ex.worker_id)
+            reclaim = self.rng_restart.random() < 0.5
+            delay = self.rng_restart.uniform(0.05, 0.8)
+            self.log(f"crash_point {ex.armed} worker={ex.worker_id}")
+        elif ex.by_runner:
+            reclaim, delay = slot.reclaim_next, slot.restart_delay
+        else:
+            tail = slot.logs[-1].read_text(errors="replace")[-1500:] if slot.logs else ""
+            error = next((line for line in reversed(tail.splitlines())
+                          if line.startswith("ratchet.errors.")), "")
+            # A worker that cannot reach its database when it starts exits: expected while
+            # the disk is full, the server is down or its connection was just terminated.
+            kind = ("storage_error_at_start" if error.startswith("ratchet.errors.StorageError")
+                    else f"exit {ex.returncode}")
+            self.exits[kind] += 1
+            if kind != "storage_error_at_start":
+                last = (tail.strip().splitlines() or [""])[-1]
+                self.exit_notes.append(f"{ex.worker_id} {kind}: {last[-300:]}")
+            self.log(f"unexpected {kind} worker={ex.worker_id} armed={ex.armed}")
+            reclaim, delay = True, 0.5
+        if self.phase == "healing":
+            delay = 0.0
+        slot.reclaim_next = reclaim
+        slot.restart_at = (ex.at + delay) if self.phase in ("faults", "healing") else None
+
+    # -- runs and signals ----------------------------------------------------------------------
+
+    def submit(self, plans: list[list[str]], window_s: float) -> None:
+        """Start one run per plan, evenly over ``window_s``; a start that fails (the
+        server is down, the disk full) is retried under the same run id."""
+        began = time.monotonic()
+        interval = window_s / max(1, len(plans))
+        for i, plan in enumerate(plans):
+            wait = began + i * interval - time.monotonic()
+            if wait > 0 and self.stop_threads.wait(wait):
+                return
+            run_id = f"r{self.cfg.seed}-{i:05d}"
+            give_up = time.monotonic() + 120
+            while True:
+                try:
+                    self.client.start("flow", plan=plan, run_id=run_id)
+                    self.submitted.append(run_id)
+                    break
+                except Exception as e:
+                    self.submit_retries += 1
+                    if time.monotonic() > give_up:
+                        self.unconfirmed.append(run_id)
+                        self.log(f"submit gave up run={run_id}: {e}")
+                        break
+                    time.sleep(0.2)
+
+    def signaller(self) -> None:
+        """Send ``go`` to every run found waiting for it."""
+        signalled: set[str] = set()
+        while not self.stop_threads.wait(0.2):
+            try:
+                waiting = collect.waiting_for_signal(self.url)
+            except Exception:
+                continue
+            for run_id in waiting:
+                if run_id in signalled:
+                    continue
+                try:
+                    self.client.signal(run_id, "go", {"from": "campaign"})
+                    signalled.add(run_id)
+                    self.signals_sent += 1
+                except Exception as e:
+                    self.signal_errors += 1
+                    self.log(f"signal {run_id}: {e}")
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def inject(self, schedule: list[Fault]) -> None:
+        """Walk the fault schedule."""
+        for n, fault in enumerate(schedule, start=1):
+            time.sleep(fault.gap_s)
+            try:
+                self.apply(fault)
+            except Exception as e:
+                self.log(f"fault {fault.kind} failed to inject: {e!r}")
+                self.skipped[fault.kind] += 1
+            if n % 25 == 0:
+                print(f"chaos: {self.cfg.backend}: {n}/{len(schedule)} faults, "
+                      f"{len(self.submitted)} runs submitted", flush=True)
+
+    def eligible(self, start: int) -> Slot | None:
+        """The first slot from ``start`` on whose worker is running and reachable."""
+        slots = self.fleet_slots()
+        for i in range(len(slots)):
+            slot = slots[(start + i) % len(slots)]
+            if (slot.alive() and not slot.paused and slot.restart_at is None
+                    and not (slot.netns and self.partition and self.partition.is_down)):
+                return slot
+        return None
+
+    def later(self, seconds: float, fn: Any) -> None:
+        timer = threading.Timer(seconds, fn)
+        timer.daemon = True
+        self.timers.append(timer)
+        timer.start()
+
+    def apply(self, fault: Fault) -> None:
+        """Inject one fault, or count it skipped when its target is not there."""
+        kind, p = fault.kind, fault.params
+        if kind in self.not_run:
+            return
+        assert self.fleet is not None
+        if kind == "worker_kill":
+            with self.fleet.lock:
+                slot = self.eligible(p["slot"])
+                if slot is None:
+                    self.skipped[kind] += 1
+                    return
+                slot.reclaim_next = p["reclaim"]
+                slot.restart_delay = p["restart_delay_s"]
+                wid = slot.worker_id
+                if self.fleet.kill(slot):
+                    self.outage(kind, time.time(), wid)
+                    self.count(kind)
+                    self.log(f"kill worker={wid} reclaim={p['reclaim']}")
+        elif kind == "worker_pause":
+            with self.fleet.lock:
+                slot = self.eligible(p["slot"])
+                if slot is None or slot.popen is None:
+                    self.skipped[kind] += 1
+                    return
+                pid, wid = slot.popen.pid, slot.worker_id
+                if self.fleet.pause(slot):
+                    self.outage(kind, time.time(), wid)
+                    self.count(kind)
+                    self.log(f"pause worker={wid} for {p['ttls']}xTTL")
+                    fleet = self.fleet
+                    self.later(p["ttls"] * TTL, lambda: fleet.resume(slot, pid))
+        elif kind == "pg_terminate":
+            assert self.pg is not None
+            done, listen = self.pg.terminate(Random(p["rng_seed"]), p["how_many"],
+                                             p["listen_only"])
+            if done:
+                self.count(kind)
+                self.details["pg_backends_terminated"] += done
+                self.details["pg_listen_backends_terminated"] += listen
+            else:
+                self.skipped[kind] += 1
+        elif kind == "pg_restart":
+            assert self.pg is not None
+            self.timings.setdefault(kind, []).append(self.pg.restart())
+            self.count(kind)
+            self.log("pg restarted")
+        elif kind == "pg_stop":
+            assert self.pg is not None
+            self.timings.setdefault(kind, []).append(self.pg.stop_for(2 * TTL))
+            self.count(kind)
+            self.log("pg stopped and started")
+        elif kind == "partition":
+            assert self.partition is not None
+            slot = self.fleet.slots[0]
+            # The partitioned worker may be restarting or paused just now: wait for it.
+            deadline = time.monotonic() + 3 * TTL
+            while self.partition.is_down or self.eligible(0) is not slot:
+                if time.monotonic() > deadline:
+                    self.skipped[kind] += 1
+                    return
+                time.sleep(0.05)
+            self.partition.down()
+            label = f"partition_{p['ttls']:g}xTTL"
+            self.count(label)
+            if p["ttls"] >= 1:  # shorter ones must not cost the lease
+                self.outage(label, time.time(), slot.worker_id)
+            self.log(f"partition worker={slot.worker_id} for {p['ttls']}xTTL")
+            self.later(p["ttls"] * TTL, self.partition.up)
+        elif kind == "checkpoint_kill":
+            assert self.disk is not None
+            self.disk.start_checkpointer(self.workdir)
+            time.sleep(p["after_s"])
+            victim = None
+            with self.fleet.lock:
+                if p["with_worker"] is not None:
+                    victim = self.eligible(p["with_worker"])
+                if self.disk.kill_checkpointer():
+                    self.count(kind)
+                    if victim is not None and self.fleet.kill(victim):
+                        self.outage(kind, time.time(), victim.worker_id)
+                        victim.reclaim_next = True
+                        self.details["workers_killed_with_checkpointer"] += 1
+                else:
+                    self.skipped[kind] += 1
+            self.disk.start_checkpointer(self.workdir)
+        elif kind == "disk_full":
+            assert self.disk is not None
+            written = self.disk.fill()
+            self.count(kind)
+            self.log(f"disk full ({written} bytes filler) for {p['hold_s']}s")
+            time.sleep(p["hold_s"])
+            self.disk.free()
+
+    # -- healing and draining ------------------------------------------------------------------
+
+    def heal(self) -> None:
+        """End every fault: partitions up, zombies continued, disk freed, server up, every
+        slot running (unarmed from now on)."""
+        self.phase = "healing"
+        for timer in self.timers:
+            timer.cancel()
+        if self.partition is not None and self.partition.is_down:
+            self.partition.up()
+        if self.disk is not None:
+            self.disk.free()
+            self.disk.kill_checkpointer()
+        if self.pg is not None:
+            self.pg.ensure_up()
+        assert self.fleet is not None
+        with self.fleet.lock:
+            for slot in self.fleet.slots:
+                if slot.paused:
+                    self.fleet.resume(slot)
+                if slot.restart_at is not None:
+                    slot.restart_at = min(slot.restart_at, time.time())
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(s.alive() for s in self.fleet.slots):
+            time.sleep(0.05)
+        self.log("healed")
+
+    def statuses_now(self) -> Counter[str]:
+        for _ in range(50):
+            try:
+                return collect.status_counts(self.url)
+            except Exception:
+                time.sleep(0.2)
+        return collect.status_counts(self.url)
+
+    def drain(self) -> dict[str, Any]:
+        """Wait for the runs to finish: up to TTL + sweep + 5 s without progress, and at
+        most a few minutes in all."""
+        quiet_s = TTL + SWEEP + 5.0
+        began = time.monotonic()
+        cap = began + 180.0
+        deadline = began + quiet_s
+        last = None
+        while True:
+            counts = self.statuses_now()
+            remaining = sum(n for s, n in counts.items()
+                            if s not in ("succeeded", "failed", "cancelled"))
+            now = time.monotonic()
+            if remaining == 0 or now > deadline or now > cap:
+                break
+            if last is None or remaining < last:
+                deadline = max(deadline, now + quiet_s)
+            last = remaining
+            time.sleep(0.25)
+        return {"seconds": round(time.monotonic() - began, 2), "remaining": remaining}
+
+    # -- the verdict ---------------------------------------------------------------------------
+
+    def check(self, began: float, fault_s: float, drain: dict[str, Any],
+              snapshot: Counter[str]) -> dict[str, Any]:
+        """Collect the evidence, check the invariants, assemble the report."""
+        arrivals = read_log(self.workdir / "receiver.jsonl")
+        ev = collect.evidence(self.url, self.submitted, arrivals, time.time(),
+                              chaos_app.MAX_ATTEMPTS)
+        findings = check_all(ev)
+        from_logs = collect.log_figures(p for s in self.fleet_slots() for p in s.logs)
+        recovery = {kind: recovery_times(ev.events, at)
+                    for kind, at in sorted(self.outages.items())}
+        return assemble(self, findings, from_logs, recovery, {
+            "duration_s": round(time.time() - began, 1), "fault_phase_s": round(fault_s, 1),
+            "drain": drain, "statuses_at_drain_end": dict(snapshot)})
+
+
+def expected_s(schedule: list[Fault]) -> float:
+    """About how long injecting ``schedule`` takes: the gaps, plus the faults that hold
+    the injector (a server restart or stop, a full disk, a checkpoint kill)."""
+    held = {"pg_restart": 2.0, "pg_stop": 2 * TTL + 2.0}
+    return sum(f.gap_s + held.get(f.kind, 0.0) + float(f.params.get("hold_s", 0.0))
+               + float(f.params.get("after_s", 0.0)) for f in schedule)

@@ -1,0 +1,110 @@
+"""Read what a campaign left in its database into :class:`chaos.check.Evidence`.
+
+Plain SQL over the tables, read-only, outside the engine: the checks must not trust the
+code they check to tell them what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from chaos.check import Evidence, LockRow, ReceiptRow, RunRow
+from ratchet.model import Event
+
+RUNS = "SELECT run_id, status, waiting_for, not_before, error FROM runs"
+EVENTS = ("SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash "
+          "FROM journal_events ORDER BY run_id, seq")
+RECEIPTS = ("SELECT idempotency_key, run_id, step_id, status, epoch, response "
+            "FROM side_effect_receipts")
+LOCKS = "SELECT run_id, worker_id, epoch, expires_at FROM run_locks"
+SIGNALS = "SELECT run_id, name FROM signals WHERE consumed_seq IS NULL"
+STATUS = "SELECT status, count(*) FROM runs GROUP BY status"
+
+
+def _rows(url: str, sql: str) -> list[Any]:
+    if url.startswith("sqlite:///"):
+        conn = sqlite3.connect(url[len("sqlite:///"):], timeout=60)
+        try:
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    with psycopg.connect(url, connect_timeout=10) as pg:
+        return pg.execute(sql).fetchall()
+
+
+def status_counts(url: str) -> Counter[str]:
+    """How many runs are in each status now."""
+    return Counter({status: int(n) for status, n in _rows(url, STATUS)})
+
+
+def waiting_for_signal(url: str) -> list[str]:
+    """The runs parked on the signal ``go``."""
+    return [r[0] for r in _rows(
+        url, "SELECT run_id FROM runs WHERE status = 'waiting' AND waiting_for = 'signal:go'")]
+
+
+def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now: float,
+             max_attempts: dict[str, int]) -> Evidence:
+    """Everything the checks read, from the database at ``url`` and the receiver's log."""
+    runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4]) for r in _rows(url, RUNS)}
+    events: dict[str, list[Event]] = {}
+    for r in _rows(url, EVENTS):
+        events.setdefault(r[0], []).append(
+            Event(r[0], int(r[1]), r[2], r[3], r[4], json.loads(r[5]), float(r[6]), r[7], r[8],
+                  r[5]))
+    receipts = [ReceiptRow(r[0], r[1], r[2], r[3], int(r[4]),
+                           json.loads(r[5]) if r[5] is not None else None)
+                for r in _rows(url, RECEIPTS)]
+    locks = {r[0]: LockRow(r[0], r[1], int(r[2]), float(r[3])) for r in _rows(url, LOCKS)}
+    pending: dict[str, set[str]] = {}
+    for run_id, name in _rows(url, SIGNALS):
+        pending.setdefault(run_id, set()).add(name)
+    integrity = None
+    if url.startswith("sqlite:///"):
+        integrity = "; ".join(str(r[0]) for r in _rows(url, "PRAGMA integrity_check"))
+    return Evidence(submitted=submitted, runs=runs, events=events, receipts=receipts,
+                    locks=locks, pending_signals=pending, arrivals=arrivals, now=now,
+                    max_attempts=max_attempts, integrity=integrity)
+
+
+# -- worker logs -----------------------------------------------------------------------------
+
+_LEASE_LOST_WRITE = re.compile(r"action=lease_lost run_id=\S+ epoch=")
+_LEASE_LOST_RENEW = re.compile(r"action=lease_lost run_id=\S+\s*$")
+
+
+def log_figures(paths: Iterable[Path]) -> dict[str, int]:
+    """Counts from the workers' logs: refused stale writes (a write under a lease that had
+    moved on, refused by the store: ``action=lease_lost ... epoch=``), drives fenced off by a
+    renewal before they wrote, storage errors, disk-full errors, tracebacks."""
+    counts: Counter[str] = Counter()
+    for path in paths:
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        for line in text.splitlines():
+            if "action=lease_lost" in line:
+                if _LEASE_LOST_WRITE.search(line):
+                    counts["stale_writes_refused"] += 1
+                elif _LEASE_LOST_RENEW.search(line):
+                    counts["fenced_on_renewal"] += 1
+            elif "action=drive_error" in line:
+                counts["drives_abandoned_on_error"] += 1
+            elif "action=run_failed" in line:
+                counts["runs_failed_logged"] += 1
+            elif "action=worker_started" in line:
+                counts["worker_starts"] += 1
+            if "disk is full" in line:
+                counts["disk_full_errors"] += 1
+            if line.startswith("Traceback"):
+                counts["tracebacks"] += 1
+    return dict(counts)
