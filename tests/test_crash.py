@@ -149,7 +149,7 @@ def test_crash_point_then_restart_never_reruns_a_completed_step(
 
 
 def test_kill_while_sleeping_then_a_new_worker_finishes_after_the_timer(h: Harness) -> None:
-    run_id = h.app.start("napper", seconds=1.5)
+    run_id = h.app.start("napper", seconds=3)
     a = h.spawn("a")
     h.wait_parked(run_id, "sleep:")
     a.kill()

@@ -154,9 +154,9 @@ async def test_park_sees_a_signal_that_arrived_first(store: Store) -> None:
     await _new(store)
     [claimed] = await store.claim("w1", TTL, 10, ["default"])
     await store.send_signal("r1", "go", {"ok": True})
-    assert await store.park(claimed.lease, [], "signal:go", None) == "ready"
+    assert await store.park(claimed.lease, [], ["signal:go"], None) == ("ready", ["signal:go"])
     assert (await store.get_run("r1")).status == RunStatus.RUNNING  # type: ignore[union-attr]
-    assert await store.park(claimed.lease, [], "signal:other", None) == "parked"
+    assert await store.park(claimed.lease, [], ["signal:other"], None) == ("parked", [])
     rec = await store.get_run("r1")
     assert rec is not None and rec.status == RunStatus.WAITING
     assert rec.waiting_for == "signal:other"
@@ -168,7 +168,7 @@ async def test_timer_makes_a_parked_run_claimable_when_due(store: Store) -> None
     await _new(store)
     [claimed] = await store.claim("w1", TTL, 10, ["default"])
     now = await store.now()
-    assert await store.park(claimed.lease, [], "sleep:2:sleep", now + 3600) == "parked"
+    assert await store.park(claimed.lease, [], ["sleep:2:sleep"], now + 3600) == ("parked", [])
     assert await store.claim("w1", TTL, 10, ["default"]) == []
     store.clock.advance(3601)
     [woken] = await store.claim("w1", TTL, 10, ["default"])
@@ -187,7 +187,7 @@ async def test_cancel_queued_run_at_once_and_running_run_by_flag(store: Store) -
     [held] = await store.renew("w1", TTL, ["r"])
     assert held.cancel_requested
     # A cancel pending when the run tries to park wins over the park.
-    assert await store.park(claimed.lease, [], "signal:x", None) == "cancel"
+    assert await store.park(claimed.lease, [], ["signal:x"], None) == ("cancel", [])
 
 
 async def test_cancel_of_expired_holder_fences_it(store: Store) -> None:

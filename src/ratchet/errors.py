@@ -64,6 +64,11 @@ class StepFailed(RatchetError):
         self.error = error
 
 
+class StepCrashLoop(StepFailed):
+    """A step's attempt was started again and again and never finished: its worker died
+    each time (the step's code most likely kills the process)."""
+
+
 class StepTimeout(RatchetError):
     """A step ran past its timeout."""
 

@@ -57,6 +57,9 @@ TERMINAL_EVENTS = {
 
 GENESIS_HASH = "0" * 64
 
+# The error_type of a step its own workflow stopped waiting for (asyncio.wait_for, timeout).
+ABANDONED = "StepAbandoned"
+
 
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
     """``sha256("runID|stepID|attempt")`` in hex (DESIGN.md invariant 6)."""
@@ -158,6 +161,8 @@ class StepState:
     started_at: float | None = None
     finished_at: float | None = None
     first_started_at: float | None = None
+    starts: int = 0  # how often the latest attempt was started (re-driven after crashes)
+    child_run_id: str | None = None
 
     @property
     def attempts_used(self) -> int:
@@ -208,7 +213,10 @@ def apply(state: RunState, ev: Event) -> None:
             state.by_ordinal[ordinal] = step
         if kind == EventKind.STEP_STARTED:
             step.status = "started"
-            step.attempt = ev.attempt or step.attempt + 1
+            attempt = ev.attempt or step.attempt + 1
+            step.starts = step.starts + 1 if attempt == step.attempt else 1
+            step.attempt = attempt
+            step.child_run_id = ev.payload.get("child_run_id", step.child_run_id)
             step.started_at = ev.at
             if step.first_started_at is None:
                 step.first_started_at = ev.at
@@ -238,10 +246,13 @@ def apply(state: RunState, ev: Event) -> None:
         if ev.payload.get("reason") == "retry":
             # A dead-lettered run was re-queued: its failed steps get a fresh budget of
             # attempts, numbered on from the last one so their keys stay distinct.
+            # A step its workflow abandoned (a timeout around it) stays as it was: the
+            # workflow took another path then, and takes it again on replay.
             for step in state.steps.values():
-                if step.status == "failed":
+                if step.status == "failed" and step.error_type != ABANDONED:
                     step.status = "pending"
                     step.attempt_base = step.attempt
+                    step.waiting = None
             state.error = None
     elif kind == EventKind.RUN_STARTED:
         state.status = RunStatus.RUNNING

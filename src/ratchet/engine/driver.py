@@ -6,21 +6,31 @@ A step with ``step_completed`` in the journal returns its saved output without r
 run writes next (the next step's ``step_started``, a park, the terminal event), so a step
 boundary costs one commit and the output is still durable before the next step begins.
 Every write goes through the lease (invariant 4).
+
+The drive is structured: the workflow's branches (``asyncio.gather``, tasks it awaits) all
+belong to it. It parks only when every branch waits (see :mod:`ratchet.engine.waits`), it
+ends only once no branch runs step code, and it is stopped by request (see
+:mod:`ratchet.engine.control`), never by cancelling a journal write.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
+import contextvars
+import functools
 import json
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, cast
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from ratchet.engine.context import StepInfo, current_run, current_step_info
+from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, WorkflowDef, to_json
+from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
+from ratchet.engine.threads import StepJob, StepThreads
+from ratchet.engine.waits import PARK_MIN_S, Waits
 from ratchet.errors import (
     ChildRunFailed,
     DriveAborted,
@@ -31,11 +41,12 @@ from ratchet.errors import (
     RatchetError,
     RunFinished,
     SignalTimeout,
+    StepCrashLoop,
     StepFailed,
     StepTimeout,
-    StorageError,
 )
 from ratchet.model import (
+    ABANDONED,
     ClaimedRun,
     Event,
     EventKind,
@@ -50,70 +61,119 @@ from ratchet.model import (
 from ratchet.store.base import Store
 
 log = logging.getLogger("ratchet.engine")
+T = TypeVar("T")
 
 # Backoffs at least this long park the run and free the worker instead of sleeping.
-PARK_BACKOFF_S = 2.0
+PARK_BACKOFF_S = PARK_MIN_S
+# An attempt started this often without finishing (its worker died each time) fails: the
+# step's code most likely kills the process, and re-driving it forever helps nobody.
+MAX_STARTS_PER_ATTEMPT = 5
 
-_REPLAYED_ERRORS: dict[str, type[RatchetError]] = {
+_DEFAULT_THREADS: StepThreads | None = None
+
+_REPLAYED_ERRORS: dict[str, type[BaseException]] = {
     "SignalTimeout": SignalTimeout,
     "ChildRunFailed": ChildRunFailed,
+    # A step its workflow abandoned (asyncio.wait_for, asyncio.timeout) times out again on
+    # replay, so the workflow takes the path it took then.
+    ABANDONED: TimeoutError,
 }
 
 
-class Control:
-    """Why the worker cancelled a drive: ``cancel`` (finish as cancelled), ``lease_lost``
-    or ``shutdown`` (stop without writing)."""
+def error_text(e: BaseException) -> str:
+    """``Type: message``, with NUL characters spelled out: PostgreSQL text columns refuse
+    them, and the same text must be stored on both backends."""
+    try:
+        message = str(e)
+    except Exception:  # a broken __str__ must not hide the error itself
+        message = "<unprintable>"
+    return f"{type(e).__name__}: {message}".replace("\x00", "\\x00")
 
-    __slots__ = ("stop_reason",)
 
-    def __init__(self) -> None:
-        self.stop_reason: str | None = None
-
-
-class _GuardedStore:
-    """The store as one drive sees it. A storage failure (the database restarted, a
-    connection cut) abandons the drive with :class:`DriveAborted` rather than surfacing in
-    the workflow as an error of whichever step was writing, which would fail the run."""
-
-    def __init__(self, store: Store, ctx: RunContext) -> None:
-        self._store = store
-        self._ctx = ctx
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self._store, name)
-        if not inspect.iscoroutinefunction(attr):
-            return attr
-        ctx = self._ctx
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return await attr(*args, **kwargs)
-            except StorageError as e:
-                ctx._broken = True
-                raise DriveAborted(f"run {ctx.run_id}: {e}") from e
-
-        return call
+def child_run_id(parent_run_id: str, ordinal: int, attempt: int) -> str:
+    """A child's id, derived from its parent and step so a re-driven parent finds it again.
+    ``/`` cannot appear in an id a user chooses, so no user run can take a child's id."""
+    suffix = f"/{ordinal}" if attempt == 1 else f"/{ordinal}.{attempt}"
+    return parent_run_id + suffix
 
 
 class RunContext:
-    """One drive of one run: its lease, its folded journal and the events not yet
-    committed."""
+    """One drive of one run: its lease, its folded journal, the events not yet committed,
+    and the branches at work."""
 
     def __init__(self, store: Store, claimed: ClaimedRun, state: RunState,
-                 workflows: Mapping[str, WorkflowDef], control: Control) -> None:
-        self.store = cast(Store, _GuardedStore(store, self))
+                 workflows: Mapping[str, WorkflowDef], control: Control,
+                 threads: StepThreads) -> None:
         self.control = control
         self.loop = asyncio.get_running_loop()
         self.lease = claimed.lease
         self.run_id = claimed.record.run_id
         self.record = claimed.record
+        self.claim_reason = claimed.reason
         self.state = state
         self.workflows = workflows
+        self.threads = threads
+        self.store = DriveStore(store, self.run_id, self._busy, self._idle)
+        self.waits = Waits(self.store, self._park,
+                           lambda: self.control.stop(StopReason.CANCEL))
         self.pending: list[Event] = []
         self.ordinal = 0
         self.journal_ordinals = max(state.by_ordinal, default=0)
         self._lock = asyncio.Lock()
         self._broken = False
+        self._closing = False
+        self._stepping: set[asyncio.Task[Any]] = set()  # branches inside step code
+        self._abandoned: list[StepJob] = []  # threads of `def` steps nobody waits for
+
+    # -- progress and stops ----------------------------------------------------------------
+
+    def _busy(self) -> None:
+        self.waits.busy()
+
+    def _idle(self) -> None:
+        self.waits.idle()
+
+    def interrupt(self) -> None:
+        """The worker asked for a stop (``control.reason``): waits end now; running step
+        code is interrupted for a cancel, a lost lease, or a shutdown past its grace."""
+        reason = self.control.reason
+        if reason is None:
+            return
+        self.waits.stop(reason)
+        if self.control.interrupt_steps:
+            for task in list(self._stepping):
+                task.cancel()
+
+    def check_stop(self) -> None:
+        """A step boundary: no step starts once a stop was requested."""
+        reason = self.control.reason
+        if reason is not None:
+            raise Stopped(reason)
+        if self._closing:
+            raise Stopped(StopReason.CANCEL)
+
+    def _ours(self) -> bool:
+        """Whether a cancellation that reached step code came from the drive (a stop, the
+        end of the drive) rather than from the workflow (a timeout around the step)."""
+        return self._closing or (self.control.reason is not None and self.control.interrupt_steps)
+
+    async def _close_branches(self) -> None:
+        """The workflow is over (returned or raised): stop any branch still in step code,
+        and wait until none is, so nothing is written after the terminal event."""
+        self._closing = True
+        current = asyncio.current_task()
+        running = [t for t in self._stepping if t is not current]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+
+    async def _settle_steps(self) -> None:
+        """For a shutdown: wait until no branch runs step code (the worker interrupts them
+        when the grace period is over)."""
+        current = asyncio.current_task()
+        while running := [t for t in self._stepping if t is not current]:
+            await asyncio.wait(running)
 
     # -- the journal -----------------------------------------------------------------------
 
@@ -127,41 +187,33 @@ class RunContext:
         self.pending.append(ev)
         return ev
 
-    def _take_pending(self) -> list[Event]:
-        if self._broken:
-            raise DriveAborted(f"run {self.run_id}: an earlier write failed; drive abandoned")
-        events, self.pending = self.pending, []
-        return events
+    async def _write(self, op: Callable[[list[Event]], Awaitable[T]]) -> T:
+        """Commit the pending events through ``op``, one write at a time, in seq order."""
+        async with self._lock:
+            if self._broken:
+                raise DriveAborted(f"run {self.run_id}: an earlier write failed; drive abandoned")
+            events, self.pending = self.pending, []
+            try:
+                return await op(events)
+            except asyncio.CancelledError:
+                raise  # the write completed (DriveStore); the cancellation comes after it
+            except BaseException:
+                self._broken = True
+                raise
 
     async def flush(self) -> None:
         """Commit every pending event, in one transaction."""
-        async with self._lock:
-            events = self._take_pending()
-            if not events:
-                return
-            try:
-                await self.store.append(self.lease, events)
-            except BaseException:
-                self._broken = True
-                raise
-        if any(e.kind == EventKind.STEP_COMPLETED for e in events):
+        if not self.pending:
+            return
+        completed = any(e.kind == EventKind.STEP_COMPLETED for e in self.pending)
+        await self._write(lambda events: self.store.append(self.lease, events))
+        if completed:
             crash_point("after_step_completed")
 
-    async def park(self, waiting_for: str, not_before: float | None) -> None:
-        """Commit pending events and park the run; raises :class:`Parked` unless what it
-        would wait for is already there."""
-        async with self._lock:
-            events = self._take_pending()
-            try:
-                outcome = await self.store.park(self.lease, events, waiting_for, not_before)
-            except BaseException:
-                self._broken = True
-                raise
-        if outcome == "parked":
-            raise Parked(waiting_for)
-        if outcome == "cancel":
-            self.control.stop_reason = "cancel"
-            raise asyncio.CancelledError("cancel requested")
+    async def _park(self, waits: list[str], not_before: float | None
+                    ) -> tuple[str, list[str]]:
+        return await self._write(
+            lambda events: self.store.park(self.lease, events, waits, not_before))
 
     async def finish(self, status: RunStatus, output: Any = None, error: str | None = None,
                      dead_letter: str | None = None) -> None:
@@ -172,10 +224,12 @@ class RunContext:
         if dead_letter:
             payload["reason"] = dead_letter
         self.emit(kind, payload=payload)
-        async with self._lock:
-            events = self._take_pending()
+
+        async def op(events: list[Event]) -> None:
             crash_point("before_terminal")
             await self.store.finish(self.lease, events, status, output, error, dead_letter)
+
+        await self._write(op)
         crash_point("after_terminal")
 
     # -- replay ----------------------------------------------------------------------------
@@ -221,13 +275,21 @@ class RunContext:
                 return sd.revive(step.output)
             if step.status == "failed":
                 raise self.replayed_failure(step)
+        self.check_stop()
         base = step.attempt_base if step else 0
         attempt, resumed = self._next_attempt(step)
+        if resumed and step is not None and step.starts >= MAX_STARTS_PER_ATTEMPT:
+            error = (f"step {step_id}: attempt {attempt} was started {step.starts} times and "
+                     "never finished (its worker died each time)")
+            self.emit(EventKind.STEP_FAILED, step_id, attempt,
+                      {"error": error, "error_type": StepCrashLoop.__name__})
+            raise StepCrashLoop(step_id, error)
         if step is not None and step.status in ("retrying", "waiting"):
             until = (step.waiting or {}).get("retry_at")
-            if until is not None and until > await self.store.now():
-                await self._park_backoff(step_id, attempt - 1, until, announce=False)
+            if until is not None:
+                await self._wait_until(f"backoff:{step_id}", until)
         while True:
+            self.check_stop()
             key = idempotency_key(self.run_id, step_id, attempt)
             payload: dict[str, Any] = {"idempotency_key": key}
             if resumed:
@@ -238,13 +300,20 @@ class RunContext:
             self.emit(EventKind.STEP_STARTED, step_id, attempt, payload, text)
             await self.flush()
             crash_point("after_step_started")
-            token = current_step_info.set(
-                StepInfo(self.run_id, step_id, attempt, self.lease.epoch, key))
             try:
-                result = await _invoke(sd, step_id, args, kwargs)
+                result = await self._call(sd, step_id, attempt, key, args, kwargs)
                 text = to_json(result, f"the output of step {step_id}")
-            except Exception as e:
-                error = f"{type(e).__name__}: {e}"
+            except (Stopped, Parked, LeaseLost, DriveAborted):
+                raise
+            except asyncio.CancelledError:
+                if self._ours():
+                    raise
+                self.emit(EventKind.STEP_FAILED, step_id, attempt, {
+                    "error": f"step {step_id} was abandoned by its workflow (cancelled while "
+                             "running, e.g. by asyncio.wait_for)", "error_type": ABANDONED})
+                raise
+            except BaseException as e:  # SystemExit from step code is the step's failure too
+                error = error_text(e)
                 used = attempt - base
                 if sd.retry.retryable(e) and used < sd.retry.max_attempts:
                     delay = sd.retry.delay_s(used)
@@ -254,23 +323,82 @@ class RunContext:
                         until = await self.store.now() + delay
                         retry["retry_at"] = until
                         self.emit(EventKind.STEP_RETRYING, step_id, attempt, retry)
-                        await self._park_backoff(step_id, attempt, until, announce=True)
+                        self.emit(EventKind.STEP_WAITING, step_id, attempt,
+                                  {"reason": "backoff", "retry_at": until})
+                        await self._wait_until(f"backoff:{step_id}", until)
                     else:
                         self.emit(EventKind.STEP_RETRYING, step_id, attempt, retry)
                         await self.flush()
-                        await asyncio.sleep(delay)
+                        await self._wait_until(f"backoff:{step_id}",
+                                               await self.store.now() + delay)
                     attempt, resumed = attempt + 1, False
                     continue
                 self.emit(EventKind.STEP_FAILED, step_id, attempt,
                           {"error": error, "error_type": type(e).__name__})
                 raise StepFailed(step_id, error) from e
-            finally:
-                current_step_info.reset(token)
             output = json.loads(text)
             # The canonical form of {"output": output}, without encoding the output again.
             self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
                       f'{{"output":{text}}}')
             return sd.revive(output)
+
+    async def _call(self, sd: StepDef, step_id: str, attempt: int, key: str,
+                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the step's code, as a branch the drive can interrupt."""
+        task = asyncio.current_task()
+        assert task is not None
+        token = current_step_info.set(StepInfo(self.run_id, step_id, attempt, self.lease.epoch,
+                                               key))
+        self._stepping.add(task)
+        self._busy()
+        try:
+            if self._ours():
+                raise asyncio.CancelledError  # stopped between the journal write and here
+            if sd.is_async:
+                return await self._call_async(sd, step_id, args, kwargs)
+            return await self._call_in_thread(sd, step_id, args, kwargs)
+        finally:
+            self._stepping.discard(task)
+            current_step_info.reset(token)
+            self._idle()
+
+    @staticmethod
+    async def _call_async(sd: StepDef, step_id: str, args: tuple[Any, ...],
+                          kwargs: dict[str, Any]) -> Any:
+        if sd.timeout_s is None:
+            return await sd.fn(*args, **kwargs)
+        began = time.monotonic()
+        try:
+            return await asyncio.wait_for(sd.fn(*args, **kwargs), sd.timeout_s)
+        except TimeoutError as e:
+            if time.monotonic() - began < sd.timeout_s:
+                raise  # the step's own TimeoutError, not its timeout
+            raise StepTimeout(f"step {step_id} ran past its timeout of {sd.timeout_s:g}s") from e
+
+    async def _call_in_thread(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
+                              kwargs: dict[str, Any]) -> Any:
+        # The thread runs in a copy of this context, so current_step() works there.
+        job = self.threads.submit(functools.partial(contextvars.copy_context().run, sd.fn,
+                                                    *args, **kwargs))
+        try:
+            if sd.timeout_s is None:
+                return await job.done
+            await job.started  # the timeout counts from when a thread runs the step
+            try:
+                return await asyncio.wait_for(job.done, sd.timeout_s)
+            except TimeoutError as e:
+                if not job.done.cancelled():
+                    raise  # the step's own TimeoutError
+                raise StepTimeout(
+                    f"step {step_id} ran past its timeout of {sd.timeout_s:g}s") from e
+        finally:
+            if not job.done.done() or job.done.cancelled():
+                self.threads.abandon(job)
+                self._abandoned.append(job)
+
+    def threads_still_running(self) -> int:
+        """Threads of ``def`` steps this drive gave up on that have not returned yet."""
+        return sum(1 for job in self._abandoned if job.running)
 
     @staticmethod
     def _next_attempt(step: StepState | None) -> tuple[int, bool]:
@@ -284,26 +412,24 @@ class RunContext:
         # after a manual retry of the run: the next attempt.
         return step.attempt + 1, False
 
-    async def _park_backoff(self, step_id: str, failed_attempt: int, until: float,
-                            announce: bool) -> None:
-        if announce:
-            self.emit(EventKind.STEP_WAITING, step_id, failed_attempt,
-                      {"reason": "backoff", "retry_at": until})
-        await self.park(f"backoff:{step_id}", until)
+    # -- waiting ---------------------------------------------------------------------------
+
+    async def _wait_until(self, waiting_for: str, until: float) -> None:
+        while (now := await self.store.now()) < until:
+            await self.waits.wait(waiting_for, until, now)
 
     async def sleep(self, seconds: float) -> None:
         step_id, step = self.next_step("sleep")
         if step is not None and step.status == "completed":
             return
-        now = await self.store.now()
+        self.check_stop()
         if step is not None and step.waiting is not None:
             until = float(step.waiting["until"])
         else:
-            until = now + seconds
+            until = await self.store.now() + seconds
             self.emit(EventKind.STEP_WAITING, step_id, None,
                       {"reason": "sleep", "seconds": seconds, "until": until})
-        if now < until:
-            await self.park(f"sleep:{step_id}", until)
+        await self._wait_until(f"sleep:{step_id}", until)
         self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": None})
 
     async def wait_for_signal(self, name: str, timeout_s: float | None) -> Any:
@@ -313,6 +439,7 @@ class RunContext:
                 return step.output
             if step.status == "failed":
                 raise self.replayed_failure(step)
+        self.check_stop()
         while True:
             found = await self.store.pending_signal(self.run_id, name)
             if found is not None:
@@ -320,9 +447,7 @@ class RunContext:
                 self.emit(EventKind.SIGNAL_RECEIVED, step_id, None,
                           {"name": name, "signal_id": signal_id})
                 self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": payload})
-                async with self._lock:
-                    events = self._take_pending()
-                    await self.store.consume_signal(self.lease, events, signal_id)
+                await self._consume_signal(signal_id)
                 return payload
             now = await self.store.now()
             step = self.state.steps.get(step_id)
@@ -337,7 +462,11 @@ class RunContext:
                 self.emit(EventKind.STEP_FAILED, step_id, None,
                           {"error": error, "error_type": "SignalTimeout"})
                 raise SignalTimeout(error)
-            await self.park(f"signal:{name}", deadline)
+            await self.waits.wait(f"signal:{name}", deadline, now)
+
+    async def _consume_signal(self, signal_id: int) -> None:
+        await self._write(
+            lambda events: self.store.consume_signal(self.lease, events, signal_id))
 
     async def child(self, wf: WorkflowDef, args: tuple[Any, ...], kwargs: dict[str, Any],
                     queue: str | None) -> Any:
@@ -347,20 +476,28 @@ class RunContext:
                 return wf.revive(step.output)
             if step.status == "failed":
                 raise self.replayed_failure(step)
-        # Derived from (parent, step): a re-driven parent finds its child, never a second one.
-        child_id = f"{self.run_id}-{step_id.split(':', 1)[0]}"
-        if step is None:
+        self.check_stop()
+        if step is None or step.status == "pending":
+            # Never started, or started afresh by a retry of the run: a new child, whose id
+            # carries the attempt so the failed one is not found again.
+            attempt = step.attempt + 1 if step is not None else 1
+            child_id = child_run_id(self.run_id, self.ordinal, attempt)
             new = NewRun(child_id, wf.name, wf.version, wf.bind(args, kwargs),
                          queue=queue or self.record.queue, priority=self.record.priority,
                          parent_run_id=self.run_id, parent_step_id=step_id)
-            self.emit(EventKind.STEP_STARTED, step_id, 1, {"child_run_id": child_id})
-            async with self._lock:
-                events = self._take_pending()
-                await self.store.start_child(self.lease, events, new)
+            self.emit(EventKind.STEP_STARTED, step_id, attempt, {"child_run_id": child_id})
+            created = await self._write(
+                lambda events: self.store.start_child(self.lease, events, new))
+            self._check_child(created.parent_run_id, child_id, step_id)
+        else:
+            # Journaled by an earlier drive; runs journaled before child ids carried "/"
+            # named their child "<parent>-<ordinal>".
+            child_id = step.child_run_id or f"{self.run_id}-{step.ordinal}"
         while True:
             rec = await self.store.get_run(child_id)
             if rec is None:
-                raise StorageError(f"child run {child_id} of step {step_id} is missing")
+                raise RatchetError(f"child run {child_id} of step {step_id} is missing")
+            self._check_child(rec.parent_run_id, child_id, step_id)
             if rec.status == RunStatus.SUCCEEDED:
                 self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": rec.output})
                 return wf.revive(rec.output)
@@ -373,79 +510,124 @@ class RunContext:
             if current is None or current.status != "waiting":
                 self.emit(EventKind.STEP_WAITING, step_id, None,
                           {"reason": "child", "child_run_id": child_id})
-            await self.park(f"child:{child_id}", None)
+            await self.waits.wait(f"child:{child_id}")
 
+    def _check_child(self, parent: str | None, child_id: str, step_id: str) -> None:
+        if parent != self.run_id:
+            raise RatchetError(f"run {child_id} is not the child of run {self.run_id} started "
+                               f"by step {step_id} (its parent is {parent!r})")
 
-async def _invoke(sd: StepDef, step_id: str, args: tuple[Any, ...],
-                  kwargs: dict[str, Any]) -> Any:
-    if sd.is_async:
-        call = sd.fn(*args, **kwargs)
-    else:
-        call = asyncio.to_thread(sd.fn, *args, **kwargs)  # copies the context: current_step works
-    if sd.timeout_s is None:
-        return await call
-    try:
-        return await asyncio.wait_for(call, sd.timeout_s)
-    except TimeoutError as e:
-        raise StepTimeout(f"step {step_id} ran past its timeout of {sd.timeout_s:g}s") from e
+    # -- the drive -------------------------------------------------------------------------
+
+    async def drive(self) -> DriveOutcome:
+        rec, lease = self.record, self.lease
+        kind = EventKind.RUN_RESUMED if self.state.started else EventKind.RUN_STARTED
+        self.emit(kind, payload={"worker_id": lease.worker_id, "epoch": lease.epoch,
+                                 "reason": self.claim_reason, "drive": self.state.drives + 1})
+        try:
+            try:
+                wf = self.workflows.get(rec.workflow)
+                if wf is None:
+                    raise RatchetError(
+                        f"workflow {rec.workflow!r} is not registered with this worker")
+                result = await wf.fn(*rec.input.get("args", []), **rec.input.get("kwargs", {}))
+                self.check_complete_replay()
+                output = json.loads(to_json(result, f"the result of workflow {rec.workflow}"))
+            except (Stopped, Parked, LeaseLost, DriveAborted, RunFinished):
+                raise
+            except asyncio.CancelledError:
+                if self.control.reason is None:
+                    raise  # not asked for: the task itself is being cancelled
+                raise Stopped(self.control.reason) from None
+            except BaseException as e:
+                await self._close_branches()
+                reason = _dead_letter_reason(e)
+                error = error_text(e) if not isinstance(e, StepFailed) else str(e)
+                await self.finish(RunStatus.FAILED, error=error, dead_letter=reason)
+                log.info("action=run_failed run_id=%s reason=%s error=%s", rec.run_id, reason,
+                         error)
+                return DriveOutcome.FAILED
+            await self._close_branches()
+            await self.finish(RunStatus.SUCCEEDED, output=output)
+            return DriveOutcome.SUCCEEDED
+        except Stopped as e:
+            return await self._stopped(e.reason)
+        except Parked:
+            return DriveOutcome.PARKED
+        except LeaseLost:
+            log.warning("action=lease_lost run_id=%s epoch=%s", rec.run_id, lease.epoch)
+            return DriveOutcome.LEASE_LOST
+        except RunFinished:
+            return DriveOutcome.NOOP
+        except DriveAborted as e:
+            log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
+            return DriveOutcome.ABORTED
+        finally:
+            self.waits.close()
+
+    async def _stopped(self, reason: StopReason) -> DriveOutcome:
+        """The drive stopped at a boundary or a wait. Finish it as the stop asks."""
+        if reason is StopReason.LEASE_LOST:
+            log.warning("action=lease_lost run_id=%s epoch=%s", self.run_id, self.lease.epoch)
+            return DriveOutcome.LEASE_LOST
+        try:
+            if reason is StopReason.CANCEL:
+                await self._close_branches()
+                await self.finish(RunStatus.CANCELLED, error="cancelled")
+                log.info("action=run_cancelled run_id=%s", self.run_id)
+                return DriveOutcome.CANCELLED
+            await self._settle_steps()
+            if self.threads_still_running():
+                # Python cannot stop a thread: the run stays leased to this worker until the
+                # lease expires, rather than being handed to another while its step runs.
+                log.warning("action=hand_back_skipped run_id=%s threads=%s", self.run_id,
+                            self.threads_still_running())
+                return DriveOutcome.STOPPED
+            await self._write(lambda events: self.store.hand_back(self.lease, events))
+            return DriveOutcome.HANDED_BACK
+        except LeaseLost:
+            return DriveOutcome.LEASE_LOST
+        except RunFinished:
+            return DriveOutcome.NOOP
+        except DriveAborted as e:
+            log.warning("action=drive_aborted run_id=%s error=%s", self.run_id, e)
+            return DriveOutcome.ABORTED
 
 
 async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, WorkflowDef],
-                control: Control) -> str:
-    """Drive one claimed run until it finishes, parks or loses its lease. Returns what
-    happened: ``succeeded``, ``failed``, ``cancelled``, ``parked``, ``lease_lost``,
-    ``stopped`` or ``noop``."""
+                control: Control, threads: StepThreads | None = None) -> DriveOutcome:
+    """Drive one claimed run until it finishes, parks, stops or loses its lease; return how
+    the drive ended."""
     rec = claimed.record
-    state = fold(rec.run_id, await store.load_events(rec.run_id))
+    try:
+        state = fold(rec.run_id, await store.load_events(rec.run_id))
+    except RatchetError as e:
+        log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
+        return DriveOutcome.ABORTED
     if state.status.terminal:
-        return "noop"  # re-driving a finished run changes nothing
-    ctx = RunContext(store, claimed, state, workflows, control)
-    kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
-    ctx.emit(kind, payload={"worker_id": claimed.lease.worker_id, "epoch": claimed.lease.epoch,
-                            "reason": claimed.reason, "drive": state.drives + 1})
-    wf = workflows.get(rec.workflow)
+        return DriveOutcome.NOOP  # re-driving a finished run changes nothing
+    ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads())
+    control.listen(ctx.interrupt)
     token = current_run.set(ctx)
     try:
-        try:
-            if wf is None:
-                raise RatchetError(f"workflow {rec.workflow!r} is not registered with this worker")
-            result = await wf.fn(*rec.input.get("args", []), **rec.input.get("kwargs", {}))
-            ctx.check_complete_replay()
-            output = json.loads(to_json(result, f"the result of workflow {rec.workflow}"))
-        except asyncio.CancelledError:
-            if control.stop_reason != "cancel":
-                raise
-            await ctx.finish(RunStatus.CANCELLED, error="cancelled")
-            return "cancelled"
-        except (Parked, LeaseLost, StorageError):
-            raise
-        except Exception as e:
-            reason = _dead_letter_reason(e)
-            error = f"{type(e).__name__}: {e}" if not isinstance(e, StepFailed) else str(e)
-            await ctx.finish(RunStatus.FAILED, error=error, dead_letter=reason)
-            log.info("action=run_failed run_id=%s reason=%s error=%s", rec.run_id, reason, error)
-            return "failed"
-        await ctx.finish(RunStatus.SUCCEEDED, output=output)
-        return "succeeded"
-    except Parked:
-        return "parked"
-    except LeaseLost:
-        log.warning("action=lease_lost run_id=%s epoch=%s", rec.run_id, claimed.lease.epoch)
-        return "lease_lost"
-    except RunFinished:
-        return "noop"
-    except DriveAborted as e:
-        log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
-        return "aborted"
-    except asyncio.CancelledError:
-        return "stopped"
+        return await ctx.drive()
     finally:
+        control.listen(None)
         current_run.reset(token)
+
+
+def _default_threads() -> StepThreads:
+    global _DEFAULT_THREADS
+    if _DEFAULT_THREADS is None:
+        _DEFAULT_THREADS = StepThreads(32)
+    return _DEFAULT_THREADS
 
 
 def _dead_letter_reason(e: BaseException) -> str:
     if isinstance(e, NonDeterminismError):
         return "non_determinism"
+    if isinstance(e, StepCrashLoop):
+        return "crash_loop"
     if isinstance(e, StepFailed | SignalTimeout | ChildRunFailed):
         return "step_failed"
     if isinstance(e, NotSerializable):

@@ -6,8 +6,14 @@ Loops, all on one event loop:
   (LISTEN/NOTIFY on PostgreSQL, in-process on SQLite) or the poll interval;
 * renew: every ttl/3, extend the leases of every run this worker drives in one statement;
   a run missing from the answer was stolen, so its drive is stopped before it can write;
-* sweep: every recovery interval, steal up to 20 running runs whose lease expired.
-On start a worker first reclaims the runs still under its own id, at once.
+  while renewals fail, each drive is stopped at its lease's local deadline, since another
+  worker may take the run from then on;
+* sweep: every recovery interval, steal up to 20 running runs whose lease expired (and at
+  once again while passes come back full).
+On start a worker first reclaims the runs still under its own id, at once. A drive that a
+storage failure abandoned is driven again on this worker after a short backoff while its
+lease holds. On shutdown the worker stops claiming, lets steps in flight finish within a
+grace period (then interrupts them), and hands each run back once its step has stopped.
 """
 
 from __future__ import annotations
@@ -17,20 +23,26 @@ import contextlib
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ratchet.config import lease_ttl_from_env, recovery_interval_from_env
+from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
-from ratchet.engine.driver import Control, drive
+from ratchet.engine.driver import drive
 from ratchet.engine.faults import crash_point
+from ratchet.engine.threads import StepThreads
 from ratchet.model import ClaimedRun
 from ratchet.store.base import CANCEL, READY, Store
 
 log = logging.getLogger("ratchet.worker")
 
 SWEEP_LIMIT = 20
+DEFAULT_GRACE_S = 10.0
+# Backoffs before driving again a run whose drive a storage failure abandoned.
+RETRY_DRIVE_S = (0.1, 0.3, 1.0, 2.0, 4.0)
 
 
 def default_worker_id() -> str:
@@ -45,6 +57,9 @@ class _Active:
     task: asyncio.Task[str]
     claimed: ClaimedRun
     control: Control = field(default_factory=Control)
+    # Local (monotonic) time by which the lease runs out unless a renewal lands: when the
+    # claim or the last successful renewal was sent, plus the TTL.
+    deadline: float = 0.0
 
 
 class Worker:
@@ -53,10 +68,12 @@ class Worker:
     def __init__(self, store: Store, workflows: Mapping[str, WorkflowDef], *,
                  worker_id: str | None = None, concurrency: int = 16,
                  lease_ttl: float | None = None, recovery_interval: float | None = None,
-                 queues: Sequence[str] = ("default",), poll_interval: float | None = None
-                 ) -> None:
+                 queues: Sequence[str] = ("default",), poll_interval: float | None = None,
+                 grace: float = DEFAULT_GRACE_S) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if grace < 0:
+            raise ValueError(f"grace must be >= 0, got {grace}")
         self.store = store
         self.workflows = workflows
         self.worker_id = worker_id or default_worker_id()
@@ -65,6 +82,10 @@ class Worker:
         self.recovery_interval = recovery_interval or recovery_interval_from_env()
         self.queues = list(queues)
         self.poll_interval = poll_interval or (0.05 if store.dialect == "sqlite" else 1.0)
+        self.grace = grace
+        # Plain `def` steps run on threads of the worker's own, sized from its concurrency
+        # (a run's parallel branches may each hold one).
+        self.threads = StepThreads(2 * concurrency)
         self.active: dict[str, _Active] = {}
         self.outcomes: dict[str, int] = {}
         self._slot_freed = asyncio.Event()
@@ -76,57 +97,95 @@ class Worker:
         return self._started
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
-        """Work until ``stop`` is set (or the task is cancelled), then hand back every run
-        still in progress so another worker can take it at once."""
+        """Work until ``stop`` is set (or the task is cancelled), then stop every drive
+        (see the module docstring) so another worker can take its run at once."""
         stop = stop or asyncio.Event()
         await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid())
-        self._spawn(await self.store.reclaim_own(self.worker_id, self.lease_ttl))
-        log.info("action=worker_started worker_id=%s concurrency=%s ttl=%ss sweep=%ss",
-                 self.worker_id, self.concurrency, self.lease_ttl, self.recovery_interval)
+        sent_at = time.monotonic()
+        self._spawn(await self.store.reclaim_own(self.worker_id, self.lease_ttl), sent_at)
+        log.info("action=worker_started worker_id=%s concurrency=%s ttl=%ss sweep=%ss grace=%ss",
+                 self.worker_id, self.concurrency, self.lease_ttl, self.recovery_interval,
+                 self.grace)
         self._started.set()
-        loops = [asyncio.create_task(coro) for coro in
-                 (self._claim_loop(), self._renew_loop(), self._sweep_loop())]
+        claiming = [asyncio.create_task(self._claim_loop()),
+                    asyncio.create_task(self._sweep_loop())]
+        renewing = asyncio.create_task(self._renew_loop())
         waiter = asyncio.create_task(stop.wait())
         try:
-            done, _ = await asyncio.wait([waiter, *loops], return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait([waiter, renewing, *claiming],
+                                         return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 if task is not waiter and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
         finally:
             waiter.cancel()
-            for task in loops:
+            for task in claiming:
                 task.cancel()
-            await self._stop_runs()
-            with contextlib.suppress(Exception):
-                await self.store.release_worker(self.worker_id)
-            log.info("action=worker_stopped worker_id=%s", self.worker_id)
+            try:
+                held = await self._stop_runs()  # leases are still renewed meanwhile
+            finally:
+                renewing.cancel()
+            if not held:
+                with contextlib.suppress(Exception):
+                    await self.store.release_worker(self.worker_id)
+            log.info("action=worker_stopped worker_id=%s outcomes=%s", self.worker_id,
+                     ",".join(f"{k}:{v}" for k, v in sorted(self.outcomes.items())) or "-")
 
-    async def _stop_runs(self) -> None:
-        for active in self.active.values():
-            active.control.stop_reason = active.control.stop_reason or "shutdown"
-            active.task.cancel()
-        tasks = [a.task for a in self.active.values()]
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+    async def _stop_runs(self) -> int:
+        """Stop every drive: no new step starts, steps in flight get the grace period to
+        finish, then are interrupted. Returns how many runs stay leased to this worker
+        because a `def` step's thread could not be stopped (their leases expire)."""
+        actives = list(self.active.values())
+        if not actives:
+            return 0
+        log.info("action=shutdown_grace worker_id=%s runs=%s grace=%ss", self.worker_id,
+                 len(actives), self.grace)
+        for active in actives:
+            active.control.stop(StopReason.SHUTDOWN)
+        tasks = [a.task for a in actives]
+        _, pending = await asyncio.wait(tasks, timeout=self.grace or None)
+        if pending:
+            log.warning("action=shutdown_grace_over worker_id=%s interrupted=%s",
+                        self.worker_id, len(pending))
+            for active in actives:
+                if not active.task.done():
+                    active.control.stop(StopReason.SHUTDOWN, interrupt_steps=True)
+            _, pending = await asyncio.wait(pending, timeout=max(1.0, self.lease_ttl / 3))
+            for task in pending:  # a drive that ignores its stop: its lease fences it
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        return self.outcomes.get(DriveOutcome.STOPPED, 0)
 
     # -- driving ---------------------------------------------------------------------------
 
-    def _spawn(self, runs: list[ClaimedRun]) -> None:
+    def _spawn(self, runs: list[ClaimedRun], sent_at: float) -> None:
         for claimed in runs:
             run_id = claimed.record.run_id
             old = self.active.get(run_id)
             if old is not None:  # taken again (a newer epoch): the old drive is fenced off
-                old.control.stop_reason = "lease_lost"
-                old.task.cancel()
+                old.control.stop(StopReason.LEASE_LOST)
             control = Control()
             task = asyncio.create_task(self._drive(claimed, control), name=f"run-{run_id}")
-            self.active[run_id] = _Active(task, claimed, control)
+            self.active[run_id] = _Active(task, claimed, control, sent_at + self.lease_ttl)
 
     async def _drive(self, claimed: ClaimedRun, control: Control) -> str:
         run_id = claimed.record.run_id
-        outcome = "error"
+        outcome: str = "error"
         try:
-            outcome = await drive(self.store, claimed, self.workflows, control)
+            for backoff in (*RETRY_DRIVE_S, None):
+                outcome = await drive(self.store, claimed, self.workflows, control,
+                                      self.threads)
+                if outcome != DriveOutcome.ABORTED or backoff is None:
+                    break
+                # A storage failure: drive it again here while the lease holds, rather than
+                # wait for the lease to expire and the sweep to find it.
+                active = self.active.get(run_id)
+                if (control.reason is not None or active is None
+                        or time.monotonic() + backoff >= active.deadline):
+                    break
+                self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+                log.info("action=drive_retry run_id=%s in=%ss", run_id, backoff)
+                await asyncio.sleep(backoff)
             return outcome
         except asyncio.CancelledError:
             outcome = "stopped"
@@ -153,6 +212,7 @@ class Worker:
             # Watch before claiming: a run made ready after the claim looked is announced
             # to this watcher, not lost between the look and the wait.
             with self.store.watching(READY) as ready:
+                sent_at = time.monotonic()
                 try:
                     runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
                                                   self.queues)
@@ -162,23 +222,28 @@ class Worker:
                     continue
                 if runs:
                     crash_point("after_claim")
-                    self._spawn(runs)
+                    self._spawn(runs, sent_at)
                     continue
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ready.wait(), self.poll_interval)
 
     async def _renew_loop(self) -> None:
         every = self.lease_ttl / 3
+        wait = every
         while True:
             # A cancel request announced for a run renews early, so it is seen at once.
             with self.store.watching(CANCEL) as cancel, contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(cancel.wait(), every)
-            snapshot = {run_id: a for run_id, a in self.active.items()}
+                await asyncio.wait_for(cancel.wait(), wait)
+            snapshot = dict(self.active)
+            sent_at = time.monotonic()
             try:
                 held = await self.store.renew(self.worker_id, self.lease_ttl, list(snapshot))
             except Exception as e:
                 log.warning("action=renew_failed error=%s", e)
+                self._stop_expired(time.monotonic())
+                wait = min(every, max(0.05, self.lease_ttl / 10))  # try again sooner
                 continue
+            wait = every
             crash_point("after_renew")
             by_run = {h.run_id: h for h in held}
             for run_id, active in snapshot.items():
@@ -186,23 +251,34 @@ class Worker:
                     continue
                 lease = by_run.get(run_id)
                 if lease is None or lease.epoch != active.claimed.lease.epoch:
-                    active.control.stop_reason = "lease_lost"
-                    active.task.cancel()
+                    active.control.stop(StopReason.LEASE_LOST)
                     log.warning("action=lease_lost run_id=%s", run_id)
-                elif lease.cancel_requested and active.control.stop_reason is None:
-                    active.control.stop_reason = "cancel"
-                    active.task.cancel()
+                    continue
+                active.deadline = sent_at + self.lease_ttl
+                if lease.cancel_requested:
+                    active.control.stop(StopReason.CANCEL)
+
+    def _stop_expired(self, now: float) -> None:
+        """Renewals are failing: a drive whose lease has run out by now stops, because
+        another worker may already own its run."""
+        for run_id, active in list(self.active.items()):
+            if now >= active.deadline and active.control.reason is not StopReason.LEASE_LOST:
+                log.warning("action=lease_expired run_id=%s", run_id)
+                active.control.stop(StopReason.LEASE_LOST)
 
     async def _sweep_loop(self) -> None:
         while True:
             await asyncio.sleep(self.recovery_interval)
-            await self.sweep()
+            # A full pass means more orphans may be waiting: go on at once.
+            while len(await self.sweep()) == SWEEP_LIMIT:
+                await asyncio.sleep(0)
 
     async def sweep(self) -> list[ClaimedRun]:
         """One pass of the recovery sweep: steal up to 20 runs whose lease expired."""
         free = min(SWEEP_LIMIT, self.concurrency - len(self.active))
         if free <= 0:
             return []
+        sent_at = time.monotonic()
         try:
             runs = await self.store.steal_expired(self.worker_id, self.lease_ttl, free,
                                                   self.queues)
@@ -212,5 +288,5 @@ class Worker:
         for claimed in runs:
             log.info("action=run_stolen run_id=%s epoch=%s", claimed.record.run_id,
                      claimed.lease.epoch)
-        self._spawn(runs)
+        self._spawn(runs, sent_at)
         return runs

@@ -454,13 +454,15 @@ class Store(ABC):
 
         await self._run(body)
 
-    async def park(self, lease: Lease, events: Sequence[Event], waiting_for: str,
-                   not_before: float | None) -> str:
-        """Append ``events``, set the run ``waiting`` and release the lease, unless what it
-        would wait for is already there. Returns ``parked``, ``ready`` (the signal or child
-        is there: keep driving; events still appended) or ``cancel`` (a cancel is pending)."""
+    async def park(self, lease: Lease, events: Sequence[Event], waits: Sequence[str],
+                   not_before: float | None) -> tuple[str, list[str]]:
+        """Append ``events``, set the run ``waiting`` and release the lease, unless some of
+        ``waits`` (``signal:NAME``, ``child:RUN``, or timers) is already satisfied. Returns
+        ``("parked", [])``, ``("ready", satisfied)`` (keep driving; events still appended)
+        or ``("cancel", [])`` (a cancel is pending). Several waits park the run as
+        ``any:[...]``: whichever arrives first wakes it."""
 
-        def body(tx: Tx) -> str:
+        def body(tx: Tx) -> tuple[str, list[str]]:
             # Locked before the condition is read: a signal, child or cancel committing
             # concurrently either is seen below or sees this run already waiting. (Every
             # transaction that locks both takes the runs row before the run_locks row.)
@@ -468,25 +470,45 @@ class Store(ABC):
             self._check_lease(tx, lease)
             self._insert_events(tx, events)
             if row[15]:
-                return "cancel"
-            kind, _, name = waiting_for.partition(":")
-            if kind == "signal" and tx.one(
-                "signal_pending", {"run_id": lease.run_id, "name": name}
-            ):
-                return "ready"
-            if kind == "child":
-                child = tx.one("run_get", {"run_id": name})
-                if child is not None and RunStatus(child[4]).terminal:
-                    return "ready"
+                return "cancel", []
+            ready = [w for w in waits if self._wait_satisfied(tx, lease.run_id, w)]
+            if ready:
+                return "ready", ready
+            waiting_for = waits[0] if len(set(waits)) == 1 else "any:" + dumps(sorted(set(waits)))
             tx.send("run_park", {"run_id": lease.run_id, "waiting_for": waiting_for,
                                 "not_before": not_before})
             tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
                                      "epoch": lease.epoch})
             if not_before is not None:
                 self._announce(tx, READY)
-            return "parked"
+            return "parked", []
 
         return await self._run(body)
+
+    @staticmethod
+    def _wait_satisfied(tx: Tx, run_id: str, waiting_for: str) -> bool:
+        kind, _, name = waiting_for.partition(":")
+        if kind == "signal":
+            return tx.one("signal_pending", {"run_id": run_id, "name": name}) is not None
+        if kind == "child":
+            child = tx.one("run_get", {"run_id": name})
+            return child is not None and RunStatus(child[4]).terminal
+        return False  # timers: the claim takes the run when not_before comes
+
+    async def hand_back(self, lease: Lease, events: Sequence[Event]) -> None:
+        """A drive stopped for a shutdown: append its last events, queue the run again and
+        release the lease, so any worker can take it at once."""
+
+        def body(tx: Tx) -> None:
+            tx.one("run_get_locked", {"run_id": lease.run_id})
+            self._check_lease(tx, lease)
+            self._insert_events(tx, events)
+            if tx.run("run_hand_back", {"run_id": lease.run_id}):
+                self._announce(tx, READY)
+            tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
+                                     "epoch": lease.epoch})
+
+        await self._run(body)
 
     async def finish(self, lease: Lease, events: Sequence[Event], status: RunStatus,
                      output: Any = None, error: str | None = None,
@@ -522,6 +544,7 @@ class Store(ABC):
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
             ):
                 self._announce(tx, READY)
+            self._cancel_children(tx, lease.run_id)
 
         await self._run(body)
 
@@ -593,31 +616,45 @@ class Store(ABC):
         return await self._run(body)
 
     async def cancel(self, run_id: str) -> RunStatus:
-        """Cancel a run. Unowned (queued, waiting): cancelled here and now, fencing any
-        expired holder. Owned by a live worker: flagged, and that worker finishes it."""
+        """Cancel a run and its unfinished children. Unowned (queued, waiting): cancelled
+        here and now, fencing any expired holder. Owned by a live worker: flagged, and that
+        worker finishes it."""
 
         def body(tx: Tx) -> RunStatus:
             rec = self._locked_run_and_parent(tx, run_id)
-            if rec.status.terminal:
-                return rec.status
-            lock = tx.one("lease_row_locked", {"run_id": run_id})
-            if lock is not None and lock[0] is not None and bool(lock[2]):
-                tx.send("run_cancel_request", {"run_id": run_id})
-                self._announce(tx, CANCEL, run_id)
-                return rec.status
-            if lock is not None:
-                tx.send("lease_fence", {"run_id": run_id})
-            self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
-            tx.send("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
-                                  "error": "cancelled"})
-            self._announce(tx, DONE, run_id)
-            if rec.parent_run_id and tx.run(
-                "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
-            ):
-                self._announce(tx, READY)
-            return RunStatus.CANCELLED
+            return self._cancel_locked(tx, rec)
 
         return await self._run(body)
+
+    def _cancel_locked(self, tx: Tx, rec: RunRecord) -> RunStatus:
+        """Cancel ``rec`` (its row locked, after its parent's) and then its children."""
+        run_id = rec.run_id
+        if rec.status.terminal:
+            return rec.status
+        lock = tx.one("lease_row_locked", {"run_id": run_id})
+        if lock is not None and lock[0] is not None and bool(lock[2]):
+            # Its worker finishes it, and its children with it (see finish).
+            tx.send("run_cancel_request", {"run_id": run_id})
+            self._announce(tx, CANCEL, run_id)
+            return rec.status
+        if lock is not None:
+            tx.send("lease_fence", {"run_id": run_id})
+        self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
+        tx.send("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
+                              "error": "cancelled"})
+        self._announce(tx, DONE, run_id)
+        if rec.parent_run_id and tx.run(
+            "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
+        ):
+            self._announce(tx, READY)
+        self._cancel_children(tx, run_id)
+        return RunStatus.CANCELLED
+
+    def _cancel_children(self, tx: Tx, run_id: str) -> None:
+        """A run ended: its unfinished children (and theirs) are cancelled with it. Their
+        rows are locked after the parent's, the order every transaction follows."""
+        for (child_id,) in tx.all("runs_children_active", {"run_id": run_id}):
+            self._cancel_locked(tx, self._locked_run(tx, child_id))
 
     async def retry_dead(self, run_id: str) -> RunRecord:
         """Re-queue a dead-lettered run; it resumes after its last completed step."""

@@ -135,9 +135,11 @@ UPDATE runs SET status = 'waiting', waiting_for = %(waiting_for)s, not_before = 
 WHERE run_id = %(run_id)s AND status = 'running'
 
 -- name: run_wake
+-- A run parked on several waits at once (any:[...]) wakes for whichever comes first.
 UPDATE runs SET status = 'queued', waiting_for = NULL, not_before = NULL,
                 updated_at = ratchet_now()
-WHERE run_id = %(run_id)s AND status = 'waiting' AND waiting_for = %(waiting_for)s
+WHERE run_id = %(run_id)s AND status = 'waiting'
+  AND (waiting_for = %(waiting_for)s OR waiting_for LIKE 'any:%%')
 
 -- name: run_requeue
 UPDATE runs SET status = 'queued', output = NULL, error = NULL, waiting_for = NULL,
@@ -292,3 +294,12 @@ SELECT run_id, workflow, workflow_version, input, status, output, error, parent_
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
        false, 0
 FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)
+
+-- name: run_hand_back
+UPDATE runs SET status = 'queued', updated_at = ratchet_now()
+WHERE run_id = %(run_id)s AND status = 'running'
+
+-- name: runs_children_active
+SELECT run_id FROM runs
+WHERE parent_run_id = %(run_id)s AND status NOT IN ('succeeded', 'failed', 'cancelled')
+ORDER BY run_id

@@ -137,9 +137,11 @@ UPDATE runs SET status = 'waiting', waiting_for = :waiting_for, not_before = :no
 WHERE run_id = :run_id AND status = 'running'
 
 -- name: run_wake
+-- A run parked on several waits at once (any:[...]) wakes for whichever comes first.
 UPDATE runs SET status = 'queued', waiting_for = NULL, not_before = NULL,
                 updated_at = ratchet_now()
-WHERE run_id = :run_id AND status = 'waiting' AND waiting_for = :waiting_for
+WHERE run_id = :run_id AND status = 'waiting'
+  AND (waiting_for = :waiting_for OR waiting_for LIKE 'any:%')
 
 -- name: run_requeue
 UPDATE runs SET status = 'queued', output = NULL, error = NULL, waiting_for = NULL,
@@ -208,3 +210,12 @@ SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
 
 -- name: worker_seen
 UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = :worker_id
+
+-- name: run_hand_back
+UPDATE runs SET status = 'queued', updated_at = ratchet_now()
+WHERE run_id = :run_id AND status = 'running'
+
+-- name: runs_children_active
+SELECT run_id FROM runs
+WHERE parent_run_id = :run_id AND status NOT IN ('succeeded', 'failed', 'cancelled')
+ORDER BY run_id
