@@ -409,7 +409,8 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         try:
             if wf is None:
                 raise RatchetError(f"workflow {rec.workflow!r} is not registered with this worker")
-            result = await wf.fn(*rec.input.get("args", []), **rec.input.get("kwargs", {}))
+            args, kwargs = wf.call_args(rec.input)
+            result = await wf.fn(*args, **kwargs)
             ctx.check_complete_replay()
             output = json.loads(to_json(result, f"the result of workflow {rec.workflow}"))
         except asyncio.CancelledError:
