@@ -85,8 +85,10 @@ class PostgresStore(Store):
                                    else {"connect_timeout": CONNECT_TIMEOUT_S})
         try:
             with psycopg.connect(self.url, autocommit=True, **timeout) as conn:
+                if not self.read_only:
+                    return
                 row = conn.execute("SELECT to_regclass('schema_migrations')").fetchone()
-                if self.read_only and (row is None or row[0] is None):
+                if row is None or row[0] is None:
                     raise StorageError("no Ratchet tables in this PostgreSQL database "
                                        "(nothing has run against it yet?)")
         except psycopg.Error as e:
