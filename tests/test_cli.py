@@ -4,6 +4,7 @@ runs, the clear errors it gives, a worker process, and the crash-resume demo."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from waiting import wait_for
 
 import ratchet
 from ratchet.cli import cli
+from ratchet.engine import faults
 from ratchet.model import RunStatus
 from ratchet.store import make_store
 
@@ -91,6 +93,12 @@ def app(db_url: str) -> Iterator[ratchet.Ratchet]:
         app.shutdown()
 
 
+def create_database(url: str) -> None:
+    """An empty Ratchet database at ``url`` (the reading commands never create one)."""
+    with ratchet.Ratchet(url) as app:
+        assert app.runs() == []
+
+
 def waiting_run(app: ratchet.Ratchet, ticket: str = "T-1") -> str:
     run_id = app.start("approval", ticket)
     wait_for(lambda: app.get(run_id).status == RunStatus.WAITING)
@@ -148,8 +156,9 @@ def test_the_database_comes_from_the_command_option_or_the_environment(
     assert result.exit_code == 0, result.stderr
     assert [r["run_id"] for r in by_option] == [r["run_id"] for r in json.loads(result.stdout)]
     # The command's own --db wins over the global one.
-    other = f"sqlite:///{tmp_path}/other.db"
-    assert json.loads(ok("--db", db_url, "runs", "--json", "--db", other).stdout) == []
+    other = tmp_path / "other.db"
+    line = refused("--db", db_url, "runs", "--json", "--db", f"sqlite:///{other}")
+    assert line.startswith(f"error: no Ratchet database at '{other}'")
 
 
 def test_events_follow_streams_until_the_run_finishes(app: ratchet.Ratchet, db_url: str
@@ -239,6 +248,7 @@ def test_a_dead_lettered_run_is_listed_and_retried(app: ratchet.Ratchet, db_url:
     ["signal", "nope", "go"], ["cancel", "nope"], ["retry", "nope"],
 ])
 def test_an_unknown_run_id_is_a_clear_error(db_url: str, command: list[str]) -> None:
+    create_database(db_url)
     assert refused("--db", db_url, *command) == "error: unknown run id 'nope'"
 
 
@@ -350,3 +360,243 @@ def test_the_demo_kills_a_worker_mid_step_and_the_run_resumes(tmp_path: Path) ->
     assert '"approved":true' in out and "✗" not in out
     assert elapsed < 30
     assert (tmp_path / ".ratchet" / "demo.db").exists()
+
+
+# -- user data is printed as typed ---------------------------------------------------------
+
+# Rich markup and emoji codes: each would be rendered (or crash `show`) if taken as markup.
+WF_NAME = "[bold]flow:child:"
+STEP_NAME = "[/bold] oops"
+SIGNAL = "[b]go:thumbs_up:"
+NOTE = "[/red] :id: [link=x]y"
+ERROR = "[/red] :fire: boom"
+EMOJI = ("🧒", "🆔", "👍", "🔥")
+
+
+def markup_app(url: str) -> ratchet.Ratchet:
+    app = ratchet.Ratchet(url, lease_ttl=3.0, recovery_interval=0.5)
+
+    @app.step(name=STEP_NAME)
+    async def oops(note: str) -> dict[str, str]:
+        return {"echo": note}
+
+    @app.step(name=":child:summarize")
+    async def summarize(note: str) -> str:
+        if FLAKY["armed"]:
+            FLAKY["armed"] = False
+            raise RuntimeError(ERROR)
+        return note
+
+    @app.workflow(name=WF_NAME)
+    async def flow(note: str) -> dict[str, Any]:
+        first = await oops(note)
+        decision = await ratchet.wait_for_signal(SIGNAL)
+        return {"first": first, "decision": decision, "summary": await summarize(note)}
+
+    return app
+
+
+def assert_plain(text: str, *expected: str) -> None:
+    for part in expected:
+        assert part in text, (part, text)
+    for emoji in EMOJI:
+        assert emoji not in text, (emoji, text)
+
+
+def test_user_strings_are_printed_as_typed_not_as_markup(db_url: str) -> None:
+    FLAKY["armed"] = True
+    app = markup_app(db_url)
+    app.launch(queues=["[red]q:fire:"])
+    try:
+        run_id = app.start(WF_NAME, NOTE, run_id="order:id:42", queue="[red]q:fire:")
+        wait_for(lambda: app.get(run_id).status == RunStatus.WAITING)
+        out = ok("--db", db_url, "signal", run_id, SIGNAL, "--data", json.dumps({"by": NOTE}))
+        assert_plain(out.stdout, f"signal {SIGNAL!r} sent to run order:id:42")
+        with pytest.raises(ratchet.RunFailed):
+            app.result(run_id, timeout_s=30)
+
+        assert_plain(ok("--db", db_url, "runs").stdout, "order:id:42", f"{WF_NAME} v1")
+        assert_plain(ok("--db", db_url, "dlq").stdout, "order:id:42", WF_NAME, ERROR)
+        shown = ok("--db", db_url, "show", run_id).stdout
+        assert_plain(shown, "order:id:42", WF_NAME, "[red]q:fire:", f"1:{STEP_NAME}",
+                     f"2:signal:{SIGNAL}", "3::child:summarize", ERROR, NOTE)
+        events = ok("--db", db_url, "events", run_id).stdout
+        assert_plain(events, f"1:{STEP_NAME}", f"2:signal:{SIGNAL}", "3::child:summarize",
+                     ERROR, NOTE)
+
+        assert_plain(ok("--db", db_url, "retry", run_id).stdout,
+                     "run order:id:42: re-queued")
+        assert app.result(run_id, timeout_s=30)["summary"] == NOTE
+        assert_plain(ok("--db", db_url, "show", run_id, "--full").stdout, NOTE)
+
+        other = app.start(WF_NAME, NOTE, run_id="cancel:id:1", queue="[red]q:fire:")
+        wait_for(lambda: app.get(other).status == RunStatus.WAITING)
+        assert_plain(ok("--db", db_url, "cancel", other).stdout, "run cancel:id:1: cancelled")
+    finally:
+        app.shutdown()
+
+
+# -- listings say when there is more ---------------------------------------------------------
+
+
+def test_listings_say_when_more_rows_exist_than_shown(db_url: str) -> None:
+    app = ratchet.Ratchet(db_url, lease_ttl=3.0, recovery_interval=0.5)
+
+    @app.workflow()
+    async def doomed(n: int) -> None:
+        raise RuntimeError(f"doomed {n}")
+
+    try:
+        app.launch()
+        for n in range(3):
+            with pytest.raises(ratchet.RunFailed):
+                app.result(app.start(doomed, n), timeout_s=30)
+    finally:
+        app.shutdown()
+
+    table = ok("--db", db_url, "runs", "--limit", "2").stdout
+    assert "showing 2 of 3 runs; --limit to see more" in table
+    assert "showing 2 of 3 runs with status failed" in ok(
+        "--db", db_url, "runs", "--limit", "2", "--status", "failed").stdout
+    assert "showing" not in ok("--db", db_url, "runs", "--limit", "3").stdout
+    listed = invoke("--db", db_url, "runs", "--limit", "2", "--json")
+    assert len(json.loads(listed.stdout)) == 2  # stdout stays pure JSON
+    assert "showing 2 of 3 runs; --limit to see more" in listed.stderr
+
+    assert "showing 1 of 3 dead-lettered runs; --limit to see more" in ok(
+        "--db", db_url, "dlq", "--limit", "1").stdout
+    assert "showing" not in ok("--db", db_url, "dlq").stdout
+
+
+def test_show_shortens_long_values_and_full_prints_them_whole(app: ratchet.Ratchet,
+                                                              db_url: str) -> None:
+    long_ticket = "T-" + "x" * 3000
+    run_id = waiting_run(app, long_ticket)
+    app.signal(run_id, "approve", {"by": "y" * 500})
+    app.result(run_id, timeout_s=30)
+    short = ok("--db", db_url, "show", run_id).stdout
+    assert long_ticket not in short and "y" * 500 not in short and "…" in short
+    assert "--full prints them whole" in short
+    full = ok("--db", db_url, "show", run_id, "--full").stdout.splitlines()
+    assert f'input       {{"args":["{long_ticket}"],"kwargs":{{}}}}' in full
+    assert ('output      {"decision":{"by":"' + "y" * 500 + f'"}},"ticket":"{long_ticket}"}}'
+            in full)
+    assert '  output  {"by":"' + "y" * 500 + '"}' in full
+
+
+# -- opening the database --------------------------------------------------------------------
+
+READERS = [["runs"], ["show", "r1"], ["events", "r1"], ["dlq"]]
+
+
+@pytest.mark.parametrize("command", READERS)
+def test_reading_commands_never_create_a_database(tmp_path: Path, command: list[str]) -> None:
+    path = tmp_path / "not" / "here.db"
+    line = refused("--db", f"sqlite:///{path}", *command)
+    assert line.startswith(f"error: no Ratchet database at '{path}': the file does not exist")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tilde_in_a_sqlite_url_means_the_home_folder(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    line = refused("--db", "sqlite:///~/r.db", "runs")
+    assert f"no Ratchet database at '{home}/r.db'" in line
+    create_database("sqlite:///~/r.db")
+    assert (home / "r.db").exists()
+    assert ok("--db", "sqlite:///~/r.db", "runs").stdout.strip() == "no runs"
+    assert list(cwd.iterdir()) == []  # no literal "~" folder
+
+
+@pytest.mark.parametrize("command", [*READERS, ["cancel", "r1"]])
+def test_a_file_that_is_not_sqlite_is_one_clear_line(tmp_path: Path, command: list[str]
+                                                     ) -> None:
+    path = tmp_path / "notes.db"
+    path.write_text("these are my notes, not a database\n" * 200)
+    line = refused("--db", f"sqlite:///{path}", *command)
+    assert line == f"error: cannot open SQLite database '{path}': file is not a database"
+
+
+@contextlib.contextmanager
+def write_protected(path: Path) -> Iterator[None]:
+    """``path`` made read-only for this process; root ignores file modes, so for root the
+    file is made immutable instead."""
+    mode = path.stat().st_mode
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], check=True)
+    else:
+        path.chmod(0o444)
+    try:
+        yield
+    finally:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+        path.chmod(mode)
+
+
+def test_a_read_only_database_file_is_read_and_writes_fail_in_one_line(tmp_path: Path
+                                                                       ) -> None:
+    url = f"sqlite:///{tmp_path}/r.db"
+    with ratchet.Ratchet(url) as app:
+        @app.workflow()
+        async def idle() -> None: ...
+
+        run_id = app.start(idle, run_id="r-1")
+    with write_protected(tmp_path / "r.db"):
+        [row] = json.loads(ok("--db", url, "runs", "--json").stdout)
+        assert row["run_id"] == run_id and row["status"] == "queued"
+        assert "r-1" in ok("--db", url, "show", run_id).stdout
+        assert "run_queued" in ok("--db", url, "events", run_id).stdout
+        line = refused("--db", url, "cancel", run_id)
+        assert "readonly database" in line and str(tmp_path / "r.db") in line
+
+
+def test_an_unreachable_postgresql_fails_fast_with_the_reason() -> None:
+    started = time.monotonic()
+    line = refused("--db", "postgresql://nobody@127.0.0.1:1/x", "runs")
+    assert time.monotonic() - started < 5
+    assert line.startswith("error: cannot connect to PostgreSQL: ") and "refused" in line
+
+
+def test_a_missing_postgresql_database_fails_fast_with_the_servers_words(pg_url: str) -> None:
+    missing = pg_url.replace("/test?", "/ratchet_no_such_db?")
+    assert missing != pg_url
+    for command in (["runs"], ["cancel", "r1"]):
+        started = time.monotonic()
+        line = refused("--db", missing, *command)
+        assert time.monotonic() - started < 5
+        assert 'database "ratchet_no_such_db" does not exist' in line, line
+
+
+def test_reading_an_empty_postgresql_database_says_so(pg_url: str) -> None:
+    line = refused("--db", pg_url, "runs")
+    assert line == ("error: no Ratchet tables in this PostgreSQL database "
+                    "(nothing has run against it yet?)")
+
+
+# -- fault-injection settings ----------------------------------------------------------------
+
+
+def test_a_malformed_crash_point_is_one_line_and_client_commands_ignore_it(
+        tmp_path: Path) -> None:
+    (tmp_path / "shop.py").write_text(SHOP)
+    url = f"sqlite:///{tmp_path}/c.db"
+    create_database(url)
+    env = {**os.environ, "RATCHET_CRASH_AT": "bogus"}
+    env.pop("RATCHET_DATABASE_URL", None)
+
+    def cli_run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ratchet.cli", *args], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=60)
+
+    listed = cli_run("--db", url, "runs")
+    assert listed.returncode == 0 and listed.stdout.strip() == "no runs", listed.stderr
+    worker = cli_run("worker", "shop:app", "--db", url)
+    assert worker.returncode == 2
+    assert worker.stderr.strip().splitlines() == [
+        "error: RATCHET_CRASH_AT='bogus': unknown crash point 'bogus'; expected point:nth "
+        "with point one of " + ", ".join(faults.POINTS)]

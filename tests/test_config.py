@@ -8,6 +8,7 @@ import pytest
 
 from ratchet.config import (
     DEFAULT_RECOVERY_INTERVAL,
+    MIN_LEASE_TTL,
     DatabaseURL,
     lease_ttl_from_env,
     parse_duration,
@@ -63,3 +64,33 @@ def test_ratchet_refuses_a_malformed_url_before_opening_anything(tmp_path: objec
 
     with pytest.raises(ratchet.ConfigError, match="malformed database URL 'sqlite:/x.db'"):
         ratchet.Ratchet("sqlite:/x.db")
+
+
+@pytest.mark.parametrize("text", ["1ms", "999ms", "0.5s"])
+def test_a_lease_ttl_below_the_floor_is_raised_to_it_with_a_warning(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    monkeypatch.setenv("RATCHET_LEASE_TTL", text)
+    with caplog.at_level(logging.WARNING, logger="ratchet.config"):
+        assert lease_ttl_from_env() == MIN_LEASE_TTL == 1.0
+    [record] = caplog.records
+    assert "RATCHET_LEASE_TTL" in record.getMessage() and repr(text) in record.getMessage()
+    assert "must be at least 1s" in record.getMessage()
+
+
+@pytest.mark.parametrize("text", ["-5s", "-1", "-0.5m", "0s"])
+def test_a_negative_or_zero_duration_is_told_it_must_be_positive(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    with pytest.raises(ConfigError, match=f"invalid duration {text!r}: must be positive"):
+        parse_duration(text)
+    monkeypatch.setenv("RATCHET_RECOVERY_INTERVAL", text)
+    with caplog.at_level(logging.WARNING, logger="ratchet.config"):
+        assert recovery_interval_from_env() == DEFAULT_RECOVERY_INTERVAL
+    [record] = caplog.records
+    assert "must be positive" in record.getMessage()
+    assert "expected a number" not in record.getMessage()
+
+
+def test_a_tilde_in_a_sqlite_path_is_the_home_folder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", "/home/ada")
+    assert DatabaseURL.parse("sqlite:///~/x.db").path == "/home/ada/x.db"
+    assert DatabaseURL.parse("sqlite:///a~b/x.db").path == "a~b/x.db"

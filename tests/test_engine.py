@@ -431,7 +431,7 @@ def test_bad_input_is_refused_and_nothing_is_written(make_app: Callable[..., rat
         app.start(greet)
     with pytest.raises(ratchet.InvalidInput, match=r"greet.*unexpected keyword argument 'loud'"):
         app.start(greet, "ana", loud=True)
-    with pytest.raises(ratchet.NotSerializable, match="input of workflow greet"):
+    with pytest.raises(ratchet.InvalidInput, match="invalid argument 'name' of workflow greet"):
         app.start(greet, {1, 2})
     with pytest.raises(ratchet.InvalidInput, match="invalid run id"):
         app.start(greet, "ana", run_id="has space")

@@ -32,3 +32,26 @@ def test_every_public_name_has_a_docstring() -> None:
     for name in ratchet.__all__:
         obj = getattr(ratchet, name)
         assert (obj.__doc__ or "").strip(), name
+
+
+# Every blocking call on Ratchet and its awaitable twin; the twin takes the same parameters.
+BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
+            "count_runs", "dead_letters", "count_dead_letters", "receipts", "launch",
+            "shutdown"]
+
+
+def test_every_blocking_call_has_an_async_twin() -> None:
+    import inspect
+
+    public = {name for name, value in vars(ratchet.Ratchet).items()
+              if callable(value) and not name.startswith("_")
+              and not name.endswith("_async")}
+    # Not client calls: the decorators, a worker object, running a worker on a given loop.
+    assert public - {"workflow", "step", "worker", "run_worker"} == set(BLOCKING)
+    for name in BLOCKING:
+        blocking = getattr(ratchet.Ratchet, name)
+        twin = getattr(ratchet.Ratchet, f"{name}_async", None)
+        assert twin is not None and inspect.iscoroutinefunction(twin), name
+        assert (list(inspect.signature(blocking).parameters)
+                == list(inspect.signature(twin).parameters)), name
+        assert (twin.__doc__ or "").strip() and (blocking.__doc__ or "").strip(), name

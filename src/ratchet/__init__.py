@@ -10,7 +10,7 @@ from typing import Any
 from ratchet.app import Ratchet
 from ratchet.effects.deliver import deliver, deliver_sync
 from ratchet.engine.context import StepInfo, current_step, require_run
-from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.definitions import WorkflowDef, check_name
 from ratchet.engine.retry import Retry
 from ratchet.errors import (
     ChildRunFailed,
@@ -90,8 +90,7 @@ async def sleep(seconds: float) -> None:
 async def wait_for_signal(name: str, timeout_s: float | None = None) -> Any:
     """Park until signal ``name`` arrives (``app.signal``); return its data. After
     ``timeout_s`` raise :class:`SignalTimeout`."""
-    if not isinstance(name, str) or not name:
-        raise InvalidInput(f"ratchet.wait_for_signal: invalid signal name {name!r}")
+    check_name(name, "signal name")
     if timeout_s is not None and (isinstance(timeout_s, bool) or
                                   not isinstance(timeout_s, int | float) or timeout_s <= 0):
         raise InvalidInput(
@@ -106,4 +105,6 @@ async def child(workflow: WorkflowDef, /, *args: Any, queue: str | None = None,
     another."""
     if not isinstance(workflow, WorkflowDef):
         raise InvalidInput(f"ratchet.child: {workflow!r} is not a workflow")
+    if queue is not None:
+        check_name(queue, "queue")
     return await require_run("ratchet.child()").child(workflow, args, kwargs, queue)

@@ -13,8 +13,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar, overload
 
 from ratchet.config import DatabaseURL, database_url_from_env
+from ratchet.engine import faults
 from ratchet.engine.context import current_run, current_step_info
-from ratchet.engine.definitions import StepDef, WorkflowDef, to_json
+from ratchet.engine.definitions import StepDef, WorkflowDef, check_name, to_json
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.engine.worker import Worker
 from ratchet.errors import (
@@ -33,7 +34,9 @@ from ratchet.store.base import DONE
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
+# Priorities are 32-bit signed integers on both backends (PostgreSQL's integer column).
+PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
 
 
 class _Portal:
@@ -76,6 +79,11 @@ class _Portal:
                                "await the *_async variant instead")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
+    @property
+    def current(self) -> asyncio.AbstractEventLoop | None:
+        """The portal's loop if it is running, without starting one."""
+        return self._loop
+
     def stop(self) -> None:
         with self._lock:
             loop, thread = self._loop, self._thread
@@ -86,18 +94,34 @@ class _Portal:
                 thread.join()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _check_status(status: str | None) -> None:
+    if status is not None and status not in RunStatus.__members__.values():
+        raise InvalidInput(f"unknown status {status!r}: expected one of "
+                           f"{', '.join(s.value for s in RunStatus)}")
+
+
 class Ratchet:
     """A Ratchet application: its workflows, its steps and its database.
 
     ``database_url`` defaults to ``RATCHET_DATABASE_URL``, else
     ``sqlite:///.ratchet/ratchet.db``. A malformed URL is refused here, before anything
-    is opened.
+    is opened. ``read_only=True`` only reads: a missing database is an error instead of
+    being created, and a SQLite file is opened read-only.
     """
 
     def __init__(self, database_url: str | None = None, *, lease_ttl: float | None = None,
-                 recovery_interval: float | None = None, clock: Clock | None = None) -> None:
+                 recovery_interval: float | None = None, clock: Clock | None = None,
+                 read_only: bool = False) -> None:
         self.database_url = database_url or database_url_from_env()
         DatabaseURL.parse(self.database_url)
+        self.read_only = read_only
         self.lease_ttl = lease_ttl
         self.recovery_interval = recovery_interval
         self.clock = clock or Clock()
@@ -109,10 +133,21 @@ class Ratchet:
 
     # -- definitions -----------------------------------------------------------------------
 
+    @overload
+    def workflow(self, fn: Callable[..., Any], /) -> WorkflowDef: ...
+    @overload
     def workflow(self, name: str | None = None, version: str = "1"
-                 ) -> Callable[[Callable[..., Any]], WorkflowDef]:
-        """Declare an ``async def`` workflow. Its name (default: the function's) and version
-        are stored with each run; a worker drives runs of the workflows it has."""
+                 ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
+
+    def workflow(self, name: Any = None, version: str = "1") -> Any:
+        """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
+        Its name (default: the function's) and version are stored with each run; a worker
+        drives runs of the workflows it has."""
+        fn = None
+        if callable(name):  # used bare: @app.workflow
+            fn, name = name, None
+        if name is not None and not isinstance(name, str):
+            raise InvalidInput(f"invalid workflow name {name!r}: expected a string")
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
             wd = WorkflowDef(fn, name or fn.__name__, str(version))
@@ -121,7 +156,7 @@ class Ratchet:
             self.workflows[wd.name] = wd
             return wd
 
-        return decorate
+        return decorate(fn) if fn is not None else decorate
 
     @overload
     def step(self, fn: F, /) -> F: ...
@@ -169,7 +204,7 @@ class Ratchet:
         """The opened store (opened on first use, migrations applied)."""
         with self._store_lock:
             if self._store is None:
-                store = make_store(self.database_url, self.clock)
+                store = make_store(self.database_url, self.clock, read_only=self.read_only)
                 self._portal.call(store.open())
                 self._store = store
             return self._store
@@ -194,13 +229,15 @@ class Ratchet:
         """Queue a run and return its id at once; nothing executes in the caller. With an
         explicit ``run_id`` the call is idempotent: the existing run's id comes back."""
         wd = self._resolve(wf)
-        if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.match(run_id)):
+        if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
             raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of letters, "
                                "digits and . _ : @ -, starting with a letter or digit")
-        if not isinstance(queue, str) or not queue:
-            raise InvalidInput(f"invalid queue {queue!r}: expected a non-empty string")
+        check_name(queue, "queue")
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise InvalidInput(f"invalid priority {priority!r}: expected an integer")
+        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise InvalidInput(f"invalid priority {priority}: expected an integer from "
+                               f"{PRIORITY_MIN} to {PRIORITY_MAX} (32-bit signed)")
         data = wd.bind(args, kwargs)
         new = NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority)
         rec, created = await (await self._astore()).create_run(new)
@@ -210,6 +247,7 @@ class Ratchet:
         return rec.run_id
 
     async def get_async(self, run_id: str) -> RunRecord:
+        """The run's record, or :class:`UnknownRun`."""
         rec = await (await self._astore()).get_run(run_id)
         if rec is None:
             raise UnknownRun(f"unknown run id {run_id!r}")
@@ -241,8 +279,7 @@ class Ratchet:
 
     async def signal_async(self, run_id: str, name: str, data: Any = None) -> None:
         """Send signal ``name`` with ``data``; a run waiting for it wakes up."""
-        if not isinstance(name, str) or not name:
-            raise InvalidInput(f"invalid signal name {name!r}")
+        check_name(name, "signal name")
         to_json(data, f"the data of signal {name!r}")
         await (await self._astore()).send_signal(run_id, name, data)
 
@@ -256,8 +293,31 @@ class Ratchet:
         return await (await self._astore()).retry_dead(run_id)
 
     async def events_async(self, run_id: str, after: int = 0) -> list[Event]:
+        """The run's journal after sequence number ``after``."""
         await self.get_async(run_id)
         return await (await self._astore()).load_events(run_id, after)
+
+    async def runs_async(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
+        """Runs, newest first, at most ``limit``, optionally only those with ``status``."""
+        _check_status(status)
+        return await (await self._astore()).list_runs(status, limit)
+
+    async def count_runs_async(self, status: str | None = None) -> int:
+        """How many runs there are (with ``status``, if given)."""
+        _check_status(status)
+        return await (await self._astore()).count_runs(status)
+
+    async def dead_letters_async(self, limit: int = 100) -> list[DeadLetter]:
+        """Dead-lettered runs, newest first, at most ``limit``."""
+        return await (await self._astore()).dead_letters(limit)
+
+    async def count_dead_letters_async(self) -> int:
+        """How many runs are dead-lettered."""
+        return await (await self._astore()).count_dead_letters()
+
+    async def receipts_async(self, run_id: str) -> list[Receipt]:
+        """The delivery receipts of a run."""
+        return await (await self._astore()).receipts(run_id)
 
     # -- client calls (blocking) -----------------------------------------------------------
 
@@ -268,6 +328,7 @@ class Ratchet:
                                                   priority=priority, **kwargs))
 
     def get(self, run_id: str) -> RunRecord:
+        """Blocking :meth:`get_async`."""
         return self._portal.call(self.get_async(run_id))
 
     def result(self, run_id: str, timeout_s: float | None = None) -> Any:
@@ -275,33 +336,48 @@ class Ratchet:
         return self._portal.call(self.result_async(run_id, timeout_s))
 
     def signal(self, run_id: str, name: str, data: Any = None) -> None:
+        """Blocking :meth:`signal_async`."""
         self._portal.call(self.signal_async(run_id, name, data))
 
     def cancel(self, run_id: str) -> RunStatus:
+        """Blocking :meth:`cancel_async`."""
         return self._portal.call(self.cancel_async(run_id))
 
     def retry(self, run_id: str) -> RunRecord:
+        """Blocking :meth:`retry_async`."""
         return self._portal.call(self.retry_async(run_id))
 
     def events(self, run_id: str, after: int = 0) -> list[Event]:
+        """Blocking :meth:`events_async`."""
         return self._portal.call(self.events_async(run_id, after))
 
     def runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
-        if status is not None and status not in RunStatus.__members__.values():
-            raise InvalidInput(f"unknown status {status!r}: expected one of "
-                               f"{', '.join(s.value for s in RunStatus)}")
-        return self._portal.call(self.store.list_runs(status, limit))
+        """Blocking :meth:`runs_async`."""
+        _check_status(status)
+        return self._portal.call(self.runs_async(status, limit))
+
+    def count_runs(self, status: str | None = None) -> int:
+        """Blocking :meth:`count_runs_async`."""
+        _check_status(status)
+        return self._portal.call(self.count_runs_async(status))
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        return self._portal.call(self.store.dead_letters(limit))
+        """Blocking :meth:`dead_letters_async`."""
+        return self._portal.call(self.dead_letters_async(limit))
+
+    def count_dead_letters(self) -> int:
+        """Blocking :meth:`count_dead_letters_async`."""
+        return self._portal.call(self.count_dead_letters_async())
 
     def receipts(self, run_id: str) -> list[Receipt]:
-        return self._portal.call(self.store.receipts(run_id))
+        """Blocking :meth:`receipts_async`."""
+        return self._portal.call(self.receipts_async(run_id))
 
     # -- workers ---------------------------------------------------------------------------
 
     def worker(self, **options: Any) -> Worker:
         """A worker for this app's workflows (see :class:`ratchet.engine.worker.Worker`)."""
+        faults.check()
         options.setdefault("lease_ttl", self.lease_ttl)
         options.setdefault("recovery_interval", self.recovery_interval)
         return Worker(self.store, self.workflows, **options)
@@ -311,36 +387,74 @@ class Ratchet:
         await self._astore()
         await self.worker(**options).run(stop)
 
+    async def _begin(self, worker: Worker) -> tuple[asyncio.Event, asyncio.Task[None]]:
+        stop = asyncio.Event()
+        task = asyncio.ensure_future(worker.run(stop))
+        await worker.started.wait()
+        return stop, task
+
     def launch(self, **options: Any) -> Worker:
         """Start a worker in the background of this process (on the app's own loop)."""
         if self._embedded is not None:
             raise RatchetError("a worker is already launched; call shutdown() first")
         worker = self.worker(**options)
+        self._embedded = self._portal.call(self._begin(worker))
+        return worker
 
-        async def begin() -> tuple[asyncio.Event, Any]:
-            stop = asyncio.Event()
-            task = asyncio.ensure_future(worker.run(stop))
-            await worker.started.wait()
-            return stop, task
-
-        self._embedded = self._portal.call(begin())
+    async def launch_async(self, **options: Any) -> Worker:
+        """Start a worker as a task on the running event loop (an async application's
+        own); stop it with :meth:`shutdown_async`."""
+        if self._embedded is not None:
+            raise RatchetError("a worker is already launched; call shutdown() first")
+        await self._astore()
+        worker = self.worker(**options)
+        self._embedded = await self._begin(worker)
         return worker
 
     def shutdown(self) -> None:
         """Stop a launched worker (its runs go back to the queue) and close the store."""
         if self._embedded is not None:
             stop, task = self._embedded
+            loop = task.get_loop()
+            if loop is not self._portal.current and _running_loop() is loop:
+                raise RatchetError("the worker was launched on this event loop with "
+                                   "launch_async(); await shutdown_async() instead")
             self._embedded = None
 
             async def end() -> None:
                 stop.set()
                 await task
 
-            self._portal.call(end())
+            if loop is self._portal.current:
+                self._portal.call(end())
+            elif not loop.is_closed():
+                asyncio.run_coroutine_threadsafe(end(), loop).result()
         if self._store is not None:
             self._portal.call(self._store.close())
             self._store = None
         self._portal.stop()
+
+    async def shutdown_async(self) -> None:
+        """Stop a launched worker (its runs go back to the queue) and close the store,
+        without blocking the running event loop."""
+        if self._embedded is not None:
+            stop, task = self._embedded
+            self._embedded = None
+            if task.get_loop() is asyncio.get_running_loop():
+                stop.set()
+                await task
+            else:
+                async def end() -> None:
+                    stop.set()
+                    await task
+
+                await asyncio.to_thread(self._portal.call, end())
+        store, self._store = self._store, None
+        if store is not None:
+            # Closed on this loop: what the store started here (PostgreSQL's LISTEN task)
+            # is stopped here.
+            await store.close()
+        await asyncio.to_thread(self._portal.stop)
 
     def __enter__(self) -> Ratchet:
         return self

@@ -3,7 +3,12 @@
 Client commands (``runs``, ``show``, ``events``, ``signal``, ``cancel``, ``dlq``,
 ``retry``) need only the database, not the user's workflows. Every failure is one line,
 ``error: <message>`` on stderr, with exit code 2 for anything the caller can fix (bad
-input, an unknown run, a malformed URL) and no traceback.
+input, an unknown run, a malformed URL) and no traceback. The reading commands open the
+database read-only and never create one.
+
+User data (ids, names, payloads, errors) is printed as it is: the console interprets no
+markup and no emoji codes, and every user string goes out as a ``Text``, never as markup,
+so ``[/bold]`` or ``:child:`` in a step name prints as typed.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from rich.text import Text
 
 from ratchet.app import Ratchet
 from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL
+from ratchet.engine import faults
 from ratchet.errors import RatchetError
 from ratchet.model import Event, RunRecord, RunStatus, StepState, dumps, fold
 
@@ -76,10 +82,12 @@ def _die(message: str, code: int = 2) -> NoReturn:
 
 
 def _console() -> Console:
+    # No markup and no emoji codes: what is printed is user data, shown as typed.
+    plain: dict[str, Any] = {"highlight": False, "markup": False, "emoji": False}
     # Piped output is not cut to 80 columns: a run id must survive `| grep`.
     if sys.stdout.isatty():
-        return Console(highlight=False)
-    return Console(highlight=False, width=int(os.environ.get("COLUMNS") or 200))
+        return Console(**plain)
+    return Console(**plain, width=int(os.environ.get("COLUMNS") or 200))
 
 
 def _given_db(ctx: typer.Context, db: str | None) -> str | None:
@@ -106,10 +114,11 @@ def _errors() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _client(ctx: typer.Context, db: str | None) -> Iterator[Ratchet]:
-    """A Ratchet client on the chosen database, shut down afterwards."""
+def _client(ctx: typer.Context, db: str | None, read_only: bool = False) -> Iterator[Ratchet]:
+    """A Ratchet client on the chosen database, shut down afterwards. ``read_only`` for
+    the commands that only read: they never create a database."""
     with _errors():
-        app = Ratchet(_db_url(ctx, db))
+        app = Ratchet(_db_url(ctx, db), read_only=read_only)
         try:
             yield app
         finally:
@@ -133,15 +142,27 @@ def _duration(seconds: float | None) -> str:
     return f"{minutes}m{rest:02d}s"
 
 
-def _compact(value: Any, limit: int | None = 100) -> str:
-    text = dumps(value)
+# How much of a value `show` prints unless --full is given.
+SHOW_LIMIT = 2000
+STEP_LIMIT = 100
+
+
+def _shorten(text: str, limit: int | None) -> str:
     if limit is not None and len(text) > limit:
         return text[: limit - 1] + "…"
     return text
 
 
+def _compact(value: Any, limit: int | None = 100) -> str:
+    return _shorten(dumps(value), limit)
+
+
 def _status(status: str) -> Text:
     return Text(status, style=_STATUS_STYLE.get(status, ""))
+
+
+def _more(shown: int, total: int, what: str) -> str:
+    return f"showing {shown:,} of {total:,} {what}; --limit to see more"
 
 
 def _echo_json(value: Any) -> None:
@@ -259,6 +280,7 @@ def worker(
     logging.basicConfig(level=level, stream=sys.stderr,
                         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
     with _errors():
+        faults.check()
         app = load_app(app_spec)
         url = _given_db(ctx, db)
         if url is not None:
@@ -295,21 +317,30 @@ def runs(
     if status is not None and status not in {s.value for s in RunStatus}:
         _die(f"unknown status {status!r}: expected one of "
              f"{', '.join(s.value for s in RunStatus)}")
-    with _client(ctx, db) as app:
-        records = app.runs(status, limit)
+    with _client(ctx, db, read_only=True) as app:
+        # One more than asked for tells whether there are more, without counting each time.
+        records = app.runs(status, limit + 1)
+        more = len(records) > limit
+        records = records[:limit]
+        total = app.count_runs(status) if more else len(records)
+    note = _more(len(records), total, "runs" + (f" with status {status}" if status else ""))
     if as_json:
         _echo_json([r.as_dict() for r in records])
+        if more:
+            typer.echo(note, err=True)
         return
     table = Table("run_id", "workflow", "status", "created", "updated", title=None)
     table.columns[0].no_wrap = True
     for r in records:
-        table.add_row(r.run_id, f"{r.workflow} v{r.workflow_version}", _status(r.status),
-                      _when(r.created_at), _when(r.updated_at))
+        table.add_row(Text(r.run_id), Text(f"{r.workflow} v{r.workflow_version}"),
+                      _status(r.status), _when(r.created_at), _when(r.updated_at))
     console = _console()
     if not records:
         console.print("no runs" + (f" with status {status}" if status else ""))
         return
     console.print(table)
+    if more:
+        console.print(note)
 
 
 def _step_dict(step: StepState) -> dict[str, Any]:
@@ -327,10 +358,20 @@ def _step_dict(step: StepState) -> dict[str, Any]:
 
 
 @cli.command()
-def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = False,
-         db: DbOption = None) -> None:
-    """A run: its status, input, output or error, and each step from its journal."""
-    with _client(ctx, db) as app:
+def show(
+    ctx: typer.Context,
+    run_id: RunArg,
+    full: Annotated[bool, typer.Option(
+        "--full", help="Print inputs, outputs and errors whole, not shortened.")] = False,
+    as_json: JsonOption = False,
+    db: DbOption = None,
+) -> None:
+    """A run: its status, input, output or error, and each step from its journal.
+
+    Long inputs and outputs are shortened (ending in …); --full prints them whole.
+    """
+    head_limit = None if full else SHOW_LIMIT
+    with _client(ctx, db, read_only=True) as app:
         rec = app.get(run_id)
         state = fold(run_id, app.events(run_id))
     steps = [_step_dict(s) for s in sorted(state.steps.values(), key=lambda s: s.ordinal)]
@@ -339,35 +380,70 @@ def show(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = False,
                     "steps": steps})
         return
     console = _console()
+    rows: list[tuple[str, Text]] = [
+        ("run", Text(rec.run_id)),
+        ("workflow", Text(f"{rec.workflow} v{rec.workflow_version}")),
+        ("queue", Text(rec.queue)),
+        ("status", _status(rec.status)),
+        ("created", Text(_when(rec.created_at))),
+        ("updated", Text(_when(rec.updated_at))),
+        ("input", Text(_compact(rec.input, head_limit))),
+    ]
+    if rec.status == RunStatus.SUCCEEDED:
+        rows.append(("output", Text(_compact(rec.output, head_limit))))
+    if rec.error:
+        rows.append(("error", Text(_shorten(rec.error, head_limit), style="red")))
+    if rec.waiting_for:
+        rows.append(("waiting for", Text(rec.waiting_for)))
+    rows += [("drives", Text(str(state.drives))), ("events", Text(str(state.last_seq)))]
+    if full:
+        _show_full(console, rows, steps)
+        return
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("run", rec.run_id)
-    head.add_row("workflow", f"{rec.workflow} v{rec.workflow_version}")
-    head.add_row("status", _status(rec.status))
-    head.add_row("created", _when(rec.created_at))
-    head.add_row("updated", _when(rec.updated_at))
-    head.add_row("input", Text(_compact(rec.input, None)))
-    if rec.status == RunStatus.SUCCEEDED:
-        head.add_row("output", Text(_compact(rec.output, None)))
-    if rec.error:
-        head.add_row("error", Text(rec.error, style="red"))
-    if rec.waiting_for:
-        head.add_row("waiting for", rec.waiting_for)
-    head.add_row("drives", str(state.drives))
-    head.add_row("events", str(state.last_seq))
+    for key, value in rows:
+        head.add_row(key, value)
     console.print(head)
     if not steps:
         console.print("no steps yet")
         return
     table = Table("step", "status", "attempts", "duration", "output / error")
     table.columns[0].no_wrap = True
+    shortened = False
     for s in steps:
-        detail = (Text(s["error"], style="red") if s["error"]
-                  else Text(_compact(s["output"])) if s["status"] == "completed" else Text("-"))
-        table.add_row(s["step_id"], _status(s["status"]), str(s["attempts"]),
+        if s["error"]:
+            text = _shorten(s["error"], STEP_LIMIT)
+            detail = Text(text, style="red")
+        elif s["status"] == "completed":
+            text = _compact(s["output"], STEP_LIMIT)
+            detail = Text(text)
+        else:
+            text, detail = "-", Text("-")
+        shortened = shortened or text.endswith("…")
+        table.add_row(Text(s["step_id"]), _status(s["status"]), str(s["attempts"]),
                       _duration(s["duration_s"]), detail)
     console.print(table)
+    if shortened or any(len(v) >= SHOW_LIMIT for _, v in rows):
+        console.print("values ending in … are shortened; --full prints them whole")
+
+
+def _show_full(console: Console, rows: list[tuple[str, Text]],
+               steps: list[dict[str, Any]]) -> None:
+    """``show --full``: one value a line, never wrapped or cut by the console, so a whole
+    input or output can be copied or piped."""
+    for key, value in rows:
+        console.print(Text(f"{key:<12}", style="bold") + value, soft_wrap=True)
+    for s in steps:
+        console.print()
+        line = Text(f"step {s['step_id']}  ", style="bold")
+        line += _status(s["status"])
+        line += Text(f"  attempts {s['attempts']}  {_duration(s['duration_s'])}")
+        console.print(line, soft_wrap=True)
+        if s["error"]:
+            console.print(Text("  error   ") + Text(s["error"], style="red"), soft_wrap=True)
+        elif s["status"] == "completed":
+            console.print(Text(f"  output  {_compact(s['output'], None)}"), soft_wrap=True)
 
 
 def _event_line(ev: Event) -> Text:
@@ -407,7 +483,7 @@ def events(
                 console.print(_event_line(ev), soft_wrap=True)
         sys.stdout.flush()
 
-    with _client(ctx, db) as app:
+    with _client(ctx, db, read_only=True) as app:
         last = 0
         while True:
             # The status is read before the events: a terminal status is committed with the
@@ -430,11 +506,17 @@ def dlq(
     db: DbOption = None,
 ) -> None:
     """Dead-lettered runs: failed runs waiting for a person to retry them."""
-    with _client(ctx, db) as app:
-        dead = app.dead_letters(limit)
+    with _client(ctx, db, read_only=True) as app:
+        dead = app.dead_letters(limit + 1)
+        more = len(dead) > limit
+        dead = dead[:limit]
+        total = app.count_dead_letters() if more else len(dead)
+    note = _more(len(dead), total, "dead-lettered runs")
     if as_json:
         _echo_json([{"run_id": d.run_id, "workflow": d.workflow, "reason": d.reason,
                      "error": d.error, "at": d.at} for d in dead])
+        if more:
+            typer.echo(note, err=True)
         return
     console = _console()
     if not dead:
@@ -443,8 +525,11 @@ def dlq(
     table = Table("run_id", "workflow", "reason", "error", "at")
     table.columns[0].no_wrap = True
     for d in dead:
-        table.add_row(d.run_id, d.workflow, d.reason, Text(d.error, style="red"), _when(d.at))
+        table.add_row(Text(d.run_id), Text(d.workflow), Text(d.reason),
+                      Text(d.error, style="red"), _when(d.at))
     console.print(table)
+    if more:
+        console.print(note)
 
 
 # -- acting ------------------------------------------------------------------------------

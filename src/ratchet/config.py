@@ -15,8 +15,12 @@ log = logging.getLogger("ratchet.config")
 DEFAULT_DATABASE_URL = "sqlite:///.ratchet/ratchet.db"
 DEFAULT_LEASE_TTL = 15.0
 DEFAULT_RECOVERY_INTERVAL = 30.0
+# Below this a lease would expire between renewals (every TTL/3) at the first pause of a
+# busy worker or database, and runs would change hands for no reason.
+MIN_LEASE_TTL = 1.0
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+# The sign is part of the grammar so that "-5s" is told "must be positive", not "malformed".
+_DURATION = re.compile(r"\s*([-+]?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
@@ -25,7 +29,7 @@ def parse_duration(text: str) -> float:
 
     Raises :class:`ConfigError` for anything else, including zero or negative values.
     """
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if match is None:
         raise ConfigError(f"invalid duration {text!r}: expected a number with ms, s, m or h")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
@@ -72,7 +76,10 @@ class DatabaseURL:
             path = url[len("sqlite:///") :].split("?", 1)[0]
             if not path or path.endswith("/"):
                 raise ConfigError(f"malformed database URL {url!r}: no database file named")
-            return DatabaseURL("sqlite", url, path)
+            if "\x00" in path:
+                raise ConfigError(f"malformed database URL {url!r}: NUL in the path")
+            # sqlite:///~/x.db means the home folder, as in a shell, not a folder named "~".
+            return DatabaseURL("sqlite", url, os.path.expanduser(path))
         if scheme in ("postgresql", "postgres"):
             if not parts.hostname and "host=" not in (parts.query or ""):
                 raise ConfigError(f"malformed database URL {url!r}: no host named")
@@ -91,7 +98,16 @@ def database_url_from_env() -> str:
 
 
 def lease_ttl_from_env() -> float:
-    return duration_from_env("RATCHET_LEASE_TTL", DEFAULT_LEASE_TTL)
+    """``RATCHET_LEASE_TTL``; a value below :data:`MIN_LEASE_TTL` is raised to that floor
+    with a warning that names it."""
+    ttl = duration_from_env("RATCHET_LEASE_TTL", DEFAULT_LEASE_TTL)
+    if ttl < MIN_LEASE_TTL:
+        log.warning("action=config_floor name=RATCHET_LEASE_TTL value=%r floor=%gs: "
+                    "a lease TTL must be at least %gs; using %gs",
+                    os.environ.get("RATCHET_LEASE_TTL"), MIN_LEASE_TTL, MIN_LEASE_TTL,
+                    MIN_LEASE_TTL)
+        return MIN_LEASE_TTL
+    return ttl
 
 
 def recovery_interval_from_env() -> float:

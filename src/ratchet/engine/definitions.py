@@ -1,4 +1,11 @@
-"""What the decorators produce: workflow and step definitions."""
+"""What the decorators produce: workflow and step definitions.
+
+Values cross the journal as JSON. A definition's annotations say what they become again:
+each parameter and each return annotation gets a pydantic ``TypeAdapter``, built on first
+use (so a forward reference to a class defined later in the module resolves), which checks
+a workflow's arguments at start, stores their JSON form, and revives stored arguments and
+outputs as the annotated types (a model, ``User | None``, ``list[User]``, a datetime).
+"""
 
 from __future__ import annotations
 
@@ -8,19 +15,121 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
+from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
+
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.errors import InvalidInput, NotSerializable
 from ratchet.model import dumps
 
+_EMPTY = inspect.Parameter.empty
+# Annotations that say nothing about a JSON value: the value is used as it is.
+_OPAQUE: tuple[Any, ...] = (_EMPTY, Any, object)
+_OPAQUE_NAMES = frozenset({"Any", "typing.Any", "object"})
+# A value of exactly this type already is what the annotation asks for: no validation
+# (and no copy) on the per-step hot path for the commonest annotations.
+_NATIVE = {int: int, str: str, bool: bool, float: float, dict: dict, list: list,
+           None: type(None), type(None): type(None)}
 
-def _model_type(fn: Callable[..., Any]) -> Any:
-    """The return annotation when it is a pydantic model, so replayed outputs come back
-    as that model rather than as its JSON form."""
+
+def check_name(value: Any, what: str) -> str:
+    """``value`` if it is a non-empty string the database can store, else
+    :class:`InvalidInput` naming ``what`` (PostgreSQL text refuses NUL, and UTF-8 cannot
+    hold a lone surrogate)."""
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"invalid {what} {value!r}: expected a non-empty string")
+    if "\x00" in value:
+        raise InvalidInput(f"invalid {what} {value!r}: it contains a NUL character, "
+                           "which the database cannot store")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidInput(f"invalid {what} {value!r}: it contains a lone surrogate, "
+                               "which UTF-8 cannot store") from None
+    return value
+
+
+def to_json(value: Any, what: str) -> str:
+    """``value`` as canonical JSON, or :class:`NotSerializable` naming ``what``."""
     try:
-        hint = inspect.signature(fn, eval_str=True).return_annotation
-    except (NameError, TypeError, ValueError):
-        return None
-    return hint if callable(getattr(hint, "model_validate", None)) else None
+        text = dumps(value)
+    except (TypeError, ValueError) as e:
+        raise NotSerializable(f"{what} is not JSON-serialisable: {e}") from e
+    # str.isascii() is O(1) in CPython, so only text with non-ASCII characters pays for
+    # the check that it can be stored as UTF-8 (a lone surrogate cannot).
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as e:
+            raise NotSerializable(
+                f"{what} is not JSON-serialisable: it holds a lone surrogate "
+                f"{text[e.start]!r}, which UTF-8 cannot store") from None
+    return text
+
+
+class _Codec:
+    """One annotation's way between a value and its JSON form."""
+
+    __slots__ = ("adapter", "annotation", "native")
+
+    def __init__(self, annotation: Any) -> None:
+        self.annotation = annotation
+        self.native = _NATIVE.get(annotation) if _hashable(annotation) else None
+        self.adapter: TypeAdapter[Any] | None = None
+        if any(annotation is o for o in _OPAQUE):
+            return
+        try:
+            self.adapter = TypeAdapter(annotation)
+        except (PydanticSchemaGenerationError, PydanticUserError):
+            # A type pydantic cannot describe (a queue, a callable): it cannot come from
+            # JSON either, so the value is left as the journal holds it.
+            self.adapter = None
+
+    def check(self, value: Any) -> Any:
+        """Validate a caller's value; return its JSON form."""
+        if self.adapter is None:
+            return value
+        return self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
+
+    def revive(self, value: Any) -> Any:
+        """The annotated type from a JSON value."""
+        if self.adapter is None or type(value) is self.native:
+            return value
+        return self.adapter.validate_python(value)
+
+
+def _hashable(value: Any) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _annotation(fn: Callable[..., Any], key: str, what: str) -> Any:
+    """The annotation ``key`` (a parameter's name, or ``return``) of ``fn``, evaluated if
+    it is a string (``from __future__ import annotations``, forward references)."""
+    fn = inspect.unwrap(fn)
+    raw = getattr(fn, "__annotations__", {}).get(key, _EMPTY)
+    if not isinstance(raw, str):
+        return raw
+    if raw in _OPAQUE_NAMES:
+        return Any
+    try:
+        scope = dict(inspect.getclosurevars(fn).nonlocals)
+        return eval(raw, getattr(fn, "__globals__", {}), scope)
+    except Exception as e:
+        raise InvalidInput(f"cannot resolve the annotation {raw!r} of {what}: "
+                           f"{type(e).__name__}: {e} (define the types it names at module "
+                           "level)") from e
+
+
+def _message(e: ValidationError) -> str:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first.get("loc", ()))
+    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
+    return f"{first['msg']}{f' at {where}' if where else ''}{more}"
 
 
 @dataclass(slots=True)
@@ -32,11 +141,11 @@ class StepDef:
     retry: Retry = NO_RETRY
     timeout_s: float | None = None
     is_async: bool = False
-    model: Any = None
+    _returns: _Codec | None = None
 
     def __post_init__(self) -> None:
+        check_name(self.name, "step name")
         self.is_async = inspect.iscoroutinefunction(self.fn)
-        self.model = _model_type(self.fn)
         if self.timeout_s is not None and (
             isinstance(self.timeout_s, bool)
             or not isinstance(self.timeout_s, int | float)
@@ -46,7 +155,16 @@ class StepDef:
                                f"got {self.timeout_s!r}")
 
     def revive(self, value: Any) -> Any:
-        return self.model.model_validate(value) if self.model is not None else value
+        """The step's output as its return annotation says, from its JSON form."""
+        codec = self._returns
+        if codec is None:
+            what = f"step {self.name}"
+            codec = self._returns = _Codec(_annotation(self.fn, "return", what))
+        try:
+            return codec.revive(value)
+        except ValidationError as e:
+            raise NotSerializable(f"the output of step {self.name} does not fit its return "
+                                  f"annotation {codec.annotation!r}: {_message(e)}") from None
 
 
 @dataclass(slots=True)
@@ -58,37 +176,97 @@ class WorkflowDef:
     name: str
     version: str = "1"
     signature: inspect.Signature = field(init=False)
-    model: Any = None
+    _returns: _Codec | None = None
+    _params: dict[str, _Codec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_name(self.name, "workflow name")
+        check_name(self.version, f"version of workflow {self.name}")
         if not inspect.iscoroutinefunction(self.fn):
             raise InvalidInput(f"workflow {self.name} must be an async def function")
         self.signature = inspect.signature(self.fn)
-        self.model = _model_type(self.fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
 
+    def _param_for(self, position: int | None, keyword: str | None) -> inspect.Parameter | None:
+        """The parameter a positional argument (by position) or a keyword argument binds to."""
+        params = list(self.signature.parameters.values())
+        if position is not None:
+            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY,
+                                                          p.POSITIONAL_OR_KEYWORD)]
+            if position < len(positional):
+                return positional[position]
+            return next((p for p in params if p.kind == p.VAR_POSITIONAL), None)
+        for p in params:
+            if p.name == keyword and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                return p
+        return next((p for p in params if p.kind == p.VAR_KEYWORD), None)
+
+    def _codec(self, param: inspect.Parameter | None) -> _Codec | None:
+        if param is None:
+            return None
+        codec = self._params.get(param.name)
+        if codec is None:
+            what = f"parameter {param.name!r} of workflow {self.name}"
+            codec = self._params[param.name] = _Codec(_annotation(self.fn, param.name, what))
+        return codec
+
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-        """The run's stored input, after checking the arguments fit the signature and
-        serialise; raises before anything is written."""
+        """The run's stored input, after checking the arguments fit the signature and the
+        annotations, and serialise; raises before anything is written."""
         try:
             self.signature.bind(*args, **kwargs)
         except TypeError as e:
             raise InvalidInput(
                 f"arguments do not fit workflow {self.name}{self.signature}: {e}"
             ) from e
-        value = {"args": list(args), "kwargs": kwargs}
+        value = {"args": [self._check(self._param_for(i, None), v) for i, v in enumerate(args)],
+                 "kwargs": {k: self._check(self._param_for(None, k), v)
+                            for k, v in kwargs.items()}}
         stored: dict[str, Any] = json.loads(to_json(value, f"the input of workflow {self.name}"))
         return stored
 
+    def _check(self, param: inspect.Parameter | None, value: Any) -> Any:
+        codec = self._codec(param)
+        if codec is None or param is None:
+            return value
+        try:
+            return codec.check(value)
+        except ValidationError as e:
+            raise InvalidInput(f"invalid argument {param.name!r} of workflow {self.name}: "
+                               f"expected {codec.annotation!r}, got {value!r}: "
+                               f"{_message(e)}") from None
+
+    def call_args(self, stored: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """The arguments to call the workflow with, revived from its stored input through
+        the same annotations that checked them at start (a model parameter gets the model)."""
+        args = [self._revive(self._param_for(i, None), v)
+                for i, v in enumerate(stored.get("args", []))]
+        kwargs = {k: self._revive(self._param_for(None, k), v)
+                  for k, v in stored.get("kwargs", {}).items()}
+        return args, kwargs
+
+    def _revive(self, param: inspect.Parameter | None, value: Any) -> Any:
+        codec = self._codec(param)
+        if codec is None or param is None:
+            return value
+        try:
+            return codec.revive(value)
+        except ValidationError as e:
+            raise NotSerializable(f"the stored argument {param.name!r} of workflow "
+                                  f"{self.name} does not fit its annotation "
+                                  f"{codec.annotation!r}: {_message(e)}") from None
+
     def revive(self, value: Any) -> Any:
-        return self.model.model_validate(value) if self.model is not None else value
-
-
-def to_json(value: Any, what: str) -> str:
-    """``value`` as canonical JSON, or :class:`NotSerializable` naming ``what``."""
-    try:
-        return dumps(value)
-    except (TypeError, ValueError) as e:
-        raise NotSerializable(f"{what} is not JSON-serialisable: {e}") from e
+        """The workflow's result as its return annotation says, from its JSON form."""
+        codec = self._returns
+        if codec is None:
+            what = f"workflow {self.name}"
+            codec = self._returns = _Codec(_annotation(self.fn, "return", what))
+        try:
+            return codec.revive(value)
+        except ValidationError as e:
+            raise NotSerializable(f"the result of workflow {self.name} does not fit its "
+                                  f"return annotation {codec.annotation!r}: "
+                                  f"{_message(e)}") from None

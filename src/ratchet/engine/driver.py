@@ -530,7 +530,8 @@ class RunContext:
                 if wf is None:
                     raise RatchetError(
                         f"workflow {rec.workflow!r} is not registered with this worker")
-                result = await wf.fn(*rec.input.get("args", []), **rec.input.get("kwargs", {}))
+                args, kwargs = wf.call_args(rec.input)
+                result = await wf.fn(*args, **kwargs)
                 self.check_complete_replay()
                 output = json.loads(to_json(result, f"the result of workflow {rec.workflow}"))
             except (Stopped, Parked, LeaseLost, DriveAborted, RunFinished):

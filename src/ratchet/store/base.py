@@ -353,6 +353,18 @@ class Store(ABC):
         rows = await self._read(lambda tx: tx.all("dead_letters_list", {"limit": limit}))
         return [DeadLetter(*r) for r in rows]
 
+    async def count_runs(self, status: str | None = None) -> int:
+        """How many runs there are, with ``status`` if given."""
+        if status is None:
+            row = await self._read(lambda tx: tx.one("runs_count", {}))
+        else:
+            row = await self._read(lambda tx: tx.one("runs_count_by_status", {"status": status}))
+        return int(row[0])
+
+    async def count_dead_letters(self) -> int:
+        """How many runs are in the dead-letter queue."""
+        return int((await self._read(lambda tx: tx.one("dead_letters_count", {})))[0])
+
     # -- ownership -------------------------------------------------------------------------
 
     async def register_worker(self, worker_id: str, host: str, pid: int) -> None:

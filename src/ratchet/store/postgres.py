@@ -39,6 +39,12 @@ log = logging.getLogger("ratchet.store")
 
 
 CHANNELS = (READY, DONE, CANCEL)
+CONNECT_TIMEOUT_S = 5
+
+
+def _one_line(e: BaseException) -> str:
+    """psycopg's message on one line (the server's own words, without its indentation)."""
+    return " ".join(str(e).split()) or type(e).__name__
 _APPEND_COLUMNS = ("run_ids", "worker_ids", "epochs", "seqs", "kinds", "step_ids", "attempts",
                    "payloads", "ats", "prev_hashes", "hashes")
 
@@ -57,9 +63,11 @@ class _AppendQueue:
 class PostgresStore(Store):
     dialect = "postgresql"
 
-    def __init__(self, url: str, clock: Clock | None = None, pool_size: int = 16) -> None:
+    def __init__(self, url: str, clock: Clock | None = None, pool_size: int = 16,
+                 read_only: bool = False) -> None:
         super().__init__(clock)
         self.url = url
+        self.read_only = read_only
         self.queries = load_queries("postgres")
         self._pool_size = pool_size
         self._pool: psycopg_pool.ConnectionPool | None = None
@@ -70,9 +78,26 @@ class PostgresStore(Store):
         self._append_executor = ThreadPoolExecutor(1, thread_name_prefix="ratchet-pg-append")
         self._append_conn: psycopg.Connection[Any] | None = None
 
+    def _probe(self) -> None:
+        """One plain connection first, so that an unreachable server or a missing database
+        fails at once with the server's own words, not after the pool's retries."""
+        timeout: dict[str, Any] = ({} if "connect_timeout" in self.url
+                                   else {"connect_timeout": CONNECT_TIMEOUT_S})
+        try:
+            with psycopg.connect(self.url, autocommit=True, **timeout) as conn:
+                if not self.read_only:
+                    return
+                row = conn.execute("SELECT to_regclass('schema_migrations')").fetchone()
+                if row is None or row[0] is None:
+                    raise StorageError("no Ratchet tables in this PostgreSQL database "
+                                       "(nothing has run against it yet?)")
+        except psycopg.Error as e:
+            raise StorageError(f"cannot connect to PostgreSQL: {_one_line(e)}") from e
+
     async def open(self) -> None:
         if self._pool is not None:
             return
+        await asyncio.to_thread(self._probe)
         pool = psycopg_pool.ConnectionPool(
             self.url, min_size=1, max_size=self._pool_size, open=False,
             # Autocommit: a single statement is its own transaction (one round trip);

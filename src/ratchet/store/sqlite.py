@@ -9,6 +9,10 @@ writer thread spares each step two thread hand-offs, which cost more than the wo
 carry; the loop is held only for the commit itself, which concurrent runs share. Reads use
 a second connection and see the last commit (WAL lets them proceed beside a writer).
 Several processes may share the file: BEGIN IMMEDIATE plus a busy timeout serialises them.
+
+A read-only store (the CLI's listings) never creates the file or its folder, and opens
+the file read-only, so it can read a database it may not write; it migrates only when the
+file's schema is behind, which takes a writable file.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from ratchet.errors import ConfigError, LeaseLost, StorageError
 from ratchet.model import Event, Lease, dumps
@@ -39,9 +44,10 @@ class SqliteStore(Store):
     dialect = "sqlite"
 
     def __init__(self, path: str, clock: Clock | None = None, synchronous: str | None = None,
-                 busy_timeout_s: float = 60.0) -> None:
+                 busy_timeout_s: float = 60.0, read_only: bool = False) -> None:
         super().__init__(clock)
         self.path = path
+        self.read_only = read_only
         self.queries = load_queries("sqlite")
         sync = (synchronous or os.environ.get("RATCHET_SQLITE_SYNCHRONOUS") or "FULL").upper()
         if sync not in ("FULL", "NORMAL", "EXTRA"):
@@ -59,21 +65,42 @@ class SqliteStore(Store):
 
     # -- connection ------------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        folder = os.path.dirname(os.path.abspath(self.path))
+    def _connect(self, read_only: bool = False) -> sqlite3.Connection:
+        path = os.path.abspath(self.path)
+        conn: sqlite3.Connection | None = None
         try:
-            os.makedirs(folder, exist_ok=True)
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
-                                   timeout=self._busy_timeout_s)
+            if read_only:
+                if not os.path.isfile(path):
+                    raise StorageError(f"no Ratchet database at {self.path!r}: the file does "
+                                       "not exist (nothing has run against it yet?)")
+                conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True,
+                                       isolation_level=None, check_same_thread=False,
+                                       timeout=self._busy_timeout_s)
+            else:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                conn = sqlite3.connect(self.path, isolation_level=None,
+                                       check_same_thread=False, timeout=self._busy_timeout_s)
+            clock = self.clock
+            conn.create_function("ratchet_now", 0, lambda: time.time() + clock.offset)
+            # The first statement reads the file: a file that is not SQLite fails here.
+            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal" and not read_only:
+                conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={self.synchronous}")
+            conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
+            return conn
         except (OSError, sqlite3.Error) as e:
+            if conn is not None:
+                conn.close()
             raise StorageError(f"cannot open SQLite database {self.path!r}: {e}") from e
-        clock = self.clock
-        conn.create_function("ratchet_now", 0, lambda: time.time() + clock.offset)
-        if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-            conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        conn.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
-        return conn
+
+    def _behind(self, conn: sqlite3.Connection) -> bool:
+        """Whether migrations are pending; a file without Ratchet's tables is refused."""
+        try:
+            done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
+        except sqlite3.Error as e:
+            raise StorageError(f"{self.path!r} is not a Ratchet database (no "
+                               "schema_migrations table)") from e
+        return any(version not in done for version, _, _ in load_migrations("sqlite"))
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
@@ -98,13 +125,25 @@ class SqliteStore(Store):
     async def open(self) -> None:
         if self._conn is not None:
             return
-        conn = await asyncio.to_thread(self._connect)
-        try:
-            await asyncio.to_thread(self._migrate, conn)
-        except sqlite3.Error as e:
-            conn.close()
-            raise StorageError(f"cannot migrate SQLite database {self.path!r}: {e}") from e
-        self._reader_conn = await asyncio.to_thread(self._connect)
+        read_only = self.read_only
+        if read_only:
+            conn = await asyncio.to_thread(self._connect, True)
+            try:
+                behind = await asyncio.to_thread(self._behind, conn)
+            except BaseException:
+                conn.close()
+                raise
+            if behind:  # an older file: bring it up to date, which needs it writable
+                conn.close()
+                read_only = False
+        if not read_only:
+            conn = await asyncio.to_thread(self._connect)
+            try:
+                await asyncio.to_thread(self._migrate, conn)
+            except sqlite3.Error as e:
+                conn.close()
+                raise StorageError(f"cannot migrate SQLite database {self.path!r}: {e}") from e
+        self._reader_conn = await asyncio.to_thread(self._connect, read_only)
         self._conn = conn
 
     async def close(self) -> None:
@@ -179,7 +218,7 @@ class SqliteStore(Store):
                         raise
                     cur.execute("ROLLBACK TO op")
                     cur.execute("RELEASE op")
-                    results.append((False, _translate(e)))
+                    results.append((False, _translate(e, self.path)))
                 else:
                     if not single:
                         cur.execute("RELEASE op")
@@ -192,7 +231,7 @@ class SqliteStore(Store):
                     cur.execute("ROLLBACK")
                 except sqlite3.Error:
                     log.exception("action=rollback_failed")
-            err = _translate(e)
+            err = _translate(e, self.path)
             return [(False, err)] * len(batch), []
         return results, after
 
@@ -253,9 +292,11 @@ class SqliteStore(Store):
         return time.time() + self.clock.offset
 
 
-def _translate(e: BaseException) -> BaseException:
+def _translate(e: BaseException, path: str = "") -> BaseException:
     if isinstance(e, sqlite3.Error):
-        err = StorageError(f"SQLite: {e}")
+        # A read-only file is a fact about the file: name it.
+        where = f" database {path!r}" if path and "readonly" in str(e) else ""
+        err = StorageError(f"SQLite{where}: {e}")
         err.__cause__ = e
         return err
     return e

@@ -179,6 +179,16 @@ DELETE FROM dead_letters WHERE run_id = :run_id
 SELECT d.run_id, r.workflow, d.reason, d.error, d.at
 FROM dead_letters d JOIN runs r ON r.run_id = d.run_id ORDER BY d.at DESC LIMIT :limit
 
+-- name: runs_count
+-- Listings say how many there are when they show fewer (``ratchet runs``, ``ratchet dlq``).
+SELECT count(*) FROM runs
+
+-- name: runs_count_by_status
+SELECT count(*) FROM runs WHERE status = :status
+
+-- name: dead_letters_count
+SELECT count(*) FROM dead_letters
+
 -- name: receipt_get
 SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at
 FROM side_effect_receipts WHERE idempotency_key = :key
