@@ -293,6 +293,19 @@ def test_a_worker_with_a_bad_app_is_a_clear_error(spec: str, tmp_path: Path,
     assert not (tmp_path / "w.db").exists()
 
 
+@pytest.mark.parametrize("grace", ["soon", "-1s", "0"])
+def test_a_bad_grace_period_is_a_clear_error(grace: str, tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "cli_grace.py").write_text("import ratchet\napp = ratchet.Ratchet()\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "cli_grace", raising=False)
+    line = refused("worker", "cli_grace:app", "--grace", grace, "--db",
+                   f"sqlite:///{tmp_path}/w.db")
+    assert "invalid --grace" in line and repr(grace) in line
+    assert not (tmp_path / "w.db").exists()
+
+
 # -- processes -------------------------------------------------------------------------
 
 SHOP = textwrap.dedent("""
@@ -322,7 +335,7 @@ def test_a_worker_process_runs_the_app_and_stops_on_sigterm(db_url: str, tmp_pat
     env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "ratchet.cli", "worker", "shop:app", "--db", db_url,
-         "--worker-id", "shop-1", "--concurrency", "2"],
+         "--worker-id", "shop-1", "--concurrency", "2", "--grace", "5s"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         run_id = client.start(checkout, "sku-42")
@@ -336,6 +349,7 @@ def test_a_worker_process_runs_the_app_and_stops_on_sigterm(db_url: str, tmp_pat
         client.shutdown()
     assert proc.returncode == 0, err
     assert "action=worker_started worker_id=shop-1 concurrency=2" in err
+    assert "grace=5.0s" in err
     assert "action=shutdown_requested signal=SIGTERM" in err
     assert "action=worker_stopped worker_id=shop-1" in err
     assert not (tmp_path / "not-this-one.db").exists()  # --db replaced the app's own URL

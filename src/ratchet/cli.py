@@ -33,9 +33,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet.app import Ratchet
-from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL
+from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL, parse_duration
 from ratchet.engine import faults
-from ratchet.errors import RatchetError
+from ratchet.errors import ConfigError, RatchetError
 from ratchet.model import Event, RunRecord, RunStatus, StepState, dumps, fold
 
 log = logging.getLogger("ratchet.cli")
@@ -266,13 +266,18 @@ def worker(
     queue: Annotated[list[str] | None, typer.Option(
         "--queue", "-q", help="A queue to take runs from (repeatable); default: default.")
     ] = None,
+    grace: Annotated[str, typer.Option(
+        "--grace", metavar="DURATION",
+        help="On SIGTERM, how long steps in flight may run on before they are interrupted "
+             "(e.g. 10s, 500ms, 2m).")] = "10s",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     db: DbOption = None,
 ) -> None:
     """Run a worker for APP's workflows until SIGTERM or Ctrl-C.
 
-    On the first signal the worker stops taking runs and hands the ones it drives back to
-    the queue; a second signal stops it at once.
+    On the first signal the worker stops taking runs and starts no new step; steps in
+    flight get --grace to finish (then async steps are interrupted), and each run is handed
+    back to the queue once its step has stopped. A second signal stops it at once.
     """
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
@@ -288,7 +293,11 @@ def worker(
             app.database_url = url
         if not app.workflows:
             log.warning("action=no_workflows app=%s", app_spec)
-        options: dict[str, Any] = {"concurrency": concurrency,
+        try:
+            grace_s = parse_duration(grace)
+        except ConfigError as e:
+            raise _Fail(f"invalid --grace: {e}") from e
+        options: dict[str, Any] = {"concurrency": concurrency, "grace": grace_s,
                                    "queues": tuple(queue or ("default",))}
         if worker_id:
             options["worker_id"] = worker_id
