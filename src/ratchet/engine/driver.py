@@ -161,6 +161,7 @@ class RunContext:
         """The workflow is over (returned or raised): stop any branch still in step code,
         and wait until none is, so nothing is written after the terminal event."""
         self._closing = True
+        self.waits.stop(StopReason.CANCEL)  # and no branch left waiting may park the run now
         current = asyncio.current_task()
         running = [t for t in self._stepping if t is not current]
         for task in running:
@@ -394,10 +395,11 @@ class RunContext:
         finally:
             if not job.done.done() or job.done.cancelled():
                 self.threads.abandon(job)
-                self._abandoned.append(job)
+                if self._ours():  # stopped by the drive: its run must not be handed on
+                    self._abandoned.append(job)
 
     def threads_still_running(self) -> int:
-        """Threads of ``def`` steps this drive gave up on that have not returned yet."""
+        """Threads of ``def`` steps the drive's stop interrupted that have not returned."""
         return sum(1 for job in self._abandoned if job.running)
 
     @staticmethod
@@ -481,7 +483,7 @@ class RunContext:
             # Never started, or started afresh by a retry of the run: a new child, whose id
             # carries the attempt so the failed one is not found again.
             attempt = step.attempt + 1 if step is not None else 1
-            child_id = child_run_id(self.run_id, self.ordinal, attempt)
+            child_id = child_run_id(self.run_id, int(step_id.split(":", 1)[0]), attempt)
             new = NewRun(child_id, wf.name, wf.version, wf.bind(args, kwargs),
                          queue=queue or self.record.queue, priority=self.record.priority,
                          parent_run_id=self.run_id, parent_step_id=step_id)
