@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -30,13 +29,11 @@ from ratchet.model import (
     RunStatus,
     dumps,
 )
+from ratchet.store.bus import CANCEL, DONE, READY, Bus
+
+__all__ = ["CANCEL", "DONE", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx"]
 
 T = TypeVar("T")
-
-READY = "ratchet_ready"  # a run became claimable
-DONE = "ratchet_done"  # a run reached a terminal status
-CANCEL = "ratchet_cancel"  # a cancel was requested for a run a worker holds
-
 
 class Clock:
     """An offset added to the database's clock. Tests move it forward to expire leases
@@ -121,34 +118,46 @@ class LeaseState:
     live: bool
 
 
-def record_from_row(row: Sequence[Any]) -> RunRecord:
+# Rows are read by column name (sqlite3.Row; a name-indexable tuple on PostgreSQL): one
+# mapping per row shape, so a query may add or reorder columns without breaking its readers.
+
+def record_from_row(row: Any) -> RunRecord:
+    """A ``runs`` row (the columns of ``run_get``) as a :class:`RunRecord`."""
+    output = row["output"]
     return RunRecord(
-        run_id=row[0],
-        workflow=row[1],
-        workflow_version=row[2],
-        input=json.loads(row[3]),
-        status=RunStatus(row[4]),
-        output=json.loads(row[5]) if row[5] is not None else None,
-        error=row[6],
-        parent_run_id=row[7],
-        parent_step_id=row[8],
-        queue=row[9],
-        priority=row[10],
-        not_before=row[11],
-        waiting_for=row[12],
-        created_at=row[13],
-        updated_at=row[14],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        workflow_version=row["workflow_version"],
+        input=json.loads(row["input"]),
+        status=RunStatus(row["status"]),
+        output=json.loads(output) if output is not None else None,
+        error=row["error"],
+        parent_run_id=row["parent_run_id"],
+        parent_step_id=row["parent_step_id"],
+        queue=row["queue"],
+        priority=row["priority"],
+        not_before=row["not_before"],
+        waiting_for=row["waiting_for"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
     )
 
 
-def _event(row: Sequence[Any]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7],
-                 row[8], row[5])
+def _event(row: Any) -> Event:
+    payload = row["payload"]
+    return Event(row["run_id"], row["seq"], row["kind"], row["step_id"], row["attempt"],
+                 json.loads(payload), row["at"], row["prev_hash"], row["hash"], payload)
 
 
-def _receipt(row: Sequence[Any]) -> Receipt:
-    response = json.loads(row[4]) if row[4] is not None else None
-    return Receipt(row[0], row[1], row[2], row[3], response, row[5], row[6])
+def _receipt(row: Any) -> Receipt:
+    response = row["response"]
+    return Receipt(row["idempotency_key"], row["run_id"], row["step_id"], row["status"],
+                   json.loads(response) if response is not None else None,
+                   row["claimed_at"], row["settled_at"])
+
+
+def _dead_letter(row: Any) -> DeadLetter:
+    return DeadLetter(row["run_id"], row["workflow"], row["reason"], row["error"], row["at"])
 
 
 def event_params(ev: Event) -> dict[str, Any]:
@@ -173,9 +182,7 @@ class Store(ABC):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
-        self._waiters: dict[tuple[str, str],
-                            set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
-        self._waiters_lock = threading.Lock()
+        self.bus = Bus(self._on_watch)
 
     # -- dialect hooks -------------------------------------------------------------------
 
@@ -208,54 +215,34 @@ class Store(ABC):
         """Start listening for other processes' announcements (dialects that can)."""
         return
 
-    def _wake(self, channel: str, key: str = "") -> None:
-        """Wake the waiters on ``channel`` for ``key`` (DONE: a run id; READY: ""), and on
-        DONE also those waiting for any run. Callable from any thread."""
-        with self._waiters_lock:
-            waiters = list(self._waiters.get((channel, key), ()))
-            if key:
-                waiters += self._waiters.get((channel, ""), ())
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
-
-    @contextlib.contextmanager
-    def watching(self, channel: str, key: str = "") -> Iterator[asyncio.Event]:
-        """An event set by the next announcement on ``channel`` (for run ``key`` on DONE).
-        Enter before checking the state it announces, so an announcement between the
-        check and the wait is not lost."""
-        self._listen()
-        entry = (asyncio.get_running_loop(), asyncio.Event())
-        with self._waiters_lock:
-            self._waiters.setdefault((channel, key), set()).add(entry)
-        if channel == DONE and key:
-            self._watch_finishes(entry[0])
-        try:
-            yield entry[1]
-        finally:
-            with self._waiters_lock:
-                waiters = self._waiters[(channel, key)]
-                waiters.discard(entry)
-                if not waiters:
-                    del self._waiters[(channel, key)]
-
     def _watch_finishes(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make sure finishes in other processes reach DONE waiters (dialects without
         cross-process notifications poll)."""
         return
 
-    def _awaited_runs(self) -> list[str]:
-        with self._waiters_lock:
-            return [key for channel, key in self._waiters if channel == DONE and key]
+    def _on_watch(self, channel: str, key: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._listen()
+        if channel == DONE and key:
+            self._watch_finishes(loop)
+
+    def _wake(self, channel: str, key: str = "") -> None:
+        self.bus.wake(channel, key)
+
+    def watching(self, channel: str, key: str = "") -> contextlib.AbstractContextManager[
+            asyncio.Event]:
+        """An event set by the next announcement on ``channel`` (READY, DONE for run
+        ``key`` or any run, CANCEL); see :meth:`ratchet.store.bus.Bus.watching`."""
+        return self.bus.watching(channel, key)
 
     async def finished_among(self, run_ids: Sequence[str]) -> list[str]:
         """Those of ``run_ids`` that have reached a terminal status."""
         ids = self._ids(run_ids)
         rows = await self._read(lambda tx: tx.all("runs_finished", {"ids": ids}))
-        return [r[0] for r in rows]
+        return [r["run_id"] for r in rows]
 
     async def now(self) -> float:
         """The database's clock (plus the store's offset), in Unix seconds."""
-        return float(await self._read(lambda tx: tx.one("now", {})[0]))
+        return float(await self._read(lambda tx: tx.one("now", {})["now"]))
 
     # -- shared transaction pieces ---------------------------------------------------------
 
@@ -277,7 +264,7 @@ class Store(ABC):
         """Append for a writer without the lease; the caller holds the run's lease row
         locked (or fenced), so no holder can append concurrently."""
         last = tx.one("event_last", {"run_id": run_id})
-        seq, prev = (last[0], last[1]) if last else (0, "0" * 64)
+        seq, prev = (last["seq"], last["hash"]) if last else (0, "0" * 64)
         ev = Event.chain(run_id, seq + 1, kind, None, None, payload, time.time(), prev)
         tx.send("event_insert", event_params(ev))
         return ev
@@ -309,7 +296,8 @@ class Store(ABC):
             return []
         ids_param = self._ids(ids)
         tx.send("runs_set_running", {"ids": ids_param})
-        epochs = dict(tx.all("leases_take", {"ids": ids_param, "worker_id": worker_id, "ttl": ttl}))
+        epochs = {r["run_id"]: r["epoch"] for r in tx.all(
+            "leases_take", {"ids": ids_param, "worker_id": worker_id, "ttl": ttl})}
         rows = tx.all("runs_get_many", {"ids": ids_param})
         return [
             ClaimedRun(rec, Lease(rec.run_id, worker_id, int(epochs[rec.run_id])), reason)
@@ -343,7 +331,7 @@ class Store(ABC):
         """Who holds the run's lease now, at which epoch, and whether it is still live by
         the database's clock; None if the run was never claimed."""
         row = await self._read(lambda tx: tx.one("lease_get", {"run_id": run_id}))
-        return LeaseState(row[0], int(row[1]), bool(row[2])) if row else None
+        return LeaseState(row["worker_id"], int(row["epoch"]), bool(row["live"])) if row else None
 
     async def receipts(self, run_id: str) -> list[Receipt]:
         rows = await self._read(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
@@ -351,7 +339,7 @@ class Store(ABC):
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         rows = await self._read(lambda tx: tx.all("dead_letters_list", {"limit": limit}))
-        return [DeadLetter(*r) for r in rows]
+        return [_dead_letter(r) for r in rows]
 
     # -- ownership -------------------------------------------------------------------------
 
@@ -365,7 +353,7 @@ class Store(ABC):
 
         def body(tx: Tx) -> list[ClaimedRun]:
             picked = tx.all("claim_pick", {"queues": self._ids(queues), "limit": limit})
-            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "claim")
+            return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "claim")
 
         return await self._run(body)
 
@@ -375,7 +363,7 @@ class Store(ABC):
 
         def body(tx: Tx) -> list[ClaimedRun]:
             picked = tx.all("steal_pick", {"queues": self._ids(queues), "limit": limit})
-            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "sweep")
+            return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "sweep")
 
         return await self._run(body)
 
@@ -384,7 +372,7 @@ class Store(ABC):
 
         def body(tx: Tx) -> list[ClaimedRun]:
             picked = tx.all("reclaim_pick", {"worker_id": worker_id})
-            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "reclaim")
+            return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "reclaim")
 
         return await self._run(body)
 
@@ -399,7 +387,8 @@ class Store(ABC):
                 return []
             tx.send("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
             rows = tx.all("leases_held", {"worker_id": worker_id, "ids": ids})
-            return [HeldLease(r[0], int(r[1]), bool(r[2])) for r in rows]
+            return [HeldLease(r["run_id"], int(r["epoch"]), bool(r["cancel_requested"]))
+                    for r in rows]
 
         return await self._run(body)
 
@@ -418,9 +407,18 @@ class Store(ABC):
     async def append(self, lease: Lease, events: Sequence[Event]) -> None:
         """Append events under the lease: all land, or LeaseLost and none do."""
 
+        if not events:
+            return await self._run(self._check_lease, lease)
+        holder = {"worker_id": lease.worker_id, "epoch": lease.epoch}
+        rows = [event_params(e) | holder for e in events]
+
         def body(tx: Tx) -> None:
-            self._check_lease(tx, lease)
-            self._insert_events(tx, events)
+            # One statement per event checks the lease and inserts; fewer rows than events
+            # means the lease was lost, and the transaction rolls back.
+            inserted = (tx.run("event_insert_leased", rows[0]) if len(rows) == 1
+                        else tx.many("event_insert_leased", rows))
+            if inserted != len(rows):
+                raise LeaseLost(lease.run_id)
 
         await self._run(body)
 
@@ -439,7 +437,7 @@ class Store(ABC):
         """The oldest unconsumed signal ``name`` for the run: ``(signal_id, payload)``."""
         params = {"run_id": run_id, "name": name}
         row = await self._read(lambda tx: tx.one("signal_pending", params))
-        return (int(row[0]), json.loads(row[1])) if row else None
+        return (int(row["id"]), json.loads(row["payload"])) if row else None
 
     async def consume_signal(self, lease: Lease, events: Sequence[Event], signal_id: int) -> None:
         """Append ``events`` and mark the signal consumed by the last of them, together.
@@ -467,7 +465,7 @@ class Store(ABC):
             row = tx.one("run_get_locked", {"run_id": lease.run_id})
             self._check_lease(tx, lease)
             self._insert_events(tx, events)
-            if row[15]:
+            if row["cancel_requested"]:
                 return "cancel"
             kind, _, name = waiting_for.partition(":")
             if kind == "signal" and tx.one(
@@ -476,7 +474,7 @@ class Store(ABC):
                 return "ready"
             if kind == "child":
                 child = tx.one("run_get", {"run_id": name})
-                if child is not None and RunStatus(child[4]).terminal:
+                if child is not None and RunStatus(child["status"]).terminal:
                     return "ready"
             tx.send("run_park", {"run_id": lease.run_id, "waiting_for": waiting_for,
                                 "not_before": not_before})
@@ -601,7 +599,7 @@ class Store(ABC):
             if rec.status.terminal:
                 return rec.status
             lock = tx.one("lease_row_locked", {"run_id": run_id})
-            if lock is not None and lock[0] is not None and bool(lock[2]):
+            if lock is not None and lock["worker_id"] is not None and bool(lock["live"]):
                 tx.send("run_cancel_request", {"run_id": run_id})
                 self._announce(tx, CANCEL, run_id)
                 return rec.status

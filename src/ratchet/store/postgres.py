@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 import psycopg_pool
@@ -41,6 +41,31 @@ log = logging.getLogger("ratchet.store")
 CHANNELS = (READY, DONE, CANCEL)
 _APPEND_COLUMNS = ("run_ids", "worker_ids", "epochs", "seqs", "kinds", "step_ids", "attempts",
                    "payloads", "ats", "prev_hashes", "hashes")
+
+
+class Row(tuple[Any, ...]):
+    """A row readable by position or by column name (``row["run_id"]``), like sqlite3.Row."""
+
+    __slots__ = ()
+    _index: ClassVar[dict[str, int]] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            key = self._index[key]
+        return tuple.__getitem__(self, key)
+
+
+_row_classes: dict[tuple[str, ...], type[Row]] = {}
+
+
+def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+    """psycopg row factory: one Row subclass per column-name tuple, made once."""
+    names = tuple(c.name for c in cursor.description or ())
+    cls = _row_classes.get(names)
+    if cls is None:
+        cls = type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+        _row_classes[names] = cls
+    return cls
 
 
 class _AppendQueue:
@@ -77,7 +102,7 @@ class PostgresStore(Store):
             self.url, min_size=1, max_size=self._pool_size, open=False,
             # Autocommit: a single statement is its own transaction (one round trip);
             # multi-statement bodies open one explicitly with conn.transaction().
-            kwargs={"autocommit": True}, name="ratchet",
+            kwargs={"autocommit": True, "row_factory": _row_factory}, name="ratchet",
         )
         try:
             await asyncio.to_thread(pool.open, True, 10.0)
@@ -186,13 +211,13 @@ class PostgresStore(Store):
             "payload": ev.payload_json, "at": ev.at, "prev_hash": ev.prev_hash, "hash": ev.hash,
         }
         [row] = await self._statement(self.queries["create_run"], params, fetch=True)
-        return record_from_row(row), bool(row[15])
+        return record_from_row(row), bool(row["created"])
 
     async def claim(self, worker_id: str, ttl: float, limit: int,
                     queues: Sequence[str]) -> list[ClaimedRun]:
         params = {"queues": list(queues), "limit": limit, "worker_id": worker_id, "ttl": ttl}
         rows = await self._statement(self.queries["claim_ready"], params, fetch=True)
-        return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row[15])), "claim")
+        return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), "claim")
                 for row in rows for rec in (record_from_row(row),)]
 
     async def _statement(self, sql: str, params: dict[str, Any], fetch: bool = False) -> Any:
@@ -226,7 +251,8 @@ class PostgresStore(Store):
         # queue behind other transactions for a pooled connection.
         try:
             if self._append_conn is None or self._append_conn.closed:
-                self._append_conn = psycopg.connect(self.url, autocommit=True)
+                self._append_conn = psycopg.connect(self.url, autocommit=True,
+                                                   row_factory=_row_factory)
             conn = self._append_conn
             self._sync_clock(conn)
             return conn.execute(self.queries["append_events"], cols).fetchall()

@@ -23,9 +23,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from ratchet.errors import ConfigError, LeaseLost, StorageError
-from ratchet.model import Event, Lease, dumps
-from ratchet.store.base import DONE, Clock, Store, Tx, event_params
+from ratchet.errors import ConfigError, StorageError
+from ratchet.model import dumps
+from ratchet.store.base import DONE, Clock, Store, Tx
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -67,6 +67,7 @@ class SqliteStore(Store):
                                    timeout=self._busy_timeout_s)
         except (OSError, sqlite3.Error) as e:
             raise StorageError(f"cannot open SQLite database {self.path!r}: {e}") from e
+        conn.row_factory = sqlite3.Row  # rows are read by column name
         clock = self.clock
         conn.create_function("ratchet_now", 0, lambda: time.time() + clock.offset)
         if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
@@ -196,20 +197,6 @@ class SqliteStore(Store):
             return [(False, err)] * len(batch), []
         return results, after
 
-    async def append(self, lease: Lease, events: Sequence[Event]) -> None:
-        if not events:
-            return await super().append(lease, events)
-        holder = {"worker_id": lease.worker_id, "epoch": lease.epoch}
-        rows = [event_params(e) | holder for e in events]
-
-        def body(tx: Tx) -> None:
-            inserted = (tx.run("event_insert_leased", rows[0]) if len(rows) == 1
-                        else tx.many("event_insert_leased", rows))
-            if inserted != len(rows):
-                raise LeaseLost(lease.run_id)
-
-        return await self._run(body)
-
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         with self._read_lock:
             conn = self._reader_conn
@@ -242,7 +229,7 @@ class SqliteStore(Store):
     async def _poll_finishes(self) -> None:
         while True:
             await asyncio.sleep(FINISH_POLL_S)
-            awaited = self._awaited_runs()
+            awaited = self.bus.watched(DONE)
             if not awaited:
                 return
             for run_id in await self.finished_among(awaited):

@@ -15,7 +15,7 @@
 -- Lists are passed as arrays.
 
 -- name: now
-SELECT ratchet_now()
+SELECT ratchet_now() AS now
 
 -- name: run_insert
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
@@ -62,6 +62,19 @@ SELECT seq, hash FROM journal_events WHERE run_id = %(run_id)s ORDER BY seq DESC
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
 VALUES (%(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s, %(at)s, %(prev_hash)s, %(hash)s)
 
+-- name: event_insert_leased
+-- Inserted only if the lease is live and this holder's (share-locking the lease row, so a
+-- steal waits for this commit); fewer rows than events means the lease was lost.
+INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+SELECT %(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s, %(at)s,
+       %(prev_hash)s, %(hash)s
+WHERE EXISTS (
+    SELECT 1 FROM run_locks
+    WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
+      AND expires_at > ratchet_now()
+    FOR SHARE
+)
+
 -- name: lease_check
 SELECT 1 FROM run_locks
 WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
@@ -69,11 +82,11 @@ WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
 FOR SHARE
 
 -- name: lease_row_locked
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = %(run_id)s
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = %(run_id)s
 FOR UPDATE
 
 -- name: lease_get
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = %(run_id)s
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = %(run_id)s
 
 -- name: lease_fence
 UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = %(run_id)s
@@ -286,9 +299,9 @@ WITH new AS (
 ), woken AS (
     SELECT pg_notify('ratchet_ready', '') FROM queued
 )
-SELECT new.*, true, (SELECT count(*) FROM woken) FROM new
+SELECT new.*, true AS created, (SELECT count(*) FROM woken) AS woken FROM new
 UNION ALL
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
-       false, 0
+       false AS created, 0 AS woken
 FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)

@@ -8,7 +8,7 @@
 -- Lists are passed as JSON text and unpacked with json_each.
 
 -- name: now
-SELECT ratchet_now()
+SELECT ratchet_now() AS now
 
 -- name: run_insert
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
@@ -71,10 +71,10 @@ WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
   AND expires_at > ratchet_now()
 
 -- name: lease_row_locked
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = :run_id
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = :run_id
 
 -- name: lease_get
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = :run_id
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = :run_id
 
 -- name: lease_fence
 UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = :run_id
