@@ -35,6 +35,11 @@ class UnknownRun(InvalidInput, LookupError):
     """Unknown run id."""
 
 
+class RunIdConflict(InvalidInput):
+    """A run with this id already exists with a different workflow, input, queue or
+    priority."""
+
+
 class NotSerializable(InvalidInput, TypeError):
     """A value is not JSON-serialisable."""
 

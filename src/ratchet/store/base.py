@@ -16,7 +16,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ratchet.errors import LeaseLost, NotDeadLettered, RunFinished, StorageError, UnknownRun
+from ratchet.errors import (
+    LeaseLost,
+    NotDeadLettered,
+    RunFinished,
+    RunIdConflict,
+    StorageError,
+    UnknownRun,
+)
 from ratchet.model import (
     ClaimedRun,
     DeadLetter,
@@ -158,6 +165,29 @@ def _receipt(row: Any) -> Receipt:
 
 def _dead_letter(row: Any) -> DeadLetter:
     return DeadLetter(row["run_id"], row["workflow"], row["reason"], row["error"], row["at"])
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = dumps(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_same_run(rec: RunRecord, new: NewRun) -> None:
+    """An idempotent start found ``rec`` under ``new``'s id: the same request, or a
+    conflict named field by field (a different workflow, input, queue or priority)."""
+    if rec.workflow != new.workflow:
+        raise RunIdConflict(f"run id {rec.run_id!r} already belongs to workflow "
+                            f"{rec.workflow!r}, not {new.workflow!r}")
+    diffs = []
+    if dumps(rec.input) != dumps(new.input):
+        diffs.append(f"input {_short(rec.input)} (not {_short(new.input)})")
+    if rec.queue != new.queue:
+        diffs.append(f"queue {rec.queue!r} (not {new.queue!r})")
+    if rec.priority != new.priority:
+        diffs.append(f"priority {rec.priority} (not {new.priority})")
+    if diffs:
+        raise RunIdConflict(f"run id {rec.run_id!r} already exists with "
+                            f"{'; '.join(diffs)}: use another run id")
 
 
 def event_params(ev: Event) -> dict[str, Any]:
@@ -308,7 +338,14 @@ class Store(ABC):
 
     async def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
         """Write the run (``queued``) and its ``run_queued`` event; idempotent on run_id:
-        an existing run is returned with ``created=False``."""
+        an existing run with the same workflow, input, queue and priority is returned with
+        ``created=False``; one that differs raises :class:`RunIdConflict` naming what."""
+        rec, created = await self._create(new)
+        if not created:
+            _check_same_run(rec, new)
+        return rec, created
+
+    async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
         return await self._run(self._insert_run, new)
 
     async def get_run(self, run_id: str) -> RunRecord | None:

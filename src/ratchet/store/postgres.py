@@ -199,7 +199,7 @@ class PostgresStore(Store):
 
         return await self._loop_run(read)
 
-    async def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
+    async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
         payload = {"workflow": new.workflow, "version": new.workflow_version}
         ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(),
                          GENESIS_HASH)
@@ -210,8 +210,16 @@ class PostgresStore(Store):
             "queue": new.queue, "priority": new.priority,
             "payload": ev.payload_json, "at": ev.at, "prev_hash": ev.prev_hash, "hash": ev.hash,
         }
-        [row] = await self._statement(self.queries["create_run"], params, fetch=True)
-        return record_from_row(row), bool(row["created"])
+        rows = await self._statement(self.queries["create_run"], params, fetch=True)
+        if not rows:
+            # A concurrent start inserted this run id after the statement's snapshot was
+            # taken: the insert waited for it and did nothing, and the fallback read could
+            # not see it. It has committed now, so a fresh statement sees it.
+            rows = await self._read(lambda tx: [tx.one("run_get", {"run_id": new.run_id})])
+            if rows[0] is None:
+                raise StorageError(f"run {new.run_id} was neither created nor found")
+            return record_from_row(rows[0]), False
+        return record_from_row(rows[0]), bool(rows[0]["created"])
 
     async def claim(self, worker_id: str, ttl: float, limit: int,
                     queues: Sequence[str]) -> list[ClaimedRun]:
