@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ratchet.errors import ConfigError, LeaseLost, RunFinished, UnknownRun
+from ratchet.errors import ConfigError, LeaseLost, RunFinished, RunIdConflict, UnknownRun
 from ratchet.model import Event, EventKind, Lease, NewRun, RunStatus, fold
 from ratchet.store import Clock, Store, make_store
 from ratchet.store.queries import load_migrations
@@ -39,9 +39,11 @@ def _next(events: list[Event], kind: str, payload: dict | None = None,
 
 async def test_create_run_is_idempotent_and_journals_run_queued(store: Store) -> None:
     rec, created = await store.create_run(NewRun("r1", "wf", "1", {"x": 1}))
-    again, created_again = await store.create_run(NewRun("r1", "wf", "1", {"x": 2}))
+    again, created_again = await store.create_run(NewRun("r1", "wf", "1", {"x": 1}))
     assert created and not created_again
     assert again.input == {"x": 1} and rec.status == RunStatus.QUEUED
+    with pytest.raises(RunIdConflict, match=r'input \{"x":1\} \(not \{"x":2\}\)'):
+        await store.create_run(NewRun("r1", "wf", "1", {"x": 2}))
     events = await store.load_events("r1")
     assert [(e.seq, e.kind) for e in events] == [(1, "run_queued")]
 
