@@ -27,7 +27,7 @@ from ratchet.errors import (
     UnknownWorkflow,
 )
 from ratchet.model import DeadLetter, Event, NewRun, Receipt, RunRecord, RunStatus
-from ratchet.store import Clock, Store, make_store
+from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
 
 T = TypeVar("T")
@@ -297,6 +297,11 @@ class Ratchet:
 
     def receipts(self, run_id: str) -> list[Receipt]:
         return self._portal.call(self.store.receipts(run_id))
+
+    def live_workers(self) -> list[WorkerInfo]:
+        """The workers seen within their lease TTL, with the workflows and queues each
+        serves."""
+        return self._portal.call(self.store.live_workers())
 
     # -- workers ---------------------------------------------------------------------------
 

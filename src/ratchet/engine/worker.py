@@ -64,6 +64,9 @@ class Worker:
         self.lease_ttl = lease_ttl or lease_ttl_from_env()
         self.recovery_interval = recovery_interval or recovery_interval_from_env()
         self.queues = list(queues)
+        # Claims take only runs of these (workflow, version) pairs: in a rolling deploy,
+        # or beside workers of other apps, the rest wait for a worker that has them.
+        self.served = frozenset((wd.name, wd.version) for wd in workflows.values())
         self.poll_interval = poll_interval or (0.05 if store.dialect == "sqlite" else 1.0)
         self.active: dict[str, _Active] = {}
         self.outcomes: dict[str, int] = {}
@@ -79,8 +82,10 @@ class Worker:
         """Work until ``stop`` is set (or the task is cancelled), then hand back every run
         still in progress so another worker can take it at once."""
         stop = stop or asyncio.Event()
-        await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid())
-        self._spawn(await self.store.reclaim_own(self.worker_id, self.lease_ttl))
+        await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                         serves=self.served, queues=self.queues,
+                                         lease_ttl=self.lease_ttl)
+        self._spawn(await self.store.reclaim_own(self.worker_id, self.lease_ttl, self.served))
         log.info("action=worker_started worker_id=%s concurrency=%s ttl=%ss sweep=%ss",
                  self.worker_id, self.concurrency, self.lease_ttl, self.recovery_interval)
         self._started.set()
@@ -155,7 +160,7 @@ class Worker:
             with self.store.watching(READY) as ready:
                 try:
                     runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
-                                                  self.queues)
+                                                  self.queues, self.served)
                 except Exception as e:
                     log.warning("action=claim_failed error=%s", e)
                     await asyncio.sleep(self.poll_interval)
@@ -205,7 +210,7 @@ class Worker:
             return []
         try:
             runs = await self.store.steal_expired(self.worker_id, self.lease_ttl, free,
-                                                  self.queues)
+                                                  self.queues, self.served)
         except Exception as e:
             log.warning("action=sweep_failed error=%s", e)
             return []

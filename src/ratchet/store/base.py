@@ -12,7 +12,7 @@ import contextlib
 import json
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -21,7 +21,7 @@ from ratchet.errors import (
     NotDeadLettered,
     RunFinished,
     RunIdConflict,
-    StorageError,
+    SignalAlreadyConsumed,
     UnknownRun,
 )
 from ratchet.model import (
@@ -38,9 +38,13 @@ from ratchet.model import (
 )
 from ratchet.store.bus import CANCEL, DONE, READY, Bus
 
-__all__ = ["CANCEL", "DONE", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx"]
+__all__ = ["CANCEL", "DONE", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx",
+           "WorkerInfo"]
 
 T = TypeVar("T")
+
+TIMER_BATCH = 100  # due timers promoted to queued per claim
+WORKER_GONE_TTLS = 20  # a worker unseen for this many of its TTLs is forgotten
 
 class Clock:
     """An offset added to the database's clock. Tests move it forward to expire leases
@@ -114,6 +118,19 @@ class HeldLease:
     run_id: str
     epoch: int
     cancel_requested: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A row of ``workers``: who serves which ``(workflow, version)`` pairs and queues."""
+
+    worker_id: str
+    host: str
+    pid: int
+    serves: frozenset[tuple[str, str]]
+    queues: tuple[str, ...]
+    lease_ttl: float
+    seen_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,6 +230,7 @@ class Store(ABC):
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
         self.bus = Bus(self._on_watch)
+        self._registrations: dict[str, dict[str, Any]] = {}
 
     # -- dialect hooks -------------------------------------------------------------------
 
@@ -227,6 +245,10 @@ class Store(ABC):
     @abstractmethod
     def _ids(self, ids: Sequence[str]) -> Any:
         """A list of ids as the dialect's queries take it."""
+
+    @abstractmethod
+    def _served(self, served: Collection[tuple[str, str]]) -> dict[str, Any]:
+        """``(workflow, version)`` pairs as the parameters the dialect's queries take."""
 
     @abstractmethod
     def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
@@ -324,11 +346,13 @@ class Store(ABC):
               reason: str) -> list[ClaimedRun]:
         if not ids:
             return []
-        ids_param = self._ids(ids)
-        tx.send("runs_set_running", {"ids": ids_param})
         epochs = {r["run_id"]: r["epoch"] for r in tx.all(
-            "leases_take", {"ids": ids_param, "worker_id": worker_id, "ttl": ttl})}
-        rows = tx.all("runs_get_many", {"ids": ids_param})
+            "leases_take", {"ids": self._ids(ids), "worker_id": worker_id, "ttl": ttl})}
+        if not epochs:
+            return []
+        taken = self._ids(list(epochs))
+        tx.send("runs_set_running", {"ids": taken})
+        rows = tx.all("runs_get_many", {"ids": taken})
         return [
             ClaimedRun(rec, Lease(rec.run_id, worker_id, int(epochs[rec.run_id])), reason)
             for rec in map(record_from_row, rows)
@@ -353,7 +377,11 @@ class Store(ABC):
         return record_from_row(row) if row else None
 
     async def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
-        rows = await self._read(lambda tx: tx.all("runs_list", {"status": status, "limit": limit}))
+        if status is None:
+            rows = await self._read(lambda tx: tx.all("runs_list", {"limit": limit}))
+        else:
+            params = {"status": status, "limit": limit}
+            rows = await self._read(lambda tx: tx.all("runs_list_status", params))
         return [record_from_row(r) for r in rows]
 
     async def load_events(self, run_id: str, after: int = 0, limit: int = -1) -> list[Event]:
@@ -380,35 +408,65 @@ class Store(ABC):
 
     # -- ownership -------------------------------------------------------------------------
 
-    async def register_worker(self, worker_id: str, host: str, pid: int) -> None:
-        params = {"worker_id": worker_id, "host": host, "pid": pid}
+    async def register_worker(self, worker_id: str, host: str, pid: int, *,
+                              serves: Collection[tuple[str, str]] = (),
+                              queues: Sequence[str] = (), lease_ttl: float = 15.0) -> None:
+        """Record a worker, what it serves (``(workflow, version)`` pairs and queues) and
+        its lease TTL, by which its liveness is judged (:meth:`live_workers`)."""
+        params = {"worker_id": worker_id, "host": host, "pid": pid,
+                  "serves": dumps(sorted([w, v] for w, v in serves)),
+                  "queues": dumps(list(queues)), "lease_ttl": lease_ttl}
+        self._registrations[worker_id] = params
         await self._run(lambda tx: tx.send("worker_upsert", params))
 
-    async def claim(self, worker_id: str, ttl: float, limit: int,
-                    queues: Sequence[str]) -> list[ClaimedRun]:
-        """Take up to ``limit`` ready runs (queued, or waiting past ``not_before``)."""
+    async def live_workers(self) -> list[WorkerInfo]:
+        """The workers seen within their lease TTL, with what they serve."""
+        rows = await self._read(lambda tx: tx.all("workers_live", {}))
+        return [WorkerInfo(r["worker_id"], r["host"], r["pid"],
+                           frozenset((w, v) for w, v in json.loads(r["serves"])),
+                           tuple(json.loads(r["queues"])), r["lease_ttl"], r["seen_at"])
+                for r in rows]
+
+    async def claim(self, worker_id: str, ttl: float, limit: int, queues: Sequence[str],
+                    served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+        """Take up to ``limit`` ready runs (queued, or waiting past ``not_before``) of the
+        ``(workflow, version)`` pairs in ``served``; others stay queued for a worker that
+        serves them."""
 
         def body(tx: Tx) -> list[ClaimedRun]:
-            picked = tx.all("claim_pick", {"queues": self._ids(queues), "limit": limit})
-            return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "claim")
+            if tx.all("timers_due", {"limit": TIMER_BATCH}):
+                self._announce(tx, READY)
+            picked: list[Any] = []
+            for queue in dict.fromkeys(queues):  # each along runs_queued, then merged
+                picked += tx.all("claim_pick", {"queue": queue, "limit": limit,
+                                                **self._served(served)})
+            picked.sort(key=lambda r: (-r["priority"], r["created_at"]))
+            ids = [r["run_id"] for r in picked[:limit]]
+            return self._take(tx, ids, worker_id, ttl, "claim")
 
         return await self._run(body)
 
     async def steal_expired(self, worker_id: str, ttl: float, limit: int,
-                            queues: Sequence[str]) -> list[ClaimedRun]:
-        """The recovery sweep: take running runs whose lease is missing or expired."""
+                            queues: Sequence[str], served: Collection[tuple[str, str]]
+                            ) -> list[ClaimedRun]:
+        """The recovery sweep: take running runs (of the pairs in ``served``) whose lease
+        is missing or expired; and forget workers long gone."""
 
         def body(tx: Tx) -> list[ClaimedRun]:
-            picked = tx.all("steal_pick", {"queues": self._ids(queues), "limit": limit})
+            tx.send("workers_prune", {"ttls": WORKER_GONE_TTLS})
+            picked = tx.all("steal_pick", {"queues": self._ids(queues), "limit": limit,
+                                           **self._served(served)})
             return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "sweep")
 
         return await self._run(body)
 
-    async def reclaim_own(self, worker_id: str, ttl: float) -> list[ClaimedRun]:
-        """On restart: take back, at once, the running runs still under this worker id."""
+    async def reclaim_own(self, worker_id: str, ttl: float,
+                          served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+        """On restart: take back, at once, the running runs still under this worker id
+        (those of the pairs in ``served``; the sweep hands the others on)."""
 
         def body(tx: Tx) -> list[ClaimedRun]:
-            picked = tx.all("reclaim_pick", {"worker_id": worker_id})
+            picked = tx.all("reclaim_pick", {"worker_id": worker_id, **self._served(served)})
             return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "reclaim")
 
         return await self._run(body)
@@ -419,7 +477,10 @@ class Store(ABC):
         ids = self._ids(run_ids)
 
         def body(tx: Tx) -> list[HeldLease]:
-            tx.send("worker_seen", {"worker_id": worker_id})
+            if tx.run("worker_seen", {"worker_id": worker_id}) == 0:
+                registration = self._registrations.get(worker_id)
+                if registration is not None:  # pruned while cut off: be seen again
+                    tx.send("worker_upsert", registration)
             if not run_ids:
                 return []
             tx.send("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
@@ -430,12 +491,14 @@ class Store(ABC):
         return await self._run(body)
 
     async def release_worker(self, worker_id: str) -> None:
-        """A clean shutdown: hand this worker's running runs back to the queue at once."""
+        """A clean shutdown: hand this worker's running runs back to the queue at once,
+        and remove its ``workers`` row."""
 
         def body(tx: Tx) -> None:
             if tx.run("runs_requeue_worker", {"worker_id": worker_id}):
                 self._announce(tx, READY)
             tx.send("leases_release_worker", {"worker_id": worker_id})
+            tx.send("worker_delete", {"worker_id": worker_id})
 
         await self._run(body)
 
@@ -485,7 +548,8 @@ class Store(ABC):
             self._insert_events(tx, events)
             params = {"run_id": lease.run_id, "id": signal_id, "seq": events[-1].seq}
             if tx.run("signal_consume", params) != 1:
-                raise StorageError(f"signal {signal_id} of run {lease.run_id} was already consumed")
+                raise SignalAlreadyConsumed(
+                    f"signal {signal_id} of run {lease.run_id} was already consumed")
 
         await self._run(body)
 
@@ -549,9 +613,7 @@ class Store(ABC):
             if dead_letter:
                 tx.send("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
                                            "error": error or ""})
-            tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
-                                     "epoch": lease.epoch})
-            self._announce(tx, DONE, lease.run_id)
+            self._ended(tx, lease.run_id)
             rec = record_from_row(tx.one("run_get", {"run_id": lease.run_id}))
             if rec.parent_run_id and tx.run(
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
@@ -591,6 +653,14 @@ class Store(ABC):
                                       "epoch": lease.epoch})
 
         await self._run(body)
+
+    def _ended(self, tx: Tx, run_id: str) -> None:
+        """In the transaction that set a run's terminal status (run_finish, which keeps
+        the lease's epoch on the run): drop the rows a finished run no longer needs (its
+        lease, its consumed signals; receipts stay, they are evidence) and announce it."""
+        tx.send("lease_drop", {"run_id": run_id})
+        tx.send("signals_drop_consumed", {"run_id": run_id})
+        self._announce(tx, DONE, run_id)
 
     # -- writes from outside the run (API, CLI) --------------------------------------------
 
@@ -640,12 +710,12 @@ class Store(ABC):
                 tx.send("run_cancel_request", {"run_id": run_id})
                 self._announce(tx, CANCEL, run_id)
                 return rec.status
-            if lock is not None:
-                tx.send("lease_fence", {"run_id": run_id})
+            # The lease row (locked above, so in-flight appends have landed) goes with the
+            # run's end: an expired holder finds no lease to write under.
             self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
             tx.send("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
                                   "error": "cancelled"})
-            self._announce(tx, DONE, run_id)
+            self._ended(tx, run_id)
             if rec.parent_run_id and tx.run(
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
             ):

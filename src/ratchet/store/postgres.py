@@ -13,14 +13,14 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar, TypeVar
 
 import psycopg
 import psycopg_pool
 
-from ratchet.errors import LeaseLost, StorageError
+from ratchet.errors import LeaseLost, StorageError, StoreConflict, ValueRefused
 from ratchet.model import (
     GENESIS_HASH,
     ClaimedRun,
@@ -31,7 +31,16 @@ from ratchet.model import (
     RunRecord,
     dumps,
 )
-from ratchet.store.base import CANCEL, DONE, READY, Clock, Store, Tx, record_from_row
+from ratchet.store.base import (
+    CANCEL,
+    DONE,
+    READY,
+    TIMER_BATCH,
+    Clock,
+    Store,
+    Tx,
+    record_from_row,
+)
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -68,13 +77,16 @@ def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
     return cls
 
 
+_Batch = list[tuple[Lease, Sequence[Event], "asyncio.Future[None]"]]
+
+
 class _AppendQueue:
     """Appends waiting for the next group commit on one event loop."""
 
     __slots__ = ("busy", "pending", "task")
 
     def __init__(self) -> None:
-        self.pending: list[tuple[Lease, Sequence[Event], asyncio.Future[None]]] = []
+        self.pending: _Batch = []
         self.busy = False
         self.task: asyncio.Task[None] | None = None
 
@@ -161,7 +173,7 @@ class PostgresStore(Store):
         try:
             return await loop.run_in_executor(self._executor, fn)
         except psycopg.Error as e:
-            raise StorageError(f"PostgreSQL: {e}") from e
+            raise _translate(e) from e
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._pool is None:
@@ -221,10 +233,23 @@ class PostgresStore(Store):
             return record_from_row(rows[0]), False
         return record_from_row(rows[0]), bool(rows[0]["created"])
 
-    async def claim(self, worker_id: str, ttl: float, limit: int,
-                    queues: Sequence[str]) -> list[ClaimedRun]:
-        params = {"queues": list(queues), "limit": limit, "worker_id": worker_id, "ttl": ttl}
-        rows = await self._statement(self.queries["claim_ready"], params, fetch=True)
+    async def claim(self, worker_id: str, ttl: float, limit: int, queues: Sequence[str],
+                    served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+        # Two statements in one round trip: due timers become queued (their own
+        # statement, along runs_timers), then the claim reads runs_queued alone.
+        params = {"queues": list(dict.fromkeys(queues)), "limit": limit,
+                  "worker_id": worker_id, "ttl": ttl, **self._served(served)}
+        timers = {"limit": TIMER_BATCH}
+
+        def statement() -> list[Any]:
+            with self._checkout() as conn:
+                self._sync_clock(conn)
+                with conn.pipeline():
+                    conn.execute(self.queries["timers_due"], timers)
+                    cur = conn.execute(self.queries["claim_ready"], params)
+                return cur.fetchall()
+
+        rows = await self._loop_run(statement)
         return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), "claim")
                 for row in rows for rec in (record_from_row(row),)]
 
@@ -267,43 +292,59 @@ class PostgresStore(Store):
         except psycopg.Error as e:
             if self._append_conn is not None and self._append_conn.broken:
                 self._append_conn = None
-            raise StorageError(f"PostgreSQL: {e}") from e
+            raise _translate(e) from e
 
     async def _drain_appends(self, queue: _AppendQueue) -> None:
         try:
             while queue.pending:
                 batch, queue.pending = queue.pending, []
-                cols: dict[str, list[Any]] = {name: [] for name in _APPEND_COLUMNS}
-                for lease, events, _ in batch:
-                    for e in events:
-                        for name, value in zip(_APPEND_COLUMNS, (
-                                lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind,
-                                e.step_id, e.attempt, e.payload_json or dumps(e.payload), e.at,
-                                e.prev_hash, e.hash), strict=True):
-                            cols[name].append(value)
                 try:
-                    rows = await asyncio.get_running_loop().run_in_executor(
-                        self._append_executor, self._append_now, cols)
+                    await self._append_batch(batch)
                 except Exception as e:
-                    for _, _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(e)
-                    continue
-                landed = Counter(row[0] for row in rows)
-                for lease, events, fut in batch:
-                    if fut.done():
+                    if len(batch) == 1:
+                        _fail(batch, e)
                         continue
-                    if landed[lease.run_id] == len(events):
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(LeaseLost(lease.run_id))
+                    # One bad run (a value the database refuses, say) must not fail the
+                    # others: append each run's events on its own, so it fails alone.
+                    for item in batch:
+                        try:
+                            await self._append_batch([item])
+                        except Exception as e:
+                            _fail([item], e)
         finally:
             queue.busy = False
+
+    async def _append_batch(self, batch: _Batch) -> None:
+        """Append ``batch`` in one statement and answer each append (done, or LeaseLost);
+        a failed statement raises and answers none."""
+        cols: dict[str, list[Any]] = {name: [] for name in _APPEND_COLUMNS}
+        for lease, events, _ in batch:
+            for e in events:
+                for name, value in zip(_APPEND_COLUMNS, (
+                        lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind,
+                        e.step_id, e.attempt, e.payload_json or dumps(e.payload), e.at,
+                        e.prev_hash, e.hash), strict=True):
+                    cols[name].append(value)
+        rows = await asyncio.get_running_loop().run_in_executor(
+            self._append_executor, self._append_now, cols)
+        landed = Counter(row[0] for row in rows)
+        for lease, events, fut in batch:
+            if fut.done():
+                continue
+            if landed[lease.run_id] == len(events):
+                fut.set_result(None)
+            else:
+                fut.set_exception(LeaseLost(lease.run_id))
 
     # -- dialect hooks ---------------------------------------------------------------------
 
     def _ids(self, ids: Sequence[str]) -> Any:
         return list(ids)
+
+    def _served(self, served: Collection[tuple[str, str]]) -> dict[str, Any]:
+        pairs = list(served)
+        return {"served_workflows": [w for w, _ in pairs],
+                "served_versions": [v for _, v in pairs]}
 
     def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
         tx.one("notify", {"channel": channel, "key": key})
@@ -331,3 +372,19 @@ class PostgresStore(Store):
                 for channel in CHANNELS:
                     self._wake(channel)
                 await asyncio.sleep(0.5)
+
+
+def _fail(batch: _Batch, error: Exception) -> None:
+    for _, _, fut in batch:
+        if not fut.done():
+            fut.set_exception(error)
+
+
+def _translate(e: psycopg.Error) -> Exception:
+    """A database error as Ratchet's: a refused value or a violated constraint is not
+    transient (retrying gives the same answer); anything else may be (errors.py)."""
+    if isinstance(e, psycopg.IntegrityError):
+        return StoreConflict(f"PostgreSQL: {e}")
+    if isinstance(e, psycopg.DataError):
+        return ValueRefused(f"PostgreSQL: {e}")
+    return StorageError(f"PostgreSQL: {e}")

@@ -20,10 +20,10 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
-from ratchet.errors import ConfigError, StorageError
+from ratchet.errors import ConfigError, StorageError, StoreConflict, ValueRefused
 from ratchet.model import dumps
 from ratchet.store.base import DONE, Clock, Store, Tx
 from ratchet.store.queries import load_migrations, load_queries
@@ -209,12 +209,15 @@ class SqliteStore(Store):
                 finally:
                     conn.execute("COMMIT")
             except sqlite3.Error as e:
-                raise StorageError(f"SQLite: {e}") from e
+                raise _translate(e) from e
 
     # -- dialect hooks ---------------------------------------------------------------------
 
     def _ids(self, ids: Sequence[str]) -> Any:
         return dumps(list(ids))
+
+    def _served(self, served: Collection[tuple[str, str]]) -> dict[str, Any]:
+        return {"served": dumps([[w, v] for w, v in served])}
 
     def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
         # Waiters in this process wake at once; for other processes, see _watch_finishes.
@@ -241,8 +244,13 @@ class SqliteStore(Store):
 
 
 def _translate(e: BaseException) -> BaseException:
+    """A database error as Ratchet's: a violated constraint or a refused value is not
+    transient (retrying gives the same answer); anything else may be (errors.py)."""
     if isinstance(e, sqlite3.Error):
-        err = StorageError(f"SQLite: {e}")
+        cls: type[Exception] = (StoreConflict if isinstance(e, sqlite3.IntegrityError)
+                                else ValueRefused if isinstance(e, sqlite3.DataError)
+                                else StorageError)
+        err = cls(f"SQLite: {e}")
         err.__cause__ = e
         return err
     return e
