@@ -105,9 +105,11 @@ WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
 -- Runs whose timer is due become queued, oldest timer first, along runs_timers (claims then
 -- read only runs_queued, whatever the number of runs waiting on future timers), waking
 -- every worker: this one may not serve them.
+-- (SELECT ratchet_now()) is read once, so it bounds the index scan; ratchet_now() alone is
+-- volatile and would be a filter on every waiting run.
 WITH due AS (
     SELECT run_id FROM runs
-    WHERE status = 'waiting' AND not_before <= ratchet_now()
+    WHERE status = 'waiting' AND not_before <= (SELECT ratchet_now())
     ORDER BY not_before LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), promoted AS (

@@ -92,10 +92,12 @@ WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
 -- name: timers_due
 -- Runs whose timer is due become queued, oldest timer first, along runs_timers; claims
 -- then read only runs_queued, whatever the number of runs waiting on future timers.
+-- (INDEXED BY: without ANALYZE statistics SQLite would pick runs_status and sort.)
 UPDATE runs SET status = 'queued', waiting_for = NULL, not_before = NULL,
                 updated_at = ratchet_now()
 WHERE run_id IN (
-    SELECT run_id FROM runs WHERE status = 'waiting' AND not_before <= ratchet_now()
+    SELECT run_id FROM runs INDEXED BY runs_timers
+    WHERE status = 'waiting' AND not_before <= (SELECT ratchet_now())
     ORDER BY not_before LIMIT :limit
 )
 RETURNING run_id
@@ -103,7 +105,7 @@ RETURNING run_id
 -- name: claim_pick
 -- One queue's ready runs of the workflows the worker serves, in runs_queued order.
 -- (:served is a JSON list of [workflow, version] pairs.)
-SELECT run_id, priority, created_at FROM runs
+SELECT run_id, priority, created_at FROM runs INDEXED BY runs_queued
 WHERE status = 'queued' AND queue = :queue
   AND (workflow, workflow_version) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:served))
 ORDER BY priority DESC, created_at LIMIT :limit
