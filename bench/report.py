@@ -33,7 +33,8 @@ def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
              ) -> dict[str, dict[str, Any]]:
     """{system key: {field: stats or note}} with derived figures."""
     out: dict[str, dict[str, Any]] = {}
-    systems = {k.split("|", 1)[1] for k in samples if not k.startswith("limit|")}
+    systems = {k.split("|", 1)[1] for k in samples
+               if not k.startswith(("limit|", "claimbacklog|"))}
     for system in sorted(systems):
         figs: dict[str, Any] = {}
         zero = samples.get(f"sequential0|{system}", [])
@@ -199,5 +200,31 @@ def write_reports(results: dict[str, Any]) -> str:
             out += ["", "Notes:"]
             out += [f"- {_label(s)}, {k.replace('.note', '').replace('.setting', ' setting')}: "
                     f"{str(v)[:200]}" for s, k, v in notes]
+    out += claim_backlog_section(results)
     out += ["", "## Targets", "", *_targets(figs), ""]
     return "\n".join(out)
+
+
+def claim_backlog_section(results: dict[str, Any]) -> list[str]:
+    """Ratchet's claim latency (p50 of one-run claims, ms) against the backlog size."""
+    sizes = results.get("plan", {}).get("claim_backlogs") or sorted(
+        {int(k.split("|")[2]) for k in results["samples"] if k.startswith("claimbacklog|")})
+    if not sizes:
+        return []
+    out = ["", "## Claim latency against backlog (Ratchet)", "",
+           "A claim of one run, p50 in ms, with N runs in the database: half queued, half "
+           "waiting on a timer an hour ahead. Flat means index-ordered."
+           + (f" Measured {run['date']} ({run['repeats']} repeats"
+              f"{', QUICK' if run['quick'] else ''}) with `python -m bench.run --claim-only`."
+              if (run := results.get("claim_backlog_run")) else ""), "",
+           "| backend | " + " | ".join(f"N = {n:,}" for n in sizes) + " |",
+           "|---|" + "---|" * len(sizes)]
+    for backend in ("sqlite", "postgres"):
+        cells = []
+        for n in sizes:
+            rows = results["samples"].get(f"claimbacklog|{backend}|{n}", [])
+            stats = _stats([r["p50_ms"] for r in rows if "p50_ms" in r])
+            bad = [r.get("error") for r in rows if "error" in r]
+            cells.append(_cell(stats) if stats or not bad else "n/a")
+        out.append(f"| {backend} | " + " | ".join(cells) + " |")
+    return out

@@ -27,6 +27,7 @@ from typing import Any
 
 import psycopg
 
+from bench.report import claim_backlog_section as _claim_section
 from bench.report import write_reports
 
 PG_ADMIN = os.environ.get("RATCHET_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -74,6 +75,8 @@ class Plan:
     pickup_n_for: dict[str, int] = field(default_factory=dict)
     # Extra options for a peer's recovery, e.g. a shorter lease to wait out in a quick run.
     recovery_options: dict[str, list[str]] = field(default_factory=dict)
+    # Backlog sizes (runs, half queued, half waiting on a future timer) for claim latency.
+    claim_backlogs: tuple[int, ...] = (0, 10_000, 50_000, 100_000)
 
 
 def plan(quick: bool) -> Plan:
@@ -81,7 +84,8 @@ def plan(quick: bool) -> Plan:
         return Plan(repeats=1, sequential_n=10, concurrent_n=100, replay_steps=1000,
                     pickup_n=10, limit_seconds=0.5, timeout=60,
                     pickup_n_for={"dbos": 3, "absurd": 5},
-                    recovery_options={"absurd": ["--lease", "3"]})
+                    recovery_options={"absurd": ["--lease", "3"]},
+                    claim_backlogs=(0, 10_000))
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
@@ -290,16 +294,43 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
                 record(f"pickup|{key}",
                        adapter(system, "pickup", dbs.fresh(system), p.timeout,
                                "--n", str(p.pickup_n_for.get(system.name, p.pickup_n))))
+                if system.name == "ratchet":
+                    for backlog in p.claim_backlogs:
+                        record(f"claimbacklog|{system.backend}|{backlog}",
+                               adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
+                                       "--n", str(backlog)))
     finally:
         dbs.close()
     return {
         "quick": quick,
         "repeats": p.repeats,
         "plan": {"sequential_n": p.sequential_n, "concurrent_n": p.concurrent_n,
-                 "replay_steps": p.replay_steps, "pickup_n": p.pickup_n},
+                 "replay_steps": p.replay_steps, "pickup_n": p.pickup_n,
+                 "claim_backlogs": list(p.claim_backlogs)},
         "machine": machine(),
         "samples": samples,
     }
+
+
+def claim_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """Just the claim-latency measure, on both backends (its report has only that table)."""
+    p = plan(quick)
+    dbs = Databases()
+    samples: dict[str, list[dict[str, Any]]] = {}
+    try:
+        for _ in range(p.repeats):
+            for backend in ("sqlite", "postgres"):
+                system = System("ratchet", backend)
+                for backlog in p.claim_backlogs:
+                    key = f"claimbacklog|{backend}|{backlog}"
+                    answer = adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
+                                     "--n", str(backlog))
+                    samples.setdefault(key, []).append(answer)
+                    log(f"{key}: {json.dumps(answer)[:160]}")
+    finally:
+        dbs.close()
+    return {"quick": quick, "repeats": p.repeats, "machine": machine(), "samples": samples,
+            "plan": {"claim_backlogs": list(p.claim_backlogs)}}
 
 
 def machine() -> dict[str, Any]:
@@ -326,6 +357,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         default=os.environ.get("QUICK") not in (None, "", "0"))
     parser.add_argument("--only", help="comma-separated systems, e.g. ratchet,dbos")
+    parser.add_argument("--claim-only", action="store_true",
+                        help="measure only claim latency against backlog size (Ratchet)")
     parser.add_argument("--report-only", action="store_true",
                         help="re-write latest.md from latest.json without measuring")
     args = parser.parse_args()
@@ -340,6 +373,21 @@ def main() -> None:
     def log(line: str) -> None:
         print(f"[{time.monotonic() - started:7.1f}s] {line}", flush=True)
 
+    if args.claim_only:
+        # Merged into the latest full results: that measure's figures are replaced, the
+        # others kept as they were measured.
+        claim = claim_only(args.quick, log)
+        results = json.loads((RESULTS / "latest.json").read_text())
+        results["samples"] = {k: v for k, v in results["samples"].items()
+                              if not k.startswith("claimbacklog|")} | claim["samples"]
+        results.setdefault("plan", {})["claim_backlogs"] = claim["plan"]["claim_backlogs"]
+        results["claim_backlog_run"] = {"date": claim["machine"]["date"],
+                                        "quick": args.quick, "repeats": claim["repeats"]}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+        (RESULTS / "latest.md").write_text(write_reports(results))
+        print("\n".join(_claim_section(results)))
+        return
     results = run(args.quick, only, log)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     RESULTS.mkdir(exist_ok=True)

@@ -24,7 +24,10 @@ EVENTS = ("SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, h
           "FROM journal_events ORDER BY run_id, seq")
 RECEIPTS = ("SELECT idempotency_key, run_id, step_id, status, epoch, response "
             "FROM side_effect_receipts")
-LOCKS = "SELECT run_id, worker_id, epoch, expires_at FROM run_locks"
+# A finished run's lease row is gone; runs.lease_epoch keeps its last epoch.
+LOCKS = ("SELECT r.run_id, l.worker_id, coalesce(l.epoch, r.lease_epoch), "
+         "coalesce(l.expires_at, 0) FROM runs r LEFT JOIN run_locks l ON l.run_id = r.run_id "
+         "WHERE l.run_id IS NOT NULL OR r.lease_epoch > 0")
 SIGNALS = "SELECT run_id, name FROM signals WHERE consumed_seq IS NULL"
 STATUS = "SELECT status, count(*) FROM runs GROUP BY status"
 

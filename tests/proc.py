@@ -227,16 +227,19 @@ class Harness:
                         self.worker_logs)
 
     def lease(self, run_id: str) -> tuple[str | None, int, float]:
-        """The run's ``run_locks`` row: ``(worker_id, epoch, expires_at)``."""
+        """The run's ``run_locks`` row: ``(worker_id, epoch, expires_at)``; for a finished
+        run, whose row is gone, ``(None, its last epoch, 0)``."""
+        sql = ("SELECT l.worker_id, coalesce(l.epoch, r.lease_epoch), "
+               "coalesce(l.expires_at, 0) FROM runs r "
+               "LEFT JOIN run_locks l ON l.run_id = r.run_id WHERE r.run_id = {} "
+               "AND (l.run_id IS NOT NULL OR r.status IN ('succeeded', 'failed', 'cancelled'))")
         if self.db_url.startswith("sqlite:///"):
             path = self.db_url[len("sqlite:///"):]
             with sqlite3.connect(path, timeout=30) as conn:
-                row = conn.execute("SELECT worker_id, epoch, expires_at FROM run_locks "
-                                   "WHERE run_id = ?", (run_id,)).fetchone()
+                row = conn.execute(sql.format("?"), (run_id,)).fetchone()
             conn.close()
         else:
             with psycopg.connect(self.db_url) as pg:
-                row = pg.execute("SELECT worker_id, epoch, expires_at FROM run_locks "
-                                 "WHERE run_id = %s", (run_id,)).fetchone()
+                row = pg.execute(sql.format("%s"), (run_id,)).fetchone()
         assert row is not None, f"run {run_id} has no run_locks row"
         return row[0], int(row[1]), float(row[2])

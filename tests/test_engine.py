@@ -464,7 +464,9 @@ def test_start_with_an_explicit_run_id_is_idempotent(make_app: Callable[..., rat
         return None
 
     assert app.start(echo, 1, run_id="order-42") == "order-42"
-    assert app.start(echo, 2, run_id="order-42") == "order-42"
+    assert app.start(echo, 1, run_id="order-42") == "order-42"
+    with pytest.raises(ratchet.RunIdConflict, match="input"):
+        app.start(echo, 2, run_id="order-42")
     assert [r.run_id for r in app.runs()] == ["order-42"]
     assert app.get("order-42").input == {"args": [1], "kwargs": {}}
     with pytest.raises(ratchet.InvalidInput, match="already belongs to workflow 'echo'"):

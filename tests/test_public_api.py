@@ -12,6 +12,7 @@ EXPECTED = {
     "StepFailed", "StepInfo", "StepTimeout", "StorageError", "ToolError", "UnknownRun",
     "UnknownWorkflow", "WorkflowDef", "child", "current_step", "deliver", "deliver_sync",
     "sleep", "wait_for_signal",
+    "RunIdConflict",
 }
 
 
@@ -36,8 +37,8 @@ def test_every_public_name_has_a_docstring() -> None:
 
 # Every blocking call on Ratchet and its awaitable twin; the twin takes the same parameters.
 BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
-            "count_runs", "dead_letters", "count_dead_letters", "receipts", "launch",
-            "shutdown"]
+            "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
+            "launch", "shutdown"]
 
 
 def test_every_blocking_call_has_an_async_twin() -> None:

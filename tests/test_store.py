@@ -8,12 +8,13 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from ratchet.errors import ConfigError, LeaseLost, RunFinished, UnknownRun
+from ratchet.errors import ConfigError, LeaseLost, RunFinished, RunIdConflict, UnknownRun
 from ratchet.model import Event, EventKind, Lease, NewRun, RunStatus, fold
 from ratchet.store import Clock, Store, make_store
 from ratchet.store.queries import load_migrations
 
 TTL = 10.0
+SERVED = [("wf", "1")]
 
 
 @pytest.fixture
@@ -39,17 +40,19 @@ def _next(events: list[Event], kind: str, payload: dict | None = None,
 
 async def test_create_run_is_idempotent_and_journals_run_queued(store: Store) -> None:
     rec, created = await store.create_run(NewRun("r1", "wf", "1", {"x": 1}))
-    again, created_again = await store.create_run(NewRun("r1", "wf", "1", {"x": 2}))
+    again, created_again = await store.create_run(NewRun("r1", "wf", "1", {"x": 1}))
     assert created and not created_again
     assert again.input == {"x": 1} and rec.status == RunStatus.QUEUED
+    with pytest.raises(RunIdConflict, match=r'input \{"x":1\} \(not \{"x":2\}\)'):
+        await store.create_run(NewRun("r1", "wf", "1", {"x": 2}))
     events = await store.load_events("r1")
     assert [(e.seq, e.kind) for e in events] == [(1, "run_queued")]
 
 
 async def test_claim_takes_a_run_once_and_append_checks_the_lease(store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
-    assert await store.claim("w2", TTL, 10, ["default"]) == []
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
+    assert await store.claim("w2", TTL, 10, ["default"], SERVED) == []
     events = await store.load_events("r1")
     ev = _next(events, EventKind.RUN_STARTED)
     await store.append(claimed.lease, [ev])
@@ -61,21 +64,21 @@ async def test_claim_takes_a_run_once_and_append_checks_the_lease(store: Store) 
 
 async def test_queues_are_separate(store: Store) -> None:
     await _new(store, "r1", queue="slow")
-    assert await store.claim("w1", TTL, 10, ["default"]) == []
-    assert len(await store.claim("w1", TTL, 10, ["slow"])) == 1
+    assert await store.claim("w1", TTL, 10, ["default"], SERVED) == []
+    assert len(await store.claim("w1", TTL, 10, ["slow"], SERVED)) == 1
 
 
 async def test_expired_lease_is_stolen_with_a_higher_epoch_and_the_old_holder_is_fenced(
         store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
-    assert await store.steal_expired("w2", TTL, 20, ["default"]) == []  # still live
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
+    assert await store.steal_expired("w2", TTL, 20, ["default"], SERVED) == []  # still live
     store.clock.advance(TTL + 1)
     # An expired but unstolen lease may not append either: "live" is checked, not assumed.
     events = await store.load_events("r1")
     with pytest.raises(LeaseLost):
         await store.append(claimed.lease, [_next(events, EventKind.RUN_STARTED)])
-    [stolen] = await store.steal_expired("w2", TTL, 20, ["default"])
+    [stolen] = await store.steal_expired("w2", TTL, 20, ["default"], SERVED)
     assert stolen.lease.epoch == claimed.lease.epoch + 1 and stolen.reason == "sweep"
     # Renewal tells the old holder it lost the run.
     assert await store.renew("w1", TTL, ["r1"]) == []
@@ -89,10 +92,10 @@ async def test_expired_lease_is_stolen_with_a_higher_epoch_and_the_old_holder_is
 async def test_sweep_takes_at_most_its_limit(store: Store) -> None:
     for i in range(25):
         await _new(store, f"r{i:02d}")
-    assert len(await store.claim("w1", TTL, 25, ["default"])) == 25
+    assert len(await store.claim("w1", TTL, 25, ["default"], SERVED)) == 25
     store.clock.advance(TTL + 1)
-    assert len(await store.steal_expired("w2", TTL, 20, ["default"])) == 20
-    assert len(await store.steal_expired("w2", TTL, 20, ["default"])) == 5
+    assert len(await store.steal_expired("w2", TTL, 20, ["default"], SERVED)) == 20
+    assert len(await store.steal_expired("w2", TTL, 20, ["default"], SERVED)) == 5
 
 
 async def test_two_sweepers_race_and_one_wins_each_run(db_url: str) -> None:
@@ -102,10 +105,10 @@ async def test_two_sweepers_race_and_one_wins_each_run(db_url: str) -> None:
     try:
         for i in range(10):
             await _new(stores[0], f"r{i}")
-        await stores[0].claim("dead", TTL, 10, ["default"])
+        await stores[0].claim("dead", TTL, 10, ["default"], SERVED)
         for s in stores:
             s.clock.advance(TTL + 1)
-        got = await asyncio.gather(*(s.steal_expired(f"sweeper{i}", TTL, 20, ["default"])
+        got = await asyncio.gather(*(s.steal_expired(f"sweeper{i}", TTL, 20, ["default"], SERVED)
                                      for i, s in enumerate(stores)))
         ids = [c.record.run_id for batch in got for c in batch]
         assert sorted(ids) == sorted(f"r{i}" for i in range(10))  # each exactly once
@@ -116,10 +119,10 @@ async def test_two_sweepers_race_and_one_wins_each_run(db_url: str) -> None:
 
 async def test_reclaim_own_takes_back_running_runs_at_once(store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w-fixed", TTL, 10, ["default"])
-    [again] = await store.reclaim_own("w-fixed", TTL)
+    [claimed] = await store.claim("w-fixed", TTL, 10, ["default"], SERVED)
+    [again] = await store.reclaim_own("w-fixed", TTL, SERVED)
     assert again.reason == "reclaim" and again.lease.epoch == claimed.lease.epoch + 1
-    assert await store.reclaim_own("someone-else", TTL) == []
+    assert await store.reclaim_own("someone-else", TTL, SERVED) == []
 
 
 async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(
@@ -131,7 +134,7 @@ async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(
         await s.open()
     try:
         await _new(stores[0])
-        [claimed] = await stores[0].claim("w1", TTL, 10, ["default"])
+        [claimed] = await stores[0].claim("w1", TTL, 10, ["default"], SERVED)
         events = await stores[0].load_events("r1")
         attempts = [
             s.finish(claimed.lease, [_next(events, EventKind.RUN_SUCCEEDED, {"output": i})],
@@ -152,7 +155,7 @@ async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(
 
 async def test_park_sees_a_signal_that_arrived_first(store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     await store.send_signal("r1", "go", {"ok": True})
     assert await store.park(claimed.lease, [], ["signal:go"], None) == ("ready", ["signal:go"])
     assert (await store.get_run("r1")).status == RunStatus.RUNNING  # type: ignore[union-attr]
@@ -166,12 +169,12 @@ async def test_park_sees_a_signal_that_arrived_first(store: Store) -> None:
 
 async def test_timer_makes_a_parked_run_claimable_when_due(store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     now = await store.now()
     assert await store.park(claimed.lease, [], ["sleep:2:sleep"], now + 3600) == ("parked", [])
-    assert await store.claim("w1", TTL, 10, ["default"]) == []
+    assert await store.claim("w1", TTL, 10, ["default"], SERVED) == []
     store.clock.advance(3601)
-    [woken] = await store.claim("w1", TTL, 10, ["default"])
+    [woken] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     assert woken.lease.epoch == claimed.lease.epoch + 1
 
 
@@ -182,7 +185,7 @@ async def test_cancel_queued_run_at_once_and_running_run_by_flag(store: Store) -
     assert await store.cancel("q") == RunStatus.CANCELLED  # idempotent
 
     await _new(store, "r")
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     assert await store.cancel("r") == RunStatus.RUNNING
     [held] = await store.renew("w1", TTL, ["r"])
     assert held.cancel_requested
@@ -192,7 +195,7 @@ async def test_cancel_queued_run_at_once_and_running_run_by_flag(store: Store) -
 
 async def test_cancel_of_expired_holder_fences_it(store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     store.clock.advance(TTL + 1)
     assert await store.cancel("r1") == RunStatus.CANCELLED
     store.clock.advance(-(TTL + 1))  # even if its lease looked live again, the epoch moved
@@ -217,7 +220,7 @@ async def test_signal_to_finished_run_is_refused(store: Store) -> None:
 
 async def test_journal_is_a_gapless_hash_chain(store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     events = await store.load_events("r1")
     for i in range(5):
         ev = _next(events, EventKind.STEP_STARTED, {"i": i}, step_id=f"{i + 1}:s")
@@ -255,14 +258,15 @@ def test_malformed_database_url_is_refused_before_anything_opens(url: str) -> No
 
 async def test_terminal_status_is_guarded_by_the_database_not_the_lease(store: Store) -> None:
     await _new(store)
-    [claimed] = await store.claim("w1", TTL, 10, ["default"])
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     events = await store.load_events("r1")
     done = _next(events, EventKind.RUN_SUCCEEDED, {"output": 1})
     await store.finish(claimed.lease, [done], RunStatus.SUCCEEDED, output=1)
     # Hand the same lease back, as a broken lease mechanism would: the guarded update
     # still refuses a second terminal transition, and its event rolls back with it.
     await store._run(lambda tx: tx._cur.execute(
-        "UPDATE run_locks SET worker_id = 'w1', expires_at = 1e12"))
+        "INSERT INTO run_locks (run_id, worker_id, epoch, expires_at) "
+        f"VALUES ('r1', 'w1', {claimed.lease.epoch}, 1e12)"))
     with pytest.raises(RunFinished):
         await store.finish(claimed.lease, [_next([*events, done], EventKind.RUN_FAILED)],
                            RunStatus.FAILED, error="late")

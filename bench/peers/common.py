@@ -45,6 +45,7 @@ MEASURES = (
     "replay",
     "pickup",
     "takeover",
+    "claim-backlog",
 )
 DEFAULT_STEPS = {"sequential": 10, "concurrent": 10, "replay": 10_000}
 DEFAULT_N = {"sequential": 100, "concurrent": 1000, "pickup": 50}

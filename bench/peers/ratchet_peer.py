@@ -37,6 +37,7 @@ from bench.peers.common import (
     stable_id,
     write_marker,
 )
+from ratchet.model import NewRun
 
 WORKER_ID = "bench-worker"
 
@@ -209,7 +210,54 @@ def pickup(args: argparse.Namespace) -> Result:
             "setting": "LISTEN/NOTIFY" if args.backend == "postgres" else "in-process wake-up"}
 
 
+def claim_backlog(args: argparse.Namespace) -> Result:
+    """Claim latency with ``--n`` runs in the database, half queued, half waiting on a
+    timer an hour ahead: each sample claims one run from the head of the queue."""
+    app, wf = _app(args)
+    samples_n = 40
+
+    async def body() -> list[float]:
+        store = await app._astore()
+        half = args.n // 2
+        if args.backend == "postgres":
+            fill = ("INSERT INTO runs (run_id, workflow, workflow_version, input, status, "
+                    "priority, not_before, created_at, updated_at) SELECT 'b' || i, %s, %s, "
+                    "'{}', CASE WHEN i <= %s THEN 'queued' ELSE 'waiting' END, 0, CASE WHEN "
+                    "i <= %s THEN NULL ELSE ratchet_now() + 3600 END, i, i "
+                    "FROM generate_series(1, %s) i")
+        else:
+            fill = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                    "WHERE i < ?) INSERT INTO runs (run_id, workflow, workflow_version, input, "
+                    "status, priority, not_before, created_at, updated_at) SELECT 'b' || i, ?, "
+                    "?, '{}', CASE WHEN i <= ? THEN 'queued' ELSE 'waiting' END, 0, CASE WHEN "
+                    "i <= ? THEN NULL ELSE ratchet_now() + 3600 END, i, i FROM n")
+        params = ((wf.name, wf.version, half, half, args.n) if args.backend == "postgres"
+                  else (args.n, wf.name, wf.version, half, half))
+        if args.n:
+            await store._run(lambda tx: tx._cur.execute(fill, params))
+        # The runs the samples claim, at the head of the queue (older than the backlog), so
+        # every sample claims one run whatever N is.
+        for i in range(samples_n + WARMUP_RUNS):
+            await store.create_run(NewRun(f"head-{i}", wf.name, wf.version,
+                                          {"args": [], "kwargs": {}}))
+        await store._run(lambda tx: tx._cur.execute(
+            "UPDATE runs SET created_at = -created_at WHERE run_id LIKE 'head-%'"))
+        if args.backend == "postgres":
+            await store._run(lambda tx: tx._cur.execute("ANALYZE runs"))
+        served = [(wf.name, wf.version)]
+        samples = []
+        for _ in range(samples_n + WARMUP_RUNS):
+            t0 = clock()
+            await store.claim(WORKER_ID, 30.0, 1, ["default"], served)
+            samples.append(ms(clock() - t0))
+        return samples[WARMUP_RUNS:]
+
+    samples = asyncio.run(body())
+    return {**latency_summary(samples), "backlog": args.n, "samples": samples_n}
+
+
 MEASURES = {
+    "claim-backlog": claim_backlog,
     "sequential": sequential,
     "concurrent": concurrent,
     "recovery-crash": recovery_crash,

@@ -28,7 +28,7 @@ from ratchet.errors import (
     UnknownWorkflow,
 )
 from ratchet.model import DeadLetter, Event, NewRun, Receipt, RunRecord, RunStatus
-from ratchet.store import Clock, Store, make_store
+from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
 
 T = TypeVar("T")
@@ -302,6 +302,11 @@ class Ratchet:
         _check_status(status)
         return await (await self._astore()).list_runs(status, limit)
 
+    async def live_workers_async(self) -> list[WorkerInfo]:
+        """The workers seen within their lease TTL, with the workflows and queues each
+        serves."""
+        return await (await self._astore()).live_workers()
+
     async def count_runs_async(self, status: str | None = None) -> int:
         """How many runs there are (with ``status``, if given)."""
         _check_status(status)
@@ -372,6 +377,10 @@ class Ratchet:
     def receipts(self, run_id: str) -> list[Receipt]:
         """Blocking :meth:`receipts_async`."""
         return self._portal.call(self.receipts_async(run_id))
+
+    def live_workers(self) -> list[WorkerInfo]:
+        """Blocking :meth:`live_workers_async`."""
+        return self._portal.call(self.live_workers_async())
 
     # -- workers ---------------------------------------------------------------------------
 

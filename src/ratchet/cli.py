@@ -37,6 +37,7 @@ from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL, parse_duration
 from ratchet.engine import faults
 from ratchet.errors import ConfigError, RatchetError
 from ratchet.model import Event, RunRecord, RunStatus, StepState, dumps, fold
+from ratchet.store import WorkerInfo
 
 log = logging.getLogger("ratchet.cli")
 
@@ -332,6 +333,8 @@ def runs(
         more = len(records) > limit
         records = records[:limit]
         total = app.count_runs(status) if more else len(records)
+        queued = [r for r in records if r.status == RunStatus.QUEUED]
+        notes = _unserved_notes(queued, app.live_workers()) if queued else []
     note = _more(len(records), total, "runs" + (f" with status {status}" if status else ""))
     if as_json:
         _echo_json([r.as_dict() for r in records])
@@ -350,6 +353,25 @@ def runs(
     console.print(table)
     if more:
         console.print(note)
+    for line in notes:
+        console.print(Text(line, style="yellow"))
+
+
+def _unserved_notes(queued: list[RunRecord], workers: list[WorkerInfo]) -> list[str]:
+    """Why queued runs stay queued: no live worker serves their workflow version, or
+    none takes their queue."""
+    notes: dict[str, int] = {}
+    for r in queued:
+        serving = [w for w in workers if (r.workflow, r.workflow_version) in w.serves]
+        if not serving:
+            why = f"no live worker serves workflow {r.workflow} v{r.workflow_version}"
+        elif not any(r.queue in w.queues for w in serving):
+            why = (f"no live worker of workflow {r.workflow} v{r.workflow_version} takes "
+                   f"queue {r.queue}")
+        else:
+            continue
+        notes[why] = notes.get(why, 0) + 1
+    return [f"note: {n} queued run{'s' if n > 1 else ''}: {why}" for why, n in notes.items()]
 
 
 def _step_dict(step: StepState) -> dict[str, Any]:

@@ -5,6 +5,19 @@ Every error derives from :class:`RatchetError`; its docstring is its default mes
 retry policy can decide without string matching; ``never`` is never retried.
 Control-flow signals that user code must not swallow (a parked run, a lost lease) derive
 from ``BaseException``.
+
+What the store raises, and what it means for the caller:
+
+* :class:`StorageError` is transient: the database failed or could not be reached (a
+  dropped connection, a restart, a lock timeout, a full disk, a store closed under the
+  call). The same operation may well succeed soon: retry it, or drive the run again.
+* :class:`StoreConflict` and :class:`ValueRefused` are not: the database answered, and
+  the answer contradicts what the operation expected (a constraint violated, a row
+  already in a state only this caller should have put it in) or refuses a value it cannot
+  store. Retrying the same operation gives the same answer; they are bugs or bad data, to
+  be surfaced, never looped on. Neither is a StorageError.
+* :class:`LeaseLost`, :class:`RunFinished`, :class:`UnknownRun`, :class:`RunIdConflict`
+  and :class:`NotDeadLettered` are answers about the run, not failures of the database.
 """
 
 from __future__ import annotations
@@ -35,6 +48,11 @@ class UnknownRun(InvalidInput, LookupError):
     """Unknown run id."""
 
 
+class RunIdConflict(InvalidInput):
+    """A run with this id already exists with a different workflow, input, queue or
+    priority."""
+
+
 class NotSerializable(InvalidInput, TypeError):
     """A value is not JSON-serialisable."""
 
@@ -47,6 +65,24 @@ class InvalidRetryPolicy(InvalidInput):
 
 class StorageError(RatchetError):
     """The database refused or failed an operation."""
+
+
+class StoreConflict(RatchetError):
+    """The database's state contradicts what a store operation expected (a broken
+    invariant, not a failing database); retrying will not help."""
+
+    retry_class = "never"
+
+
+class SignalAlreadyConsumed(StoreConflict):
+    """The signal was already consumed."""
+
+
+class ValueRefused(RatchetError):
+    """The database refused a value it cannot store (out of range, a character its text
+    type cannot hold); retrying will not help."""
+
+    retry_class = "never"
 
 
 class NonDeterminismError(RatchetError):

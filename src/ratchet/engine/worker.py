@@ -81,6 +81,9 @@ class Worker:
         self.lease_ttl = lease_ttl or lease_ttl_from_env()
         self.recovery_interval = recovery_interval or recovery_interval_from_env()
         self.queues = list(queues)
+        # Claims take only runs of these (workflow, version) pairs: in a rolling deploy,
+        # or beside workers of other apps, the rest wait for a worker that has them.
+        self.served = frozenset((wd.name, wd.version) for wd in workflows.values())
         self.poll_interval = poll_interval or (0.05 if store.dialect == "sqlite" else 1.0)
         self.grace = grace
         # Plain `def` steps run on threads of the worker's own, sized from its concurrency
@@ -100,9 +103,12 @@ class Worker:
         """Work until ``stop`` is set (or the task is cancelled), then stop every drive
         (see the module docstring) so another worker can take its run at once."""
         stop = stop or asyncio.Event()
-        await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid())
+        await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
+                                         serves=self.served, queues=self.queues,
+                                         lease_ttl=self.lease_ttl)
         sent_at = time.monotonic()
-        self._spawn(await self.store.reclaim_own(self.worker_id, self.lease_ttl), sent_at)
+        self._spawn(await self.store.reclaim_own(self.worker_id, self.lease_ttl, self.served),
+                    sent_at)
         log.info("action=worker_started worker_id=%s concurrency=%s ttl=%ss sweep=%ss grace=%ss",
                  self.worker_id, self.concurrency, self.lease_ttl, self.recovery_interval,
                  self.grace)
@@ -215,7 +221,7 @@ class Worker:
                 sent_at = time.monotonic()
                 try:
                     runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
-                                                  self.queues)
+                                                  self.queues, self.served)
                 except Exception as e:
                     log.warning("action=claim_failed error=%s", e)
                     await asyncio.sleep(self.poll_interval)
@@ -281,7 +287,7 @@ class Worker:
         sent_at = time.monotonic()
         try:
             runs = await self.store.steal_expired(self.worker_id, self.lease_ttl, free,
-                                                  self.queues)
+                                                  self.queues, self.served)
         except Exception as e:
             log.warning("action=sweep_failed error=%s", e)
             return []

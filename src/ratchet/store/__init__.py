@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from ratchet.config import DatabaseURL
-from ratchet.store.base import Clock, HeldLease, LeaseState, Store
+from ratchet.store.base import Clock, HeldLease, LeaseState, Store, WorkerInfo
 
-__all__ = ["Clock", "HeldLease", "LeaseState", "Store", "make_store"]
+__all__ = ["Clock", "HeldLease", "LeaseState", "Store", "WorkerInfo", "make_store"]
 
 
 def make_store(url: str, clock: Clock | None = None, *, read_only: bool = False) -> Store:

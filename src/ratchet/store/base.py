@@ -10,14 +10,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ratchet.errors import LeaseLost, NotDeadLettered, RunFinished, StorageError, UnknownRun
+from ratchet.errors import (
+    LeaseLost,
+    NotDeadLettered,
+    RunFinished,
+    RunIdConflict,
+    SignalAlreadyConsumed,
+    UnknownRun,
+)
 from ratchet.model import (
     ClaimedRun,
     DeadLetter,
@@ -30,13 +36,15 @@ from ratchet.model import (
     RunStatus,
     dumps,
 )
+from ratchet.store.bus import CANCEL, DONE, READY, Bus
+
+__all__ = ["CANCEL", "DONE", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx",
+           "WorkerInfo"]
 
 T = TypeVar("T")
 
-READY = "ratchet_ready"  # a run became claimable
-DONE = "ratchet_done"  # a run reached a terminal status
-CANCEL = "ratchet_cancel"  # a cancel was requested for a run a worker holds
-
+TIMER_BATCH = 100  # due timers promoted to queued per claim
+WORKER_GONE_TTLS = 20  # a worker unseen for this many of its TTLs is forgotten
 
 class Clock:
     """An offset added to the database's clock. Tests move it forward to expire leases
@@ -113,6 +121,19 @@ class HeldLease:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A row of ``workers``: who serves which ``(workflow, version)`` pairs and queues."""
+
+    worker_id: str
+    host: str
+    pid: int
+    serves: frozenset[tuple[str, str]]
+    queues: tuple[str, ...]
+    lease_ttl: float
+    seen_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class LeaseState:
     """A run's lease as the database has it."""
 
@@ -121,34 +142,69 @@ class LeaseState:
     live: bool
 
 
-def record_from_row(row: Sequence[Any]) -> RunRecord:
+# Rows are read by column name (sqlite3.Row; a name-indexable tuple on PostgreSQL): one
+# mapping per row shape, so a query may add or reorder columns without breaking its readers.
+
+def record_from_row(row: Any) -> RunRecord:
+    """A ``runs`` row (the columns of ``run_get``) as a :class:`RunRecord`."""
+    output = row["output"]
     return RunRecord(
-        run_id=row[0],
-        workflow=row[1],
-        workflow_version=row[2],
-        input=json.loads(row[3]),
-        status=RunStatus(row[4]),
-        output=json.loads(row[5]) if row[5] is not None else None,
-        error=row[6],
-        parent_run_id=row[7],
-        parent_step_id=row[8],
-        queue=row[9],
-        priority=row[10],
-        not_before=row[11],
-        waiting_for=row[12],
-        created_at=row[13],
-        updated_at=row[14],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        workflow_version=row["workflow_version"],
+        input=json.loads(row["input"]),
+        status=RunStatus(row["status"]),
+        output=json.loads(output) if output is not None else None,
+        error=row["error"],
+        parent_run_id=row["parent_run_id"],
+        parent_step_id=row["parent_step_id"],
+        queue=row["queue"],
+        priority=row["priority"],
+        not_before=row["not_before"],
+        waiting_for=row["waiting_for"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
     )
 
 
-def _event(row: Sequence[Any]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]), row[6], row[7],
-                 row[8], row[5])
+def _event(row: Any) -> Event:
+    payload = row["payload"]
+    return Event(row["run_id"], row["seq"], row["kind"], row["step_id"], row["attempt"],
+                 json.loads(payload), row["at"], row["prev_hash"], row["hash"], payload)
 
 
-def _receipt(row: Sequence[Any]) -> Receipt:
-    response = json.loads(row[4]) if row[4] is not None else None
-    return Receipt(row[0], row[1], row[2], row[3], response, row[5], row[6])
+def _receipt(row: Any) -> Receipt:
+    response = row["response"]
+    return Receipt(row["idempotency_key"], row["run_id"], row["step_id"], row["status"],
+                   json.loads(response) if response is not None else None,
+                   row["claimed_at"], row["settled_at"])
+
+
+def _dead_letter(row: Any) -> DeadLetter:
+    return DeadLetter(row["run_id"], row["workflow"], row["reason"], row["error"], row["at"])
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = dumps(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _check_same_run(rec: RunRecord, new: NewRun) -> None:
+    """An idempotent start found ``rec`` under ``new``'s id: the same request, or a
+    conflict named field by field (a different workflow, input, queue or priority)."""
+    if rec.workflow != new.workflow:
+        raise RunIdConflict(f"run id {rec.run_id!r} already belongs to workflow "
+                            f"{rec.workflow!r}, not {new.workflow!r}")
+    diffs = []
+    if dumps(rec.input) != dumps(new.input):
+        diffs.append(f"input {_short(rec.input)} (not {_short(new.input)})")
+    if rec.queue != new.queue:
+        diffs.append(f"queue {rec.queue!r} (not {new.queue!r})")
+    if rec.priority != new.priority:
+        diffs.append(f"priority {rec.priority} (not {new.priority})")
+    if diffs:
+        raise RunIdConflict(f"run id {rec.run_id!r} already exists with "
+                            f"{'; '.join(diffs)}: use another run id")
 
 
 def event_params(ev: Event) -> dict[str, Any]:
@@ -173,9 +229,8 @@ class Store(ABC):
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
-        self._waiters: dict[tuple[str, str],
-                            set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
-        self._waiters_lock = threading.Lock()
+        self.bus = Bus(self._on_watch)
+        self._registrations: dict[str, dict[str, Any]] = {}
 
     # -- dialect hooks -------------------------------------------------------------------
 
@@ -190,6 +245,10 @@ class Store(ABC):
     @abstractmethod
     def _ids(self, ids: Sequence[str]) -> Any:
         """A list of ids as the dialect's queries take it."""
+
+    @abstractmethod
+    def _served(self, served: Collection[tuple[str, str]]) -> dict[str, Any]:
+        """``(workflow, version)`` pairs as the parameters the dialect's queries take."""
 
     @abstractmethod
     def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
@@ -208,54 +267,34 @@ class Store(ABC):
         """Start listening for other processes' announcements (dialects that can)."""
         return
 
-    def _wake(self, channel: str, key: str = "") -> None:
-        """Wake the waiters on ``channel`` for ``key`` (DONE: a run id; READY: ""), and on
-        DONE also those waiting for any run. Callable from any thread."""
-        with self._waiters_lock:
-            waiters = list(self._waiters.get((channel, key), ()))
-            if key:
-                waiters += self._waiters.get((channel, ""), ())
-        for loop, event in waiters:
-            loop.call_soon_threadsafe(event.set)
-
-    @contextlib.contextmanager
-    def watching(self, channel: str, key: str = "") -> Iterator[asyncio.Event]:
-        """An event set by the next announcement on ``channel`` (for run ``key`` on DONE).
-        Enter before checking the state it announces, so an announcement between the
-        check and the wait is not lost."""
-        self._listen()
-        entry = (asyncio.get_running_loop(), asyncio.Event())
-        with self._waiters_lock:
-            self._waiters.setdefault((channel, key), set()).add(entry)
-        if channel == DONE and key:
-            self._watch_finishes(entry[0])
-        try:
-            yield entry[1]
-        finally:
-            with self._waiters_lock:
-                waiters = self._waiters[(channel, key)]
-                waiters.discard(entry)
-                if not waiters:
-                    del self._waiters[(channel, key)]
-
     def _watch_finishes(self, loop: asyncio.AbstractEventLoop) -> None:
         """Make sure finishes in other processes reach DONE waiters (dialects without
         cross-process notifications poll)."""
         return
 
-    def _awaited_runs(self) -> list[str]:
-        with self._waiters_lock:
-            return [key for channel, key in self._waiters if channel == DONE and key]
+    def _on_watch(self, channel: str, key: str, loop: asyncio.AbstractEventLoop) -> None:
+        self._listen()
+        if channel == DONE and key:
+            self._watch_finishes(loop)
+
+    def _wake(self, channel: str, key: str = "") -> None:
+        self.bus.wake(channel, key)
+
+    def watching(self, channel: str, key: str = "") -> contextlib.AbstractContextManager[
+            asyncio.Event]:
+        """An event set by the next announcement on ``channel`` (READY, DONE for run
+        ``key`` or any run, CANCEL); see :meth:`ratchet.store.bus.Bus.watching`."""
+        return self.bus.watching(channel, key)
 
     async def finished_among(self, run_ids: Sequence[str]) -> list[str]:
         """Those of ``run_ids`` that have reached a terminal status."""
         ids = self._ids(run_ids)
         rows = await self._read(lambda tx: tx.all("runs_finished", {"ids": ids}))
-        return [r[0] for r in rows]
+        return [r["run_id"] for r in rows]
 
     async def now(self) -> float:
         """The database's clock (plus the store's offset), in Unix seconds."""
-        return float(await self._read(lambda tx: tx.one("now", {})[0]))
+        return float(await self._read(lambda tx: tx.one("now", {})["now"]))
 
     # -- shared transaction pieces ---------------------------------------------------------
 
@@ -277,7 +316,7 @@ class Store(ABC):
         """Append for a writer without the lease; the caller holds the run's lease row
         locked (or fenced), so no holder can append concurrently."""
         last = tx.one("event_last", {"run_id": run_id})
-        seq, prev = (last[0], last[1]) if last else (0, "0" * 64)
+        seq, prev = (last["seq"], last["hash"]) if last else (0, "0" * 64)
         ev = Event.chain(run_id, seq + 1, kind, None, None, payload, time.time(), prev)
         tx.send("event_insert", event_params(ev))
         return ev
@@ -307,10 +346,13 @@ class Store(ABC):
               reason: str) -> list[ClaimedRun]:
         if not ids:
             return []
-        ids_param = self._ids(ids)
-        tx.send("runs_set_running", {"ids": ids_param})
-        epochs = dict(tx.all("leases_take", {"ids": ids_param, "worker_id": worker_id, "ttl": ttl}))
-        rows = tx.all("runs_get_many", {"ids": ids_param})
+        epochs = {r["run_id"]: r["epoch"] for r in tx.all(
+            "leases_take", {"ids": self._ids(ids), "worker_id": worker_id, "ttl": ttl})}
+        if not epochs:
+            return []
+        taken = self._ids(list(epochs))
+        tx.send("runs_set_running", {"ids": taken})
+        rows = tx.all("runs_get_many", {"ids": taken})
         return [
             ClaimedRun(rec, Lease(rec.run_id, worker_id, int(epochs[rec.run_id])), reason)
             for rec in map(record_from_row, rows)
@@ -320,7 +362,14 @@ class Store(ABC):
 
     async def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
         """Write the run (``queued``) and its ``run_queued`` event; idempotent on run_id:
-        an existing run is returned with ``created=False``."""
+        an existing run with the same workflow, input, queue and priority is returned with
+        ``created=False``; one that differs raises :class:`RunIdConflict` naming what."""
+        rec, created = await self._create(new)
+        if not created:
+            _check_same_run(rec, new)
+        return rec, created
+
+    async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
         return await self._run(self._insert_run, new)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -328,7 +377,11 @@ class Store(ABC):
         return record_from_row(row) if row else None
 
     async def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
-        rows = await self._read(lambda tx: tx.all("runs_list", {"status": status, "limit": limit}))
+        if status is None:
+            rows = await self._read(lambda tx: tx.all("runs_list", {"limit": limit}))
+        else:
+            params = {"status": status, "limit": limit}
+            rows = await self._read(lambda tx: tx.all("runs_list_status", params))
         return [record_from_row(r) for r in rows]
 
     async def load_events(self, run_id: str, after: int = 0, limit: int = -1) -> list[Event]:
@@ -343,7 +396,7 @@ class Store(ABC):
         """Who holds the run's lease now, at which epoch, and whether it is still live by
         the database's clock; None if the run was never claimed."""
         row = await self._read(lambda tx: tx.one("lease_get", {"run_id": run_id}))
-        return LeaseState(row[0], int(row[1]), bool(row[2])) if row else None
+        return LeaseState(row["worker_id"], int(row["epoch"]), bool(row["live"])) if row else None
 
     async def receipts(self, run_id: str) -> list[Receipt]:
         rows = await self._read(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
@@ -351,7 +404,7 @@ class Store(ABC):
 
     async def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         rows = await self._read(lambda tx: tx.all("dead_letters_list", {"limit": limit}))
-        return [DeadLetter(*r) for r in rows]
+        return [_dead_letter(r) for r in rows]
 
     async def count_runs(self, status: str | None = None) -> int:
         """How many runs there are, with ``status`` if given."""
@@ -367,36 +420,66 @@ class Store(ABC):
 
     # -- ownership -------------------------------------------------------------------------
 
-    async def register_worker(self, worker_id: str, host: str, pid: int) -> None:
-        params = {"worker_id": worker_id, "host": host, "pid": pid}
+    async def register_worker(self, worker_id: str, host: str, pid: int, *,
+                              serves: Collection[tuple[str, str]] = (),
+                              queues: Sequence[str] = (), lease_ttl: float = 15.0) -> None:
+        """Record a worker, what it serves (``(workflow, version)`` pairs and queues) and
+        its lease TTL, by which its liveness is judged (:meth:`live_workers`)."""
+        params = {"worker_id": worker_id, "host": host, "pid": pid,
+                  "serves": dumps(sorted([w, v] for w, v in serves)),
+                  "queues": dumps(list(queues)), "lease_ttl": lease_ttl}
+        self._registrations[worker_id] = params
         await self._run(lambda tx: tx.send("worker_upsert", params))
 
-    async def claim(self, worker_id: str, ttl: float, limit: int,
-                    queues: Sequence[str]) -> list[ClaimedRun]:
-        """Take up to ``limit`` ready runs (queued, or waiting past ``not_before``)."""
+    async def live_workers(self) -> list[WorkerInfo]:
+        """The workers seen within their lease TTL, with what they serve."""
+        rows = await self._read(lambda tx: tx.all("workers_live", {}))
+        return [WorkerInfo(r["worker_id"], r["host"], r["pid"],
+                           frozenset((w, v) for w, v in json.loads(r["serves"])),
+                           tuple(json.loads(r["queues"])), r["lease_ttl"], r["seen_at"])
+                for r in rows]
+
+    async def claim(self, worker_id: str, ttl: float, limit: int, queues: Sequence[str],
+                    served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+        """Take up to ``limit`` ready runs (queued, or waiting past ``not_before``) of the
+        ``(workflow, version)`` pairs in ``served``; others stay queued for a worker that
+        serves them."""
 
         def body(tx: Tx) -> list[ClaimedRun]:
-            picked = tx.all("claim_pick", {"queues": self._ids(queues), "limit": limit})
-            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "claim")
+            if tx.all("timers_due", {"limit": TIMER_BATCH}):
+                self._announce(tx, READY)
+            picked: list[Any] = []
+            for queue in dict.fromkeys(queues):  # each along runs_queued, then merged
+                picked += tx.all("claim_pick", {"queue": queue, "limit": limit,
+                                                **self._served(served)})
+            picked.sort(key=lambda r: (-r["priority"], r["created_at"]))
+            ids = [r["run_id"] for r in picked[:limit]]
+            return self._take(tx, ids, worker_id, ttl, "claim")
 
         return await self._run(body)
 
     async def steal_expired(self, worker_id: str, ttl: float, limit: int,
-                            queues: Sequence[str]) -> list[ClaimedRun]:
-        """The recovery sweep: take running runs whose lease is missing or expired."""
+                            queues: Sequence[str], served: Collection[tuple[str, str]]
+                            ) -> list[ClaimedRun]:
+        """The recovery sweep: take running runs (of the pairs in ``served``) whose lease
+        is missing or expired; and forget workers long gone."""
 
         def body(tx: Tx) -> list[ClaimedRun]:
-            picked = tx.all("steal_pick", {"queues": self._ids(queues), "limit": limit})
-            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "sweep")
+            tx.send("workers_prune", {"ttls": WORKER_GONE_TTLS})
+            picked = tx.all("steal_pick", {"queues": self._ids(queues), "limit": limit,
+                                           **self._served(served)})
+            return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "sweep")
 
         return await self._run(body)
 
-    async def reclaim_own(self, worker_id: str, ttl: float) -> list[ClaimedRun]:
-        """On restart: take back, at once, the running runs still under this worker id."""
+    async def reclaim_own(self, worker_id: str, ttl: float,
+                          served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+        """On restart: take back, at once, the running runs still under this worker id
+        (those of the pairs in ``served``; the sweep hands the others on)."""
 
         def body(tx: Tx) -> list[ClaimedRun]:
-            picked = tx.all("reclaim_pick", {"worker_id": worker_id})
-            return self._take(tx, [r[0] for r in picked], worker_id, ttl, "reclaim")
+            picked = tx.all("reclaim_pick", {"worker_id": worker_id, **self._served(served)})
+            return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "reclaim")
 
         return await self._run(body)
 
@@ -406,22 +489,28 @@ class Store(ABC):
         ids = self._ids(run_ids)
 
         def body(tx: Tx) -> list[HeldLease]:
-            tx.send("worker_seen", {"worker_id": worker_id})
+            if tx.run("worker_seen", {"worker_id": worker_id}) == 0:
+                registration = self._registrations.get(worker_id)
+                if registration is not None:  # pruned while cut off: be seen again
+                    tx.send("worker_upsert", registration)
             if not run_ids:
                 return []
             tx.send("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
             rows = tx.all("leases_held", {"worker_id": worker_id, "ids": ids})
-            return [HeldLease(r[0], int(r[1]), bool(r[2])) for r in rows]
+            return [HeldLease(r["run_id"], int(r["epoch"]), bool(r["cancel_requested"]))
+                    for r in rows]
 
         return await self._run(body)
 
     async def release_worker(self, worker_id: str) -> None:
-        """A clean shutdown: hand this worker's running runs back to the queue at once."""
+        """A clean shutdown: hand this worker's running runs back to the queue at once,
+        and remove its ``workers`` row."""
 
         def body(tx: Tx) -> None:
             if tx.run("runs_requeue_worker", {"worker_id": worker_id}):
                 self._announce(tx, READY)
             tx.send("leases_release_worker", {"worker_id": worker_id})
+            tx.send("worker_delete", {"worker_id": worker_id})
 
         await self._run(body)
 
@@ -430,9 +519,18 @@ class Store(ABC):
     async def append(self, lease: Lease, events: Sequence[Event]) -> None:
         """Append events under the lease: all land, or LeaseLost and none do."""
 
+        if not events:
+            return await self._run(self._check_lease, lease)
+        holder = {"worker_id": lease.worker_id, "epoch": lease.epoch}
+        rows = [event_params(e) | holder for e in events]
+
         def body(tx: Tx) -> None:
-            self._check_lease(tx, lease)
-            self._insert_events(tx, events)
+            # One statement per event checks the lease and inserts; fewer rows than events
+            # means the lease was lost, and the transaction rolls back.
+            inserted = (tx.run("event_insert_leased", rows[0]) if len(rows) == 1
+                        else tx.many("event_insert_leased", rows))
+            if inserted != len(rows):
+                raise LeaseLost(lease.run_id)
 
         await self._run(body)
 
@@ -451,7 +549,7 @@ class Store(ABC):
         """The oldest unconsumed signal ``name`` for the run: ``(signal_id, payload)``."""
         params = {"run_id": run_id, "name": name}
         row = await self._read(lambda tx: tx.one("signal_pending", params))
-        return (int(row[0]), json.loads(row[1])) if row else None
+        return (int(row["id"]), json.loads(row["payload"])) if row else None
 
     async def consume_signal(self, lease: Lease, events: Sequence[Event], signal_id: int) -> None:
         """Append ``events`` and mark the signal consumed by the last of them, together.
@@ -462,7 +560,8 @@ class Store(ABC):
             self._insert_events(tx, events)
             params = {"run_id": lease.run_id, "id": signal_id, "seq": events[-1].seq}
             if tx.run("signal_consume", params) != 1:
-                raise StorageError(f"signal {signal_id} of run {lease.run_id} was already consumed")
+                raise SignalAlreadyConsumed(
+                    f"signal {signal_id} of run {lease.run_id} was already consumed")
 
         await self._run(body)
 
@@ -481,7 +580,7 @@ class Store(ABC):
             row = tx.one("run_get_locked", {"run_id": lease.run_id})
             self._check_lease(tx, lease)
             self._insert_events(tx, events)
-            if row[15]:
+            if row["cancel_requested"]:
                 return "cancel", []
             ready = [w for w in waits if self._wait_satisfied(tx, lease.run_id, w)]
             if ready:
@@ -504,7 +603,7 @@ class Store(ABC):
             return tx.one("signal_pending", {"run_id": run_id, "name": name}) is not None
         if kind == "child":
             child = tx.one("run_get", {"run_id": name})
-            return child is not None and RunStatus(child[4]).terminal
+            return child is not None and RunStatus(child["status"]).terminal
         return False  # timers: the claim takes the run when not_before comes
 
     async def hand_back(self, lease: Lease, events: Sequence[Event]) -> None:
@@ -548,9 +647,7 @@ class Store(ABC):
             if dead_letter:
                 tx.send("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
                                            "error": error or ""})
-            tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
-                                     "epoch": lease.epoch})
-            self._announce(tx, DONE, lease.run_id)
+            self._ended(tx, lease.run_id)
             rec = record_from_row(tx.one("run_get", {"run_id": lease.run_id}))
             if rec.parent_run_id and tx.run(
                 "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
@@ -591,6 +688,14 @@ class Store(ABC):
                                       "epoch": lease.epoch})
 
         await self._run(body)
+
+    def _ended(self, tx: Tx, run_id: str) -> None:
+        """In the transaction that set a run's terminal status (run_finish, which keeps
+        the lease's epoch on the run): drop the rows a finished run no longer needs (its
+        lease, its consumed signals; receipts stay, they are evidence) and announce it."""
+        tx.send("lease_drop", {"run_id": run_id})
+        tx.send("signals_drop_consumed", {"run_id": run_id})
+        self._announce(tx, DONE, run_id)
 
     # -- writes from outside the run (API, CLI) --------------------------------------------
 
@@ -644,17 +749,17 @@ class Store(ABC):
         if rec.status.terminal:
             return rec.status
         lock = tx.one("lease_row_locked", {"run_id": run_id})
-        if lock is not None and lock[0] is not None and bool(lock[2]):
+        if lock is not None and lock["worker_id"] is not None and bool(lock["live"]):
             # Its worker finishes it, and its children with it (see finish).
             tx.send("run_cancel_request", {"run_id": run_id})
             self._announce(tx, CANCEL, run_id)
             return rec.status
-        if lock is not None:
-            tx.send("lease_fence", {"run_id": run_id})
+        # The lease row (locked above, so in-flight appends have landed) goes with the
+        # run's end: an expired holder finds no lease to write under.
         self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
         tx.send("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
                               "error": "cancelled"})
-        self._announce(tx, DONE, run_id)
+        self._ended(tx, run_id)
         if rec.parent_run_id and tx.run(
             "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
         ):
@@ -665,8 +770,8 @@ class Store(ABC):
     def _cancel_children(self, tx: Tx, run_id: str) -> None:
         """A run ended: its unfinished children (and theirs) are cancelled with it. Their
         rows are locked after the parent's, the order every transaction follows."""
-        for (child_id,) in tx.all("runs_children_active", {"run_id": run_id}):
-            self._cancel_locked(tx, self._locked_run(tx, child_id))
+        for row in tx.all("runs_children_active", {"run_id": run_id}):
+            self._cancel_locked(tx, self._locked_run(tx, row["run_id"]))
 
     async def retry_dead(self, run_id: str) -> RunRecord:
         """Re-queue a dead-lettered run; it resumes after its last completed step."""

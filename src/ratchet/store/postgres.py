@@ -13,14 +13,14 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import psycopg
 import psycopg_pool
 
-from ratchet.errors import LeaseLost, StorageError
+from ratchet.errors import LeaseLost, StorageError, StoreConflict, ValueRefused
 from ratchet.model import (
     GENESIS_HASH,
     ClaimedRun,
@@ -31,7 +31,16 @@ from ratchet.model import (
     RunRecord,
     dumps,
 )
-from ratchet.store.base import CANCEL, DONE, READY, Clock, Store, Tx, record_from_row
+from ratchet.store.base import (
+    CANCEL,
+    DONE,
+    READY,
+    TIMER_BATCH,
+    Clock,
+    Store,
+    Tx,
+    record_from_row,
+)
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -49,13 +58,41 @@ _APPEND_COLUMNS = ("run_ids", "worker_ids", "epochs", "seqs", "kinds", "step_ids
                    "payloads", "ats", "prev_hashes", "hashes")
 
 
+class Row(tuple[Any, ...]):
+    """A row readable by position or by column name (``row["run_id"]``), like sqlite3.Row."""
+
+    __slots__ = ()
+    _index: ClassVar[dict[str, int]] = {}
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, str):
+            key = self._index[key]
+        return tuple.__getitem__(self, key)
+
+
+_row_classes: dict[tuple[str, ...], type[Row]] = {}
+
+
+def _row_factory(cursor: Any) -> Callable[[Sequence[Any]], Row]:
+    """psycopg row factory: one Row subclass per column-name tuple, made once."""
+    names = tuple(c.name for c in cursor.description or ())
+    cls = _row_classes.get(names)
+    if cls is None:
+        cls = type("Row", (Row,), {"__slots__": (), "_index": {n: i for i, n in enumerate(names)}})
+        _row_classes[names] = cls
+    return cls
+
+
+_Batch = list[tuple[Lease, Sequence[Event], "asyncio.Future[None]"]]
+
+
 class _AppendQueue:
     """Appends waiting for the next group commit on one event loop."""
 
     __slots__ = ("busy", "pending", "task")
 
     def __init__(self) -> None:
-        self.pending: list[tuple[Lease, Sequence[Event], asyncio.Future[None]]] = []
+        self.pending: _Batch = []
         self.busy = False
         self.task: asyncio.Task[None] | None = None
 
@@ -102,7 +139,7 @@ class PostgresStore(Store):
             self.url, min_size=1, max_size=self._pool_size, open=False,
             # Autocommit: a single statement is its own transaction (one round trip);
             # multi-statement bodies open one explicitly with conn.transaction().
-            kwargs={"autocommit": True}, name="ratchet",
+            kwargs={"autocommit": True, "row_factory": _row_factory}, name="ratchet",
         )
         try:
             await asyncio.to_thread(pool.open, True, 10.0)
@@ -161,7 +198,7 @@ class PostgresStore(Store):
         try:
             return await loop.run_in_executor(self._executor, fn)
         except psycopg.Error as e:
-            raise StorageError(f"PostgreSQL: {e}") from e
+            raise _translate(e) from e
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         if self._pool is None:
@@ -199,7 +236,7 @@ class PostgresStore(Store):
 
         return await self._loop_run(read)
 
-    async def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
+    async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
         payload = {"workflow": new.workflow, "version": new.workflow_version}
         ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(),
                          GENESIS_HASH)
@@ -210,14 +247,35 @@ class PostgresStore(Store):
             "queue": new.queue, "priority": new.priority,
             "payload": ev.payload_json, "at": ev.at, "prev_hash": ev.prev_hash, "hash": ev.hash,
         }
-        [row] = await self._statement(self.queries["create_run"], params, fetch=True)
-        return record_from_row(row), bool(row[15])
+        rows = await self._statement(self.queries["create_run"], params, fetch=True)
+        if not rows:
+            # A concurrent start inserted this run id after the statement's snapshot was
+            # taken: the insert waited for it and did nothing, and the fallback read could
+            # not see it. It has committed now, so a fresh statement sees it.
+            rows = await self._read(lambda tx: [tx.one("run_get", {"run_id": new.run_id})])
+            if rows[0] is None:
+                raise StorageError(f"run {new.run_id} was neither created nor found")
+            return record_from_row(rows[0]), False
+        return record_from_row(rows[0]), bool(rows[0]["created"])
 
-    async def claim(self, worker_id: str, ttl: float, limit: int,
-                    queues: Sequence[str]) -> list[ClaimedRun]:
-        params = {"queues": list(queues), "limit": limit, "worker_id": worker_id, "ttl": ttl}
-        rows = await self._statement(self.queries["claim_ready"], params, fetch=True)
-        return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row[15])), "claim")
+    async def claim(self, worker_id: str, ttl: float, limit: int, queues: Sequence[str],
+                    served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+        # Two statements in one round trip: due timers become queued (their own
+        # statement, along runs_timers), then the claim reads runs_queued alone.
+        params = {"queues": list(dict.fromkeys(queues)), "limit": limit,
+                  "worker_id": worker_id, "ttl": ttl, **self._served(served)}
+        timers = {"limit": TIMER_BATCH}
+
+        def statement() -> list[Any]:
+            with self._checkout() as conn:
+                self._sync_clock(conn)
+                with conn.pipeline():
+                    conn.execute(self.queries["timers_due"], timers)
+                    cur = conn.execute(self.queries["claim_ready"], params)
+                return cur.fetchall()
+
+        rows = await self._loop_run(statement)
+        return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), "claim")
                 for row in rows for rec in (record_from_row(row),)]
 
     async def _statement(self, sql: str, params: dict[str, Any], fetch: bool = False) -> Any:
@@ -251,50 +309,67 @@ class PostgresStore(Store):
         # queue behind other transactions for a pooled connection.
         try:
             if self._append_conn is None or self._append_conn.closed:
-                self._append_conn = psycopg.connect(self.url, autocommit=True)
+                self._append_conn = psycopg.connect(self.url, autocommit=True,
+                                                   row_factory=_row_factory)
             conn = self._append_conn
             self._sync_clock(conn)
             return conn.execute(self.queries["append_events"], cols).fetchall()
         except psycopg.Error as e:
             if self._append_conn is not None and self._append_conn.broken:
                 self._append_conn = None
-            raise StorageError(f"PostgreSQL: {e}") from e
+            raise _translate(e) from e
 
     async def _drain_appends(self, queue: _AppendQueue) -> None:
         try:
             while queue.pending:
                 batch, queue.pending = queue.pending, []
-                cols: dict[str, list[Any]] = {name: [] for name in _APPEND_COLUMNS}
-                for lease, events, _ in batch:
-                    for e in events:
-                        for name, value in zip(_APPEND_COLUMNS, (
-                                lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind,
-                                e.step_id, e.attempt, e.payload_json or dumps(e.payload), e.at,
-                                e.prev_hash, e.hash), strict=True):
-                            cols[name].append(value)
                 try:
-                    rows = await asyncio.get_running_loop().run_in_executor(
-                        self._append_executor, self._append_now, cols)
+                    await self._append_batch(batch)
                 except Exception as e:
-                    for _, _, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(e)
-                    continue
-                landed = Counter(row[0] for row in rows)
-                for lease, events, fut in batch:
-                    if fut.done():
+                    if len(batch) == 1:
+                        _fail(batch, e)
                         continue
-                    if landed[lease.run_id] == len(events):
-                        fut.set_result(None)
-                    else:
-                        fut.set_exception(LeaseLost(lease.run_id))
+                    # One bad run (a value the database refuses, say) must not fail the
+                    # others: append each run's events on its own, so it fails alone.
+                    for item in batch:
+                        try:
+                            await self._append_batch([item])
+                        except Exception as e:
+                            _fail([item], e)
         finally:
             queue.busy = False
+
+    async def _append_batch(self, batch: _Batch) -> None:
+        """Append ``batch`` in one statement and answer each append (done, or LeaseLost);
+        a failed statement raises and answers none."""
+        cols: dict[str, list[Any]] = {name: [] for name in _APPEND_COLUMNS}
+        for lease, events, _ in batch:
+            for e in events:
+                for name, value in zip(_APPEND_COLUMNS, (
+                        lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind,
+                        e.step_id, e.attempt, e.payload_json or dumps(e.payload), e.at,
+                        e.prev_hash, e.hash), strict=True):
+                    cols[name].append(value)
+        rows = await asyncio.get_running_loop().run_in_executor(
+            self._append_executor, self._append_now, cols)
+        landed = Counter(row[0] for row in rows)
+        for lease, events, fut in batch:
+            if fut.done():
+                continue
+            if landed[lease.run_id] == len(events):
+                fut.set_result(None)
+            else:
+                fut.set_exception(LeaseLost(lease.run_id))
 
     # -- dialect hooks ---------------------------------------------------------------------
 
     def _ids(self, ids: Sequence[str]) -> Any:
         return list(ids)
+
+    def _served(self, served: Collection[tuple[str, str]]) -> dict[str, Any]:
+        pairs = list(served)
+        return {"served_workflows": [w for w, _ in pairs],
+                "served_versions": [v for _, v in pairs]}
 
     def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
         tx.one("notify", {"channel": channel, "key": key})
@@ -322,3 +397,19 @@ class PostgresStore(Store):
                 for channel in CHANNELS:
                     self._wake(channel)
                 await asyncio.sleep(0.5)
+
+
+def _fail(batch: _Batch, error: Exception) -> None:
+    for _, _, fut in batch:
+        if not fut.done():
+            fut.set_exception(error)
+
+
+def _translate(e: psycopg.Error) -> Exception:
+    """A database error as Ratchet's: a refused value or a violated constraint is not
+    transient (retrying gives the same answer); anything else may be (errors.py)."""
+    if isinstance(e, psycopg.IntegrityError):
+        return StoreConflict(f"PostgreSQL: {e}")
+    if isinstance(e, psycopg.DataError):
+        return ValueRefused(f"PostgreSQL: {e}")
+    return StorageError(f"PostgreSQL: {e}")

@@ -8,7 +8,10 @@ nothing is acknowledged before it is durable. Running on the loop rather than on
 writer thread spares each step two thread hand-offs, which cost more than the work they
 carry; the loop is held only for the commit itself, which concurrent runs share. Reads use
 a second connection and see the last commit (WAL lets them proceed beside a writer).
-Several processes may share the file: BEGIN IMMEDIATE plus a busy timeout serialises them.
+Several processes may share the file: BEGIN IMMEDIATE serialises them. On the loop it
+never waits (busy timeout 0): when another process holds the write lock, the batch moves
+to a waiter thread that waits for the lock (up to the busy timeout) and commits there, so
+the loop, and the lease renewals on it, keep running.
 
 A read-only store (the CLI's listings) never creates the file or its folder, and opens
 the file read-only, so it can read a database it may not write; it migrates only when the
@@ -24,13 +27,14 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from ratchet.errors import ConfigError, LeaseLost, StorageError
-from ratchet.model import Event, Lease, dumps
-from ratchet.store.base import DONE, Clock, Store, Tx, event_params
+from ratchet.errors import ConfigError, StorageError, StoreConflict, ValueRefused
+from ratchet.model import dumps
+from ratchet.store.base import DONE, Clock, Store, Tx
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -59,6 +63,10 @@ class SqliteStore(Store):
         self._reader_conn: sqlite3.Connection | None = None
         # A connection is used by one thread at a time (the store may serve several loops).
         self._write_lock = threading.Lock()
+        # Batches waiting for another process's write lock wait on this thread, in order.
+        self._waiter = ThreadPoolExecutor(1, thread_name_prefix="ratchet-sqlite-wait")
+        self._waiting = 0
+        self._waiting_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._pending: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
         self._finish_poller: asyncio.Task[None] | None = None
@@ -80,6 +88,7 @@ class SqliteStore(Store):
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 conn = sqlite3.connect(self.path, isolation_level=None,
                                        check_same_thread=False, timeout=self._busy_timeout_s)
+            conn.row_factory = sqlite3.Row  # rows are read by column name
             clock = self.clock
             conn.create_function("ratchet_now", 0, lambda: time.time() + clock.offset)
             # The first statement reads the file: a file that is not SQLite fails here.
@@ -144,6 +153,9 @@ class SqliteStore(Store):
                 conn.close()
                 raise StorageError(f"cannot migrate SQLite database {self.path!r}: {e}") from e
         self._reader_conn = await asyncio.to_thread(self._connect, read_only)
+        # Writes on the loop never wait for the lock (see _flush); the waiter thread sets
+        # the full busy timeout for its own attempts.
+        conn.execute("PRAGMA busy_timeout=0")
         self._conn = conn
 
     async def close(self) -> None:
@@ -157,9 +169,14 @@ class SqliteStore(Store):
                 poller.get_loop().call_soon_threadsafe(poller.cancel)
         conn, reader = self._conn, self._reader_conn
         self._conn = self._reader_conn = None
-        with self._write_lock:
+        # Off the loop: a batch may be waiting (holding the connection) for another
+        # process's write lock.
+        await asyncio.to_thread(self._write_lock.acquire)
+        try:
             if conn is not None:
                 conn.close()
+        finally:
+            self._write_lock.release()
         with self._read_lock:
             if reader is not None:
                 reader.close()
@@ -182,31 +199,75 @@ class SqliteStore(Store):
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = self._pending.pop(loop)
-        with self._write_lock:
+        # On the loop only while the write lock is free: the write connection's busy
+        # timeout is 0, so BEGIN IMMEDIATE answers at once. When another process (or a
+        # waiting batch of this one) holds the lock, the batch waits for it on the waiter
+        # thread, and the loop, lease renewals included, keeps running meanwhile.
+        if self._waiting or not self._write_lock.acquire(blocking=False):
+            return self._commit_off_loop(loop, batch)
+        try:
             if self._conn is None:
                 results: list[tuple[bool, Any]] = [(False, StorageError("store is closed"))]
                 results *= len(batch)
                 after: list[Callable[[], None]] = []
             else:
-                results, after = self._commit_batch(self._conn, batch)
-        for (_, _, fut), (ok, value) in zip(batch, results, strict=True):
-            if fut.cancelled():
-                continue
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(value)
-        for hook in after:
-            hook()
+                outcome = self._commit_batch(self._conn, batch, wait=False)
+                if outcome is None:
+                    return self._commit_off_loop(loop, batch)
+                results, after = outcome
+        finally:
+            self._write_lock.release()
+        _answer(batch, results, after)
 
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Item]
-                      ) -> tuple[list[tuple[bool, Any]], list[Callable[[], None]]]:
+    def _commit_off_loop(self, loop: asyncio.AbstractEventLoop, batch: list[_Item]) -> None:
+        with self._waiting_lock:
+            self._waiting += 1
+
+        def commit() -> None:
+            try:
+                with self._write_lock:
+                    conn = self._conn
+                    if conn is None:
+                        results: list[tuple[bool, Any]] = [
+                            (False, StorageError("store is closed"))] * len(batch)
+                        after: list[Callable[[], None]] = []
+                    else:
+                        outcome = self._commit_batch(conn, batch, wait=True)
+                        assert outcome is not None
+                        results, after = outcome
+            except BaseException as e:  # pragma: no cover - answered, never lost
+                results, after = [(False, _translate(e, self.path))] * len(batch), []
+            finally:
+                with self._waiting_lock:
+                    self._waiting -= 1
+            # Transaction bodies ran here; their answers and wake-ups go back to the loop.
+            loop.call_soon_threadsafe(_answer, batch, results, after)
+
+        self._waiter.submit(commit)
+
+    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Item], wait: bool
+                      ) -> tuple[list[tuple[bool, Any]], list[Callable[[], None]]] | None:
+        """Commit ``batch``; None (nothing done) if ``wait`` is false and another
+        connection holds the write lock."""
         results: list[tuple[bool, Any]] = []
         after: list[Callable[[], None]] = []
         single = len(batch) == 1
         cur = conn.cursor()
+        if wait:
+            cur.execute(f"PRAGMA busy_timeout={int(self._busy_timeout_s * 1000)}")
         try:
-            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.execute("BEGIN IMMEDIATE")
+            finally:
+                if wait:
+                    cur.execute("PRAGMA busy_timeout=0")
+        except sqlite3.Error as e:
+            busy = isinstance(e, sqlite3.OperationalError) and (
+                e.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY)
+            if busy and not wait:
+                return None
+            return [(False, _translate(e, self.path))] * len(batch), []
+        try:
             for fn, args, _ in batch:
                 tx = Tx(cur, self.queries)
                 if not single:
@@ -235,20 +296,6 @@ class SqliteStore(Store):
             return [(False, err)] * len(batch), []
         return results, after
 
-    async def append(self, lease: Lease, events: Sequence[Event]) -> None:
-        if not events:
-            return await super().append(lease, events)
-        holder = {"worker_id": lease.worker_id, "epoch": lease.epoch}
-        rows = [event_params(e) | holder for e in events]
-
-        def body(tx: Tx) -> None:
-            inserted = (tx.run("event_insert_leased", rows[0]) if len(rows) == 1
-                        else tx.many("event_insert_leased", rows))
-            if inserted != len(rows):
-                raise LeaseLost(lease.run_id)
-
-        return await self._run(body)
-
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         with self._read_lock:
             conn = self._reader_conn
@@ -261,12 +308,15 @@ class SqliteStore(Store):
                 finally:
                     conn.execute("COMMIT")
             except sqlite3.Error as e:
-                raise StorageError(f"SQLite: {e}") from e
+                raise _translate(e, self.path) from e
 
     # -- dialect hooks ---------------------------------------------------------------------
 
     def _ids(self, ids: Sequence[str]) -> Any:
         return dumps(list(ids))
+
+    def _served(self, served: Collection[tuple[str, str]]) -> dict[str, Any]:
+        return {"served": dumps([[w, v] for w, v in served])}
 
     def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
         # Waiters in this process wake at once; for other processes, see _watch_finishes.
@@ -281,7 +331,7 @@ class SqliteStore(Store):
     async def _poll_finishes(self) -> None:
         while True:
             await asyncio.sleep(FINISH_POLL_S)
-            awaited = self._awaited_runs()
+            awaited = self.bus.watched(DONE)
             if not awaited:
                 return
             for run_id in await self.finished_among(awaited):
@@ -292,11 +342,29 @@ class SqliteStore(Store):
         return time.time() + self.clock.offset
 
 
+def _answer(batch: list[_Item], results: list[tuple[bool, Any]],
+            after: list[Callable[[], None]]) -> None:
+    for (_, _, fut), (ok, value) in zip(batch, results, strict=True):
+        if fut.cancelled():
+            continue
+        if ok:
+            fut.set_result(value)
+        else:
+            fut.set_exception(value)
+    for hook in after:
+        hook()
+
+
 def _translate(e: BaseException, path: str = "") -> BaseException:
+    """A database error as Ratchet's: a violated constraint or a refused value is not
+    transient (retrying gives the same answer); anything else may be (errors.py)."""
     if isinstance(e, sqlite3.Error):
+        cls: type[Exception] = (StoreConflict if isinstance(e, sqlite3.IntegrityError)
+                                else ValueRefused if isinstance(e, sqlite3.DataError)
+                                else StorageError)
         # A read-only file is a fact about the file: name it.
         where = f" database {path!r}" if path and "readonly" in str(e) else ""
-        err = StorageError(f"SQLite{where}: {e}")
+        err = cls(f"SQLite{where}: {e}")
         err.__cause__ = e
         return err
     return e

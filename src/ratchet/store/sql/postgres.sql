@@ -15,7 +15,7 @@
 -- Lists are passed as arrays.
 
 -- name: now
-SELECT ratchet_now()
+SELECT ratchet_now() AS now
 
 -- name: run_insert
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
@@ -42,9 +42,15 @@ SELECT run_id, workflow, workflow_version, input, status, output, error, parent_
 FROM runs WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
 
 -- name: runs_list
+-- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
-FROM runs WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+FROM runs ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: runs_list_status
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE status = %(status)s
 ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
 -- name: runs_finished
@@ -62,6 +68,19 @@ SELECT seq, hash FROM journal_events WHERE run_id = %(run_id)s ORDER BY seq DESC
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
 VALUES (%(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s, %(at)s, %(prev_hash)s, %(hash)s)
 
+-- name: event_insert_leased
+-- Inserted only if the lease is live and this holder's (share-locking the lease row, so a
+-- steal waits for this commit); fewer rows than events means the lease was lost.
+INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+SELECT %(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s, %(at)s,
+       %(prev_hash)s, %(hash)s
+WHERE EXISTS (
+    SELECT 1 FROM run_locks
+    WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
+      AND expires_at > ratchet_now()
+    FOR SHARE
+)
+
 -- name: lease_check
 SELECT 1 FROM run_locks
 WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
@@ -69,11 +88,11 @@ WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
 FOR SHARE
 
 -- name: lease_row_locked
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = %(run_id)s
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = %(run_id)s
 FOR UPDATE
 
 -- name: lease_get
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = %(run_id)s
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = %(run_id)s
 
 -- name: lease_fence
 UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = %(run_id)s
@@ -82,10 +101,33 @@ UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE r
 UPDATE run_locks SET worker_id = NULL, expires_at = 0
 WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
 
+-- name: timers_due
+-- Runs whose timer is due become queued, oldest timer first, along runs_timers (claims then
+-- read only runs_queued, whatever the number of runs waiting on future timers), waking
+-- every worker: this one may not serve them.
+-- (SELECT ratchet_now()) is read once, so it bounds the index scan; ratchet_now() alone is
+-- volatile and would be a filter on every waiting run.
+WITH due AS (
+    SELECT run_id FROM runs
+    WHERE status = 'waiting' AND not_before <= (SELECT ratchet_now())
+    ORDER BY not_before LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), promoted AS (
+    UPDATE runs r SET status = 'queued', waiting_for = NULL, not_before = NULL,
+                      updated_at = ratchet_now()
+    FROM due WHERE r.run_id = due.run_id
+    RETURNING r.run_id
+), woken AS (
+    SELECT pg_notify('ratchet_ready', '') FROM (SELECT 1 FROM promoted LIMIT 1) AS one
+)
+SELECT run_id, (SELECT count(*) FROM woken) AS woken FROM promoted
+
 -- name: claim_pick
-SELECT run_id FROM runs
-WHERE queue = ANY(%(queues)s::text[])
-  AND (status = 'queued' OR (status = 'waiting' AND not_before <= ratchet_now()))
+-- One queue's ready runs of the workflows the worker serves, in runs_queued order.
+SELECT run_id, priority, created_at FROM runs
+WHERE status = 'queued' AND queue = %(queue)s
+  AND (workflow, workflow_version) IN (
+      SELECT * FROM unnest(%(served_workflows)s::text[], %(served_versions)s::text[]))
 ORDER BY priority DESC, created_at LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
 
@@ -93,12 +135,16 @@ FOR UPDATE SKIP LOCKED
 SELECT r.run_id FROM runs r LEFT JOIN run_locks l ON l.run_id = r.run_id
 WHERE r.status = 'running' AND r.queue IN (SELECT unnest(%(queues)s::text[]))
   AND (l.run_id IS NULL OR l.expires_at <= ratchet_now())
+  AND (r.workflow, r.workflow_version) IN (
+      SELECT * FROM unnest(%(served_workflows)s::text[], %(served_versions)s::text[]))
 LIMIT %(limit)s
 FOR UPDATE OF r SKIP LOCKED
 
 -- name: reclaim_pick
 SELECT l.run_id FROM run_locks l JOIN runs r ON r.run_id = l.run_id
 WHERE l.worker_id = %(worker_id)s AND r.status = 'running'
+  AND (r.workflow, r.workflow_version) IN (
+      SELECT * FROM unnest(%(served_workflows)s::text[], %(served_versions)s::text[]))
 FOR UPDATE OF l
 
 -- name: runs_set_running
@@ -107,10 +153,15 @@ UPDATE runs SET status = 'running', waiting_for = NULL, not_before = NULL,
 WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
 
 -- name: leases_take
+-- A new lease row continues above the highest epoch the run ever handed out.
 INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
-SELECT unnest(%(ids)s::text[]), %(worker_id)s, 1, ratchet_now() + %(ttl)s
+SELECT run_id, %(worker_id)s, lease_epoch + 1, ratchet_now() + %(ttl)s
+FROM runs WHERE run_id = ANY(%(ids)s::text[])
 ON CONFLICT (run_id) DO UPDATE
 SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1, expires_at = excluded.expires_at
+-- Judged on the lease as committed now, not as the pick saw it: of two sweepers that
+-- picked the same expired lease, the second finds it live and takes nothing.
+WHERE run_locks.expires_at <= ratchet_now() OR run_locks.worker_id = excluded.worker_id
 RETURNING run_id, epoch
 
 -- name: leases_renew
@@ -147,9 +198,18 @@ UPDATE runs SET status = 'queued', output = NULL, error = NULL, waiting_for = NU
 WHERE run_id = %(run_id)s AND status = 'failed'
 
 -- name: run_finish
+-- Keeps the lease's epoch (the row goes with lease_drop in the same transaction).
 UPDATE runs SET status = %(status)s, output = %(output)s, error = %(error)s, waiting_for = NULL,
-                not_before = NULL, cancel_requested = false, updated_at = ratchet_now()
+                not_before = NULL, cancel_requested = false, updated_at = ratchet_now(),
+                lease_epoch = coalesce(
+                    (SELECT epoch FROM run_locks WHERE run_id = %(run_id)s), lease_epoch)
 WHERE run_id = %(run_id)s AND status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: lease_drop
+DELETE FROM run_locks WHERE run_id = %(run_id)s
+
+-- name: signals_drop_consumed
+DELETE FROM signals WHERE run_id = %(run_id)s AND consumed_seq IS NOT NULL
 
 -- name: run_cancel_request
 UPDATE runs SET cancel_requested = true, updated_at = ratchet_now() WHERE run_id = %(run_id)s
@@ -210,14 +270,27 @@ SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_a
 FROM side_effect_receipts WHERE run_id = %(run_id)s ORDER BY claimed_at
 
 -- name: worker_upsert
-INSERT INTO workers (worker_id, host, pid, started_at, seen_at)
-VALUES (%(worker_id)s, %(host)s, %(pid)s, ratchet_now(), ratchet_now())
+INSERT INTO workers (worker_id, host, pid, started_at, seen_at, serves, queues, lease_ttl)
+VALUES (%(worker_id)s, %(host)s, %(pid)s, ratchet_now(), ratchet_now(), %(serves)s,
+        %(queues)s, %(lease_ttl)s)
 ON CONFLICT (worker_id) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
-    seen_at = excluded.seen_at
+    seen_at = excluded.seen_at, serves = excluded.serves, queues = excluded.queues,
+    lease_ttl = excluded.lease_ttl
 
 -- name: worker_seen
 UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = %(worker_id)s
+
+-- name: worker_delete
+DELETE FROM workers WHERE worker_id = %(worker_id)s
+
+-- name: workers_prune
+-- Workers not seen for many of their own TTLs are gone (a live one renews every ttl/3).
+DELETE FROM workers WHERE seen_at + lease_ttl * %(ttls)s < ratchet_now()
+
+-- name: workers_live
+SELECT worker_id, host, pid, serves, queues, lease_ttl, seen_at FROM workers
+WHERE seen_at + lease_ttl > ratchet_now() ORDER BY worker_id
 
 -- name: notify
 SELECT pg_notify(%(channel)s, %(key)s)
@@ -254,15 +327,23 @@ RETURNING run_id
 -- name: claim_ready
 -- A claim in one statement (one round trip): pick ready runs no one else is taking, lease
 -- them with the epoch bumped, mark them running, and return them with their epoch.
+-- Each queue is read along runs_queued (priority, then age) and stops at the limit, so
+-- the cost does not grow with the backlog; the queues' heads are then merged. Runs whose
+-- (workflow, version) this worker does not serve are left for a worker that does.
 WITH picked AS (
-    SELECT run_id FROM runs
-    WHERE queue = ANY(%(queues)s::text[])
-      AND (status = 'queued' OR (status = 'waiting' AND not_before <= ratchet_now()))
-    ORDER BY priority DESC, created_at LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    SELECT c.run_id, c.lease_epoch FROM unnest(%(queues)s::text[]) AS q(name)
+    CROSS JOIN LATERAL (
+        SELECT run_id, priority, created_at, lease_epoch FROM runs
+        WHERE status = 'queued' AND queue = q.name
+          AND (workflow, workflow_version) IN (
+              SELECT * FROM unnest(%(served_workflows)s::text[], %(served_versions)s::text[]))
+        ORDER BY priority DESC, created_at LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    ) c
+    ORDER BY c.priority DESC, c.created_at LIMIT %(limit)s
 ), leased AS (
     INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
-    SELECT run_id, %(worker_id)s, 1, ratchet_now() + %(ttl)s FROM picked
+    SELECT run_id, %(worker_id)s, lease_epoch + 1, ratchet_now() + %(ttl)s FROM picked
     ON CONFLICT (run_id) DO UPDATE
     SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1,
         expires_at = excluded.expires_at
@@ -298,11 +379,11 @@ WITH new AS (
 ), woken AS (
     SELECT pg_notify('ratchet_ready', '') FROM queued
 )
-SELECT new.*, true, (SELECT count(*) FROM woken) FROM new
+SELECT new.*, true AS created, (SELECT count(*) FROM woken) AS woken FROM new
 UNION ALL
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
-       false, 0
+       false AS created, 0 AS woken
 FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)
 
 -- name: run_hand_back

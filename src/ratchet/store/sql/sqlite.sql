@@ -8,7 +8,7 @@
 -- Lists are passed as JSON text and unpacked with json_each.
 
 -- name: now
-SELECT ratchet_now()
+SELECT ratchet_now() AS now
 
 -- name: run_insert
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
@@ -34,9 +34,15 @@ SELECT run_id, workflow, workflow_version, input, status, output, error, parent_
 FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids))
 
 -- name: runs_list
+-- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
-FROM runs WHERE (:status IS NULL OR status = :status)
+FROM runs ORDER BY created_at DESC, run_id LIMIT :limit
+
+-- name: runs_list_status
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+FROM runs WHERE status = :status
 ORDER BY created_at DESC, run_id LIMIT :limit
 
 -- name: runs_finished
@@ -71,10 +77,10 @@ WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
   AND expires_at > ratchet_now()
 
 -- name: lease_row_locked
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = :run_id
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = :run_id
 
 -- name: lease_get
-SELECT worker_id, epoch, expires_at > ratchet_now() FROM run_locks WHERE run_id = :run_id
+SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = :run_id
 
 -- name: lease_fence
 UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = :run_id
@@ -83,25 +89,38 @@ UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE r
 UPDATE run_locks SET worker_id = NULL, expires_at = 0
 WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
 
+-- name: timers_due
+-- Runs whose timer is due become queued, oldest timer first, along runs_timers; claims
+-- then read only runs_queued, whatever the number of runs waiting on future timers.
+-- (INDEXED BY: without ANALYZE statistics SQLite would pick runs_status and sort.)
+UPDATE runs SET status = 'queued', waiting_for = NULL, not_before = NULL,
+                updated_at = ratchet_now()
+WHERE run_id IN (
+    SELECT run_id FROM runs INDEXED BY runs_timers
+    WHERE status = 'waiting' AND not_before <= (SELECT ratchet_now())
+    ORDER BY not_before LIMIT :limit
+)
+RETURNING run_id
+
 -- name: claim_pick
-SELECT run_id FROM (
-    SELECT run_id, priority, created_at FROM runs
-    WHERE status = 'queued' AND queue IN (SELECT value FROM json_each(:queues))
-    UNION ALL
-    SELECT run_id, priority, created_at FROM runs
-    WHERE status = 'waiting' AND not_before <= ratchet_now()
-      AND queue IN (SELECT value FROM json_each(:queues))
-) ORDER BY priority DESC, created_at LIMIT :limit
+-- One queue's ready runs of the workflows the worker serves, in runs_queued order.
+-- (:served is a JSON list of [workflow, version] pairs.)
+SELECT run_id, priority, created_at FROM runs INDEXED BY runs_queued
+WHERE status = 'queued' AND queue = :queue
+  AND (workflow, workflow_version) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:served))
+ORDER BY priority DESC, created_at LIMIT :limit
 
 -- name: steal_pick
 SELECT r.run_id FROM runs r LEFT JOIN run_locks l ON l.run_id = r.run_id
 WHERE r.status = 'running' AND r.queue IN (SELECT value FROM json_each(:queues))
   AND (l.run_id IS NULL OR l.expires_at <= ratchet_now())
+  AND (r.workflow, r.workflow_version) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:served))
 LIMIT :limit
 
 -- name: reclaim_pick
 SELECT l.run_id FROM run_locks l JOIN runs r ON r.run_id = l.run_id
 WHERE l.worker_id = :worker_id AND r.status = 'running'
+  AND (r.workflow, r.workflow_version) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:served))
 
 -- name: runs_set_running
 UPDATE runs SET status = 'running', waiting_for = NULL, not_before = NULL,
@@ -109,10 +128,15 @@ UPDATE runs SET status = 'running', waiting_for = NULL, not_before = NULL,
 WHERE run_id IN (SELECT value FROM json_each(:ids))
 
 -- name: leases_take
+-- A new lease row continues above the highest epoch the run ever handed out.
 INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
-SELECT value, :worker_id, 1, ratchet_now() + :ttl FROM json_each(:ids) WHERE true
+SELECT run_id, :worker_id, lease_epoch + 1, ratchet_now() + :ttl FROM runs
+WHERE run_id IN (SELECT value FROM json_each(:ids))
 ON CONFLICT (run_id) DO UPDATE
 SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1, expires_at = excluded.expires_at
+-- Judged on the lease as committed now, not as the pick saw it: of two sweepers that
+-- picked the same expired lease, the second finds it live and takes nothing.
+WHERE run_locks.expires_at <= ratchet_now() OR run_locks.worker_id = excluded.worker_id
 RETURNING run_id, epoch
 
 -- name: leases_renew
@@ -149,9 +173,18 @@ UPDATE runs SET status = 'queued', output = NULL, error = NULL, waiting_for = NU
 WHERE run_id = :run_id AND status = 'failed'
 
 -- name: run_finish
+-- Keeps the lease's epoch (the row goes with lease_drop in the same transaction).
 UPDATE runs SET status = :status, output = :output, error = :error, waiting_for = NULL,
-                not_before = NULL, cancel_requested = 0, updated_at = ratchet_now()
+                not_before = NULL, cancel_requested = 0, updated_at = ratchet_now(),
+                lease_epoch = coalesce(
+                    (SELECT epoch FROM run_locks WHERE run_id = :run_id), lease_epoch)
 WHERE run_id = :run_id AND status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: lease_drop
+DELETE FROM run_locks WHERE run_id = :run_id
+
+-- name: signals_drop_consumed
+DELETE FROM signals WHERE run_id = :run_id AND consumed_seq IS NOT NULL
 
 -- name: run_cancel_request
 UPDATE runs SET cancel_requested = 1, updated_at = ratchet_now() WHERE run_id = :run_id
@@ -212,11 +245,12 @@ SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_a
 FROM side_effect_receipts WHERE run_id = :run_id ORDER BY claimed_at
 
 -- name: worker_upsert
-INSERT INTO workers (worker_id, host, pid, started_at, seen_at)
-VALUES (:worker_id, :host, :pid, ratchet_now(), ratchet_now())
+INSERT INTO workers (worker_id, host, pid, started_at, seen_at, serves, queues, lease_ttl)
+VALUES (:worker_id, :host, :pid, ratchet_now(), ratchet_now(), :serves, :queues, :lease_ttl)
 ON CONFLICT (worker_id) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
-    seen_at = excluded.seen_at
+    seen_at = excluded.seen_at, serves = excluded.serves, queues = excluded.queues,
+    lease_ttl = excluded.lease_ttl
 
 -- name: worker_seen
 UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = :worker_id
@@ -229,3 +263,14 @@ WHERE run_id = :run_id AND status = 'running'
 SELECT run_id FROM runs
 WHERE parent_run_id = :run_id AND status NOT IN ('succeeded', 'failed', 'cancelled')
 ORDER BY run_id
+
+-- name: worker_delete
+DELETE FROM workers WHERE worker_id = :worker_id
+
+-- name: workers_prune
+-- Workers not seen for many of their own TTLs are gone (a live one renews every ttl/3).
+DELETE FROM workers WHERE seen_at + lease_ttl * :ttls < ratchet_now()
+
+-- name: workers_live
+SELECT worker_id, host, pid, serves, queues, lease_ttl, seen_at FROM workers
+WHERE seen_at + lease_ttl > ratchet_now() ORDER BY worker_id

@@ -1,0 +1,34 @@
+"""The named queries: both dialects define the same set, apart from the few that only one
+dialect needs (listed here, each with its reason)."""
+
+from __future__ import annotations
+
+from ratchet.store.queries import load_queries
+
+# Queries one dialect has and the other does without.
+DIALECT_ONLY = {
+    "sqlite": set(),
+    "postgres": {
+        "notify",  # LISTEN/NOTIFY; SQLite wakes its own process and polls for others
+        "migrations_lock",  # an advisory lock; SQLite's BEGIN IMMEDIATE already serialises
+        # Single-statement forms of the hot path (SQLite has no data-modifying CTEs).
+        "append_events",
+        "claim_ready",
+        "create_run",
+    },
+}
+
+
+def test_both_dialects_define_the_same_named_queries() -> None:
+    sqlite, postgres = set(load_queries("sqlite")), set(load_queries("postgres"))
+    assert sqlite - DIALECT_ONLY["sqlite"] == postgres - DIALECT_ONLY["postgres"], (
+        f"only in sqlite: {sorted(sqlite - postgres - DIALECT_ONLY['sqlite'])}; "
+        f"only in postgres: {sorted(postgres - sqlite - DIALECT_ONLY['postgres'])}")
+    # The exceptions are real: each names a query its dialect defines.
+    assert DIALECT_ONLY["sqlite"] <= sqlite and DIALECT_ONLY["postgres"] <= postgres
+
+
+def test_every_query_has_a_body() -> None:
+    for dialect in ("sqlite", "postgres"):
+        for name, sql in load_queries(dialect).items():
+            assert sql.strip(), f"{dialect}: query {name} is empty"

@@ -1,0 +1,108 @@
+"""SQLite: another process holding the write lock does not freeze a worker's event loop.
+Its writes wait for the lock off the loop, so everything else (lease renewals, steps,
+reads) goes on, and once the lock is free every write lands."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import sqlite3
+import threading
+import time
+
+import ratchet
+from ratchet.engine.worker import Worker
+from ratchet.model import NewRun, RunStatus
+from ratchet.store import make_store
+
+HOLD_S = 1.5  # how long the other connection keeps the write lock
+
+
+async def _until(predicate: object, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not await predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, "state not reached"
+        await asyncio.sleep(0.01)
+
+
+async def test_the_loop_keeps_running_while_another_process_holds_the_write_lock(
+        sqlite_url: str) -> None:
+    app = ratchet.Ratchet(sqlite_url)
+    release = asyncio.Event()
+
+    @app.step()
+    async def blocked() -> int:
+        await release.wait()
+        return 1
+
+    @app.step()
+    async def after() -> int:
+        return 2
+
+    @app.workflow()
+    async def wf() -> int:
+        return await blocked() + await after()
+
+    store = make_store(sqlite_url)
+    await store.open()
+    worker = Worker(store, app.workflows, lease_ttl=3.0, recovery_interval=60.0)
+    stop = asyncio.Event()
+    running = asyncio.create_task(worker.run(stop))
+    ticks: list[float] = []
+
+    async def ticker() -> None:
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.02)
+
+    tick_task = asyncio.create_task(ticker())
+    try:
+        await worker.started.wait()
+        await store.create_run(NewRun("r1", "wf", "1", {"args": [], "kwargs": {}}))
+
+        async def blocked_started() -> bool:
+            return any(e.step_id == "1:blocked" for e in await store.load_events("r1"))
+
+        await _until(blocked_started)
+        held, done = threading.Event(), threading.Event()
+
+        def hold_the_lock() -> None:  # another writer: its own connection, as a process has
+            conn = sqlite3.connect(sqlite_url[len("sqlite:///"):], isolation_level=None)
+            conn.execute("BEGIN IMMEDIATE")
+            held.set()
+            time.sleep(HOLD_S)  # the fault itself: the lock held this long
+            conn.execute("COMMIT")
+            conn.close()
+            done.set()
+
+        holder = threading.Thread(target=hold_the_lock)
+        holder.start()
+        await asyncio.to_thread(held.wait)
+        start = time.monotonic()
+        release.set()  # the step ends: its completion must wait for the lock
+        await asyncio.to_thread(done.wait)
+        during = [t for t in ticks if t >= start]
+        gaps = [b - a for a, b in itertools.pairwise(during)]
+        assert len(during) > HOLD_S / 0.02 / 3, f"the loop ticked {len(during)} times"
+        assert max(gaps) < 0.5, f"the loop stalled for {max(gaps):.2f}s"
+        holder.join()
+
+        async def finished() -> bool:
+            rec = await store.get_run("r1")
+            return rec is not None and rec.status.terminal
+
+        await _until(finished)
+        rec = await store.get_run("r1")
+        assert rec is not None and rec.status == RunStatus.SUCCEEDED and rec.output == 3
+        kinds = [(e.kind, e.step_id) for e in await store.load_events("r1")]
+        assert kinds == [("run_queued", None), ("run_started", None),
+                         ("step_started", "1:blocked"), ("step_completed", "1:blocked"),
+                         ("step_started", "2:after"), ("step_completed", "2:after"),
+                         ("run_succeeded", None)]
+        assert worker.outcomes == {"succeeded": 1}  # the lease was never lost
+    finally:
+        tick_task.cancel()
+        stop.set()
+        await running
+        await store.close()
+        app.shutdown()
