@@ -584,3 +584,44 @@ def test_a_storage_failure_inside_a_step_abandons_the_drive_not_the_run(
     started = [e for e in events if e.kind == "step_started"]
     assert [(e.attempt, e.payload.get("resumed", False)) for e in started] == [(1, False),
                                                                              (1, True)]
+
+
+def test_a_write_the_database_refuses_for_good_fails_the_run_once(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    from ratchet.errors import ValueRefused
+
+    app = make_app()
+    store = app.store
+    original = store.append
+    refused: list[int] = []
+
+    async def refusing(lease: Any, events: Any) -> None:
+        if any(e.kind == "step_completed" for e in events):
+            refused.append(1)
+            raise ValueRefused("PostgreSQL: invalid byte sequence")
+        await original(lease, events)
+
+    store.append = refusing  # type: ignore[method-assign]
+
+    @app.step()
+    async def one() -> str:
+        return "x"
+
+    @app.workflow()
+    async def wf() -> str:
+        try:
+            await one()
+            return await one()
+        except Exception as e:  # user code catching everything must not hide it
+            return f"caught {type(e).__name__}"
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    with pytest.raises(ratchet.RunFailed, match="refused a write of this run"):
+        app.result(run_id, timeout_s=15)
+    assert refused == [1] and worker.outcomes.get("failed") == 1
+    [dead] = app.dead_letters()
+    assert dead.reason == "store_refused"
+    events = app.events(run_id)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert [e.kind for e in events][-1] == "run_failed"

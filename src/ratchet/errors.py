@@ -179,5 +179,11 @@ class DriveAborted(BaseException):
     catching ``Exception`` cannot turn it into one."""
 
 
+class DriveRefused(BaseException):
+    """The database refused one of this drive's writes for good (:class:`StoreConflict`,
+    :class:`ValueRefused`): the run fails with that error rather than being driven again
+    and again. Like :class:`DriveAborted`, user code catching ``Exception`` cannot hide it."""
+
+
 class Parked(BaseException):
     """The run is parked (sleep, signal, child run, backoff); the worker lets it go."""

@@ -3,7 +3,8 @@
 Every call a drive makes goes through here, for two reasons:
 * a storage failure (the database restarted, a connection cut) abandons the drive with
   :class:`DriveAborted` rather than surfacing in the workflow as the error of whichever step
-  was writing, which would fail the run; the worker then drives the run again;
+  was writing, which would fail the run; the worker then drives the run again; a write the
+  database refuses for good raises :class:`DriveRefused`, and the run fails with it;
 * a write is never interrupted half-way: if the task awaiting it is cancelled (a step under
   ``asyncio.wait_for``, a cancel request), the write still completes, and the cancellation
   is delivered after it, so the drive always knows whether its events landed.
@@ -16,7 +17,7 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from ratchet.errors import DriveAborted, StorageError
+from ratchet.errors import DriveAborted, DriveRefused, StorageError, StoreConflict, ValueRefused
 from ratchet.model import Event, Lease, NewRun, Receipt, RunRecord, RunStatus
 from ratchet.store.base import Store
 
@@ -61,6 +62,8 @@ class DriveStore:
             return await uninterrupted(aw)
         except StorageError as e:
             raise DriveAborted(f"run {self._run_id}: {e}") from e
+        except (StoreConflict, ValueRefused) as e:
+            raise DriveRefused(f"{type(e).__name__}: {e}") from e
         finally:
             self._on_return()
 

@@ -34,6 +34,7 @@ from ratchet.engine.waits import PARK_MIN_S, Waits
 from ratchet.errors import (
     ChildRunFailed,
     DriveAborted,
+    DriveRefused,
     LeaseLost,
     NonDeterminismError,
     NotSerializable,
@@ -304,7 +305,7 @@ class RunContext:
             try:
                 result = await self._call(sd, step_id, attempt, key, args, kwargs)
                 text = to_json(result, f"the output of step {step_id}")
-            except (Stopped, Parked, LeaseLost, DriveAborted):
+            except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused):
                 raise
             except asyncio.CancelledError:
                 if self._ours():
@@ -536,7 +537,7 @@ class RunContext:
                 result = await wf.fn(*args, **kwargs)
                 self.check_complete_replay()
                 output = json.loads(to_json(result, f"the result of workflow {rec.workflow}"))
-            except (Stopped, Parked, LeaseLost, DriveAborted, RunFinished):
+            except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused, RunFinished):
                 raise
             except asyncio.CancelledError:
                 if self.control.reason is None:
@@ -565,8 +566,27 @@ class RunContext:
         except DriveAborted as e:
             log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
             return DriveOutcome.ABORTED
+        except DriveRefused as e:
+            return await self._refused(e)
         finally:
             self.waits.close()
+
+    async def _refused(self, e: DriveRefused) -> DriveOutcome:
+        """The database refused a write for good: fail the run with that error, chained
+        after what the journal really holds (the refused events never landed)."""
+        error = f"the database refused a write of this run: {e}"[:2000]
+        log.error("action=run_refused run_id=%s error=%s", self.run_id, error)
+        try:
+            await self._close_branches()
+            self.state = fold(self.run_id, await self.store.raw.load_events(self.run_id))
+            self.pending, self._broken = [], False
+            await self.finish(RunStatus.FAILED, error=error, dead_letter="store_refused")
+        except (LeaseLost, RunFinished):
+            return DriveOutcome.LEASE_LOST
+        except (DriveAborted, DriveRefused, RatchetError) as again:
+            log.warning("action=drive_aborted run_id=%s error=%s", self.run_id, again)
+            return DriveOutcome.ABORTED
+        return DriveOutcome.FAILED
 
     async def _stopped(self, reason: StopReason) -> DriveOutcome:
         """The drive stopped at a boundary or a wait. Finish it as the stop asks."""
