@@ -273,3 +273,27 @@ async def test_terminal_status_is_guarded_by_the_database_not_the_lease(store: S
     journal = await store.load_events("r1")
     assert [e.kind for e in journal] == ["run_queued", "run_succeeded"]
     assert (await store.get_run("r1")).status == RunStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_a_cancelled_caller_learns_its_write_landed_or_why_not(store: Store) -> None:
+    # Cancelling the task that awaits a write must not discard the answer: the write
+    # completes, then the caller is cancelled (so CancelledError means it landed), or the
+    # write's own failure is raised instead.
+    await _new(store)
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
+    events = await store.load_events("r1")
+    ev = _next(events, EventKind.RUN_STARTED)
+    task = asyncio.ensure_future(store.append(claimed.lease, [ev]))
+    await asyncio.sleep(0)  # the write is under way
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [e.seq for e in await store.load_events("r1")] == [1, 2]
+
+    stale = Lease("r1", "w1", claimed.lease.epoch + 1)
+    task = asyncio.ensure_future(store.append(stale, [_next([*events, ev], EventKind.RUN_RESUMED)]))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(LeaseLost):
+        await task
+    assert [e.seq for e in await store.load_events("r1")] == [1, 2]

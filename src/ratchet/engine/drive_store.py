@@ -7,7 +7,8 @@ Every call a drive makes goes through here, for two reasons:
   database refuses for good raises :class:`DriveRefused`, and the run fails with it;
 * a write is never interrupted half-way: if the task awaiting it is cancelled (a step under
   ``asyncio.wait_for``, a cancel request), the write still completes, and the cancellation
-  is delivered after it, so the drive always knows whether its events landed.
+  is delivered after it (the store's answers are firm futures, see
+  :func:`ratchet.store.base.settled`), so the drive always knows whether its events landed.
 """
 
 from __future__ import annotations
@@ -22,24 +23,6 @@ from ratchet.model import Event, Lease, NewRun, Receipt, RunRecord, RunStatus
 from ratchet.store.base import Store
 
 T = TypeVar("T")
-
-
-async def uninterrupted(aw: Awaitable[T]) -> T:
-    """Await ``aw`` to its end even if the awaiting task is cancelled meanwhile; then raise
-    the cancellation (or the operation's own error, which says more)."""
-    task = asyncio.ensure_future(aw)
-    cancelled: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as e:
-            if task.cancelled():
-                raise
-            cancelled = e
-    result = task.result()
-    if cancelled is not None:
-        raise cancelled
-    return result
 
 
 class DriveStore:
@@ -59,7 +42,7 @@ class DriveStore:
     async def _guard(self, aw: Awaitable[T]) -> T:
         self._on_call()
         try:
-            return await uninterrupted(aw)
+            return await aw
         except StorageError as e:
             raise DriveAborted(f"run {self._run_id}: {e}") from e
         except (StoreConflict, ValueRefused) as e:

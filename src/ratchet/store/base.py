@@ -46,6 +46,34 @@ T = TypeVar("T")
 TIMER_BATCH = 100  # due timers promoted to queued per claim
 WORKER_GONE_TTLS = 20  # a worker unseen for this many of its TTLs is forgotten
 
+class FirmFuture(asyncio.Future[T]):
+    """A store call's answer, which the caller's cancellation cannot discard.
+
+    Cancelling a task cancels the future it awaits; for a transaction already sent, that
+    would lose the answer while the commit still happens. This future refuses to be
+    cancelled, so a cancelled caller waits for the outcome and is cancelled right after
+    (see :func:`settled`): a caller never has to wonder whether its write landed."""
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
+
+
+async def settled(fut: asyncio.Future[T]) -> T:
+    """Await a :class:`FirmFuture`. If the caller was cancelled meanwhile, the
+    cancellation arrives once the outcome is known: a failure (say LeaseLost) is raised
+    instead of it, and ``CancelledError`` from here means the operation succeeded."""
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        if fut.done() and not fut.cancelled() and fut.exception() is not None:
+            raise fut.exception() from None  # type: ignore[misc]
+        raise
+
+
+def firm_future(loop: asyncio.AbstractEventLoop) -> asyncio.Future[Any]:
+    return FirmFuture(loop=loop)
+
+
 class Clock:
     """An offset added to the database's clock. Tests move it forward to expire leases
     and timers without sleeping through them; in production it stays at zero."""

@@ -9,6 +9,7 @@ same commit, and workers still poll as a fallback for a lost notification.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import time
@@ -39,7 +40,9 @@ from ratchet.store.base import (
     Clock,
     Store,
     Tx,
+    firm_future,
     record_from_row,
+    settled,
 )
 from ratchet.store.queries import load_migrations, load_queries
 
@@ -195,8 +198,17 @@ class PostgresStore(Store):
 
     async def _loop_run(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
+        if self._executor is None:
+            raise StorageError("store is not open")
+        fut: asyncio.Future[T] = firm_future(loop)
+
+        def answer(done: concurrent.futures.Future[T]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits
+                loop.call_soon_threadsafe(_copy_outcome, done, fut)
+
+        self._executor.submit(fn).add_done_callback(answer)
         try:
-            return await loop.run_in_executor(self._executor, fn)
+            return await settled(fut)
         except psycopg.Error as e:
             raise _translate(e) from e
 
@@ -296,13 +308,13 @@ class PostgresStore(Store):
         if not events:
             return await super().append(lease, events)
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
+        fut: asyncio.Future[None] = firm_future(loop)
         queue = self._appends.setdefault(loop, _AppendQueue())
         queue.pending.append((lease, events, fut))
         if not queue.busy:
             queue.busy = True
             queue.task = loop.create_task(self._drain_appends(queue))
-        return await fut
+        return await settled(fut)
 
     def _append_now(self, cols: dict[str, list[Any]]) -> list[Any]:
         # The group commits have a connection and a thread of their own, so they never
@@ -413,3 +425,13 @@ def _translate(e: psycopg.Error) -> Exception:
     if isinstance(e, psycopg.DataError):
         return ValueRefused(f"PostgreSQL: {e}")
     return StorageError(f"PostgreSQL: {e}")
+
+
+def _copy_outcome(source: concurrent.futures.Future[Any], target: asyncio.Future[Any]) -> None:
+    if target.done():
+        return
+    error = source.exception()
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result())

@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 from ratchet.errors import ConfigError, StorageError, StoreConflict, ValueRefused
 from ratchet.model import dumps
-from ratchet.store.base import DONE, Clock, Store, Tx
+from ratchet.store.base import DONE, Clock, Store, Tx, firm_future, settled
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -187,7 +187,7 @@ class SqliteStore(Store):
         if self._conn is None:
             raise StorageError("store is not open")
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
+        fut: asyncio.Future[T] = firm_future(loop)
         batch = self._pending.get(loop)
         if batch is None:
             # Committed after the callbacks already queued in this turn, so transactions
@@ -195,7 +195,7 @@ class SqliteStore(Store):
             batch = self._pending[loop] = []
             loop.call_soon(self._flush, loop)
         batch.append((fn, args, fut))
-        return await fut
+        return await settled(fut)
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         batch = self._pending.pop(loop)
