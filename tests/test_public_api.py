@@ -13,6 +13,7 @@ EXPECTED = {
     "UnknownWorkflow", "WorkflowDef", "child", "current_step", "deliver", "deliver_sync",
     "sleep", "wait_for_signal",
     "RunIdConflict",
+    "DeliveryFailed", "ReceiptBusy", "ReceiptSettled", "UnknownReceipt",
 }
 
 

@@ -34,6 +34,7 @@ from ratchet.store.base import DONE
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 
+_UNSET: Any = object()  # "not given", where None is a value (a JSON null)
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 # Priorities are 32-bit signed integers on both backends (PostgreSQL's integer column).
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
@@ -292,6 +293,30 @@ class Ratchet:
         """Re-queue a dead-lettered run; it resumes after its last completed step."""
         return await (await self._astore()).retry_dead(run_id)
 
+    async def receipts_async(self, run_id: str) -> list[Receipt]:
+        """The run's delivery receipts: key, step, delivery, status, response, times."""
+        await self.get_async(run_id)
+        return await (await self._astore()).receipts(run_id)
+
+    async def settle_receipt_async(self, key: str, *, response: Any = _UNSET,
+                                   failed: bool = False) -> Receipt:
+        """Resolve a receipt left ``claimed`` by hand, once a person knows what happened:
+        ``response=`` what the receiver answered (the step then returns it, without
+        dispatching), or ``failed=True``: it did not happen (the step's ``deliver`` then
+        raises :class:`DeliveryFailed`). A dead-lettered run goes on after ``retry``."""
+        if not isinstance(key, str) or not key:
+            raise InvalidInput(f"invalid receipt key {key!r}")
+        if not isinstance(failed, bool):
+            raise InvalidInput(f"failed must be True or False, got {failed!r}")
+        if failed == (response is not _UNSET):
+            raise InvalidInput("settle a receipt with either response=... (what the receiver "
+                               "answered) or failed=True (it did not happen), not "
+                               + ("both" if failed else "neither"))
+        if not failed:
+            to_json(response, f"the response for receipt {key}")
+        return await (await self._astore()).resolve_receipt(
+            key, None if failed else response, failed)
+
     async def events_async(self, run_id: str, after: int = 0) -> list[Event]:
         """The run's journal after sequence number ``after``."""
         await self.get_async(run_id)
@@ -319,10 +344,6 @@ class Ratchet:
     async def count_dead_letters_async(self) -> int:
         """How many runs are dead-lettered."""
         return await (await self._astore()).count_dead_letters()
-
-    async def receipts_async(self, run_id: str) -> list[Receipt]:
-        """The delivery receipts of a run."""
-        return await (await self._astore()).receipts(run_id)
 
     # -- client calls (blocking) -----------------------------------------------------------
 
@@ -381,6 +402,12 @@ class Ratchet:
     def live_workers(self) -> list[WorkerInfo]:
         """Blocking :meth:`live_workers_async`."""
         return self._portal.call(self.live_workers_async())
+
+    def settle_receipt(self, key: str, *, response: Any = _UNSET,
+                       failed: bool = False) -> Receipt:
+        """Blocking :meth:`settle_receipt_async`."""
+        return self._portal.call(self.settle_receipt_async(key, response=response,
+                                                           failed=failed))
 
     # -- workers ---------------------------------------------------------------------------
 

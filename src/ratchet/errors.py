@@ -141,6 +141,25 @@ class ReceiptUnresolved(RatchetError):
     retry_class = "never"
 
 
+class DeliveryFailed(RatchetError):
+    """A person settled this delivery's receipt as failed: it did not happen, and the step
+    may not dispatch it again."""
+
+    retry_class = "never"
+
+
+class UnknownReceipt(InvalidInput, LookupError):
+    """Unknown receipt key."""
+
+
+class ReceiptSettled(RatchetError):
+    """The receipt is already settled."""
+
+
+class ReceiptBusy(RatchetError):
+    """The receipt's run is being driven by a live worker, which may be dispatching it."""
+
+
 class ChildRunFailed(RatchetError):
     """A child run ended without succeeding."""
 

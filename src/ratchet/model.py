@@ -346,10 +346,29 @@ class Receipt:
     idempotency_key: str
     run_id: str
     step_id: str
-    status: str  # claimed | settled
+    status: str  # claimed | settled | failed (settled by hand as not delivered)
     response: Any
     claimed_at: float
     settled_at: float | None
+    # The delivery within its step: its name, or "#n" for the step's n-th unnamed one.
+    # (run_id, step_id, delivery) is the receipt's identity; the key is the one sent out.
+    delivery: str = "#1"
+    attempt: int | None = None  # the attempt that first claimed it, whose key it carries
+    settled_by: str | None = None  # "worker", or "hand" (ratchet receipts settle)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "idempotency_key": self.idempotency_key,
+            "run_id": self.run_id,
+            "step_id": self.step_id,
+            "delivery": self.delivery,
+            "attempt": self.attempt,
+            "status": self.status,
+            "response": self.response,
+            "settled_by": self.settled_by,
+            "claimed_at": self.claimed_at,
+            "settled_at": self.settled_at,
+        }
 
 
 @dataclass(frozen=True, slots=True)

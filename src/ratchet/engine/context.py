@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ratchet.errors import RatchetError
@@ -21,6 +23,15 @@ class StepInfo:
     attempt: int
     lease_epoch: int
     idempotency_key: str
+    # Numbers this execution's unnamed deliveries "#1", "#2", ... in call order. A StepInfo
+    # lives for one execution of one attempt, so the numbering restarts with every retry and
+    # re-drive, and the same delivery gets the same number each time.
+    _deliveries: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False,
+                                       repr=False, compare=False)
+
+    def _next_delivery(self) -> str:
+        """The identity of this execution's next unnamed delivery (``#n``); for ``deliver``."""
+        return f"#{next(self._deliveries)}"
 
 
 current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(

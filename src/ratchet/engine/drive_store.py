@@ -96,8 +96,10 @@ class DriveStore:
 
     # -- receipts (deliveries inside a step) ------------------------------------------------
 
-    async def claim_receipt(self, lease: Lease, key: str, step_id: str) -> Receipt | None:
-        return await self._guard(self.raw.claim_receipt(lease, key, step_id))
+    async def claim_receipt(self, lease: Lease, key: str, step_id: str, *, delivery: str,
+                            attempt: int) -> Receipt | None:
+        return await self._guard(self.raw.claim_receipt(lease, key, step_id,
+                                                        delivery=delivery, attempt=attempt))
 
     async def reclaim_receipt(self, lease: Lease, key: str) -> None:
         await self._guard(self.raw.reclaim_receipt(lease, key))

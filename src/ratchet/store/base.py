@@ -19,9 +19,13 @@ from typing import Any, Protocol, TypeVar
 from ratchet.errors import (
     LeaseLost,
     NotDeadLettered,
+    ReceiptBusy,
+    ReceiptSettled,
     RunFinished,
     RunIdConflict,
     SignalAlreadyConsumed,
+    StoreConflict,
+    UnknownReceipt,
     UnknownRun,
 )
 from ratchet.model import (
@@ -205,7 +209,8 @@ def _receipt(row: Any) -> Receipt:
     response = row["response"]
     return Receipt(row["idempotency_key"], row["run_id"], row["step_id"], row["status"],
                    json.loads(response) if response is not None else None,
-                   row["claimed_at"], row["settled_at"])
+                   row["claimed_at"], row["settled_at"], row["delivery"], row["attempt"],
+                   row["settled_by"])
 
 
 def _dead_letter(row: Any) -> DeadLetter:
@@ -427,6 +432,7 @@ class Store(ABC):
         return LeaseState(row["worker_id"], int(row["epoch"]), bool(row["live"])) if row else None
 
     async def receipts(self, run_id: str) -> list[Receipt]:
+        """A run's receipts, in the order they were (last) claimed."""
         rows = await self._read(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
         return [_receipt(r) for r in rows]
 
@@ -685,23 +691,33 @@ class Store(ABC):
 
         await self._run(body)
 
-    async def claim_receipt(self, lease: Lease, key: str, step_id: str) -> Receipt | None:
-        """Claim the delivery's receipt before dispatch. None: newly claimed, dispatch.
-        Otherwise the existing receipt (settled: reuse its response; claimed: a crash
-        left it, and the delivery's policy decides)."""
+    async def claim_receipt(self, lease: Lease, key: str, step_id: str, *, delivery: str,
+                            attempt: int) -> Receipt | None:
+        """Claim delivery ``delivery`` of the step before dispatch, under ``key`` (the one
+        ``attempt`` derives for it). None: newly claimed, dispatch. Otherwise the receipt an
+        earlier attempt or drive left for this delivery, with the key it was sent under
+        (settled: reuse its response; failed: settled by hand as not delivered; claimed: a
+        crash or a failed dispatch left it, and the delivery's policy decides)."""
 
         def body(tx: Tx) -> Receipt | None:
             self._check_lease(tx, lease)
             params = {"key": key, "run_id": lease.run_id, "step_id": step_id,
-                      "epoch": lease.epoch}
+                      "delivery": delivery, "attempt": attempt, "epoch": lease.epoch}
             if tx.run("receipt_claim", params) == 1:
                 return None
-            return _receipt(tx.one("receipt_get", {"key": key}))
+            # A receipt from before deliveries had identities carries only its key.
+            row = (tx.one("receipt_find", {"run_id": lease.run_id, "step_id": step_id,
+                                           "delivery": delivery})
+                   or tx.one("receipt_get", {"key": key}))
+            if row is None:
+                raise StoreConflict(f"receipt {key} of run {lease.run_id} step {step_id} "
+                                    "conflicted on insert but cannot be read back")
+            return _receipt(row)
 
         return await self._run(body)
 
     async def reclaim_receipt(self, lease: Lease, key: str) -> None:
-        """Re-claim a receipt a crash left claimed, for a resend under the same key."""
+        """Re-claim a receipt left claimed, for a resend under the same key."""
 
         def body(tx: Tx) -> None:
             self._check_lease(tx, lease)
@@ -710,6 +726,8 @@ class Store(ABC):
         await self._run(body)
 
     async def settle_receipt(self, lease: Lease, key: str, response: Any) -> None:
+        """Record the delivery's response, under the lease that dispatched it."""
+
         def body(tx: Tx) -> None:
             self._check_lease(tx, lease)
             tx.send("receipt_settle", {"key": key, "response": dumps(response),
@@ -724,6 +742,41 @@ class Store(ABC):
         tx.send("lease_drop", {"run_id": run_id})
         tx.send("signals_drop_consumed", {"run_id": run_id})
         self._announce(tx, DONE, run_id)
+
+    async def resolve_receipt(self, key: str, response: Any = None,
+                              failed: bool = False) -> Receipt:
+        """Settle a claimed receipt by hand (a person who found out what happened): with
+        the receiver's ``response``, or as ``failed`` (it did not happen). Refused for an
+        unknown key, a receipt already settled, and while a worker holds the run's lease
+        (its drive may be dispatching this very delivery)."""
+
+        def body(tx: Tx) -> Receipt:
+            row = tx.one("receipt_get", {"key": key})
+            if row is None:
+                raise UnknownReceipt(f"unknown receipt key {key!r}")
+            run_id = row["run_id"]
+            # The run's row, then its lease row, as every transaction locks them: a worker
+            # claiming or settling under the lease waits for this one, or this one sees it.
+            self._locked_run(tx, run_id)
+            lock = tx.one("lease_row_locked", {"run_id": run_id})
+            found = _receipt(tx.one("receipt_get_locked", {"key": key}))
+            if found.status != "claimed":
+                raise ReceiptSettled(
+                    f"receipt {key} (run {run_id}, step {found.step_id}, delivery "
+                    f"{found.delivery}) is already {found.status}"
+                    + (" by hand" if found.settled_by == "hand" else "")
+                    + "; nothing changed")
+            if lock is not None and lock["worker_id"] is not None and bool(lock["live"]):
+                raise ReceiptBusy(
+                    f"run {run_id} is being driven by worker {lock['worker_id']}, which may be "
+                    f"dispatching receipt {key} right now; settle it once the run has "
+                    "failed or its worker has stopped and the lease has expired")
+            tx.send("receipt_resolve", {
+                "key": key, "status": "failed" if failed else "settled",
+                "response": None if failed else dumps(response)})
+            return _receipt(tx.one("receipt_get", {"key": key}))
+
+        return await self._run(body)
 
     # -- writes from outside the run (API, CLI) --------------------------------------------
 

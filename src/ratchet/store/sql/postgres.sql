@@ -247,14 +247,34 @@ SELECT count(*) FROM runs WHERE status = %(status)s
 -- name: dead_letters_count
 SELECT count(*) FROM dead_letters
 
+-- A receipt's identity is (run_id, step_id, delivery); its key is the one sent out, derived
+-- from the attempt that first claimed it. A claim that conflicts with either (a later
+-- attempt of the same delivery, or a re-drive of the attempt that claimed it) inserts
+-- nothing, and the claimer reads the receipt back.
+
 -- name: receipt_get
-SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at,
+       delivery, attempt, settled_by
 FROM side_effect_receipts WHERE idempotency_key = %(key)s
 
+-- name: receipt_get_locked
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at,
+       delivery, attempt, settled_by
+FROM side_effect_receipts WHERE idempotency_key = %(key)s
+FOR UPDATE
+
+-- name: receipt_find
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at,
+       delivery, attempt, settled_by
+FROM side_effect_receipts
+WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND delivery = %(delivery)s
+
 -- name: receipt_claim
-INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, status, epoch, claimed_at)
-VALUES (%(key)s, %(run_id)s, %(step_id)s, 'claimed', %(epoch)s, ratchet_now())
-ON CONFLICT (idempotency_key) DO NOTHING
+INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, delivery, attempt, status,
+                                  epoch, claimed_at)
+VALUES (%(key)s, %(run_id)s, %(step_id)s, %(delivery)s, %(attempt)s, 'claimed',
+        %(epoch)s, ratchet_now())
+ON CONFLICT DO NOTHING
 
 -- name: receipt_reclaim
 UPDATE side_effect_receipts SET epoch = %(epoch)s, claimed_at = ratchet_now()
@@ -262,12 +282,19 @@ WHERE idempotency_key = %(key)s AND status = 'claimed'
 
 -- name: receipt_settle
 UPDATE side_effect_receipts SET status = 'settled', response = %(response)s, epoch = %(epoch)s,
-                                settled_at = ratchet_now()
+                                settled_by = 'worker', settled_at = ratchet_now()
+WHERE idempotency_key = %(key)s AND status = 'claimed'
+
+-- name: receipt_resolve
+-- By hand: no lease and no epoch of its own (the caller checked the run is not being driven).
+UPDATE side_effect_receipts SET status = %(status)s, response = %(response)s,
+                                settled_by = 'hand', settled_at = ratchet_now()
 WHERE idempotency_key = %(key)s AND status = 'claimed'
 
 -- name: receipts_list
-SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at
-FROM side_effect_receipts WHERE run_id = %(run_id)s ORDER BY claimed_at
+SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_at,
+       delivery, attempt, settled_by
+FROM side_effect_receipts WHERE run_id = %(run_id)s ORDER BY claimed_at, step_id, delivery
 
 -- name: worker_upsert
 INSERT INTO workers (worker_id, host, pid, started_at, seen_at, serves, queues, lease_ttl)
