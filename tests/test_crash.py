@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 from proc import Harness, WorkerProc
+from typer.testing import CliRunner
 
 from ratchet import Event
+from ratchet.cli import cli
 from ratchet.model import EventKind, idempotency_key
 
 pytestmark = pytest.mark.crash
@@ -403,6 +405,44 @@ def test_crash_between_dispatch_and_settle_at_most_once_stops_for_a_person(
     assert failed.payload["error_type"] == "ReceiptUnresolved"
     one(events, EventKind.RUN_FAILED)
     assert h.calls() == {"1:send": 2}  # re-driven once, refused before dispatch
+
+
+def test_at_most_once_after_a_crash_is_settled_by_hand_and_retried_without_a_resend(
+        h: Harness, receiver: Receiver) -> None:
+    run_id = h.app.start("courier", url=receiver.url, policy="at_most_once")
+    key = idempotency_key(run_id, "1:send", 1)
+    a = h.spawn("a", worker_id="w-g", crash_at="after_dispatch:1")
+    assert a.wait_exit() == KILLED
+    assert receiver.arrivals == [key]  # it arrived; the receipt never heard
+    h.spawn("a-restarted", worker_id="w-g")
+    h.wait_status(run_id, "failed")  # ReceiptUnresolved: stopped for a person
+
+    def ratchet_cli(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["--db", h.db_url, *args])
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        return result.stdout
+
+    [row] = json.loads(ratchet_cli("receipts", run_id, "--json"))
+    assert (row["idempotency_key"], row["delivery"], row["status"]) == (key, "#1", "claimed")
+    # The person asked the receiver what it answered, and records that.
+    out = ratchet_cli("receipts", "settle", key, "--response",
+                      json.dumps({"key": key, "arrival": 1}))
+    assert f"ratchet retry {run_id}" in out
+    ratchet_cli("retry", run_id)
+
+    h.wait_status(run_id, "succeeded")
+    assert receiver.arrivals == [key]  # exactly one dispatch, across the crash and the retry
+    assert h.app.result(run_id) == {"key": key, "arrival": 1}
+    events = h.app.events(run_id)
+    # A retried run: failed once, then succeeded (the journal keeps both).
+    assert [e.kind for e in events if e.kind in TERMINAL] == ["run_failed", "run_succeeded"]
+    assert events[-1].kind == EventKind.RUN_SUCCEEDED
+    # The retry is a new attempt; it found the delivery settled under attempt 1's key.
+    assert [e.attempt for e in of_kind(events, EventKind.STEP_STARTED, "1:send")] == [1, 1, 2]
+    assert h.calls() == {"1:send": 3, "2:work": 1}
+    [receipt] = h.app.receipts(run_id)
+    assert (receipt.idempotency_key, receipt.status, receipt.settled_by) == (
+        key, "settled", "hand")
 
 
 @pytest.mark.parametrize("policy", ["resend", "at_most_once"])

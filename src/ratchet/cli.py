@@ -31,6 +31,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+from typer.core import TyperGroup
 
 from ratchet.app import Ratchet
 from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL, parse_duration
@@ -609,6 +610,98 @@ def retry(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
     with _client(ctx, db) as app:
         rec: RunRecord = app.retry(run_id)
     typer.echo(f"run {run_id}: re-queued (status: {rec.status})")
+
+
+# -- receipts ----------------------------------------------------------------------------
+
+
+class _ReceiptsGroup(TyperGroup):
+    """``ratchet receipts RUN`` lists (the ``list`` command); ``ratchet receipts settle
+    KEY`` settles. A first word that names no command is a run id."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # ctx: a click Context
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+receipts_cli = typer.Typer(
+    cls=_ReceiptsGroup,
+    no_args_is_help=True,
+    help="A run's delivery receipts, and settling one by hand.\n\n"
+         "`ratchet receipts RUN` lists them (same as `ratchet receipts list RUN`); "
+         "`ratchet receipts settle KEY --response JSON | --failed` resolves one a crash "
+         "left claimed.",
+)
+cli.add_typer(receipts_cli, name="receipts")
+
+
+@receipts_cli.command("list")
+def receipts_list(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = False,
+                  db: DbOption = None) -> None:
+    """A run's receipts: key, step, delivery, status, response, times."""
+    with _client(ctx, db) as app:
+        found = app.receipts(run_id)
+    if as_json:
+        _echo_json([r.as_dict() for r in found])
+        return
+    console = _console()
+    if not found:
+        console.print(Text(f"run {run_id} has no receipts"))
+        return
+    table = Table("key", "step", "delivery", "attempt", "status", "response", "claimed",
+                  "settled")
+    table.columns[0].no_wrap = True
+    for r in found:
+        status = r.status + (" (by hand)" if r.settled_by == "hand" else "")
+        response = _compact(r.response) if r.status == "settled" else "-"
+        table.add_row(r.idempotency_key, Text(r.step_id), Text(r.delivery),
+                      str(r.attempt) if r.attempt is not None else "-",
+                      Text(status, style=_STATUS_STYLE.get(r.status, "")), Text(response),
+                      _when(r.claimed_at), _when(r.settled_at))
+    console.print(table)
+
+
+@receipts_cli.command("settle")
+def receipts_settle(
+    ctx: typer.Context,
+    key: Annotated[str, typer.Argument(metavar="KEY", help="The receipt's idempotency key.")],
+    response: Annotated[str | None, typer.Option(
+        "--response", metavar="JSON", help="What the receiver answered, as JSON: the step "
+                                           "returns it without dispatching.")] = None,
+    failed: Annotated[bool, typer.Option(
+        "--failed", help="The delivery did not happen: the step's deliver raises "
+                         "DeliveryFailed instead of dispatching.")] = False,
+    db: DbOption = None,
+) -> None:
+    """Settle a receipt left claimed (by a crash between dispatch and settle) by hand.
+
+    Give exactly one of --response JSON and --failed. The run then goes on without
+    dispatching the delivery again; a dead-lettered run after `ratchet retry RUN`.
+    """
+    if (response is None) == (not failed):
+        _die("give either --response JSON or --failed, not "
+             + ("both" if failed else "neither") + "; nothing was settled")
+    value: Any = None
+    if response is not None:
+        try:
+            value = json.loads(response)
+        except json.JSONDecodeError as e:
+            _die(f"--response is not valid JSON ({e}); nothing was settled")
+    with _client(ctx, db) as app:
+        if failed:
+            r = app.settle_receipt(key, failed=True)
+        else:
+            r = app.settle_receipt(key, response=value)
+        status = app.get(r.run_id).status
+    what = "failed (not delivered)" if failed else f"settled with {_compact(value)}"
+    typer.echo(f"receipt {key} (run {r.run_id}, step {r.step_id}, delivery {r.delivery}): "
+               f"{what}")
+    if status == RunStatus.FAILED:
+        typer.echo(f"run {r.run_id} is dead-lettered: `ratchet retry {r.run_id}` resumes it "
+                   "without dispatching this delivery again")
+    elif not status.terminal:
+        typer.echo(f"run {r.run_id} ({status}) uses it when its step runs again")
 
 
 @cli.command()
