@@ -16,14 +16,16 @@ The checks:
                 the run's status (invariant 5);
 ``completion``  at most one ``step_completed`` per step, and never a ``step_started``
                 after it (invariant 3);
-``receiver``    the receiver applied each key once; every arrival belongs to a journaled
-                attempt; what a receipt and a step recorded is what the receiver answered
-                (invariant 7);
+``receiver``    the receiver applied each key once; every arrival was claimed by a receipt
+                first, of the run and step it names; what a receipt and a step recorded is
+                what the receiver answered (invariant 7);
 ``fencing``     nothing written under a stale lease (invariant 4), see below;
 ``storage``     the database file passes its own integrity check (SQLite);
 ``keys``        every attempt's key is sha256(run|step|attempt); a re-driven attempt reuses
                 its key; attempts only move on after a journaled failure and stay within the
-                step's budget (invariant 6).
+                step's budget (invariant 6). Each delivery of a step has one receipt, under
+                the key of the attempt that claimed it: that attempt's own key for the first
+                unnamed delivery (``#1``), sha256("<attempt key>|<delivery>") for the others.
 
 Fencing. Events carry no epoch, but drives do: each drive begins with ``run_started`` or
 ``run_resumed`` carrying its lease epoch, and a drive re-executes the workflow from the top,
@@ -38,6 +40,7 @@ above the epoch of the drive that completed its step.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
@@ -72,6 +75,17 @@ class ReceiptRow:
     status: str
     epoch: int
     response: Any = None
+    delivery: str = "#1"
+    attempt: int | None = None  # the attempt that first claimed it
+
+
+def delivery_key(run_id: str, step_id: str, attempt: int, delivery: str) -> str:
+    """The key a delivery claimed by ``attempt`` is sent under (written out here rather
+    than imported: the checks do not trust the code they check)."""
+    key = idempotency_key(run_id, step_id, attempt)
+    if delivery == "#1":
+        return key
+    return hashlib.sha256(f"{key}|{delivery}".encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -376,10 +390,25 @@ def check_keys(run_id: str, events: Sequence[Event], receipts: Iterable[ReceiptR
         budget = max_attempts.get(name)
         if budget is not None and e.attempt > budget:
             bad(f"step {e.step_id} reached attempt {e.attempt}, over its budget of {budget}")
+    attempts = {(e.step_id, e.attempt) for e in events if _attempted(e)}
+    deliveries: Counter[tuple[str, str]] = Counter()
     for r in receipts:
-        if keys.get(r.key) != r.step_id:
-            bad(f"receipt {r.key[:12]}… of {r.step_id} does not carry the key of any "
-                "journaled attempt of that step")
+        deliveries[(r.step_id, r.delivery)] += 1
+        if deliveries[(r.step_id, r.delivery)] == 2:
+            bad(f"delivery {r.delivery} of {r.step_id} has more than one receipt: it was "
+                "claimed (and maybe dispatched) under more than one key")
+        if r.attempt is None:  # a receipt from before deliveries had identities
+            if keys.get(r.key) != r.step_id:
+                bad(f"receipt {r.key[:12]}… of {r.step_id} does not carry the key of any "
+                    "journaled attempt of that step")
+            continue
+        if (r.step_id, r.attempt) not in attempts:
+            bad(f"receipt {r.key[:12]}… of {r.step_id} delivery {r.delivery} was claimed by "
+                f"attempt {r.attempt}, which the journal never started")
+        want = delivery_key(run_id, r.step_id, r.attempt, r.delivery)
+        if r.key != want:
+            bad(f"receipt {r.key[:12]}… of {r.step_id} delivery {r.delivery} is not the key "
+                f"attempt {r.attempt} derives for it ({want[:12]}…)")
     return out
 
 
@@ -387,18 +416,18 @@ def check_keys(run_id: str, events: Sequence[Event], receipts: Iterable[ReceiptR
 
 
 def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
-    """Each key applied once; arrivals belong to journaled attempts; what the journal and
-    the receipts recorded is what the receiver answered."""
+    """Each key applied once; every arrival was claimed by a receipt of the run and step it
+    names; what the journal and the receipts recorded is what the receiver answered."""
     out: list[Violation] = []
-    journal_keys: dict[str, tuple[str, str, int]] = {}
     drive_epochs: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for run_id, events in ev.events.items():
         for e in events:
-            if _attempted(e):
-                journal_keys[e.payload["idempotency_key"]] = (run_id, e.step_id or "",
-                                                              e.attempt or 0)
-            elif e.kind in DRIVE_MARKERS:
+            if e.kind in DRIVE_MARKERS:
                 drive_epochs[run_id].append((e.at, int(e.payload.get("epoch", 0))))
+    # A delivery claims its receipt before it dispatches, so every key that reaches the
+    # receiver has one; the key names the receipt's run and step (check_keys ties it to an
+    # attempt of that step).
+    receipt_keys = {r.key: (r.run_id, r.step_id, r.attempt or 0) for r in ev.receipts}
     applied: dict[str, Any] = {}
     applies: Counter[str] = Counter()
     stale = 0
@@ -407,11 +436,11 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
         if a.get("applied"):
             applies[key] += 1
             applied.setdefault(key, a.get("response"))
-        owner = journal_keys.get(key)
+        owner = receipt_keys.get(key)
         if owner is None:
             out.append(Violation("receiver", a.get("run") or None,
-                                 f"arrival {a.get('arrival')} with key {key[:12]}… belongs to "
-                                 "no journaled step attempt"))
+                                 f"arrival {a.get('arrival')} with key {key[:12]}… was "
+                                 "dispatched without a receipt claiming it"))
         elif (a.get("run"), a.get("step")) != owner[:2]:
             out.append(Violation("receiver", owner[0],
                                  f"arrival {a.get('arrival')} names run {a.get('run')} step "
@@ -422,7 +451,7 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
             stale += 1  # a zombie's dispatch: allowed, deduped; its settle is fenced
     double = {k: n for k, n in applies.items() if n > 1}
     for key, n in double.items():
-        out.append(Violation("receiver", journal_keys.get(key, ("?",))[0],
+        out.append(Violation("receiver", receipt_keys.get(key, ("?",))[0],
                              f"key {key[:12]}… applied {n} times"))
     for r in ev.receipts:
         if r.status != "settled":
@@ -440,7 +469,7 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
                 continue
             output = e.payload.get("output")
             key = output.get("key") if isinstance(output, dict) else None
-            if key is None or journal_keys.get(key, ("", ""))[:2] != (run_id, e.step_id):
+            if key is None or receipt_keys.get(key, ("", ""))[:2] != (run_id, e.step_id):
                 out.append(Violation("receiver", run_id, f"{e.step_id} completed with "
                                      f"{output!r}, not an answer to one of its own keys"))
             elif applied.get(key) != output:

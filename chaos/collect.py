@@ -22,8 +22,8 @@ from ratchet.model import Event
 RUNS = "SELECT run_id, status, waiting_for, not_before, error FROM runs"
 EVENTS = ("SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash "
           "FROM journal_events ORDER BY run_id, seq")
-RECEIPTS = ("SELECT idempotency_key, run_id, step_id, status, epoch, response "
-            "FROM side_effect_receipts")
+RECEIPTS = ("SELECT idempotency_key, run_id, step_id, status, epoch, response, delivery, "
+            "attempt FROM side_effect_receipts")
 # A finished run's lease row is gone; runs.lease_epoch keeps its last epoch.
 LOCKS = ("SELECT r.run_id, l.worker_id, coalesce(l.epoch, r.lease_epoch), "
          "coalesce(l.expires_at, 0) FROM runs r LEFT JOIN run_locks l ON l.run_id = r.run_id "
@@ -64,7 +64,8 @@ def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now
             Event(r[0], int(r[1]), r[2], r[3], r[4], json.loads(r[5]), float(r[6]), r[7], r[8],
                   r[5]))
     receipts = [ReceiptRow(r[0], r[1], r[2], r[3], int(r[4]),
-                           json.loads(r[5]) if r[5] is not None else None)
+                           json.loads(r[5]) if r[5] is not None else None, r[6],
+                           int(r[7]) if r[7] is not None else None)
                 for r in _rows(url, RECEIPTS)]
     locks = {r[0]: LockRow(r[0], r[1], int(r[2]), float(r[3])) for r in _rows(url, LOCKS)}
     pending: dict[str, set[str]] = {}

@@ -5,6 +5,7 @@ that breaks its invariant."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from typing import Any
 
 import pytest
@@ -95,7 +96,7 @@ def good_evidence() -> Evidence:
         submitted=[RUN],
         runs={RUN: RunRow(RUN, "succeeded")},
         events={RUN: events},
-        receipts=[ReceiptRow(key("2:send"), RUN, "2:send", "settled", 2, ANSWER)],
+        receipts=[ReceiptRow(key("2:send"), RUN, "2:send", "settled", 2, ANSWER, "#1", 1)],
         locks={RUN: LockRow(RUN, None, 2, 0.0)},
         arrivals=[arrival(key("2:send"), 1, True, epoch=1),
                   arrival(key("2:send"), 2, False, epoch=2, t=1007.5)],
@@ -145,7 +146,7 @@ def test_retries_and_sleeps_and_signals_are_legitimate() -> None:
     k2 = key("1:send", 2)
     ev = with_specs(specs,
                     receipts=[ReceiptRow(k2, RUN, "1:send", "settled", 1,
-                                         {"key": k2, "applied_as": 1})],
+                                         {"key": k2, "applied_as": 1}, "#1", 2)],
                     locks={RUN: LockRow(RUN, None, 3, 0.0)},
                     arrivals=[arrival(k2, 1, True, step="1:send")])
     assert check_all(ev).violations == []
@@ -351,6 +352,58 @@ def test_a_receipt_under_a_foreign_key_is_a_violation() -> None:
     assert keys(good_specs(), [receipt])
 
 
+def derived(step: str, attempt: int, delivery: str) -> str:
+    return hashlib.sha256(f"{key(step, attempt)}|{delivery}".encode()).hexdigest()
+
+
+def retried_send(receipts: list[ReceiptRow]) -> Evidence:
+    """Step 1:send delivers (#1, #2 and "audit"), then fails; attempt 2 gets the three
+    stored answers back without dispatching."""
+    answer = {"key": key("1:send"), "applied_as": 1}
+    specs = [
+        QUEUED, drive(1, 1),
+        started("1:send"),
+        ("step_retrying", "1:send", 1, {"attempt": 1, "of": 4, "error": "x", "delay_s": 0.2}),
+        started("1:send", 2),
+        completed("1:send", answer, 2),
+        ("run_succeeded", None, None, {"output": [answer]}),
+    ]
+    arrivals = [arrival(r.key, n, True, step="1:send") for n, r in enumerate(receipts, 1)]
+    for a, r in zip(arrivals, receipts, strict=True):
+        a["response"] = r.response
+    return with_specs(specs, receipts=receipts, arrivals=arrivals,
+                      locks={RUN: LockRow(RUN, None, 1, 0.0)})
+
+
+def sent(k: str, delivery: str = "#1", attempt: int = 1, n: int = 1) -> ReceiptRow:
+    return ReceiptRow(k, RUN, "1:send", "settled", 1, {"key": k, "applied_as": n}, delivery,
+                      attempt)
+
+
+def test_deliveries_kept_across_a_retry_and_several_per_step_pass() -> None:
+    ev = retried_send([sent(key("1:send")), sent(derived("1:send", 1, "#2"), "#2", n=2),
+                       sent(derived("1:send", 1, "audit"), "audit", n=3)])
+    assert check_all(ev).violations == []
+
+
+def test_a_retry_that_claims_a_delivery_again_under_its_own_key_is_a_violation() -> None:
+    # The old per-attempt receipts: attempt 2 claimed and dispatched #1 a second time.
+    ev = retried_send([sent(key("1:send")), sent(key("1:send", 2), attempt=2, n=2)])
+    assert any("more than one receipt" in v.detail for v in check_all(ev).violations)
+
+
+def test_a_receipt_not_under_its_claiming_attempts_key_is_a_violation() -> None:
+    wrong = [sent(key("1:send")), sent(key("1:send", 2), "#2")]  # not derived for #2
+    found = [v.detail for v in check_keys(RUN, retried_send(wrong).events[RUN], wrong, {})]
+    assert any("is not the key attempt 1 derives" in d for d in found)
+
+
+def test_a_receipt_claimed_by_an_attempt_never_started_is_a_violation() -> None:
+    ghost = [sent(key("1:send", 3), attempt=3)]
+    found = [v.detail for v in check_keys(RUN, retried_send(ghost).events[RUN], ghost, {})]
+    assert any("never started" in d for d in found)
+
+
 # -- 4. the receiver -------------------------------------------------------------------------
 
 
@@ -365,10 +418,10 @@ def test_a_key_applied_twice_is_a_violation() -> None:
     assert check_receiver(ev)[0]["receiver_double_applies"] == 1
 
 
-def test_an_arrival_for_no_journaled_attempt_is_a_violation() -> None:
+def test_an_arrival_without_a_receipt_is_a_violation() -> None:
     ev = good_evidence()
     ev.arrivals.append(arrival(key("2:send", 3), 3, True))
-    assert any("no journaled step attempt" in d for d in receiver(ev))
+    assert any("without a receipt" in d for d in receiver(ev))
 
 
 def test_an_arrival_whose_headers_disagree_with_its_key_is_a_violation() -> None:
