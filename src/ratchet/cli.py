@@ -640,7 +640,7 @@ cli.add_typer(receipts_cli, name="receipts")
 def receipts_list(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = False,
                   db: DbOption = None) -> None:
     """A run's receipts: key, step, delivery, status, response, times."""
-    with _client(ctx, db) as app:
+    with _client(ctx, db, read_only=True) as app:
         found = app.receipts(run_id)
     if as_json:
         _echo_json([r.as_dict() for r in found])
@@ -655,7 +655,7 @@ def receipts_list(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = Fals
     for r in found:
         status = r.status + (" (by hand)" if r.settled_by == "hand" else "")
         response = _compact(r.response) if r.status == "settled" else "-"
-        table.add_row(r.idempotency_key, Text(r.step_id), Text(r.delivery),
+        table.add_row(Text(r.idempotency_key), Text(r.step_id), Text(r.delivery),
                       str(r.attempt) if r.attempt is not None else "-",
                       Text(status, style=_STATUS_STYLE.get(r.status, "")), Text(response),
                       _when(r.claimed_at), _when(r.settled_at))
