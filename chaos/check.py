@@ -47,6 +47,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratchet.engine.driver import MAX_STARTS_PER_ATTEMPT
 from ratchet.model import GENESIS_HASH, TERMINAL_EVENTS, Event, EventKind, idempotency_key
 
 TERMINAL_STATUSES = {"succeeded", "failed", "cancelled"}
@@ -164,7 +165,13 @@ def check_lost(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
                 waiting += problem is None
             elif row.status == "failed":
                 failed.append({"run_id": run_id, "error": row.error})
-                if not any(x in (row.error or "") for x in ev.expected_failures):
+                loop = crash_loop(ev.events.get(run_id, []))
+                if loop is not None:
+                    if loop < MAX_STARTS_PER_ATTEMPT:
+                        out.append(Violation("failure", run_id,
+                                             f"failed as a crash loop after {loop} starts of the "
+                                             f"attempt, not {MAX_STARTS_PER_ATTEMPT}"))
+                elif not any(x in (row.error or "") for x in ev.expected_failures):
                     out.append(Violation("failure", run_id,
                                          f"failed for no reason the campaign expects: "
                                          f"{row.error}"))
@@ -284,6 +291,23 @@ def segments(events: Sequence[Event]) -> list[tuple[Event | None, list[Event]]]:
     return out
 
 
+def crash_loop(events: Sequence[Event]) -> int | None:
+    """When the run failed as a crash loop (an attempt that kept losing its worker), how
+    many drives started that attempt; the engine's policy gives up after
+    MAX_STARTS_PER_ATTEMPT, which the faults of a campaign can legitimately reach."""
+    failed = next((e for e in reversed(events) if e.kind == EventKind.STEP_FAILED
+                   and e.payload.get("error_type") == CRASH_LOOP), None)
+    if failed is None:
+        return None
+    drives = {marker.seq for marker, body in segments(events)[1:] if marker is not None
+              and any(_attempted(e) and e.step_id == failed.step_id
+                      and e.attempt == failed.attempt for e in body)}
+    return len(drives)
+
+
+CRASH_LOOP = "StepCrashLoop"
+
+
 def _attempted(e: Event) -> bool:
     # A step attempt is announced by a step_started carrying its key (sleeps, signal
     # waits and child runs are journaled without one).
@@ -325,7 +349,9 @@ def check_fencing(run_id: str, events: Sequence[Event], receipts: Iterable[Recei
             if _attempted(e):
                 started.add((e.step_id or "", e.attempt))
             elif (e.kind in ATTEMPT_OUTCOMES and e.step_id in attempted_steps
-                  and (e.step_id, e.attempt) not in started):
+                  and (e.step_id, e.attempt) not in started
+                  # A crash loop is declared by the drive that declines to start it again.
+                  and e.payload.get("error_type") != CRASH_LOOP):
                 bad(f"{e.kind} of {e.step_id} attempt {e.attempt} at seq {e.seq} lands in "
                     f"drive {n} (epoch {epoch}), which never started that attempt: a write "
                     "from an earlier drive after the lease moved on")

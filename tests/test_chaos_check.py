@@ -478,3 +478,27 @@ def test_a_database_failing_its_integrity_check_is_a_violation() -> None:
     assert check_all(ev).violations == []
     ev.integrity = "*** in database main *** Page 7: btreeInitPage() returns error code 11"
     assert checks_of(ev) == {"storage"}
+
+
+def _crash_loop_specs(starts: int) -> list[Spec]:
+    specs: list[Spec] = [QUEUED, drive(1, 1), started("1:work")]
+    for n in range(2, starts + 1):
+        specs += [drive(n, n, f"w{n}-1", "sweep"), started("1:work", resumed=True)]
+    error = f"step 1:work: attempt 1 was started {starts} times and never finished"
+    return [*specs, drive(starts + 1, starts + 1, "w9-1", "sweep"),
+            ("step_failed", "1:work", 1, {"error": error, "error_type": "StepCrashLoop"}),
+            ("run_failed", None, None, {"error": f"step 1:work failed: {error}",
+                                        "reason": "crash_loop"})]
+
+
+def test_a_crash_loop_the_faults_caused_is_the_engines_policy_not_a_violation() -> None:
+    ev = with_specs(_crash_loop_specs(5), runs={RUN: RunRow(RUN, "failed", "crash loop")},
+                    receipts=[], arrivals=[], locks={RUN: LockRow(RUN, None, 6, 0.0)})
+    assert check_all(ev).violations == []
+
+
+def test_a_crash_loop_declared_too_early_is_a_violation() -> None:
+    ev = with_specs(_crash_loop_specs(3), runs={RUN: RunRow(RUN, "failed", "crash loop")},
+                    receipts=[], arrivals=[], locks={RUN: LockRow(RUN, None, 4, 0.0)})
+    [violation] = check_all(ev).violations
+    assert violation.check == "failure" and "after 3 starts" in violation.detail

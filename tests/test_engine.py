@@ -581,7 +581,10 @@ def test_a_storage_failure_inside_a_step_abandons_the_drive_not_the_run(
     events = app.events(run_id)
     assert [e.kind for e in events].count("step_failed") == 0
     drives = [e.payload for e in events if e.kind in ("run_started", "run_resumed")]
-    assert len({(d["worker_id"], d["epoch"]) for d in drives}) == 1  # same worker, same lease
+    # The same worker drove it again at once, under a new epoch that fences the old drive.
+    assert len({d["worker_id"] for d in drives}) == 1
+    assert [d["reason"] for d in drives] == ["claim", "retry"]
+    assert drives[1]["epoch"] == drives[0]["epoch"] + 1
     started = [e for e in events if e.kind == "step_started"]
     assert [(e.attempt, e.payload.get("resumed", False)) for e in started] == [(1, False),
                                                                              (1, True)]

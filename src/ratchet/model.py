@@ -336,7 +336,7 @@ class ClaimedRun:
 
     record: RunRecord
     lease: Lease
-    reason: str  # claim | sweep | reclaim
+    reason: str  # claim | sweep | reclaim | retry
 
 
 @dataclass(frozen=True, slots=True)

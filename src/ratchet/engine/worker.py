@@ -185,13 +185,11 @@ class Worker:
                     break
                 # A storage failure: drive it again here while the lease holds, rather than
                 # wait for the lease to expire and the sweep to find it.
-                active = self.active.get(run_id)
-                if (control.reason is not None or active is None
-                        or time.monotonic() + backoff >= active.deadline):
-                    break
                 self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-                log.info("action=drive_retry run_id=%s in=%ss", run_id, backoff)
-                await asyncio.sleep(backoff)
+                retaken = await self._retake(claimed, control, backoff)
+                if retaken is None:
+                    break
+                claimed = retaken
             return outcome
         except asyncio.CancelledError:
             outcome = "stopped"
@@ -205,6 +203,31 @@ class Worker:
             if current is not None and current.control is control:
                 del self.active[run_id]
             self._slot_freed.set()
+
+    async def _retake(self, claimed: ClaimedRun, control: Control, backoff: float
+                      ) -> ClaimedRun | None:
+        """After ``backoff``, the run's lease under a new epoch for the next drive (so the
+        abandoned one is fenced), or None when the run is no longer this worker's to drive."""
+        run_id = claimed.record.run_id
+        active = self.active.get(run_id)
+        if (control.reason is not None or active is None or active.control is not control
+                or time.monotonic() + backoff >= active.deadline):
+            return None
+        log.info("action=drive_retry run_id=%s in=%ss", run_id, backoff)
+        await asyncio.sleep(backoff)
+        if control.reason is not None:
+            return None
+        sent_at = time.monotonic()
+        try:
+            lease = await self.store.retake_lease(claimed.lease, self.lease_ttl)
+        except Exception as e:
+            log.warning("action=retake_failed run_id=%s error=%s", run_id, e)
+            return None  # the lease expires and the sweep takes the run
+        if lease is None:
+            return None
+        retaken = ClaimedRun(claimed.record, lease, "retry")
+        active.claimed, active.deadline = retaken, sent_at + self.lease_ttl
+        return retaken
 
     # -- loops -----------------------------------------------------------------------------
 
@@ -240,7 +263,7 @@ class Worker:
             # A cancel request announced for a run renews early, so it is seen at once.
             with self.store.watching(CANCEL) as cancel, contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(cancel.wait(), wait)
-            snapshot = dict(self.active)
+            snapshot = {run_id: (a, a.claimed.lease.epoch) for run_id, a in self.active.items()}
             sent_at = time.monotonic()
             try:
                 held = await self.store.renew(self.worker_id, self.lease_ttl, list(snapshot))
@@ -252,11 +275,12 @@ class Worker:
             wait = every
             crash_point("after_renew")
             by_run = {h.run_id: h for h in held}
-            for run_id, active in snapshot.items():
+            for run_id, (active, epoch) in snapshot.items():
                 if self.active.get(run_id) is not active or active.task.done():
                     continue
                 lease = by_run.get(run_id)
-                if lease is None or lease.epoch != active.claimed.lease.epoch:
+                # Either epoch is ours: a retake may have moved it while this renewal ran.
+                if lease is None or lease.epoch not in (epoch, active.claimed.lease.epoch):
                     active.control.stop(StopReason.LEASE_LOST)
                     log.warning("action=lease_lost run_id=%s", run_id)
                     continue

@@ -536,6 +536,18 @@ class Store(ABC):
 
         return await self._run(body)
 
+    async def retake_lease(self, lease: Lease, ttl: float) -> Lease | None:
+        """The holder's lease again under a new epoch, for a new drive by the same worker;
+        None if the lease moved on meanwhile."""
+
+        def body(tx: Tx) -> Lease | None:
+            row = tx.one("lease_retake", {"run_id": lease.run_id, "worker_id": lease.worker_id,
+                                          "epoch": lease.epoch, "ttl": ttl})
+            return None if row is None else Lease(lease.run_id, lease.worker_id,
+                                                   int(row["epoch"]))
+
+        return await self._run(body)
+
     async def release_worker(self, worker_id: str) -> None:
         """A clean shutdown: hand this worker's running runs back to the queue at once,
         and remove its ``workers`` row."""

@@ -85,6 +85,13 @@ SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE
 -- name: lease_fence
 UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = :run_id
 
+-- name: lease_retake
+-- The holder drives its run again (its last drive was abandoned on a storage error): the
+-- same worker, a new epoch, so whatever the abandoned drive still had in flight is fenced.
+UPDATE run_locks SET epoch = epoch + 1, expires_at = ratchet_now() + :ttl
+WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
+RETURNING epoch
+
 -- name: lease_release
 UPDATE run_locks SET worker_id = NULL, expires_at = 0
 WHERE run_id = :run_id AND worker_id = :worker_id AND epoch = :epoch
