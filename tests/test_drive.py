@@ -267,3 +267,190 @@ def test_a_fan_out_of_slow_children_parks_once_with_every_child_created(
     events = app.events(run_id)
     check_ends_once(events)
     assert len(of_kind(events, EventKind.STEP_STARTED)) == 10  # each child created once
+
+
+# -- 3. child ids ----------------------------------------------------------------------------
+
+
+def test_a_user_run_named_like_the_old_child_ids_is_not_taken_for_the_child(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def kid() -> str:
+        return "the child's"
+
+    @app.workflow()
+    async def impostor() -> str:
+        return "someone else's"
+
+    @app.workflow()
+    async def parent() -> str:
+        return str(await ratchet.child(kid))
+
+    app.launch()
+    assert app.result(app.start(impostor, run_id="order-7-1"), timeout_s=15) == "someone else's"
+    run_id = app.start(parent, run_id="order-7")
+    assert app.result(run_id, timeout_s=15) == "the child's"
+    [child] = [r for r in app.runs() if r.parent_run_id == run_id]
+    assert child.run_id == "order-7/1" and "/" in child.run_id
+    assert child.workflow == "kid" and child.parent_step_id == "1:child:kid"
+    assert app.get("order-7-1").parent_run_id is None
+
+
+def test_a_retried_run_whose_child_failed_starts_a_new_child(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    broken = {"kid": True}
+    calls: Counter[str] = Counter()
+
+    @app.step()
+    async def before() -> str:
+        calls["before"] += 1
+        return "kept"
+
+    @app.workflow()
+    async def kid() -> str:
+        if broken["kid"]:
+            raise RuntimeError("kid broke")
+        return "fixed"
+
+    @app.workflow()
+    async def parent() -> list[str]:
+        return [await before(), str(await ratchet.child(kid))]
+
+    app.launch()
+    run_id = app.start(parent)
+    with pytest.raises(ratchet.RunFailed, match="kid broke"):
+        app.result(run_id, timeout_s=15)
+    assert [d.reason for d in app.dead_letters() if d.run_id == run_id] == ["step_failed"]
+
+    broken["kid"] = False
+    app.retry(run_id)
+    assert app.result(run_id, timeout_s=15) == ["kept", "fixed"]
+    assert calls == {"before": 1}
+    children = {r.run_id: r.status for r in app.runs() if r.parent_run_id == run_id}
+    assert children == {f"{run_id}/2": RunStatus.FAILED, f"{run_id}/2.2": RunStatus.SUCCEEDED}
+    started = of_kind(app.events(run_id), EventKind.STEP_STARTED, "2:child:kid")
+    assert [(e.attempt, e.payload["child_run_id"]) for e in started] == [
+        (1, f"{run_id}/2"), (2, f"{run_id}/2.2")]
+
+
+def test_a_retried_run_whose_signal_timed_out_waits_again_with_a_fresh_deadline(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def approval() -> Any:
+        return await ratchet.wait_for_signal("approve", timeout_s=600)
+
+    app.launch()
+    run_id = app.start(approval)
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, what="the run parked")
+    app.clock.advance(601)
+    with pytest.raises(ratchet.RunFailed, match="no signal 'approve' arrived within 600s"):
+        app.result(run_id, timeout_s=15)
+
+    app.retry(run_id)
+    rec = wait_for(lambda: (r := app.get(run_id)).status in (RunStatus.WAITING,
+                                                             RunStatus.FAILED) and r,
+                   what="the retried run parked or failed")
+    assert rec.status == RunStatus.WAITING, rec.error
+    first, second = [e.payload["deadline"] for e in app.events(run_id)
+                     if e.kind == EventKind.STEP_WAITING]
+    assert second >= first + 601
+    app.signal(run_id, "approve", {"by": "ana"})
+    assert app.result(run_id, timeout_s=15) == {"by": "ana"}
+    assert kinds(app.events(run_id))[-1] == "run_succeeded"
+
+
+# -- 4. failures that loop -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("raised", ["SystemExit", "KeyboardInterrupt"])
+@pytest.mark.parametrize("kind", ["async", "def", "async_timeout", "def_timeout"])
+def test_a_step_raising_a_base_exception_fails_after_its_attempts(
+        make_app: Callable[..., ratchet.Ratchet], raised: str, kind: str) -> None:
+    app = make_app()
+    attempts: list[int] = []
+    error: type[BaseException] = SystemExit if raised == "SystemExit" else KeyboardInterrupt
+    retry = ratchet.Retry(max_attempts=2, backoff_ms=1)
+
+    def body() -> None:
+        attempts.append(ratchet.current_step().attempt)
+        raise error(2)
+
+    timeout_s = 10 if kind.endswith("_timeout") else None
+    if kind.startswith("def"):
+        @app.step(name="quit", retry=retry, timeout_s=timeout_s)
+        def quit_def() -> None:
+            body()
+        step: Callable[[], Any] = quit_def
+    else:
+        @app.step(name="quit", retry=retry, timeout_s=timeout_s)
+        async def quit_async() -> None:  # with a timeout: stops a whole worker on main
+            body()
+        step = quit_async
+
+    @app.workflow()
+    async def wf() -> None:
+        await step()
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    with pytest.raises(ratchet.RunFailed, match=f"{raised}: 2"):
+        app.result(run_id, timeout_s=15)
+    assert attempts == [1, 2]
+    events = app.events(run_id)
+    check_ends_once(events)
+    [failed] = of_kind(events, EventKind.STEP_FAILED, "1:quit")
+    assert failed.attempt == 2 and failed.payload["error_type"] == raised
+    assert [e.attempt for e in of_kind(events, EventKind.STEP_STARTED)] == [1, 2]
+    assert [d.reason for d in app.dead_letters()] == ["step_failed"]
+    wait_for(lambda: not worker.active, what="the worker idle")
+    assert worker.outcomes.get("failed") == 1
+
+
+def test_a_step_error_holding_nul_fails_the_run_on_both_backends(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+
+    @app.step()
+    async def nul() -> None:
+        raise ValueError("bad\x00byte")
+
+    @app.workflow()
+    async def wf() -> None:
+        await nul()
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    with pytest.raises(ratchet.RunFailed, match=r"ValueError: bad\\x00byte"):
+        app.result(run_id, timeout_s=15)
+    rec = app.get(run_id)
+    assert rec.error is not None and "bad\\x00byte" in rec.error and "\x00" not in rec.error
+    events = app.events(run_id)
+    check_ends_once(events)
+    assert of_kind(events, EventKind.STEP_FAILED)[0].payload["error"] == "ValueError: bad\\x00byte"
+    assert [d.error for d in app.dead_letters()] == [rec.error]
+    assert worker.outcomes.get("aborted") is None
+
+
+def test_a_steps_own_timeout_error_is_not_taken_for_its_timeout(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+
+    @app.step(timeout_s=10)
+    async def upstream() -> None:
+        raise TimeoutError("upstream took too long")
+
+    @app.workflow()
+    async def wf() -> None:
+        await upstream()
+
+    app.launch()
+    run_id = app.start(wf)
+    with pytest.raises(ratchet.RunFailed, match="TimeoutError: upstream took too long"):
+        app.result(run_id, timeout_s=15)
+    [failed] = of_kind(app.events(run_id), EventKind.STEP_FAILED)
+    assert failed.payload["error_type"] == "TimeoutError"
