@@ -454,3 +454,136 @@ def test_a_steps_own_timeout_error_is_not_taken_for_its_timeout(
         app.result(run_id, timeout_s=15)
     [failed] = of_kind(app.events(run_id), EventKind.STEP_FAILED)
     assert failed.payload["error_type"] == "TimeoutError"
+
+
+# -- 6. the lease deadline -------------------------------------------------------------------
+
+
+def test_a_drive_whose_renewals_fail_past_the_ttl_stops_its_step(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app(lease_ttl=1.0)
+    store = app.store
+    renew = store.renew
+    failing = threading.Event()
+    interrupted = threading.Event()
+
+    async def flaky_renew(*args: Any, **kwargs: Any) -> Any:
+        if failing.is_set():
+            raise ratchet.StorageError("PostgreSQL: server closed the connection unexpectedly")
+        return await renew(*args, **kwargs)
+
+    store.renew = flaky_renew  # type: ignore[method-assign]
+
+    @app.step()
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            interrupted.set()
+            raise
+
+    @app.workflow()
+    async def wf() -> None:
+        await forever()
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    wait_for(lambda: "step_started" in kinds(app.events(run_id)), what="the step running")
+    failing.set()
+    began = time.monotonic()
+    wait_for(lambda: worker.outcomes.get("lease_lost") == 1, timeout=5, what="lease_lost")
+    assert interrupted.is_set()
+    assert time.monotonic() - began < 2.5  # by the TTL, not long after
+    assert not worker.active
+    events = app.events(run_id)
+    assert kinds(events)[-1] == "step_started"  # nothing written without the lease
+    assert app.get(run_id).status == RunStatus.RUNNING  # for the sweep of a live worker
+
+
+# -- 7. threads for `def` steps --------------------------------------------------------------
+
+
+def test_def_steps_are_not_capped_at_asyncios_default_pool(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    barrier = threading.Barrier(16, timeout=4)
+
+    @app.step()
+    def meet(i: int) -> int:
+        barrier.wait()  # all 16 at once, or none
+        return i
+
+    @app.workflow()
+    async def wf(i: int) -> int:
+        return await meet(i)
+
+    app.launch(concurrency=16)
+    run_ids = [app.start(wf, i) for i in range(16)]
+    assert [app.result(r, timeout_s=15) for r in run_ids] == list(range(16))
+
+
+def test_a_timed_out_def_step_does_not_starve_later_ones(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    release = threading.Event()
+
+    @app.step(timeout_s=0.2)
+    def hang() -> None:
+        release.wait(3)  # past its timeout: abandoned, its thread still busy
+
+    @app.step(timeout_s=0.2)
+    def trivial(i: int) -> int:
+        return i
+
+    @app.workflow()
+    async def wf(i: int) -> int:
+        try:
+            await hang()
+        except ratchet.StepFailed as e:
+            assert "StepTimeout" in str(e)
+        return await trivial(i)
+
+    app.launch(concurrency=4)
+    try:
+        run_ids = [app.start(wf, i) for i in range(20)]
+        assert [app.result(r, timeout_s=15) for r in run_ids] == list(range(20))
+    finally:
+        release.set()
+    for run_id in run_ids:
+        [failed] = of_kind(app.events(run_id), EventKind.STEP_FAILED)
+        assert failed.step_id == "1:hang" and failed.payload["error_type"] == "StepTimeout"
+
+
+# -- 8. a step its workflow abandons ---------------------------------------------------------
+
+
+def test_a_step_abandoned_by_asyncio_wait_for_is_not_run_again_on_a_re_drive(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    calls: Counter[str] = Counter()
+
+    @app.step()
+    async def slow() -> str:
+        calls["slow"] += 1
+        await asyncio.sleep(30)
+        return "late"
+
+    @app.workflow()
+    async def impatient() -> list[Any]:
+        try:
+            got = await asyncio.wait_for(slow(), 0.1)
+        except TimeoutError:
+            got = "gave up"
+        return [got, await ratchet.wait_for_signal("go")]
+
+    app.launch()
+    run_id = app.start(impatient)
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, what="the run parked")
+    app.signal(run_id, "go", 1)
+    assert app.result(run_id, timeout_s=15) == ["gave up", 1]
+    assert calls == {"slow": 1}
+    events = app.events(run_id)
+    check_ends_once(events)
+    assert drives(events) == 2
+    [failed] = of_kind(events, EventKind.STEP_FAILED, "1:slow")
+    assert failed.payload["error_type"] == "StepAbandoned"
