@@ -17,7 +17,9 @@ from waiting import wait_for
 
 import ratchet
 from ratchet.engine.control import Control, StopReason
-from ratchet.model import Event, EventKind, RunStatus
+from ratchet.engine.worker import Worker
+from ratchet.model import ClaimedRun, Event, EventKind, RunStatus, dumps
+from ratchet.store.base import Store, Tx
 
 
 @pytest.fixture
@@ -587,3 +589,228 @@ def test_a_step_abandoned_by_asyncio_wait_for_is_not_run_again_on_a_re_drive(
     assert drives(events) == 2
     [failed] = of_kind(events, EventKind.STEP_FAILED, "1:slow")
     assert failed.payload["error_type"] == "StepAbandoned"
+
+
+# -- 9. a step that kills its worker every time ----------------------------------------------
+
+
+def _install_journal(app: ratchet.Ratchet, run_id: str, workflow: str,
+                     entries: list[tuple[str, str | None, int | None, dict[str, Any]]]) -> None:
+    """Write a queued run whose journal holds ``entries`` after its ``run_queued``, as a
+    worker that died after each of them would have left it."""
+    events: list[Event] = []
+    prev = "0" * 64
+    at = time.time() - 60
+    for kind, step_id, attempt, payload in [
+            (EventKind.RUN_QUEUED, None, None, {"workflow": workflow, "version": "1"}),
+            *entries]:
+        ev = Event.chain(run_id, len(events) + 1, kind, step_id, attempt, payload, at, prev)
+        events.append(ev)
+        prev, at = ev.hash, at + 1
+
+    def body(tx: Tx) -> None:
+        tx.run("run_insert", {"run_id": run_id, "workflow": workflow, "workflow_version": "1",
+                              "input": dumps({"args": [], "kwargs": {}}),
+                              "parent_run_id": None, "parent_step_id": None,
+                              "queue": "default", "priority": 0})
+        Store._insert_events(tx, events)
+
+    app._portal.call(app.store._run(body))
+
+
+@pytest.mark.parametrize("starts", [4, 5])
+def test_an_attempt_started_five_times_fails_as_a_crash_loop(
+        make_app: Callable[..., ratchet.Ratchet], starts: int) -> None:
+    app = make_app()
+    calls: Counter[str] = Counter()
+
+    @app.step()
+    async def fatal() -> str:
+        calls["fatal"] += 1
+        return "survived"
+
+    @app.workflow()
+    async def doomed() -> str:
+        return str(await fatal())
+
+    run_id = "crashy-1"
+    key = ratchet.model.idempotency_key(run_id, "1:fatal", 1)
+    entries: list[tuple[str, str | None, int | None, dict[str, Any]]] = []
+    for n in range(1, starts + 1):
+        entries.append((EventKind.RUN_STARTED if n == 1 else EventKind.RUN_RESUMED, None, None,
+                        {"worker_id": f"w{n}", "epoch": n, "reason": "claim", "drive": n}))
+        entries.append((EventKind.STEP_STARTED, "1:fatal", 1,
+                        {"idempotency_key": key} | ({"resumed": True} if n > 1 else {})))
+    _install_journal(app, run_id, "doomed", entries)
+    app.launch()
+    if starts < 5:  # the fifth start is allowed: the step runs, once
+        assert app.result(run_id, timeout_s=15) == "survived"
+        assert calls == {"fatal": 1}
+        return
+    with pytest.raises(ratchet.RunFailed, match=r"attempt 1 was started 5 times and never finished"):
+        app.result(run_id, timeout_s=15)
+    assert calls == {}
+    events = app.events(run_id)
+    check_ends_once(events)
+    [failed] = of_kind(events, EventKind.STEP_FAILED, "1:fatal")
+    assert failed.attempt == 1 and failed.payload["error_type"] == "StepCrashLoop"
+    [dead] = app.dead_letters()
+    assert dead.run_id == run_id and dead.reason == "crash_loop"
+
+
+# -- 10. the sweep ---------------------------------------------------------------------------
+
+
+def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
+        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app()
+    interval = 1.0
+    passes: list[tuple[float, int]] = []
+    sweep = Worker.sweep
+
+    async def recording_sweep(self: Worker) -> list[ClaimedRun]:
+        taken = await sweep(self)
+        passes.append((time.monotonic(), len(taken)))
+        return taken
+
+    monkeypatch.setattr(Worker, "sweep", recording_sweep)
+
+    @app.workflow()
+    async def orphan(i: int) -> int:
+        return i
+
+    run_ids = [app.start(orphan, i) for i in range(45)]
+    # A worker that died holding all 45: their leases ran out a second ago.
+    taken = app._portal.call(app.store.claim("dead", 1.0, 45, ["default"]))
+    assert len(taken) == 45
+    app.clock.advance(2.0)
+
+    app.launch(concurrency=64, recovery_interval=interval)
+    assert [app.result(r, timeout_s=15) for r in run_ids] == list(range(45))
+    took = [(at, n) for at, n in passes if n]
+    assert [n for _, n in took] == [20, 20, 5]
+    assert took[-1][0] - took[0][0] < interval / 2  # one sweep, not one interval a pass
+    for run_id in run_ids:
+        [started] = of_kind(app.events(run_id), EventKind.RUN_STARTED)
+        assert started.payload["reason"] == "sweep"
+
+
+# -- 11. cancel reaches children -------------------------------------------------------------
+
+
+def child_of(app: ratchet.Ratchet, run_id: str) -> str:
+    """The id of the run's one child, once it exists."""
+    found = wait_for(lambda: [r.run_id for r in app.runs() if r.parent_run_id == run_id],
+                     what=f"a child of {run_id}")
+    assert len(found) == 1
+    return str(found[0])
+
+
+def test_cancelling_a_parent_cancels_its_waiting_child_at_once(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def kid() -> Any:
+        return await ratchet.wait_for_signal("go")
+
+    @app.workflow()
+    async def parent() -> Any:
+        return await ratchet.child(kid)
+
+    app.launch()
+    run_id = app.start(parent)
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, what="the parent parked")
+    child_id = child_of(app, run_id)
+    assert app.get(child_id).status == RunStatus.WAITING
+    assert app.cancel(run_id) == RunStatus.CANCELLED
+    assert app.get(child_id).status == RunStatus.CANCELLED  # in the same transaction
+    for rid in (run_id, child_id):
+        events = app.events(rid)
+        check_ends_once(events)
+        assert len(of_kind(events, EventKind.RUN_CANCELLED)) == 1
+
+
+def test_cancelling_a_parent_stops_a_child_a_worker_is_running(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    interrupted = threading.Event()
+
+    @app.step()
+    async def toil() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            interrupted.set()
+            raise
+
+    @app.workflow()
+    async def kid() -> None:
+        await toil()
+
+    @app.workflow()
+    async def parent() -> None:
+        await ratchet.child(kid)
+
+    worker = app.launch()
+    run_id = app.start(parent)
+    child_id = child_of(app, run_id)
+    wait_for(lambda: "step_started" in kinds(app.events(child_id)),
+             what="the child's step running")
+    began = time.monotonic()
+    app.cancel(run_id)
+    for rid in (run_id, child_id):
+        with pytest.raises(ratchet.RunCancelled):
+            app.result(rid, timeout_s=15)
+    assert time.monotonic() - began < 5
+    assert interrupted.is_set()
+    wait_for(lambda: not worker.active, what="the worker idle")
+    for rid in (run_id, child_id):
+        events = app.events(rid)
+        check_ends_once(events)
+        assert len(of_kind(events, EventKind.RUN_CANCELLED)) == 1
+    assert worker.outcomes.get("cancelled") == 2
+
+
+# -- 12. a transient storage error -----------------------------------------------------------
+
+
+def test_a_failed_park_is_retried_on_the_same_worker(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
+    store = app.store
+    park = store.park
+    parks: list[int] = []
+    calls: list[ratchet.StepInfo] = []
+
+    async def flaky_park(*args: Any, **kwargs: Any) -> Any:
+        parks.append(1)
+        if len(parks) == 1:
+            raise ratchet.StorageError("PostgreSQL: server closed the connection unexpectedly")
+        return await park(*args, **kwargs)
+
+    store.park = flaky_park  # type: ignore[method-assign]
+
+    @app.step()
+    async def first() -> str:
+        calls.append(ratchet.current_step())
+        return "a"
+
+    @app.workflow()
+    async def wf() -> list[Any]:
+        return [await first(), await ratchet.wait_for_signal("go")]
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, timeout=5,
+             what="the run parked")
+    assert worker.outcomes.get("aborted") == 1 and worker.outcomes.get("parked") == 1
+    events = app.events(run_id)
+    runs = [e.payload for e in events if e.kind in ("run_started", "run_resumed")]
+    assert len(runs) == 2 and len({(d["worker_id"], d["epoch"]) for d in runs}) == 1
+    # The failed park took the step's completion with it: the step ran again, same key.
+    assert [(c.attempt, c.idempotency_key) for c in calls] == [
+        (1, calls[0].idempotency_key)] * 2
+    app.signal(run_id, "go", "b")
+    assert app.result(run_id, timeout_s=15) == ["a", "b"]
+    check_ends_once(app.events(run_id))
