@@ -555,3 +555,31 @@ def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Ha
     assert of_kind(events, EventKind.STEP_FAILED) == []  # interrupted, not failed
     resumed = one(events, EventKind.RUN_RESUMED)
     assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "claim")
+
+
+def test_sigterm_past_the_grace_keeps_a_def_steps_run_until_its_lease_expires(h: Harness
+                                                                            ) -> None:
+    # Python cannot stop the step's thread: handing the run back would let another worker
+    # run the step beside it. The run stays leased to a until the lease runs out.
+    run_id = h.app.start("cruncher")
+    a = h.spawn("a", grace=0.3, lease_ttl=1.5)
+    h.wait_invoked("1:crunch")
+    b = h.spawn("b", recovery_interval=0.3)
+    b.wait_started()
+    a.terminate()
+    a.wait_log(f"action=hand_back_skipped run_id={run_id} threads=1")
+    assert a.wait_exit() == 0
+    holder, epoch, expires_at = h.lease(run_id)
+    assert holder == a.worker_id
+    h.open_gate("sync-1")
+
+    h.wait_status(run_id, "succeeded")
+    events = h.app.events(run_id)
+    check_journal(events)
+    resumed = one(events, EventKind.RUN_RESUMED)
+    assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "sweep")
+    assert resumed.payload["epoch"] == epoch + 1
+    assert resumed.at >= expires_at - 0.05  # not before a's lease ran out
+    first, second = [r for r in h.invocations() if r["step_id"] == "1:crunch"]
+    assert (first["pid"], second["pid"]) == (a.pid, b.pid)
+    assert first["idempotency_key"] == second["idempotency_key"]

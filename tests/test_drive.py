@@ -647,7 +647,7 @@ def test_an_attempt_started_five_times_fails_as_a_crash_loop(
         assert app.result(run_id, timeout_s=15) == "survived"
         assert calls == {"fatal": 1}
         return
-    with pytest.raises(ratchet.RunFailed, match=r"attempt 1 was started 5 times and never finished"):
+    with pytest.raises(ratchet.RunFailed, match="attempt 1 was started 5 times and never"):
         app.result(run_id, timeout_s=15)
     assert calls == {}
     events = app.events(run_id)
