@@ -4,7 +4,8 @@ Run as ``python tests/crash_app.py``: one worker, configured from the environmen
 stops on SIGTERM (and is usually killed with SIGKILL long before):
 
 * ``CRASH_DB_URL``: the database; ``CRASH_WORKER_ID``, ``CRASH_LEASE_TTL``,
-  ``CRASH_RECOVERY_INTERVAL``, ``CRASH_CONCURRENCY``: the worker's settings;
+  ``CRASH_RECOVERY_INTERVAL``, ``CRASH_CONCURRENCY`` and, when set, ``CRASH_GRACE`` (the
+  shutdown grace period, in seconds): the worker's settings;
 * ``CRASH_LOG``: the invocation log. Every step invocation appends one JSON line (step id,
   attempt, idempotency key, lease epoch, pid) and fsyncs it, so the count survives a
   SIGKILL a moment later;
@@ -61,6 +62,13 @@ async def gate(name: str) -> None:
         await asyncio.sleep(GATE_POLL_S)
 
 
+def gate_sync(name: str) -> None:
+    """:func:`gate` for a plain ``def`` step, on its thread."""
+    path = os.path.join(os.environ["CRASH_GATES"], name)
+    while not os.path.exists(path):
+        time.sleep(GATE_POLL_S)
+
+
 async def post(url: str, key: str) -> Any:
     """POST to the test's receiver with ``Idempotency-Key``; its JSON answer."""
 
@@ -89,6 +97,17 @@ def build(url: str, *, lease_ttl: float | None = None,
     async def chain(n: int = 5, block_at: list[int] | None = None) -> list[str]:
         blocked = set(block_at or ())
         return [await work(i, i in blocked) for i in range(1, n + 1)]
+
+    @app.step
+    def crunch(i: int) -> str:
+        """A plain `def` step, on a thread no shutdown can stop: it blocks on gate sync-i."""
+        record("invoke")
+        gate_sync(f"sync-{i}")
+        return f"crunched-{i}"
+
+    @app.workflow()
+    async def cruncher() -> list[str]:
+        return [await crunch(1), await work(2)]
 
     @app.workflow()
     async def napper(seconds: float) -> list[str]:
@@ -142,11 +161,15 @@ def main() -> None:
     app = build(env["CRASH_DB_URL"], lease_ttl=float(env["CRASH_LEASE_TTL"]),
                 recovery_interval=float(env["CRASH_RECOVERY_INTERVAL"]))
 
+    options: dict[str, Any] = {}
+    if "CRASH_GRACE" in env:
+        options["grace"] = float(env["CRASH_GRACE"])
+
     async def serve() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await app.run_worker(stop, worker_id=env["CRASH_WORKER_ID"],
-                             concurrency=int(env["CRASH_CONCURRENCY"]))
+                             concurrency=int(env["CRASH_CONCURRENCY"]), **options)
 
     try:
         asyncio.run(serve())

@@ -85,6 +85,10 @@ class WorkerProc:
     def cont(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
 
+    def terminate(self) -> None:
+        """SIGTERM: a graceful shutdown."""
+        os.kill(self.pid, signal.SIGTERM)
+
     def wait_exit(self, timeout: float = 15.0) -> int:
         wait_for(f"worker {self.name} to exit", lambda: not self.alive(), timeout, self.log)
         return int(self.popen.returncode)
@@ -125,9 +129,11 @@ class Harness:
 
     def spawn(self, name: str, *, worker_id: str | None = None, lease_ttl: float = 5.0,
               recovery_interval: float = 30.0, concurrency: int = 4,
-              crash_at: str | None = None, pause_at: str | None = None) -> WorkerProc:
+              crash_at: str | None = None, pause_at: str | None = None,
+              grace: float | None = None) -> WorkerProc:
         """Start a worker process. ``crash_at``/``pause_at`` arm the engine's crash points
-        (``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT``)."""
+        (``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT``); ``grace`` is its shutdown grace
+        period (the worker's default when None)."""
         worker_id = worker_id or name
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "CRASH_"))}
         env.update(
@@ -144,6 +150,8 @@ class Harness:
             env["RATCHET_CRASH_AT"] = crash_at
         if pause_at:
             env["RATCHET_PAUSE_AT"] = pause_at
+        if grace is not None:
+            env["CRASH_GRACE"] = repr(grace)
         output = self.root / f"worker-{name}-{uuid.uuid4().hex[:6]}.log"
         with output.open("wb") as sink:
             popen = subprocess.Popen([sys.executable, str(APP)], env=env, cwd=self.root,

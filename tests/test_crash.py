@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proc import Harness, WorkerProc
+from proc import Harness, WorkerProc, wait_for
 from typer.testing import CliRunner
 
 from ratchet import Event
@@ -530,3 +530,96 @@ def test_several_worker_processes_share_runs_and_each_runs_once(h: Harness, db_u
         # On PostgreSQL the load is shared: SKIP LOCKED claims, NOTIFY wake-ups.
         assert len(pids) >= 2, f"one worker did everything: {pids}"
     assert pids <= {w.pid for w in workers}
+
+
+# -- graceful shutdown (SIGTERM) -----------------------------------------------------------
+
+
+def test_sigterm_lets_a_running_def_step_finish_before_the_run_is_handed_back(h: Harness
+                                                                                ) -> None:
+    run_id = h.app.start("cruncher")
+    a = h.spawn("a")
+    h.wait_invoked("1:crunch")  # the def step runs on a's thread, blocked on its gate
+    b = h.spawn("b")
+    b.wait_started()
+    a.terminate()
+    a.wait_log(f"action=shutdown_grace worker_id={a.worker_id} runs=1 grace=10.0s")
+    # In its grace period a still holds the run; b cannot start the step a second time.
+    assert h.lease(run_id)[0] == a.worker_id
+    assert h.app.get(run_id).status == "running"
+    h.open_gate("sync-1")
+
+    h.wait_status(run_id, "succeeded")
+    assert a.wait_exit() == 0
+    assert h.app.result(run_id) == ["crunched-1", "out-2"]
+    events = h.app.events(run_id)
+    check_journal(events)
+    assert h.calls() == {"1:crunch": 1, "2:work": 1}
+    assert [r["pid"] for r in h.invocations()] == [a.pid, b.pid]
+    one(events, EventKind.STEP_STARTED, "1:crunch")
+    assert one(events, EventKind.STEP_COMPLETED, "1:crunch").payload == {"output": "crunched-1"}
+    # a handed the run back once its step was done, and b claimed it at once (no sweep).
+    resumed = one(events, EventKind.RUN_RESUMED)
+    assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "claim")
+    assert "action=shutdown_grace_over" not in a.log()
+
+
+def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Harness
+                                                                         ) -> None:
+    run_id = h.app.start("chain", n=3, block_at=[2])
+    a = h.spawn("a", grace=0.3)
+    first = h.wait_invoked("2:work")  # blocked on its gate, longer than the grace
+    b = h.spawn("b")
+    b.wait_started()
+    a.terminate()
+    a.wait_log(f"action=shutdown_grace_over worker_id={a.worker_id} interrupted=1")
+    assert a.wait_exit() == 0
+    second = wait_for("step 2:work to run again",
+                      lambda: len(runs := [r for r in h.invocations()
+                                           if r["step_id"] == "2:work"]) == 2 and runs[1],
+                      detail=h.worker_logs)
+    h.open_gate("step-2")
+
+    h.wait_status(run_id, "succeeded")
+    assert h.app.result(run_id) == ["out-1", "out-2", "out-3"]
+    events = h.app.events(run_id)
+    check_journal(events)
+    assert h.calls() == {"1:work": 1, "2:work": 2, "3:work": 1}
+    assert (first["pid"], second["pid"]) == (a.pid, b.pid)
+    assert first["attempt"] == second["attempt"] == 1
+    assert first["idempotency_key"] == second["idempotency_key"] == idempotency_key(
+        run_id, "2:work", 1)
+    starts = of_kind(events, EventKind.STEP_STARTED, "2:work")
+    assert [(e.attempt, e.payload.get("resumed", False)) for e in starts] == [(1, False),
+                                                                            (1, True)]
+    assert of_kind(events, EventKind.STEP_FAILED) == []  # interrupted, not failed
+    resumed = one(events, EventKind.RUN_RESUMED)
+    assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "claim")
+
+
+def test_sigterm_past_the_grace_keeps_a_def_steps_run_until_its_lease_expires(h: Harness
+                                                                            ) -> None:
+    # Python cannot stop the step's thread: handing the run back would let another worker
+    # run the step beside it. The run stays leased to a until the lease runs out.
+    run_id = h.app.start("cruncher")
+    a = h.spawn("a", grace=0.3, lease_ttl=1.5)
+    h.wait_invoked("1:crunch")
+    b = h.spawn("b", recovery_interval=0.3)
+    b.wait_started()
+    a.terminate()
+    a.wait_log(f"action=hand_back_skipped run_id={run_id} threads=1")
+    assert a.wait_exit() == 0
+    holder, epoch, expires_at = h.lease(run_id)
+    assert holder == a.worker_id
+    h.open_gate("sync-1")
+
+    h.wait_status(run_id, "succeeded")
+    events = h.app.events(run_id)
+    check_journal(events)
+    resumed = one(events, EventKind.RUN_RESUMED)
+    assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "sweep")
+    assert resumed.payload["epoch"] == epoch + 1
+    assert resumed.at >= expires_at - 0.05  # not before a's lease ran out
+    first, second = [r for r in h.invocations() if r["step_id"] == "1:crunch"]
+    assert (first["pid"], second["pid"]) == (a.pid, b.pid)
+    assert first["idempotency_key"] == second["idempotency_key"]

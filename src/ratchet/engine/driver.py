@@ -369,11 +369,15 @@ class RunContext:
                           kwargs: dict[str, Any]) -> Any:
         if sd.timeout_s is None:
             return await sd.fn(*args, **kwargs)
-        began = time.monotonic()
+        # In this task, not a task of its own (as asyncio.wait_for would make): a task that
+        # raises SystemExit or KeyboardInterrupt hands it to the event loop, which stops the
+        # whole worker, instead of to this drive, which fails the step.
+        deadline = asyncio.timeout(sd.timeout_s)
         try:
-            return await asyncio.wait_for(sd.fn(*args, **kwargs), sd.timeout_s)
+            async with deadline:
+                return await sd.fn(*args, **kwargs)
         except TimeoutError as e:
-            if time.monotonic() - began < sd.timeout_s:
+            if not deadline.expired():
                 raise  # the step's own TimeoutError, not its timeout
             raise StepTimeout(f"step {step_id} ran past its timeout of {sd.timeout_s:g}s") from e
 
