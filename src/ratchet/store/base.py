@@ -199,10 +199,15 @@ def record_from_row(row: Any) -> RunRecord:
     )
 
 
-def _event(row: Any) -> Event:
-    payload = row["payload"]
+def _event(row: Any, canonical: bool = True) -> Event:
+    """A ``journal_events`` row as an :class:`Event`. ``canonical``: the stored payload text
+    is the canonical text the event was hashed with; otherwise (jsonb, which keeps its own
+    spacing and key order) that text is made again from the value."""
+    text = row["payload"]
+    payload = json.loads(text)
     return Event(row["run_id"], row["seq"], row["kind"], row["step_id"], row["attempt"],
-                 json.loads(payload), row["at"], row["prev_hash"], row["hash"], payload)
+                 payload, row["at"], row["prev_hash"], row["hash"],
+                 text if canonical else dumps(payload))
 
 
 def _receipt(row: Any) -> Receipt:
@@ -259,6 +264,8 @@ class Store(ABC):
 
     dialect: str
     queries: dict[str, str]
+    # Whether JSON comes back as the canonical text it was written as (see _event).
+    json_text_canonical = True
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
@@ -423,7 +430,7 @@ class Store(ABC):
             limit = 2**62
         params = {"run_id": run_id, "after": after, "limit": limit}
         rows = await self._read(lambda tx: tx.all("events_load", params))
-        return [_event(r) for r in rows]
+        return [_event(r, self.json_text_canonical) for r in rows]
 
     async def lease(self, run_id: str) -> LeaseState | None:
         """Who holds the run's lease now, at which epoch, and whether it is still live by
