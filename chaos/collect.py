@@ -32,11 +32,14 @@ def _queries(url: str) -> dict[str, str]:
     def text(column: str) -> str:
         return f"{column}::text" if pg else column
 
-    payload = "coalesce(payload_text, payload::text)" if pg else "payload"
+    # The payload's text, and whether it is the text the event was hashed with: SQLite's
+    # is; jsonb keeps its own spacing and key order, except in payload_text.
+    payload = ("coalesce(payload_text, payload::text), payload_text IS NOT NULL" if pg
+               else "payload, 1")
     return {
         "runs": f"SELECT run_id, status, waiting_for, {seconds('not_before')}, error FROM runs",
-        "events": (f"SELECT run_id, seq, kind, step_id, attempt, {payload}, {seconds('at')}, "
-                   "prev_hash, hash FROM journal_events ORDER BY run_id, seq"),
+        "events": (f"SELECT run_id, seq, kind, step_id, attempt, {seconds('at')}, prev_hash, "
+                   f"hash, {payload} FROM journal_events ORDER BY run_id, seq"),
         "receipts": ("SELECT idempotency_key, run_id, step_id, status, epoch, "
                      f"{text('response')}, delivery, attempt FROM side_effect_receipts"),
         # A finished run's lease row is gone; runs.lease_epoch keeps its last epoch.
@@ -78,15 +81,12 @@ def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now
     """Everything the checks read, from the database at ``url`` and the receiver's log."""
     q = _queries(url)
     runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4]) for r in _rows(url, q["runs"])}
-    # SQLite keeps the canonical text an event was hashed with; jsonb keeps its own
-    # spacing and key order, so there the canonical text is made again from the value.
-    canonical = url.startswith("sqlite:///")
     events: dict[str, list[Event]] = {}
     for r in _rows(url, q["events"]):
-        payload = json.loads(r[5])
+        payload = json.loads(r[8])
         events.setdefault(r[0], []).append(
-            Event(r[0], int(r[1]), r[2], r[3], r[4], payload, float(r[6]), r[7], r[8],
-                  r[5] if canonical else dumps(payload)))
+            Event(r[0], int(r[1]), r[2], r[3], r[4], payload, float(r[5]), r[6], r[7],
+                  r[8] if r[9] else dumps(payload)))
     receipts = [ReceiptRow(r[0], r[1], r[2], r[3], int(r[4]),
                            json.loads(r[5]) if r[5] is not None else None, r[6],
                            int(r[7]) if r[7] is not None else None)

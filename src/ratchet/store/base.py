@@ -201,13 +201,14 @@ def record_from_row(row: Any) -> RunRecord:
 
 def _event(row: Any, canonical: bool = True) -> Event:
     """A ``journal_events`` row as an :class:`Event`. ``canonical``: the stored payload text
-    is the canonical text the event was hashed with; otherwise (jsonb, which keeps its own
-    spacing and key order) that text is made again from the value."""
+    is the canonical text the event was hashed with. Otherwise (jsonb, which keeps its own
+    spacing and key order) the event carries no text, and :meth:`Event.verify` makes the
+    canonical one from the value when asked (reading a journal does not pay for it), unless
+    the row says its text is the one hashed (``payload_exact``: kept from before jsonb)."""
     text = row["payload"]
-    payload = json.loads(text)
     return Event(row["run_id"], row["seq"], row["kind"], row["step_id"], row["attempt"],
-                 payload, row["at"], row["prev_hash"], row["hash"],
-                 text if canonical else dumps(payload))
+                 json.loads(text), row["at"], row["prev_hash"], row["hash"],
+                 text if canonical or row["payload_exact"] else "")
 
 
 def _receipt(row: Any) -> Receipt:

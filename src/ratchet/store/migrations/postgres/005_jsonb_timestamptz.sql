@@ -44,9 +44,11 @@ LANGUAGE sql IMMUTABLE AS $$
                        ) * 1000000 AS us) AS exact) AS split
 $$;
 
+-- Python wrote floats of 1e16 and more as 1e+16 and negative zero as -0.0; a string may
+-- look like either too, which only keeps a text that was not needed.
 ALTER TABLE journal_events ADD COLUMN payload_text text;
 UPDATE journal_events SET payload_text = payload
-WHERE payload ~ '[eE][-+]?[0-9]|-0\.0|\\u0000';
+WHERE payload ~ '[0-9]e\+[0-9]|-0\.0[,\]}]|\\u0000';
 ALTER TABLE journal_events
     ALTER COLUMN payload TYPE jsonb USING pg_temp.ratchet_no_nul(payload)::jsonb,
     ALTER COLUMN at TYPE timestamptz USING pg_temp.ratchet_exact_time(at);
