@@ -17,17 +17,39 @@ from typing import Any
 import psycopg
 
 from chaos.check import Evidence, LockRow, ReceiptRow, RunRow
-from ratchet.model import Event
+from ratchet.model import Event, dumps
 
-RUNS = "SELECT run_id, status, waiting_for, not_before, error FROM runs"
-EVENTS = ("SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash "
-          "FROM journal_events ORDER BY run_id, seq")
-RECEIPTS = ("SELECT idempotency_key, run_id, step_id, status, epoch, response, delivery, "
-            "attempt FROM side_effect_receipts")
-# A finished run's lease row is gone; runs.lease_epoch keeps its last epoch.
-LOCKS = ("SELECT r.run_id, l.worker_id, coalesce(l.epoch, r.lease_epoch), "
-         "coalesce(l.expires_at, 0) FROM runs r LEFT JOIN run_locks l ON l.run_id = r.run_id "
-         "WHERE l.run_id IS NOT NULL OR r.lease_epoch > 0")
+
+def _queries(url: str) -> dict[str, str]:
+    """The evidence queries, reading times as Unix seconds and JSON as text. On PostgreSQL
+    those columns are timestamptz and jsonb, converted here; an event written before its
+    migration 005 may keep the text it was hashed with in payload_text."""
+    pg = not url.startswith("sqlite:///")
+
+    def seconds(column: str) -> str:
+        return f"extract(epoch FROM {column})::float8" if pg else column
+
+    def text(column: str) -> str:
+        return f"{column}::text" if pg else column
+
+    # The payload's text, and whether it is the text the event was hashed with: SQLite's
+    # is; jsonb keeps its own spacing and key order, except in payload_text.
+    payload = ("coalesce(payload_text, payload::text), payload_text IS NOT NULL" if pg
+               else "payload, 1")
+    return {
+        "runs": f"SELECT run_id, status, waiting_for, {seconds('not_before')}, error FROM runs",
+        "events": (f"SELECT run_id, seq, kind, step_id, attempt, {seconds('at')}, prev_hash, "
+                   f"hash, {payload} FROM journal_events ORDER BY run_id, seq"),
+        "receipts": ("SELECT idempotency_key, run_id, step_id, status, epoch, "
+                     f"{text('response')}, delivery, attempt FROM side_effect_receipts"),
+        # A finished run's lease row is gone; runs.lease_epoch keeps its last epoch.
+        "locks": ("SELECT r.run_id, l.worker_id, coalesce(l.epoch, r.lease_epoch), "
+                  f"coalesce({seconds('l.expires_at')}, 0) FROM runs r "
+                  "LEFT JOIN run_locks l ON l.run_id = r.run_id "
+                  "WHERE l.run_id IS NOT NULL OR r.lease_epoch > 0"),
+    }
+
+
 SIGNALS = "SELECT run_id, name FROM signals WHERE consumed_seq IS NULL"
 STATUS = "SELECT status, count(*) FROM runs GROUP BY status"
 
@@ -57,17 +79,19 @@ def waiting_for_signal(url: str) -> list[str]:
 def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now: float,
              max_attempts: dict[str, int]) -> Evidence:
     """Everything the checks read, from the database at ``url`` and the receiver's log."""
-    runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4]) for r in _rows(url, RUNS)}
+    q = _queries(url)
+    runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4]) for r in _rows(url, q["runs"])}
     events: dict[str, list[Event]] = {}
-    for r in _rows(url, EVENTS):
+    for r in _rows(url, q["events"]):
+        payload = json.loads(r[8])
         events.setdefault(r[0], []).append(
-            Event(r[0], int(r[1]), r[2], r[3], r[4], json.loads(r[5]), float(r[6]), r[7], r[8],
-                  r[5]))
+            Event(r[0], int(r[1]), r[2], r[3], r[4], payload, float(r[5]), r[6], r[7],
+                  r[8] if r[9] else dumps(payload)))
     receipts = [ReceiptRow(r[0], r[1], r[2], r[3], int(r[4]),
                            json.loads(r[5]) if r[5] is not None else None, r[6],
                            int(r[7]) if r[7] is not None else None)
-                for r in _rows(url, RECEIPTS)]
-    locks = {r[0]: LockRow(r[0], r[1], int(r[2]), float(r[3])) for r in _rows(url, LOCKS)}
+                for r in _rows(url, q["receipts"])]
+    locks = {r[0]: LockRow(r[0], r[1], int(r[2]), float(r[3])) for r in _rows(url, q["locks"])}
     pending: dict[str, set[str]] = {}
     for run_id, name in _rows(url, SIGNALS):
         pending.setdefault(run_id, set()).add(name)

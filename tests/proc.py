@@ -237,8 +237,10 @@ class Harness:
     def lease(self, run_id: str) -> tuple[str | None, int, float]:
         """The run's ``run_locks`` row: ``(worker_id, epoch, expires_at)``; for a finished
         run, whose row is gone, ``(None, its last epoch, 0)``."""
+        expires = ("l.expires_at" if self.db_url.startswith("sqlite:///")
+                   else "extract(epoch FROM l.expires_at)::float8")  # a timestamptz
         sql = ("SELECT l.worker_id, coalesce(l.epoch, r.lease_epoch), "
-               "coalesce(l.expires_at, 0) FROM runs r "
+               f"coalesce({expires}, 0) FROM runs r "
                "LEFT JOIN run_locks l ON l.run_id = r.run_id WHERE r.run_id = {} "
                "AND (l.run_id IS NOT NULL OR r.status IN ('succeeded', 'failed', 'cancelled'))")
         if self.db_url.startswith("sqlite:///"):

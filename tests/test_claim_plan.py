@@ -41,7 +41,8 @@ def test_postgres_claim_reads_a_bounded_number_of_rows(pg_url: str) -> None:
             "INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, "
             "priority, not_before, created_at, updated_at) "
             "SELECT 'r' || i, 'wf', '1', '{}', CASE WHEN i %% 2 = 0 THEN 'queued' ELSE "
-            "'waiting' END, 'default', 0, CASE WHEN i %% 2 = 0 THEN NULL ELSE 1e12 END, i, i "
+            "'waiting' END, 'default', 0, CASE WHEN i %% 2 = 0 THEN NULL ELSE "
+            "to_timestamp(1e10) END, to_timestamp(i), to_timestamp(i) "
             "FROM generate_series(1, %s) i", (BACKLOG,))
         conn.execute("ANALYZE runs")
         claim = {"queues": ["default"], "limit": LIMIT, "worker_id": "w", "ttl": 10.0,

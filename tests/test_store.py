@@ -264,9 +264,10 @@ async def test_terminal_status_is_guarded_by_the_database_not_the_lease(store: S
     await store.finish(claimed.lease, [done], RunStatus.SUCCEEDED, output=1)
     # Hand the same lease back, as a broken lease mechanism would: the guarded update
     # still refuses a second terminal transition, and its event rolls back with it.
+    far = "to_timestamp(1e10)" if store.dialect == "postgresql" else "1e10"
     await store._run(lambda tx: tx._cur.execute(
         "INSERT INTO run_locks (run_id, worker_id, epoch, expires_at) "
-        f"VALUES ('r1', 'w1', {claimed.lease.epoch}, 1e12)"))
+        f"VALUES ('r1', 'w1', {claimed.lease.epoch}, {far})"))
     with pytest.raises(RunFinished):
         await store.finish(claimed.lease, [_next([*events, done], EventKind.RUN_FAILED)],
                            RunStatus.FAILED, error="late")

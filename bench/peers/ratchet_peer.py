@@ -223,8 +223,8 @@ def claim_backlog(args: argparse.Namespace) -> Result:
             fill = ("INSERT INTO runs (run_id, workflow, workflow_version, input, status, "
                     "priority, not_before, created_at, updated_at) SELECT 'b' || i, %s, %s, "
                     "'{}', CASE WHEN i <= %s THEN 'queued' ELSE 'waiting' END, 0, CASE WHEN "
-                    "i <= %s THEN NULL ELSE ratchet_now() + 3600 END, i, i "
-                    "FROM generate_series(1, %s) i")
+                    "i <= %s THEN NULL ELSE ratchet_now() + interval '1 hour' END, "
+                    "to_timestamp(i), to_timestamp(i) FROM generate_series(1, %s) i")
         else:
             fill = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
                     "WHERE i < ?) INSERT INTO runs (run_id, workflow, workflow_version, input, "
@@ -240,8 +240,10 @@ def claim_backlog(args: argparse.Namespace) -> Result:
         for i in range(samples_n + WARMUP_RUNS):
             await store.create_run(NewRun(f"head-{i}", wf.name, wf.version,
                                           {"args": [], "kwargs": {}}))
+        older = ("-created_at" if args.backend == "sqlite"  # timestamptz on PostgreSQL
+                 else "to_timestamp(-extract(epoch FROM created_at))")
         await store._run(lambda tx: tx._cur.execute(
-            "UPDATE runs SET created_at = -created_at WHERE run_id LIKE 'head-%'"))
+            f"UPDATE runs SET created_at = {older} WHERE run_id LIKE 'head-%'"))
         if args.backend == "postgres":
             await store._run(lambda tx: tx._cur.execute("ANALYZE runs"))
         served = [(wf.name, wf.version)]

@@ -75,9 +75,33 @@ def _jsonable(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str:
-    """Canonical JSON: the form payloads, inputs and outputs are stored in."""
-    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
+    """Canonical JSON: the form payloads, inputs and outputs are stored in.
+
+    Numbers are written as PostgreSQL's jsonb gives them back, on both backends, so that a
+    value reads back the same from either and the journal's hashes hold: a float of
+    magnitude 1e16 or more (always integral) is written as the integer it equals, and -0.0
+    as 0.0."""
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
                       allow_nan=False, default=_jsonable)
+    # Python writes those floats as 1e+16 and -0.0, so any other text needs no second look.
+    if "e+" in text or "-0.0" in text:
+        text = json.dumps(_jsonb_numbers(json.loads(text)), separators=(",", ":"),
+                          sort_keys=True, ensure_ascii=False, allow_nan=False)
+    return text
+
+
+def _jsonb_numbers(value: Any) -> Any:
+    """``value`` (plain JSON data) with the floats jsonb would not give back as they are
+    replaced by the numbers it does give back (see :func:`dumps`)."""
+    if isinstance(value, float):
+        if abs(value) >= 1e16:
+            return int(value)
+        return 0.0 if value == 0 else value
+    if isinstance(value, dict):
+        return {k: _jsonb_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_jsonb_numbers(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +145,15 @@ class Event:
     ) -> Event:
         """Build the event that follows ``prev_hash`` in a run's hash chain.
         ``payload_json`` may be given when the caller already holds ``dumps(payload)``."""
-        text = dumps(payload) if payload_json is None else payload_json
+        if payload_json is None:
+            text = dumps(payload)
+            if "e+" in text or "-0.0" in text:  # dumps may have rewritten a number
+                payload = json.loads(text)
+        else:
+            text = payload_json
+        # Whole microseconds, as PostgreSQL keeps a timestamptz; the hash reads ``at`` to
+        # six decimals, so rounding changes no hash and the time reads back exactly.
+        at = round(at, 6)
         digest = Event.digest(run_id, seq, kind, step_id, attempt, text, at, prev_hash)
         return Event(run_id, seq, kind, step_id, attempt, payload, at, prev_hash, digest, text)
 

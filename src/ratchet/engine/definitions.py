@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,8 @@ from ratchet.errors import InvalidInput, NotSerializable
 from ratchet.model import dumps
 
 _EMPTY = inspect.Parameter.empty
+# The JSON escape of a NUL character, not preceded by a backslash that escapes its own.
+_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # Annotations that say nothing about a JSON value: the value is used as it is.
 _OPAQUE: tuple[Any, ...] = (_EMPTY, Any, object)
 _OPAQUE_NAMES = frozenset({"Any", "typing.Any", "object"})
@@ -56,6 +59,12 @@ def to_json(value: Any, what: str) -> str:
         text = dumps(value)
     except (TypeError, ValueError) as e:
         raise NotSerializable(f"{what} is not JSON-serialisable: {e}") from e
+    # A NUL character is written \u0000, and PostgreSQL's jsonb refuses it: refused here on
+    # both backends, so a value stores the same everywhere. (An escaped backslash before
+    # "u0000" is text, not a NUL: the regex asks for an even run of backslashes before it.)
+    if "\\u0000" in text and _NUL.search(text):
+        raise NotSerializable(f"{what} is not JSON-serialisable: it holds a NUL character "
+                              "(\\u0000), which PostgreSQL's jsonb cannot store")
     # str.isascii() is O(1) in CPython, so only text with non-ASCII characters pays for
     # the check that it can be stored as UTF-8 (a lone surrogate cannot).
     if not text.isascii():

@@ -199,10 +199,16 @@ def record_from_row(row: Any) -> RunRecord:
     )
 
 
-def _event(row: Any) -> Event:
-    payload = row["payload"]
+def _event(row: Any, canonical: bool = True) -> Event:
+    """A ``journal_events`` row as an :class:`Event`. ``canonical``: the stored payload text
+    is the canonical text the event was hashed with. Otherwise (jsonb, which keeps its own
+    spacing and key order) the event carries no text, and :meth:`Event.verify` makes the
+    canonical one from the value when asked (reading a journal does not pay for it), unless
+    the row says its text is the one hashed (``payload_exact``: kept from before jsonb)."""
+    text = row["payload"]
     return Event(row["run_id"], row["seq"], row["kind"], row["step_id"], row["attempt"],
-                 json.loads(payload), row["at"], row["prev_hash"], row["hash"], payload)
+                 json.loads(text), row["at"], row["prev_hash"], row["hash"],
+                 text if canonical or row["payload_exact"] else "")
 
 
 def _receipt(row: Any) -> Receipt:
@@ -259,6 +265,8 @@ class Store(ABC):
 
     dialect: str
     queries: dict[str, str]
+    # Whether JSON comes back as the canonical text it was written as (see _event).
+    json_text_canonical = True
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or Clock()
@@ -423,7 +431,7 @@ class Store(ABC):
             limit = 2**62
         params = {"run_id": run_id, "after": after, "limit": limit}
         rows = await self._read(lambda tx: tx.all("events_load", params))
-        return [_event(r) for r in rows]
+        return [_event(r, self.json_text_canonical) for r in rows]
 
     async def lease(self, run_id: str) -> LeaseState | None:
         """Who holds the run's lease now, at which epoch, and whether it is still live by

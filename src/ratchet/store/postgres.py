@@ -20,6 +20,10 @@ from typing import Any, ClassVar, TypeVar
 
 import psycopg
 import psycopg_pool
+from psycopg.abc import AdaptContext, Buffer
+from psycopg.adapt import AdaptersMap, Loader
+from psycopg.pq import Format
+from psycopg.types.string import TextLoader
 
 from ratchet.errors import LeaseLost, StorageError, StoreConflict, ValueRefused
 from ratchet.model import (
@@ -57,6 +61,34 @@ CONNECT_TIMEOUT_S = 5
 def _one_line(e: BaseException) -> str:
     """psycopg's message on one line (the server's own words, without its indentation)."""
     return " ".join(str(e).split()) or type(e).__name__
+
+
+class _EpochLoader(Loader):
+    """timestamptz as Unix seconds (a float), the engine's unit of time everywhere: the
+    datetime psycopg reads, as seconds since the epoch (exact to the microsecond)."""
+
+    _datetime = psycopg.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid,
+                                            Format.TEXT)
+
+    def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
+        super().__init__(oid, context)
+        assert self._datetime is not None
+        self._load = self._datetime(oid, context).load
+
+    def load(self, data: Buffer) -> float:
+        return float(self._load(data).timestamp())
+
+
+class _Adapters:
+    """How Ratchet's connections read values: jsonb as its text (the store parses it, as it
+    does SQLite's), timestamptz as Unix seconds. Other users of psycopg are not affected."""
+
+    connection = None
+    adapters = AdaptersMap(psycopg.adapters)
+    adapters.register_loader("jsonb", TextLoader)
+    adapters.register_loader("timestamptz", _EpochLoader)
+
+
 _APPEND_COLUMNS = ("run_ids", "worker_ids", "epochs", "seqs", "kinds", "step_ids", "attempts",
                    "payloads", "ats", "prev_hashes", "hashes")
 
@@ -102,6 +134,7 @@ class _AppendQueue:
 
 class PostgresStore(Store):
     dialect = "postgresql"
+    json_text_canonical = False  # jsonb
 
     def __init__(self, url: str, clock: Clock | None = None, pool_size: int = 16,
                  read_only: bool = False) -> None:
@@ -142,7 +175,8 @@ class PostgresStore(Store):
             self.url, min_size=1, max_size=self._pool_size, open=False,
             # Autocommit: a single statement is its own transaction (one round trip);
             # multi-statement bodies open one explicitly with conn.transaction().
-            kwargs={"autocommit": True, "row_factory": _row_factory}, name="ratchet",
+            kwargs={"autocommit": True, "row_factory": _row_factory, "context": _Adapters},
+            name="ratchet",
         )
         try:
             await asyncio.to_thread(pool.open, True, 10.0)
@@ -322,7 +356,8 @@ class PostgresStore(Store):
         try:
             if self._append_conn is None or self._append_conn.closed:
                 self._append_conn = psycopg.connect(self.url, autocommit=True,
-                                                   row_factory=_row_factory)
+                                                   row_factory=_row_factory,
+                                                   context=_Adapters)
             conn = self._append_conn
             self._sync_clock(conn)
             return conn.execute(self.queries["append_events"], cols).fetchall()

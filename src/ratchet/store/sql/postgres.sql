@@ -13,6 +13,11 @@
 -- * claims and steals skip rows another transaction holds (SKIP LOCKED), so concurrent
 --   workers never wait on each other or take the same run.
 -- Lists are passed as arrays.
+--
+-- Payloads, inputs, outputs and responses are jsonb and times timestamptz (migration 005),
+-- for operators reading with psql; Ratchet's connections read them as JSON text and Unix
+-- seconds (store/postgres.py). JSON is sent as canonical text and cast (::jsonb), times
+-- from Python go through to_timestamp(), durations through make_interval(secs => ...).
 
 -- name: now
 SELECT ratchet_now() AS now
@@ -20,8 +25,9 @@ SELECT ratchet_now() AS now
 -- name: run_insert
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
                   parent_step_id, queue, priority, created_at, updated_at)
-VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s, 'queued', %(parent_run_id)s,
-        %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(), ratchet_now())
+VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
+        %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
+        ratchet_now())
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: run_get
@@ -58,7 +64,13 @@ SELECT run_id FROM runs
 WHERE run_id IN (SELECT unnest(%(ids)s::text[])) AND status IN ('succeeded', 'failed', 'cancelled')
 
 -- name: events_load
-SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash
+-- payload_text: the text an event written before migration 005 was hashed with, kept where
+-- jsonb may not give it back as it was (payload_exact: the text is the hashed one). A replay
+-- reads thousands of events: their times come as seconds from the server (extract), which
+-- costs less than loading timestamptz.
+SELECT run_id, seq, kind, step_id, attempt, coalesce(payload_text, payload::text) AS payload,
+       payload_text IS NOT NULL AS payload_exact, extract(epoch FROM at)::float8 AS at,
+       prev_hash, hash
 FROM journal_events WHERE run_id = %(run_id)s AND seq > %(after)s ORDER BY seq LIMIT %(limit)s
 
 -- name: event_last
@@ -66,14 +78,15 @@ SELECT seq, hash FROM journal_events WHERE run_id = %(run_id)s ORDER BY seq DESC
 
 -- name: event_insert
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
-VALUES (%(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s, %(at)s, %(prev_hash)s, %(hash)s)
+VALUES (%(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s::jsonb,
+        to_timestamp(%(at)s), %(prev_hash)s, %(hash)s)
 
 -- name: event_insert_leased
 -- Inserted only if the lease is live and this holder's (share-locking the lease row, so a
 -- steal waits for this commit); fewer rows than events means the lease was lost.
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
-SELECT %(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s, %(at)s,
-       %(prev_hash)s, %(hash)s
+SELECT %(run_id)s, %(seq)s, %(kind)s, %(step_id)s, %(attempt)s, %(payload)s::jsonb,
+       to_timestamp(%(at)s), %(prev_hash)s, %(hash)s
 WHERE EXISTS (
     SELECT 1 FROM run_locks
     WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
@@ -95,7 +108,8 @@ FOR UPDATE
 SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = %(run_id)s
 
 -- name: lease_fence
-UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = %(run_id)s
+UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = to_timestamp(0)
+WHERE run_id = %(run_id)s
 
 -- name: lease_retake
 -- The holder drives its run again (its last drive was abandoned on a storage error): the
@@ -105,7 +119,7 @@ WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
 RETURNING epoch
 
 -- name: lease_release
-UPDATE run_locks SET worker_id = NULL, expires_at = 0
+UPDATE run_locks SET worker_id = NULL, expires_at = to_timestamp(0)
 WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
 
 -- name: timers_due
@@ -162,7 +176,7 @@ WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
 -- name: leases_take
 -- A new lease row continues above the highest epoch the run ever handed out.
 INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
-SELECT run_id, %(worker_id)s, lease_epoch + 1, ratchet_now() + %(ttl)s
+SELECT run_id, %(worker_id)s, lease_epoch + 1, ratchet_now() + make_interval(secs => %(ttl)s)
 FROM runs WHERE run_id = ANY(%(ids)s::text[])
 ON CONFLICT (run_id) DO UPDATE
 SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1, expires_at = excluded.expires_at
@@ -172,7 +186,7 @@ WHERE run_locks.expires_at <= ratchet_now() OR run_locks.worker_id = excluded.wo
 RETURNING run_id, epoch
 
 -- name: leases_renew
-UPDATE run_locks SET expires_at = ratchet_now() + %(ttl)s
+UPDATE run_locks SET expires_at = ratchet_now() + make_interval(secs => %(ttl)s)
 WHERE worker_id = %(worker_id)s AND run_id = ANY(%(ids)s::text[])
 
 -- name: leases_held
@@ -185,11 +199,12 @@ WHERE status = 'running'
   AND run_id IN (SELECT run_id FROM run_locks WHERE worker_id = %(worker_id)s)
 
 -- name: leases_release_worker
-UPDATE run_locks SET worker_id = NULL, expires_at = 0 WHERE worker_id = %(worker_id)s
+UPDATE run_locks SET worker_id = NULL, expires_at = to_timestamp(0)
+WHERE worker_id = %(worker_id)s
 
 -- name: run_park
-UPDATE runs SET status = 'waiting', waiting_for = %(waiting_for)s, not_before = %(not_before)s,
-                updated_at = ratchet_now()
+UPDATE runs SET status = 'waiting', waiting_for = %(waiting_for)s,
+                not_before = to_timestamp(%(not_before)s), updated_at = ratchet_now()
 WHERE run_id = %(run_id)s AND status = 'running'
 
 -- name: run_wake
@@ -206,7 +221,8 @@ WHERE run_id = %(run_id)s AND status = 'failed'
 
 -- name: run_finish
 -- Keeps the lease's epoch (the row goes with lease_drop in the same transaction).
-UPDATE runs SET status = %(status)s, output = %(output)s, error = %(error)s, waiting_for = NULL,
+UPDATE runs SET status = %(status)s, output = %(output)s::jsonb, error = %(error)s,
+                waiting_for = NULL,
                 not_before = NULL, cancel_requested = false, updated_at = ratchet_now(),
                 lease_epoch = coalesce(
                     (SELECT epoch FROM run_locks WHERE run_id = %(run_id)s), lease_epoch)
@@ -223,7 +239,7 @@ UPDATE runs SET cancel_requested = true, updated_at = ratchet_now() WHERE run_id
 
 -- name: signal_insert
 INSERT INTO signals (run_id, name, payload, sent_at)
-VALUES (%(run_id)s, %(name)s, %(payload)s, ratchet_now())
+VALUES (%(run_id)s, %(name)s, %(payload)s::jsonb, ratchet_now())
 
 -- name: signal_pending
 SELECT id, payload FROM signals
@@ -288,13 +304,14 @@ UPDATE side_effect_receipts SET epoch = %(epoch)s, claimed_at = ratchet_now()
 WHERE idempotency_key = %(key)s AND status = 'claimed'
 
 -- name: receipt_settle
-UPDATE side_effect_receipts SET status = 'settled', response = %(response)s, epoch = %(epoch)s,
+UPDATE side_effect_receipts SET status = 'settled', response = %(response)s::jsonb,
+                                epoch = %(epoch)s,
                                 settled_by = 'worker', settled_at = ratchet_now()
 WHERE idempotency_key = %(key)s AND status = 'claimed'
 
 -- name: receipt_resolve
 -- By hand: no lease and no epoch of its own (the caller checked the run is not being driven).
-UPDATE side_effect_receipts SET status = %(status)s, response = %(response)s,
+UPDATE side_effect_receipts SET status = %(status)s, response = %(response)s::jsonb,
                                 settled_by = 'hand', settled_at = ratchet_now()
 WHERE idempotency_key = %(key)s AND status = 'claimed'
 
@@ -320,11 +337,11 @@ DELETE FROM workers WHERE worker_id = %(worker_id)s
 
 -- name: workers_prune
 -- Workers not seen for many of their own TTLs are gone (a live one renews every ttl/3).
-DELETE FROM workers WHERE seen_at + lease_ttl * %(ttls)s < ratchet_now()
+DELETE FROM workers WHERE seen_at + make_interval(secs => lease_ttl * %(ttls)s) < ratchet_now()
 
 -- name: workers_live
 SELECT worker_id, host, pid, serves, queues, lease_ttl, seen_at FROM workers
-WHERE seen_at + lease_ttl > ratchet_now() ORDER BY worker_id
+WHERE seen_at + make_interval(secs => lease_ttl) > ratchet_now() ORDER BY worker_id
 
 -- name: notify
 SELECT pg_notify(%(channel)s, %(key)s)
@@ -354,7 +371,8 @@ WITH e AS (
     FOR SHARE OF l
 )
 INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
-SELECT e.run_id, e.seq, e.kind, e.step_id, e.attempt, e.payload, e.at, e.prev_hash, e.hash
+SELECT e.run_id, e.seq, e.kind, e.step_id, e.attempt, e.payload::jsonb, to_timestamp(e.at),
+       e.prev_hash, e.hash
 FROM e JOIN held ON held.run_id = e.run_id
 RETURNING run_id
 
@@ -377,7 +395,8 @@ WITH picked AS (
     ORDER BY c.priority DESC, c.created_at LIMIT %(limit)s
 ), leased AS (
     INSERT INTO run_locks (run_id, worker_id, epoch, expires_at)
-    SELECT run_id, %(worker_id)s, lease_epoch + 1, ratchet_now() + %(ttl)s FROM picked
+    SELECT run_id, %(worker_id)s, lease_epoch + 1, ratchet_now() + make_interval(secs => %(ttl)s)
+    FROM picked
     ON CONFLICT (run_id) DO UPDATE
     SET worker_id = excluded.worker_id, epoch = run_locks.epoch + 1,
         expires_at = excluded.expires_at
@@ -397,7 +416,7 @@ RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output,
 WITH new AS (
     INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
                       parent_step_id, queue, priority, created_at, updated_at)
-    VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s, 'queued',
+    VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
             %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
             ratchet_now())
     ON CONFLICT (run_id) DO NOTHING
@@ -407,7 +426,8 @@ WITH new AS (
 ), queued AS (
     INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash,
                                 hash)
-    SELECT run_id, 1, 'run_queued', NULL, NULL, %(payload)s, %(at)s, %(prev_hash)s, %(hash)s
+    SELECT run_id, 1, 'run_queued', NULL, NULL, %(payload)s::jsonb, to_timestamp(%(at)s),
+           %(prev_hash)s, %(hash)s
     FROM new
     RETURNING run_id
 ), woken AS (
