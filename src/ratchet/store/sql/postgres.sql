@@ -114,7 +114,7 @@ WHERE run_id = %(run_id)s
 -- name: lease_retake
 -- The holder drives its run again (its last drive was abandoned on a storage error): the
 -- same worker, a new epoch, so whatever the abandoned drive still had in flight is fenced.
-UPDATE run_locks SET epoch = epoch + 1, expires_at = ratchet_now() + %(ttl)s
+UPDATE run_locks SET epoch = epoch + 1, expires_at = ratchet_now() + make_interval(secs => %(ttl)s)
 WHERE run_id = %(run_id)s AND worker_id = %(worker_id)s AND epoch = %(epoch)s
 RETURNING epoch
 
