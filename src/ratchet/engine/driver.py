@@ -480,14 +480,18 @@ class RunContext:
             if step.status == "failed":
                 raise self.replayed_failure(step)
         self.check_stop()
+
+        def new_child(child_id: str) -> NewRun:
+            return NewRun(child_id, wf.name, wf.version, wf.bind(args, kwargs),
+                          queue=queue or self.record.queue, priority=self.record.priority,
+                          parent_run_id=self.run_id, parent_step_id=step_id)
+
         if step is None or step.status == "pending":
             # Never started, or started afresh by a retry of the run: a new child, whose id
             # carries the attempt so the failed one is not found again.
             attempt = step.attempt + 1 if step is not None else 1
             child_id = child_run_id(self.run_id, int(step_id.split(":", 1)[0]), attempt)
-            new = NewRun(child_id, wf.name, wf.version, wf.bind(args, kwargs),
-                         queue=queue or self.record.queue, priority=self.record.priority,
-                         parent_run_id=self.run_id, parent_step_id=step_id)
+            new = new_child(child_id)
             self.emit(EventKind.STEP_STARTED, step_id, attempt, {"child_run_id": child_id})
             created = await self._write(
                 lambda events: self.store.start_child(self.lease, events, new))
@@ -496,6 +500,13 @@ class RunContext:
             # Journaled by an earlier drive; runs journaled before child ids carried "/"
             # named their child "<parent>-<ordinal>".
             child_id = step.child_run_id or f"{self.run_id}-{step.ordinal}"
+            if step.child_run_id is not None and await self.store.get_run(child_id) is None:
+                # Journaled as started, never created: branches starting children together
+                # share a commit for their step_started events, each child is created by its
+                # own, and the drive ended between them. The journal came first (invariant
+                # 1), so create the child now, as a step in flight is run again.
+                new = new_child(child_id)
+                await self._write(lambda events: self.store.start_child(self.lease, events, new))
         while True:
             rec = await self.store.get_run(child_id)
             if rec is None:
