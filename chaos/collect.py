@@ -16,10 +16,11 @@ from typing import Any
 
 import psycopg
 
-from chaos.check import Evidence, LockRow, ReceiptRow, RunRow
+from chaos.check import Evidence, LockRow, ReceiptRow, RunRow, waiting_items
 from ratchet.model import Event
 
-RUNS = "SELECT run_id, status, waiting_for, not_before, error FROM runs"
+RUNS = ("SELECT run_id, status, waiting_for, not_before, error, workflow, parent_run_id "
+        "FROM runs")
 EVENTS = ("SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash "
           "FROM journal_events ORDER BY run_id, seq")
 RECEIPTS = ("SELECT idempotency_key, run_id, step_id, status, epoch, response, delivery, "
@@ -48,16 +49,35 @@ def status_counts(url: str) -> Counter[str]:
     return Counter({status: int(n) for status, n in _rows(url, STATUS)})
 
 
-def waiting_for_signal(url: str) -> list[str]:
-    """The runs parked on the signal ``go``."""
-    return [r[0] for r in _rows(
-        url, "SELECT run_id FROM runs WHERE status = 'waiting' AND waiting_for = 'signal:go'")]
+def waiting_for_signals(url: str) -> list[tuple[str, str]]:
+    """``(run, signal name)`` for each signal a parked run waits for."""
+    rows = _rows(url, "SELECT run_id, waiting_for FROM runs WHERE status = 'waiting' "
+                      "AND waiting_for LIKE '%signal:%'")
+    return [(run_id, item.partition(":")[2]) for run_id, waiting_for in rows
+            for item in waiting_items(waiting_for) if item.startswith("signal:")]
+
+
+def busy(url: str, run_ids: Iterable[str]) -> list[str]:
+    """Those of ``run_ids`` that are running with a step in flight (their last journal
+    event starts one), or waiting on a child run."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return []
+    marks = ", ".join(f"'{i}'" for i in ids)  # campaign run ids: letters, digits, '-'
+    sql = ("SELECT r.run_id, r.status, r.waiting_for, e.kind FROM runs r "
+           "JOIN journal_events e ON e.run_id = r.run_id AND e.seq = "
+           "(SELECT max(seq) FROM journal_events WHERE run_id = r.run_id) "
+           f"WHERE r.run_id IN ({marks})")
+    return [run_id for run_id, status, waiting_for, kind in _rows(url, sql)
+            if (status == "running" and kind == "step_started")
+            or (status == "waiting" and (waiting_for or "").startswith("child:"))]
 
 
 def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now: float,
-             max_attempts: dict[str, int]) -> Evidence:
-    """Everything the checks read, from the database at ``url`` and the receiver's log."""
-    runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4]) for r in _rows(url, RUNS)}
+             max_attempts: dict[str, int], **more: Any) -> Evidence:
+    """Everything the checks read, from the database at ``url`` and the receiver's log;
+    ``more`` are what the campaign itself knows (see :class:`Evidence`)."""
+    runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in _rows(url, RUNS)}
     events: dict[str, list[Event]] = {}
     for r in _rows(url, EVENTS):
         events.setdefault(r[0], []).append(
@@ -76,7 +96,7 @@ def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now
         integrity = "; ".join(str(r[0]) for r in _rows(url, "PRAGMA integrity_check"))
     return Evidence(submitted=submitted, runs=runs, events=events, receipts=receipts,
                     locks=locks, pending_signals=pending, arrivals=arrivals, now=now,
-                    max_attempts=max_attempts, integrity=integrity)
+                    max_attempts=max_attempts, integrity=integrity, **more)
 
 
 # -- worker logs -----------------------------------------------------------------------------
