@@ -183,6 +183,11 @@ class RunContext:
              payload: dict[str, Any] | None = None, payload_json: str | None = None) -> Event:
         """Add an event to the chain, to be committed by the next write."""
         state = self.state
+        if state.status.terminal:
+            # The drive has emitted the run's end. A branch that was inside a store call
+            # when the drive decided to end goes on afterwards; it adds nothing after the
+            # terminal event (which may still be waiting for that call's write), it stops.
+            raise Stopped(self.control.reason or StopReason.CANCEL)
         ev = Event.chain(self.run_id, state.last_seq + 1, kind, step_id, attempt,
                          payload or {}, time.time(), state.last_hash, payload_json)
         apply(state, ev)
