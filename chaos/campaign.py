@@ -2,8 +2,9 @@
 
 Threads: the main thread walks the fault schedule; a supervisor reaps and restarts worker
 processes (and tells crash-point deaths from the runner's own kills); a submitter starts
-runs at a steady pace; a signaller sends ``go`` to every run waiting for it. Timers end
-pauses and partitions.
+runs at a steady pace (some from several callers at once under one run id); a signaller
+sends each signal a parked run waits for; a canceller cancels the runs chosen for it once
+they are busy. Timers end pauses and partitions.
 """
 
 from __future__ import annotations
@@ -26,12 +27,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chaos import app as chaos_app
 from chaos import collect
-from chaos.check import check_all, recovery_times
+from chaos.check import DupStart, check_all, recovery_times
 from chaos.faults import Partition, Postgres, SqliteDisk
-from chaos.plan import Fault, fault_schedule, run_plans
+from chaos.plan import DUP_CALLERS, Fault, RunSpec, fault_schedule, run_specs
 from chaos.procs import CRASH_POINT_TARGET, ROOT, Arming, Exit, Fleet, Slot
 from chaos.receiver import read_log
 from chaos.report import assemble
+from ratchet.errors import InvalidInput, StorageError
 
 # The server to fault: its maintenance database; each campaign creates a database of its own.
 PG_ADMIN_URL = os.environ.get("CHAOS_PG_ADMIN_URL",
@@ -82,6 +84,11 @@ class Campaign:
         self.submit_retries = 0
         self.signals_sent = 0
         self.signal_errors = 0
+        self.to_cancel: dict[str, float] = {}  # run id -> delay once seen busy
+        self.cancel_requested: dict[str, float] = {}
+        self.cancel_errors = 0
+        self.dup_starts: dict[str, DupStart] = {}
+        self.dup_clients: list[Any] = []
         self.timers: list[threading.Timer] = []
         self.stop_threads = threading.Event()
         self.lock = threading.RLock()
@@ -128,12 +135,13 @@ class Campaign:
             self.setup()
             schedule = fault_schedule(self.rng_faults, self.cfg.backend, self.cfg.faults,
                                       self.cfg.workers, self.cfg.gap_s)
-            plans = run_plans(self.rng_plan, self.cfg.runs)
+            specs = run_specs(self.rng_plan, self.cfg.runs)
             threads = [
                 threading.Thread(target=self.supervise, name="supervisor", daemon=True),
-                threading.Thread(target=self.submit, args=(plans, expected_s(schedule) * 0.9),
+                threading.Thread(target=self.submit, args=(specs, expected_s(schedule) * 0.9),
                                  name="submitter", daemon=True),
                 threading.Thread(target=self.signaller, name="signaller", daemon=True),
+                threading.Thread(target=self.canceller, name="canceller", daemon=True),
             ]
             self.phase = "faults"
             for slot in self.fleet_slots():
@@ -163,6 +171,12 @@ class Campaign:
         assert self.fleet is not None
         return self.fleet.slots
 
+    @property
+    def v2_slot(self) -> int:
+        """The slot that runs the new release (not slot 0, the partitioned one, if it can
+        be helped)."""
+        return min(chaos_app.V2_SLOT, self.cfg.workers - 1)
+
     # -- setup and teardown --------------------------------------------------------------------
 
     def setup(self) -> None:
@@ -185,12 +199,19 @@ class Campaign:
             if self.disk.unavailable:
                 self.not_run.setdefault("disk_full", self.disk.unavailable)
             self.url = f"sqlite:///{self.disk.db_path}"
-        self.client = chaos_app.build(self.url)
+        # The client knows every workflow of the new release, to start runs of all.
+        self.client = chaos_app.build(self.url, version="2")
         _ = self.client.store  # migrate once, before any worker starts
+        # Duplicate starts come from clients of their own, each with its own connection.
+        self.dup_clients = [chaos_app.build(self.url, version="2") for _ in range(DUP_CALLERS)]
+        for client in self.dup_clients:
+            _ = client.store
         port = self.start_receiver()
         receiver_url = f"http://127.0.0.1:{port}/deliver"
         slots = [Slot(i, {"CHAOS_DB_URL": self.url, "CHAOS_RECEIVER_URL": receiver_url})
                  for i in range(cfg.workers)]
+        # A rolling deploy: one slot runs the new release, the others the old one.
+        slots[self.v2_slot].env["CHAOS_APP_VERSION"] = "2"
         if cfg.backend == "postgres" and "partition" not in self.not_run:
             self.partition = Partition(int(time.time()) % 1000, self.workdir)
             self.partition.setup([urlsplit(self.url).port or 5432, port])
@@ -199,10 +220,10 @@ class Campaign:
             else:
                 host = self.partition.host_ip
                 slots[0].netns = self.partition.ns
-                slots[0].env = {
+                slots[0].env.update({
                     "CHAOS_DB_URL": self.url.replace(urlsplit(self.url).hostname or "", host, 1),
                     "CHAOS_RECEIVER_URL": f"http://{host}:{port}/deliver",
-                }
+                })
         elif self.disk is not None:
             self.disk.start_checkpointer(self.workdir)
         self.fleet = Fleet(self.workdir, slots, cfg.concurrency)
@@ -237,9 +258,10 @@ class Campaign:
         self.stop_receiver()
         if self.partition is not None:
             self.partition.teardown()
-        if self.client is not None:
-            with contextlib.suppress(Exception):
-                self.client.shutdown()
+        for client in [self.client, *self.dup_clients]:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.shutdown()
         if self.disk is not None:
             self.disk.teardown(keep=None if clean else self.workdir / "db-copy")
         if self.pg is not None:
@@ -314,48 +336,127 @@ class Campaign:
 
     # -- runs and signals ----------------------------------------------------------------------
 
-    def submit(self, plans: list[list[str]], window_s: float) -> None:
-        """Start one run per plan, evenly over ``window_s``; a start that fails (the
+    def submit(self, specs: list[RunSpec], window_s: float) -> None:
+        """Start one run per spec, evenly over ``window_s``; a start that fails (the
         server is down, the disk full) is retried under the same run id."""
         began = time.monotonic()
-        interval = window_s / max(1, len(plans))
-        for i, plan in enumerate(plans):
+        interval = window_s / max(1, len(specs))
+        for i, spec in enumerate(specs):
             wait = began + i * interval - time.monotonic()
             if wait > 0 and self.stop_threads.wait(wait):
                 return
             run_id = f"r{self.cfg.seed}-{i:05d}"
-            give_up = time.monotonic() + 120
-            while True:
-                try:
-                    self.client.start("flow", plan=plan, run_id=run_id)
-                    self.submitted.append(run_id)
-                    break
-                except Exception as e:
+            if spec.callers > 1:
+                confirmed = self.start_together(spec, run_id)
+            else:
+                confirmed = self.start_once(self.client, spec, run_id, counted=True) == run_id
+            if confirmed:
+                self.submitted.append(run_id)
+                if spec.cancel_after_s is not None:
+                    with self.lock:
+                        self.to_cancel[run_id] = spec.cancel_after_s
+            else:
+                self.unconfirmed.append(run_id)
+
+    def start_once(self, client: Any, spec: RunSpec, run_id: str, *, counted: bool = False,
+                   plan: list[str] | None = None) -> str:
+        """One caller's start: the id it got back, or ``Type: message`` of what it raised.
+        A storage failure (the server down, the disk full) is retried for up to 120 s;
+        any other error is the answer."""
+        give_up = time.monotonic() + 120
+        while True:
+            try:
+                return str(client.start(spec.workflow, plan=plan or spec.plan, run_id=run_id))
+            except StorageError as e:
+                if counted:
                     self.submit_retries += 1
-                    if time.monotonic() > give_up:
-                        self.unconfirmed.append(run_id)
-                        self.log(f"submit gave up run={run_id}: {e}")
-                        break
-                    time.sleep(0.2)
+                if time.monotonic() > give_up:
+                    self.log(f"submit gave up run={run_id}: {e}")
+                    return f"{type(e).__name__}: {e}"
+                time.sleep(0.2)
+            except Exception as e:
+                self.log(f"submit run={run_id}: {type(e).__name__}: {e}")
+                if counted and not isinstance(e, InvalidInput):
+                    # The single caller keeps going, as before, on anything unexpected.
+                    self.submit_retries += 1
+                    if time.monotonic() <= give_up:
+                        time.sleep(0.2)
+                        continue
+                return f"{type(e).__name__}: {e}"
+
+    def start_together(self, spec: RunSpec, run_id: str) -> bool:
+        """Start ``run_id`` from every duplicate client at once (a barrier lines them up),
+        then once more with another input, which must be refused. Whether it exists."""
+        results = [""] * len(self.dup_clients)
+        barrier = threading.Barrier(len(self.dup_clients))
+
+        def call(n: int) -> None:
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(timeout=30)
+            results[n] = self.start_once(self.dup_clients[n], spec, run_id)
+
+        callers = [threading.Thread(target=call, args=(n,), name=f"dup-start-{n}", daemon=True)
+                   for n in range(len(self.dup_clients))]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join()
+        conflict = None
+        if run_id in results:
+            conflict = self.start_once(self.client, spec, run_id, plan=[*spec.plan, "work"])
+        self.dup_starts[run_id] = DupStart(run_id, results, conflict)
+        self.log(f"duplicate start run={run_id} results={results} conflict={conflict}")
+        return run_id in results
 
     def signaller(self) -> None:
-        """Send ``go`` to every run found waiting for it."""
-        signalled: set[str] = set()
+        """Send each signal a parked run waits for (once per run and name)."""
+        signalled: set[tuple[str, str]] = set()
         while not self.stop_threads.wait(0.2):
             try:
-                waiting = collect.waiting_for_signal(self.url)
+                waiting = collect.waiting_for_signals(self.url)
             except Exception:
                 continue
-            for run_id in waiting:
-                if run_id in signalled:
+            for run_id, name in waiting:
+                if (run_id, name) in signalled:
                     continue
                 try:
-                    self.client.signal(run_id, "go", {"from": "campaign"})
-                    signalled.add(run_id)
+                    self.client.signal(run_id, name, {"from": "campaign"})
+                    signalled.add((run_id, name))
                     self.signals_sent += 1
                 except Exception as e:
                     self.signal_errors += 1
-                    self.log(f"signal {run_id}: {e}")
+                    self.log(f"signal {run_id} {name}: {e}")
+
+    def canceller(self) -> None:
+        """Cancel each run chosen for it a seeded while after it is first seen busy (a
+        step in flight, or waiting on its children), faults or not."""
+        seen: dict[str, float] = {}
+        while not self.stop_threads.wait(0.1):
+            with self.lock:
+                pending = {r: d for r, d in self.to_cancel.items()
+                           if r not in self.cancel_requested}
+            if not pending:
+                continue
+            try:
+                now_busy = collect.busy(self.url, pending)
+            except Exception:
+                continue
+            now = time.time()
+            for run_id in now_busy:
+                seen.setdefault(run_id, now)
+            for run_id, first in seen.items():
+                if run_id not in pending or now < first + pending[run_id]:
+                    continue
+                asked = time.time()
+                try:
+                    status = self.client.cancel(run_id)
+                except Exception as e:
+                    self.cancel_errors += 1
+                    self.log(f"cancel {run_id}: {e}")
+                    continue
+                with self.lock:
+                    self.cancel_requested[run_id] = asked
+                self.log(f"cancel run={run_id} status={status}")
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -544,8 +645,13 @@ class Campaign:
               snapshot: Counter[str]) -> dict[str, Any]:
         """Collect the evidence, check the invariants, assemble the report."""
         arrivals = read_log(self.workdir / "receiver.jsonl")
+        v2_workers = self.fleet_slots()[self.v2_slot].ids
         ev = collect.evidence(self.url, self.submitted, arrivals, time.time(),
-                              chaos_app.MAX_ATTEMPTS)
+                              chaos_app.MAX_ATTEMPTS,
+                              deliveries_per_step=chaos_app.DELIVERIES,
+                              cancel_requested=dict(self.cancel_requested),
+                              v2_only=chaos_app.V2_ONLY, v2_workers=set(v2_workers),
+                              dup_starts=dict(self.dup_starts))
         findings = check_all(ev)
         from_logs = collect.log_figures(p for s in self.fleet_slots() for p in s.logs)
         recovery = {kind: recovery_times(ev.events, at)

@@ -8,17 +8,29 @@ tried on hand-made journals (tests/test_chaos_check.py).
 
 The checks:
 
-``lost``        every submitted run is terminal, or visibly waiting on something that has
-                not come yet (invariant 8);
-``failure``     no run failed or was cancelled for a reason the campaign does not expect;
+``lost``        every submitted run, and every child run, is terminal or visibly waiting on
+                something that has not come yet (invariant 8);
+``failure``     no run failed for a reason the campaign does not expect, and none was
+                cancelled unless the campaign cancelled it or one of its ancestors;
 ``journal``     seq is gapless from 1, each event chains to the one before and its hash
                 matches its content; exactly one terminal event, the last, agreeing with
                 the run's status (invariant 5);
 ``completion``  at most one ``step_completed`` per step, and never a ``step_started``
                 after it (invariant 3);
-``receiver``    the receiver applied each key once; every arrival was claimed by a receipt
-                first, of the run and step it names; what a receipt and a step recorded is
-                what the receiver answered (invariant 7);
+``receiver``    the receiver applied each key once, and got one key per delivery of a step
+                (several per step, retried steps included); every arrival was claimed by a
+                receipt first, of the run and step it names; what a receipt and a step
+                recorded is what the receiver answered (invariant 7);
+``branches``    a drive that let its run go (it parked, and a fresh claim drove it next)
+                had no step attempt in flight: a branch beside a wait is journaled before
+                the run parks, and never runs again;
+``cancel``      a cancelled run has one ``run_cancelled`` and no step starts after it; a
+                child run ends once its parent has ended (a cancel reaches children);
+``versions``    runs of a workflow only version-2 workers have were driven by those workers
+                alone (drive markers' worker ids), and no run failed as "not registered";
+``starts``      a run started by several callers at once under one explicit id is one
+                run, every caller got that id back, and a differing start under it was
+                refused with RunIdConflict;
 ``fencing``     nothing written under a stale lease (invariant 4), see below;
 ``storage``     the database file passes its own integrity check (SQLite);
 ``keys``        every attempt's key is sha256(run|step|attempt); a re-driven attempt reuses
@@ -41,14 +53,22 @@ above the epoch of the drive that completed its step.
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratchet.engine.driver import MAX_STARTS_PER_ATTEMPT
-from ratchet.model import GENESIS_HASH, TERMINAL_EVENTS, Event, EventKind, idempotency_key
+from ratchet.model import (
+    GENESIS_HASH,
+    TAKEOVERS,
+    TERMINAL_EVENTS,
+    Event,
+    EventKind,
+    idempotency_key,
+)
 
 TERMINAL_STATUSES = {"succeeded", "failed", "cancelled"}
 DRIVE_MARKERS = {EventKind.RUN_STARTED, EventKind.RUN_RESUMED}
@@ -64,6 +84,19 @@ class RunRow:
     waiting_for: str | None = None
     not_before: float | None = None
     error: str | None = None
+    workflow: str | None = None
+    parent_run_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DupStart:
+    """A run started by several callers at once under one explicit run id: what each
+    caller got back (the id, or ``Type: message``), and what a start under the same id
+    with another input got (``RunIdConflict: ...`` expected)."""
+
+    run_id: str
+    results: list[str]
+    conflict: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +152,17 @@ class Evidence:
     expected_failures: tuple[str, ...] = ()
     # The database's own consistency check (SQLite: PRAGMA integrity_check), when run.
     integrity: str | None = None
+    # Starts of one attempt after which the engine fails its step as a crash loop.
+    crash_loop_starts: int = 5
+    # Deliveries each sending step name makes; its output holds their answers, in order.
+    deliveries_per_step: dict[str, int] = field(default_factory=lambda: {"send": 1})
+    # Runs the campaign asked to cancel, and when (runner's clock, Unix seconds).
+    cancel_requested: dict[str, float] = field(default_factory=dict)
+    # Workflows only version-2 workers register, and the ids those workers ran under.
+    v2_only: tuple[str, ...] = ()
+    v2_workers: set[str] = field(default_factory=set)
+    # Runs started by several callers at once.
+    dup_starts: dict[str, DupStart] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,19 +189,23 @@ class Findings:
 
 
 def check_lost(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
-    """Every submitted run is terminal or visibly waiting on something still to come."""
+    """Every submitted run and every child run is terminal or visibly waiting on something
+    still to come; none failed unexpectedly or was cancelled unasked."""
     out: list[Violation] = []
     statuses: Counter[str] = Counter()
     failed: list[dict[str, Any]] = []
-    lost = waiting = 0
-    for run_id in ev.submitted:
+    lost = waiting = crash_loops = 0
+    children = sorted(r.run_id for r in ev.runs.values() if r.parent_run_id)
+    child_statuses: Counter[str] = Counter()
+    for run_id in [*ev.submitted, *children]:
         row = ev.runs.get(run_id)
+        counts = child_statuses if row is not None and row.parent_run_id else statuses
         problem = None
         if row is None:
             problem = "accepted run missing from the database"
-            statuses["missing"] += 1
+            counts["missing"] += 1
         else:
-            statuses[row.status] += 1
+            counts[row.status] += 1
             if row.status in ("queued", "running"):
                 problem = f"stuck {row.status} after the faults healed"
             elif row.status == "waiting":
@@ -165,17 +213,16 @@ def check_lost(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
                 waiting += problem is None
             elif row.status == "failed":
                 failed.append({"run_id": run_id, "error": row.error})
-                loop = crash_loop(ev.events.get(run_id, []))
+                loop = crash_loop(ev.events.get(run_id, []), ev.crash_loop_starts)
                 if loop is not None:
-                    if loop < MAX_STARTS_PER_ATTEMPT:
-                        out.append(Violation("failure", run_id,
-                                             f"failed as a crash loop after {loop} starts of the "
-                                             f"attempt, not {MAX_STARTS_PER_ATTEMPT}"))
+                    crash_loops += 1
+                    if loop:
+                        out.append(Violation("failure", run_id, loop))
                 elif not any(x in (row.error or "") for x in ev.expected_failures):
                     out.append(Violation("failure", run_id,
                                          f"failed for no reason the campaign expects: "
                                          f"{row.error}"))
-            elif row.status == "cancelled":
+            elif row.status == "cancelled" and not _cancel_asked(ev, run_id):
                 out.append(Violation("failure", run_id, "cancelled, though nobody asked"))
         if problem is not None:
             lost += 1
@@ -189,22 +236,78 @@ def check_lost(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
         "cancelled": statuses["cancelled"],
         "waiting_visibly": waiting,
         "lost": lost,
+        "crash_loops": crash_loops,
+        "children": dict(sorted(child_statuses.items())),
         "failed_runs": failed,
     }
     return figures, out
 
 
+def crash_loop(events: Sequence[Event], starts: int) -> str | None:
+    """None if the run did not fail as a crash loop; else "" when the journal bears the
+    verdict out (the attempt, in flight, was taken over ``starts`` times from a drive that
+    never came back: a sweep or a reclaim found it started), or what is wrong with it.
+    Drives after a hand-back or a storage failure do not count."""
+    failed = next((e for e in reversed(events) if e.kind == EventKind.STEP_FAILED
+                   and e.payload.get("error_type") == "StepCrashLoop"), None)
+    if failed is None:
+        return None
+    attempt = (failed.step_id, failed.attempt)
+    in_flight = taken_over = 0
+    for e in events:
+        if e.seq >= failed.seq:
+            break
+        if _attempted(e) and (e.step_id, e.attempt) == attempt:
+            in_flight = 1
+        elif e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
+                        EventKind.STEP_RETRYING) and (e.step_id, e.attempt) == attempt:
+            in_flight = 0
+        elif e.kind == EventKind.RUN_RESUMED and e.payload.get("reason") in TAKEOVERS:
+            taken_over += in_flight
+    if taken_over < starts:
+        return (f"failed as a crash loop of {failed.step_id} attempt {failed.attempt}, but "
+                f"the journal shows it taken over in flight {taken_over} times, not {starts}")
+    return ""
+
+
+def _ancestry(ev: Evidence, run_id: str) -> list[str]:
+    """``run_id`` and its ancestors, nearest first."""
+    out = [run_id]
+    row = ev.runs.get(run_id)
+    while row is not None and row.parent_run_id and row.parent_run_id not in out:
+        out.append(row.parent_run_id)
+        row = ev.runs.get(row.parent_run_id)
+    return out
+
+
+def _cancel_asked(ev: Evidence, run_id: str) -> bool:
+    return any(r in ev.cancel_requested for r in _ancestry(ev, run_id))
+
+
 def _waiting_problem(ev: Evidence, row: RunRow) -> str | None:
     if not row.waiting_for:
         return "waiting with nothing named in waiting_for"
-    kind, _, name = row.waiting_for.partition(":")
-    if kind == "signal" and name in ev.pending_signals.get(row.run_id, set()):
-        return f"waiting for signal {name!r} although it was sent (a lost wake-up)"
-    if kind in ("sleep", "backoff") and (
-            row.not_before is None or row.not_before < ev.now - ev.timer_grace_s):
-        return (f"waiting on {row.waiting_for} whose timer was due at {row.not_before} "
-                f"(now {ev.now:.3f}): the timer never fired")
+    for waiting_for in waiting_items(row.waiting_for):
+        kind, _, name = waiting_for.partition(":")
+        if kind == "signal" and name in ev.pending_signals.get(row.run_id, set()):
+            return f"waiting for signal {name!r} although it was sent (a lost wake-up)"
+        if kind in ("sleep", "backoff") and (
+                row.not_before is None or row.not_before < ev.now - ev.timer_grace_s):
+            return (f"waiting on {waiting_for} whose timer was due at {row.not_before} "
+                    f"(now {ev.now:.3f}): the timer never fired")
     return None
+
+
+def waiting_items(waiting_for: str) -> list[str]:
+    """What a parked run waits for: ``signal:go``, or each of ``any:["signal:go", ...]``
+    (several branches parked together)."""
+    if waiting_for.startswith("any:"):
+        try:
+            items = json.loads(waiting_for[4:])
+        except ValueError:
+            return [waiting_for]
+        return [str(x) for x in items] if isinstance(items, list) else [waiting_for]
+    return [waiting_for]
 
 
 # -- 2. the journal's shape ------------------------------------------------------------------
@@ -291,23 +394,6 @@ def segments(events: Sequence[Event]) -> list[tuple[Event | None, list[Event]]]:
     return out
 
 
-def crash_loop(events: Sequence[Event]) -> int | None:
-    """When the run failed as a crash loop (an attempt that kept losing its worker), how
-    many drives started that attempt; the engine's policy gives up after
-    MAX_STARTS_PER_ATTEMPT, which the faults of a campaign can legitimately reach."""
-    failed = next((e for e in reversed(events) if e.kind == EventKind.STEP_FAILED
-                   and e.payload.get("error_type") == CRASH_LOOP), None)
-    if failed is None:
-        return None
-    drives = {marker.seq for marker, body in segments(events)[1:] if marker is not None
-              and any(_attempted(e) and e.step_id == failed.step_id
-                      and e.attempt == failed.attempt for e in body)}
-    return len(drives)
-
-
-CRASH_LOOP = "StepCrashLoop"
-
-
 def _attempted(e: Event) -> bool:
     # A step attempt is announced by a step_started carrying its key (sleeps, signal
     # waits and child runs are journaled without one).
@@ -330,6 +416,7 @@ def check_fencing(run_id: str, events: Sequence[Event], receipts: Iterable[Recei
         bad(f"events written before any drive held the lease: "
             f"{[(e.seq, e.kind) for e in stray][:5]}")
     epochs: list[int] = []
+    workers: list[Any] = []
     completed_at_epoch: dict[str, int] = {}
     for n, (marker, body) in enumerate(segs[1:], start=1):
         assert marker is not None
@@ -340,18 +427,22 @@ def check_fencing(run_id: str, events: Sequence[Event], receipts: Iterable[Recei
         if marker.payload.get("drive") != n:
             bad(f"drive marker at seq {marker.seq} says drive {marker.payload.get('drive')}, "
                 f"but it is drive {n} of the journal")
+        worker = marker.payload.get("worker_id")
+        # Every drive holds a newer epoch, even the same worker's drive after a storage
+        # failure abandoned its last one (it takes its lease again, one epoch up).
         if epochs and epoch <= epochs[-1]:
-            bad(f"drive at seq {marker.seq} holds epoch {epoch}, not above the previous "
-                f"drive's {epochs[-1]}: a stale lease wrote a drive")
+            bad(f"drive at seq {marker.seq} holds epoch {epoch} ({worker}), not above the "
+                f"previous drive's {epochs[-1]} ({workers[-1]}): a stale lease wrote a drive")
         epochs.append(epoch)
+        workers.append(worker)
         started: set[tuple[str, int | None]] = set()
         for e in body:
             if _attempted(e):
                 started.add((e.step_id or "", e.attempt))
             elif (e.kind in ATTEMPT_OUTCOMES and e.step_id in attempted_steps
                   and (e.step_id, e.attempt) not in started
-                  # A crash loop is declared by the drive that declines to start it again.
-                  and e.payload.get("error_type") != CRASH_LOOP):
+                  # The crash-loop verdict is given at the step boundary, without a start.
+                  and e.payload.get("error_type") != "StepCrashLoop"):
                 bad(f"{e.kind} of {e.step_id} attempt {e.attempt} at seq {e.seq} lands in "
                     f"drive {n} (epoch {epoch}), which never started that attempt: a write "
                     "from an earlier drive after the lease moved on")
@@ -489,18 +580,30 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
             out.append(Violation("receiver", r.run_id, f"receipt {r.key[:12]}… of {r.step_id} "
                                  f"recorded {r.response!r}; the receiver answered "
                                  f"{applied[r.key]!r}"))
+    # One delivery of a step goes out under one key, whatever retries and re-drives
+    # happen: a second key for it means it was claimed, and sent, again.
+    keys_by_delivery: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for a in ev.arrivals:
+        if a.get("delivery"):
+            keys_by_delivery[(a.get("run", ""), a.get("step", ""), a["delivery"])].add(a["key"])
+    for (run_id, step_id, delivery), found_keys in sorted(keys_by_delivery.items()):
+        if len(found_keys) > 1:
+            out.append(Violation("receiver", run_id, f"delivery {delivery} of {step_id} "
+                                 f"arrived under {len(found_keys)} keys: sent again by a "
+                                 "later attempt"))
+    completed_attempt: dict[tuple[str, str], int] = {}
     for run_id, events in ev.events.items():
         for e in events:
-            if e.kind != EventKind.STEP_COMPLETED or not (e.step_id or "").endswith(":send"):
+            if e.kind != EventKind.STEP_COMPLETED or e.step_id is None:
                 continue
-            output = e.payload.get("output")
-            key = output.get("key") if isinstance(output, dict) else None
-            if key is None or receipt_keys.get(key, ("", ""))[:2] != (run_id, e.step_id):
-                out.append(Violation("receiver", run_id, f"{e.step_id} completed with "
-                                     f"{output!r}, not an answer to one of its own keys"))
-            elif applied.get(key) != output:
-                out.append(Violation("receiver", run_id, f"{e.step_id} completed with "
-                                     f"{output!r}; the receiver answered {applied.get(key)!r}"))
+            if e.attempt is not None:
+                completed_attempt[(run_id, e.step_id)] = e.attempt
+            count = ev.deliveries_per_step.get(e.step_id.partition(":")[2])
+            if count is None:
+                continue
+            out += _check_answers(run_id, e, count, receipt_keys, applied)
+    reused = sum(1 for r in ev.receipts if r.attempt is not None
+                 and completed_attempt.get((r.run_id, r.step_id), 0) > r.attempt)
     figures = {
         "dispatches": len(ev.arrivals),
         "unique_keys": len({a["key"] for a in ev.arrivals}),
@@ -510,8 +613,178 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
         "stale_epoch_dispatches": stale,
         "receipts": len(ev.receipts),
         "receipts_settled": sum(1 for r in ev.receipts if r.status == "settled"),
+        "receipts_reused_by_a_later_attempt": reused,
     }
     return figures, out
+
+
+def _check_answers(run_id: str, e: Event, count: int,
+                   receipt_keys: dict[str, tuple[str, str, int]],
+                   applied: dict[str, Any]) -> list[Violation]:
+    """A sending step's output: ``count`` answers (one bare, several as a list), each the
+    receiver's answer to a key of one of the step's own receipts, no key twice."""
+    out: list[Violation] = []
+    output = e.payload.get("output")
+    answers = [output] if count == 1 else output if isinstance(output, list) else None
+    if answers is None or len(answers) != count:
+        return [Violation("receiver", run_id, f"{e.step_id} completed with {output!r}, not "
+                          f"{count} answers")]
+    seen: set[str] = set()
+    for answer in answers:
+        key = answer.get("key") if isinstance(answer, dict) else None
+        if key is None or receipt_keys.get(key, ("", ""))[:2] != (run_id, e.step_id):
+            out.append(Violation("receiver", run_id, f"{e.step_id} completed with "
+                                 f"{answer!r}, not an answer to one of its own keys"))
+        elif applied.get(key) != answer:
+            out.append(Violation("receiver", run_id, f"{e.step_id} completed with "
+                                 f"{answer!r}; the receiver answered {applied.get(key)!r}"))
+        elif key in seen:
+            out.append(Violation("receiver", run_id, f"{e.step_id} completed with the answer "
+                                 f"to key {key[:12]}… twice"))
+        if key is not None:
+            seen.add(key)
+    return out
+
+
+# -- 7. parallel branches -------------------------------------------------------------------
+
+
+def check_branches(run_id: str, events: Sequence[Event]) -> list[Violation]:
+    """A drive that let its run go while it could still write (it parked; the next drive
+    is a fresh claim under a higher epoch, not a sweep or a reclaim after a death) had no
+    step attempt in flight: the run parks only when every branch waits, so a step running
+    beside a wait is journaled first and is not run again by the next drive."""
+    out: list[Violation] = []
+    drives = [(m, body) for m, body in segments(events)[1:] if m is not None]
+    for (marker, body), (following, _) in itertools.pairwise(drives):
+        fresh = int(following.payload.get("epoch", -1)) > int(marker.payload.get("epoch", -1))
+        if following.payload.get("reason") != "claim" or not fresh:
+            continue  # taken over after a death or a storage failure: in flight is fine
+        in_flight: dict[tuple[str, int | None], Event] = {}
+        for e in body:
+            if _attempted(e):
+                in_flight[(e.step_id or "", e.attempt)] = e
+            elif e.kind in ATTEMPT_OUTCOMES:
+                in_flight.pop((e.step_id or "", e.attempt), None)
+        for (step_id, attempt), e in sorted(in_flight.items(), key=lambda x: x[1].seq):
+            out.append(Violation("branches", run_id,
+                                 f"drive {marker.payload.get('drive')} let the run go with "
+                                 f"step {step_id} attempt {attempt} (seq {e.seq}) in flight: "
+                                 f"drive {following.payload.get('drive')} (seq {following.seq}) "
+                                 "claimed it afresh"))
+    return out
+
+
+# -- 8. cancels ------------------------------------------------------------------------------
+
+
+def check_cancels(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
+    """A cancelled run has one run_cancelled, the last event, and no step starts after it;
+    a child run is terminal once its parent is. Figures: what became of the runs the
+    campaign cancelled, and how long their cancels took."""
+    out: list[Violation] = []
+    for row in ev.runs.values():
+        events = ev.events.get(row.run_id, [])
+        cancels = [e for e in events if e.kind == EventKind.RUN_CANCELLED]
+        if row.status == "cancelled" and len(cancels) != 1:
+            out.append(Violation("cancel", row.run_id, f"cancelled with {len(cancels)} "
+                                 "run_cancelled events"))
+        if cancels:
+            after = [e for e in events if e.seq > cancels[0].seq
+                     and e.kind == EventKind.STEP_STARTED]
+            if after:
+                out.append(Violation("cancel", row.run_id, f"step {after[0].step_id} started "
+                                     f"at seq {after[0].seq}, after run_cancelled at seq "
+                                     f"{cancels[0].seq}"))
+        parent = ev.runs.get(row.parent_run_id) if row.parent_run_id else None
+        if (parent is not None and parent.status in TERMINAL_STATUSES
+                and row.status not in TERMINAL_STATUSES):
+            out.append(Violation("cancel", row.run_id, f"child run left {row.status} after "
+                                 f"its parent {parent.run_id} ended {parent.status}"))
+    outcomes: Counter[str] = Counter()
+    latency: list[float] = []
+    late_steps = 0
+    for run_id, asked_at in ev.cancel_requested.items():
+        asked = ev.runs.get(run_id)
+        outcomes[asked.status if asked else "missing"] += 1
+        events = ev.events.get(run_id, [])
+        cancelled = next((e for e in events if e.kind == EventKind.RUN_CANCELLED), None)
+        if cancelled is not None:
+            latency.append(max(0.0, cancelled.at - asked_at))
+        late_steps += sum(1 for e in events if e.kind == EventKind.STEP_STARTED
+                          and e.at > asked_at)
+    children_cancelled = sum(1 for r in ev.runs.values() if r.parent_run_id
+                             and r.status == "cancelled")
+    figures = {
+        "requested": len(ev.cancel_requested),
+        "outcomes": dict(sorted(outcomes.items())),
+        "children_cancelled": children_cancelled,
+        "steps_started_after_request": late_steps,
+        "latency_s": {"p50": _r(percentile(latency, 50)), "p99": _r(percentile(latency, 99)),
+                      "max": _r(max(latency) if latency else None)},
+    }
+    return figures, out
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+# -- 9. two worker versions ------------------------------------------------------------------
+
+
+def check_versions(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
+    """Runs of the workflows only version-2 workers have were driven by those workers
+    alone; no run failed because its worker did not have its workflow."""
+    out: list[Violation] = []
+    runs = drives = 0
+    for row in ev.runs.values():
+        if row.status == "failed" and "not registered" in (row.error or ""):
+            out.append(Violation("versions", row.run_id, f"failed on a worker that does not "
+                                 f"serve it: {row.error}"))
+        if row.workflow not in ev.v2_only:
+            continue
+        runs += 1
+        for e in ev.events.get(row.run_id, []):
+            if e.kind not in DRIVE_MARKERS:
+                continue
+            drives += 1
+            worker = e.payload.get("worker_id")
+            if worker not in ev.v2_workers:
+                out.append(Violation("versions", row.run_id, f"{row.workflow} run driven at "
+                                     f"seq {e.seq} by {worker}, not a version-2 worker"))
+    return {"v2_only_runs": runs, "v2_only_drives": drives,
+            "v2_workers": len(ev.v2_workers)}, out
+
+
+# -- 10. duplicate starts --------------------------------------------------------------------
+
+
+def check_starts(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
+    """Concurrent starts under one explicit run id: every caller got the id back, one run
+    was created (one ``run_queued`` that is not a re-queue), and a start with another
+    input under that id was refused with RunIdConflict."""
+    out: list[Violation] = []
+    callers = answered = 0
+    for run_id, dup in sorted(ev.dup_starts.items()):
+        for n, result in enumerate(dup.results, start=1):
+            callers += 1
+            if result == run_id:
+                answered += 1
+            else:
+                out.append(Violation("starts", run_id, f"caller {n} of {len(dup.results)} got "
+                                     f"{result!r}, not the run id"))
+        if run_id not in ev.runs:
+            out.append(Violation("starts", run_id, "no run exists under the id"))
+        created = [e for e in ev.events.get(run_id, [])
+                   if e.kind == EventKind.RUN_QUEUED and "reason" not in e.payload]
+        if len(created) != 1:
+            out.append(Violation("starts", run_id, f"{len(created)} creations journaled "
+                                 "under one run id"))
+        if dup.conflict is not None and not dup.conflict.startswith("RunIdConflict"):
+            out.append(Violation("starts", run_id, f"a start with another input under the id "
+                                 f"got {dup.conflict!r}, not RunIdConflict"))
+    return {"runs": len(ev.dup_starts), "callers": callers, "answered_with_id": answered}, out
 
 
 # -- all of it -------------------------------------------------------------------------------
@@ -538,7 +811,14 @@ def check_all(ev: Evidence) -> Findings:
                                     ev.locks.get(run_id))
         violations += check_keys(run_id, events, receipts_by_run.get(run_id, []),
                                  ev.max_attempts)
+        violations += check_branches(run_id, events)
     receiver_figures, found = check_receiver(ev)
+    violations += found
+    cancel_figures, found = check_cancels(ev)
+    violations += found
+    version_figures, found = check_versions(ev)
+    violations += found
+    start_figures, found = check_starts(ev)
     violations += found
     if ev.integrity not in (None, "ok"):
         violations.append(Violation("storage", None,
@@ -548,6 +828,9 @@ def check_all(ev: Evidence) -> Findings:
         "runs": lost_figures,
         "duplicate_completions": surplus,
         "deliveries": receiver_figures,
+        "cancels": cancel_figures,
+        "versions": version_figures,
+        "duplicate_starts": start_figures,
         "fencing_violations": sum(1 for v in violations if v.check == "fencing"),
         "violations_by_check": dict(Counter(v.check for v in violations)),
     }

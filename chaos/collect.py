@@ -16,7 +16,7 @@ from typing import Any
 
 import psycopg
 
-from chaos.check import Evidence, LockRow, ReceiptRow, RunRow
+from chaos.check import Evidence, LockRow, ReceiptRow, RunRow, waiting_items
 from ratchet.model import Event, dumps
 
 
@@ -37,7 +37,8 @@ def _queries(url: str) -> dict[str, str]:
     payload = ("coalesce(payload_text, payload::text), payload_text IS NOT NULL" if pg
                else "payload, 1")
     return {
-        "runs": f"SELECT run_id, status, waiting_for, {seconds('not_before')}, error FROM runs",
+        "runs": (f"SELECT run_id, status, waiting_for, {seconds('not_before')}, error, "
+                 "workflow, parent_run_id FROM runs"),
         "events": (f"SELECT run_id, seq, kind, step_id, attempt, {seconds('at')}, prev_hash, "
                    f"hash, {payload} FROM journal_events ORDER BY run_id, seq"),
         "receipts": ("SELECT idempotency_key, run_id, step_id, status, epoch, "
@@ -70,17 +71,37 @@ def status_counts(url: str) -> Counter[str]:
     return Counter({status: int(n) for status, n in _rows(url, STATUS)})
 
 
-def waiting_for_signal(url: str) -> list[str]:
-    """The runs parked on the signal ``go``."""
-    return [r[0] for r in _rows(
-        url, "SELECT run_id FROM runs WHERE status = 'waiting' AND waiting_for = 'signal:go'")]
+def waiting_for_signals(url: str) -> list[tuple[str, str]]:
+    """``(run, signal name)`` for each signal a parked run waits for."""
+    rows = _rows(url, "SELECT run_id, waiting_for FROM runs WHERE status = 'waiting' "
+                      "AND waiting_for LIKE '%signal:%'")
+    return [(run_id, item.partition(":")[2]) for run_id, waiting_for in rows
+            for item in waiting_items(waiting_for) if item.startswith("signal:")]
+
+
+def busy(url: str, run_ids: Iterable[str]) -> list[str]:
+    """Those of ``run_ids`` that are running with a step in flight (their last journal
+    event starts one), or waiting on a child run."""
+    ids = sorted(set(run_ids))
+    if not ids:
+        return []
+    marks = ", ".join(f"'{i}'" for i in ids)  # campaign run ids: letters, digits, '-'
+    sql = ("SELECT r.run_id, r.status, r.waiting_for, e.kind FROM runs r "
+           "JOIN journal_events e ON e.run_id = r.run_id AND e.seq = "
+           "(SELECT max(seq) FROM journal_events WHERE run_id = r.run_id) "
+           f"WHERE r.run_id IN ({marks})")
+    return [run_id for run_id, status, waiting_for, kind in _rows(url, sql)
+            if (status == "running" and kind == "step_started")
+            or (status == "waiting" and (waiting_for or "").startswith("child:"))]
 
 
 def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now: float,
-             max_attempts: dict[str, int]) -> Evidence:
-    """Everything the checks read, from the database at ``url`` and the receiver's log."""
+             max_attempts: dict[str, int], **more: Any) -> Evidence:
+    """Everything the checks read, from the database at ``url`` and the receiver's log;
+    ``more`` are what the campaign itself knows (see :class:`Evidence`)."""
     q = _queries(url)
-    runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4]) for r in _rows(url, q["runs"])}
+    runs = {r[0]: RunRow(r[0], r[1], r[2], r[3], r[4], r[5], r[6])
+            for r in _rows(url, q["runs"])}
     events: dict[str, list[Event]] = {}
     for r in _rows(url, q["events"]):
         payload = json.loads(r[8])
@@ -100,7 +121,7 @@ def evidence(url: str, submitted: list[str], arrivals: list[dict[str, Any]], now
         integrity = "; ".join(str(r[0]) for r in _rows(url, "PRAGMA integrity_check"))
     return Evidence(submitted=submitted, runs=runs, events=events, receipts=receipts,
                     locks=locks, pending_signals=pending, arrivals=arrivals, now=now,
-                    max_attempts=max_attempts, integrity=integrity)
+                    max_attempts=max_attempts, integrity=integrity, **more)
 
 
 # -- worker logs -----------------------------------------------------------------------------

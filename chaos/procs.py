@@ -62,6 +62,7 @@ class Slot:
     reclaim_next: bool = False
     restart_delay: float = 0.3
     logs: list[Path] = field(default_factory=list)
+    ids: set[str] = field(default_factory=set)  # every worker id it has run under
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -118,6 +119,7 @@ class Fleet:
             if not reclaim or not slot.worker_id:
                 slot.generation += 1
                 slot.worker_id = f"w{slot.index}-{slot.generation}"
+            slot.ids.add(slot.worker_id)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "CHAOS_"))}
             env.update(slot.env)
             env.update(CHAOS_WORKER_ID=slot.worker_id, CHAOS_CONCURRENCY=str(self.concurrency),

@@ -58,6 +58,10 @@ def assemble(c: Campaign, findings: Findings, from_logs: dict[str, int],
         "duplicate_completions": fig["duplicate_completions"],
         "deliveries": fig["deliveries"],
         "signals": {"sent": c.signals_sent, "errors": c.signal_errors},
+        "cancels": {"chosen": len(c.to_cancel), **fig["cancels"],
+                    "errors": c.cancel_errors},
+        "versions": fig["versions"],
+        "duplicate_starts": fig["duplicate_starts"],
         "stale_writes": {"attempted": refused + accepted, "refused": refused,
                          "accepted": accepted,
                          "fenced_on_renewal": from_logs.get("fenced_on_renewal", 0),
@@ -97,6 +101,7 @@ def render(r: dict[str, Any]) -> str:
     runs, faults, dl, sw, rec = (r["runs"], r["faults"], r["deliveries"], r["stale_writes"],
                                  r["recovery_s"])
     cp = r["crash_points"]
+    cn, vs, ds = r["cancels"], r["versions"], r["duplicate_starts"]
     v = r["violations"]
     lines = [
         f"== chaos report: {r['backend']} (seed {r['seed']}) — {r['duration_s']}s "
@@ -104,6 +109,7 @@ def render(r: dict[str, Any]) -> str:
         f"runs           submitted {runs['submitted']}, terminal {runs['terminal']} "
         f"(succeeded {runs['succeeded']}, failed {runs['failed']}, cancelled "
         f"{runs['cancelled']}), visibly waiting {runs['waiting_visibly']}, lost {runs['lost']}",
+        f"children       {_kv(runs['children'])}",
         f"faults         {faults['total']} injected: {_kv(faults['injected'])}",
     ]
     if faults["details"]:
@@ -120,10 +126,20 @@ def render(r: dict[str, Any]) -> str:
         f"deliveries     dispatches {dl['dispatches']} for {dl['unique_keys']} unique keys "
         f"(resends {dl['resends']}), receiver double-applies "
         f"{dl['receiver_double_applies']}, receipts {dl['receipts']} "
-        f"({dl['receipts_settled']} settled)",
+        f"({dl['receipts_settled']} settled, {dl['receipts_reused_by_a_later_attempt']} "
+        "reused by a later attempt of their step)",
         f"stale writes   attempted {sw['attempted']}, refused {sw['refused']}, accepted "
         f"{sw['accepted']}; fenced at renewal {sw['fenced_on_renewal']}; zombie dispatches "
         f"(deduped) {sw['stale_epoch_dispatches']}",
+        f"cancels        {cn['requested']} of {cn['chosen']} chosen runs cancelled while busy: "
+        f"{_kv(cn['outcomes'])}; children cancelled {cn['children_cancelled']}; latency "
+        f"p50 {cn['latency_s']['p50']}s, p99 {cn['latency_s']['p99']}s, max "
+        f"{cn['latency_s']['max']}s; steps started after the request "
+        f"{cn['steps_started_after_request']}",
+        f"versions       {vs['v2_only_runs']} runs of v2-only workflows, {vs['v2_only_drives']} "
+        f"drives, by {vs['v2_workers']} version-2 worker ids",
+        f"dup starts     {ds['runs']} runs started by {ds['callers']} callers at once; "
+        f"{ds['answered_with_id']} callers got the id back",
         f"recovery       p50 {rec['p50']}s, p99 {rec['p99']}s, max {rec['max']}s "
         f"over {rec['samples']} held runs",
     ]

@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from chaos.check import (
+    DupStart,
     Evidence,
     LockRow,
     ReceiptRow,
     RunRow,
     check_all,
+    check_branches,
     check_completions,
     check_fencing,
     check_journal,
@@ -480,25 +482,301 @@ def test_a_database_failing_its_integrity_check_is_a_violation() -> None:
     assert checks_of(ev) == {"storage"}
 
 
-def _crash_loop_specs(starts: int) -> list[Spec]:
-    specs: list[Spec] = [QUEUED, drive(1, 1), started("1:work")]
-    for n in range(2, starts + 1):
-        specs += [drive(n, n, f"w{n}-1", "sweep"), started("1:work", resumed=True)]
-    error = f"step 1:work: attempt 1 was started {starts} times and never finished"
-    return [*specs, drive(starts + 1, starts + 1, "w9-1", "sweep"),
-            ("step_failed", "1:work", 1, {"error": error, "error_type": "StepCrashLoop"}),
-            ("run_failed", None, None, {"error": f"step 1:work failed: {error}",
-                                        "reason": "crash_loop"})]
+# -- the paths of the structured engine: branches, cancels, children, versions, starts -------
+
+PARENT, CHILD1, CHILD2, AUDIT, DUP = "p-1", "p-1/2", "p-1/3", "a-1", "d-1"
 
 
-def test_a_crash_loop_the_faults_caused_is_the_engines_policy_not_a_violation() -> None:
-    ev = with_specs(_crash_loop_specs(5), runs={RUN: RunRow(RUN, "failed", "crash loop")},
+def answer(k: str, n: int = 1) -> dict[str, Any]:
+    return {"key": k, "applied_as": n}
+
+
+def rich_evidence() -> Evidence:
+    """A campaign over the new paths, all well-formed: a parent whose first step makes two
+    deliveries and whose second fans out two children, then is cancelled while its third
+    step runs (the children ended first); a v2-only run driven by a v2 worker whose step
+    delivers, fails, and gets the delivery back on its retry; a run started by three callers
+    at once, each answered with its id, and refused for another input."""
+    k1, k2 = key("1:send2", run=PARENT), hashlib.sha256(
+        f"{key('1:send2', run=PARENT)}|copy".encode()).hexdigest()
+    parent = chain([
+        QUEUED, drive(1, 1),
+        started("1:send2", run=PARENT),
+        completed("1:send2", [answer(k1, 1), answer(k2, 2)]),
+        ("step_started", "2:child:leaf", 1, {"child_run_id": CHILD1}),
+        ("step_started", "3:child:leaf", 1, {"child_run_id": CHILD2}),
+        ("step_waiting", "2:child:leaf", None, {"reason": "child", "child_run_id": CHILD1}),
+        ("step_waiting", "3:child:leaf", None, {"reason": "child", "child_run_id": CHILD2}),
+        drive(2, 2),
+        completed("2:child:leaf", ["w0"], None),
+        completed("3:child:leaf", ["w1"], None),
+        started("4:tick", run=PARENT),
+        ("run_cancelled", None, None, {"error": "cancelled"}),
+    ], run=PARENT)
+    children = {c: chain([QUEUED, drive(1, 1, "w1-1"), started("1:work", run=c),
+                          completed("1:work", "w0"), ("run_succeeded", None, None,
+                                                      {"output": ["w0"]})], run=c, t0=1001.0)
+                for c in (CHILD1, CHILD2)}
+    k3 = key("1:flaky_send", run=AUDIT)
+    audit = chain([
+        QUEUED, drive(1, 1, "w2-1-v2"),
+        started("1:flaky_send", run=AUDIT),
+        ("step_retrying", "1:flaky_send", 1, {"attempt": 1, "of": 6, "error": "x"}),
+        started("1:flaky_send", 2, run=AUDIT),
+        completed("1:flaky_send", answer(k3, 3), 2),
+        ("run_succeeded", None, None, {"output": [answer(k3, 3)]}),
+    ], run=AUDIT)
+    dup = chain([QUEUED, drive(1, 1), started("1:work", run=DUP), completed("1:work", "w0"),
+                 ("run_succeeded", None, None, {"output": ["w0"]})], run=DUP)
+
+    def arrive(k: str, run: str, step: str, delivery: str, n: int) -> dict[str, Any]:
+        a = arrival(k, n, True, step=step, run=run)
+        a["delivery"], a["response"] = delivery, answer(k, n)
+        return a
+
+    return Evidence(
+        submitted=[PARENT, AUDIT, DUP],
+        runs={PARENT: RunRow(PARENT, "cancelled", workflow="flow"),
+              CHILD1: RunRow(CHILD1, "succeeded", workflow="leaf", parent_run_id=PARENT),
+              CHILD2: RunRow(CHILD2, "succeeded", workflow="leaf", parent_run_id=PARENT),
+              AUDIT: RunRow(AUDIT, "succeeded", workflow="audit"),
+              DUP: RunRow(DUP, "succeeded", workflow="flow")},
+        events={PARENT: parent, **children, AUDIT: audit, DUP: dup},
+        receipts=[ReceiptRow(k1, PARENT, "1:send2", "settled", 1, answer(k1, 1), "#1", 1),
+                  ReceiptRow(k2, PARENT, "1:send2", "settled", 1, answer(k2, 2), "copy", 1),
+                  ReceiptRow(k3, AUDIT, "1:flaky_send", "settled", 1, answer(k3, 3), "#1", 1)],
+        locks={r: LockRow(r, None, 2 if r == PARENT else 1, 0.0)
+               for r in (PARENT, CHILD1, CHILD2, AUDIT, DUP)},
+        arrivals=[arrive(k1, PARENT, "1:send2", "#1", 1),
+                  arrive(k2, PARENT, "1:send2", "copy", 2),
+                  arrive(k3, AUDIT, "1:flaky_send", "#1", 3)],
+        now=2000.0,
+        max_attempts={"work": 1, "tick": 1, "send2": 4, "flaky_send": 6},
+        deliveries_per_step={"send": 1, "send2": 2, "flaky_send": 1},
+        cancel_requested={PARENT: 1010.5},
+        v2_only=("audit",),
+        v2_workers={"w2-1-v2"},
+        dup_starts={DUP: DupStart(DUP, [DUP, DUP, DUP], "RunIdConflict: run id 'd-1' ...")},
+    )
+
+
+def test_a_well_formed_campaign_over_the_new_paths_passes_every_check() -> None:
+    findings = check_all(rich_evidence())
+    assert findings.violations == []
+    figures = findings.figures
+    assert figures["runs"]["children"] == {"succeeded": 2}
+    assert figures["cancels"]["outcomes"] == {"cancelled": 1}
+    assert figures["cancels"]["latency_s"]["p50"] == pytest.approx(2.5)
+    assert figures["versions"]["v2_only_runs"] == 1
+    assert figures["duplicate_starts"]["answered_with_id"] == 3
+    assert figures["deliveries"]["receipts_reused_by_a_later_attempt"] == 1
+
+
+def replace_events(ev: Evidence, run_id: str, specs: list[Spec]) -> Evidence:
+    ev.events[run_id] = chain(specs, run=run_id)
+    return ev
+
+
+def violations(ev: Evidence, check: str) -> list[str]:
+    return [v.detail for v in check_all(ev).violations if v.check == check]
+
+
+# lost and failures, children included
+
+
+def test_a_child_left_running_is_lost_and_outlives_its_parent() -> None:
+    ev = rich_evidence()
+    ev.runs[CHILD1] = RunRow(CHILD1, "running", workflow="leaf", parent_run_id=PARENT)
+    assert any("stuck running" in d for d in violations(ev, "lost"))
+    assert any("child run left running after its parent p-1 ended cancelled" in d
+               for d in violations(ev, "cancel"))
+
+
+def test_a_cancel_nobody_asked_for_is_a_violation_one_asked_of_an_ancestor_is_not() -> None:
+    ev = rich_evidence()
+    ev.runs[CHILD1] = RunRow(CHILD1, "cancelled", workflow="leaf", parent_run_id=PARENT)
+    ev.events[CHILD1] = chain([QUEUED, drive(1, 1, "w1-1"), started("1:work", run=CHILD1),
+                               ("run_cancelled", None, None, {"error": "cancelled"})],
+                              run=CHILD1)
+    assert violations(ev, "failure") == []
+    ev.cancel_requested = {}
+    assert len(violations(ev, "failure")) == 2  # the parent and its child
+
+
+def test_a_run_waiting_on_several_branches_is_checked_for_each() -> None:
+    ev = dataclasses.replace(good_evidence(), runs={
+        RUN: RunRow(RUN, "waiting", 'any:["child:x/1","signal:go3"]')})
+    assert check_lost(ev)[1] == []
+    ev.pending_signals = {RUN: {"go3"}}
+    assert [v.detail for v in check_lost(ev)[1]] == [
+        "waiting for signal 'go3' although it was sent (a lost wake-up)"]
+
+
+def crash_looped(drives: int, reasons: str = "sweep") -> list[Spec]:
+    specs: list[Spec] = [QUEUED]
+    for n in range(1, drives + 1):
+        specs += [drive(n, n, reason="claim" if n == 1 else reasons),
+                  started("1:send", resumed=n > 1)]
+    specs += [drive(drives + 1, drives + 1, reason=reasons),
+              ("step_failed", "1:send", 1, {"error": "started 5 times",
+                                            "error_type": "StepCrashLoop"}),
+              ("run_failed", None, None, {"error": "crash loop", "reason": "crash_loop"})]
+    return specs
+
+
+def test_a_crash_loop_the_journal_bears_out_is_expected() -> None:
+    ev = with_specs(crash_looped(5), runs={RUN: RunRow(RUN, "failed", error="crash loop")},
                     receipts=[], arrivals=[], locks={RUN: LockRow(RUN, None, 6, 0.0)})
-    assert check_all(ev).violations == []
+    findings = check_all(ev)
+    assert findings.violations == []
+    assert findings.figures["runs"]["crash_loops"] == 1
 
 
-def test_a_crash_loop_declared_too_early_is_a_violation() -> None:
-    ev = with_specs(_crash_loop_specs(3), runs={RUN: RunRow(RUN, "failed", "crash loop")},
-                    receipts=[], arrivals=[], locks={RUN: LockRow(RUN, None, 4, 0.0)})
-    [violation] = check_all(ev).violations
-    assert violation.check == "failure" and "after 3 starts" in violation.detail
+@pytest.mark.parametrize("specs", [
+    pytest.param(crash_looped(4), id="too-few-starts"),
+    pytest.param(crash_looped(5, reasons="claim"), id="not-taken-over"),
+])
+def test_a_crash_loop_the_journal_does_not_bear_out_is_a_violation(specs: list[Spec]) -> None:
+    ev = with_specs(specs, runs={RUN: RunRow(RUN, "failed", error="crash loop")},
+                    receipts=[], arrivals=[], locks={RUN: LockRow(RUN, None, 9, 0.0)})
+    assert any("failed as a crash loop" in d for d in violations(ev, "failure"))
+
+
+# fencing: a drive retried under its own lease
+
+
+def test_a_drive_retried_after_a_storage_failure_holds_a_newer_epoch_too() -> None:
+    specs = good_specs()
+    specs[5] = drive(2, 2, "w0-1", "retry")  # driven again after a storage failure
+    assert fencing(specs) == []
+    for worker in ("w0-1", "w1-1"):  # the same epoch again is a stale lease, whoever holds it
+        specs[5] = drive(2, 1, worker, "retry")
+        assert any("not above" in d for d in fencing(specs))
+
+
+# parallel branches
+
+
+def parked_beside(in_flight: bool, reason: str = "claim", epoch: int = 2) -> list[Spec]:
+    """gather(work, wait_for_signal): the drive parks on the signal; the work step is
+    journaled before the park, unless ``in_flight``."""
+    specs: list[Spec] = [
+        QUEUED, drive(1, 1),
+        started("1:work"),
+        ("step_waiting", "2:signal:go1", None, {"reason": "signal", "name": "go1"}),
+    ]
+    if not in_flight:
+        specs.append(completed("1:work", "w0"))
+    specs.append(drive(2, epoch, "w1-1", reason))
+    if in_flight:
+        specs += [started("1:work", resumed=True), completed("1:work", "w0")]
+    specs += [("signal_received", "2:signal:go1", None, {"name": "go1", "signal_id": 1}),
+              completed("2:signal:go1", {"from": "campaign"}, None),
+              ("run_succeeded", None, None, {"output": []})]
+    return specs
+
+
+def test_a_run_parked_with_a_branch_in_flight_is_a_violation() -> None:
+    assert check_branches(RUN, chain(parked_beside(in_flight=False))) == []
+    found = check_branches(RUN, chain(parked_beside(in_flight=True)))
+    assert [v.check for v in found] == ["branches"]
+    assert "step 1:work attempt 1 (seq 3) in flight" in found[0].detail
+
+
+@pytest.mark.parametrize(("reason", "epoch"), [("sweep", 2), ("reclaim", 2), ("claim", 1)])
+def test_a_step_in_flight_when_a_drive_died_is_no_branch_violation(reason: str,
+                                                                   epoch: int) -> None:
+    assert check_branches(RUN, chain(parked_beside(True, reason, epoch))) == []
+
+
+# cancels
+
+
+def test_two_run_cancelled_events_are_a_violation() -> None:
+    ev = rich_evidence()
+    specs = [QUEUED, drive(1, 1), ("run_cancelled", None, None, {"error": "cancelled"}),
+             ("run_cancelled", None, None, {"error": "cancelled"})]
+    replace_events(ev, DUP, specs)
+    ev.runs[DUP] = RunRow(DUP, "cancelled")
+    ev.cancel_requested[DUP] = 1000.0
+    assert any("2 run_cancelled events" in d for d in violations(ev, "cancel"))
+
+
+def test_a_step_started_after_run_cancelled_is_a_violation() -> None:
+    ev = rich_evidence()
+    specs = [QUEUED, drive(1, 1), ("run_cancelled", None, None, {"error": "cancelled"}),
+             started("1:work", run=DUP)]
+    replace_events(ev, DUP, specs)
+    ev.runs[DUP] = RunRow(DUP, "cancelled")
+    ev.cancel_requested[DUP] = 1000.0
+    assert any("after run_cancelled" in d for d in violations(ev, "cancel"))
+
+
+# versions
+
+
+def test_a_v2_only_run_driven_by_an_old_worker_is_a_violation() -> None:
+    ev = rich_evidence()
+    ev.v2_workers = {"w2-2-v2"}
+    assert any("not a version-2 worker" in d for d in violations(ev, "versions"))
+
+
+def test_a_run_failed_as_not_registered_is_a_violation() -> None:
+    ev = rich_evidence()
+    ev.runs[DUP] = RunRow(DUP, "failed", error="RatchetError: workflow 'audit' is not "
+                          "registered with this worker")
+    ev.events[DUP] = chain([QUEUED, drive(1, 1), ("run_failed", None, None,
+                                                  {"error": "not registered"})], run=DUP)
+    assert any("does not serve it" in d for d in violations(ev, "versions"))
+
+
+# duplicate starts
+
+
+@pytest.mark.parametrize(("dup", "specs", "found"), [
+    pytest.param(DupStart(DUP, [DUP, "ValueError: not enough values to unpack", DUP]), None,
+                 "caller 2 of 3 got", id="a-caller-failed"),
+    pytest.param(DupStart(DUP, [DUP, "d-2"]), None, "not the run id", id="another-id"),
+    pytest.param(DupStart(DUP, [DUP], conflict=DUP), None, "not RunIdConflict",
+                 id="differing-start-accepted"),
+    pytest.param(DupStart(DUP, [DUP]), [QUEUED, QUEUED], "2 creations",
+                 id="created-twice"),
+])
+def test_duplicate_starts_that_went_wrong_are_violations(
+        dup: DupStart, specs: list[Spec] | None, found: str) -> None:
+    ev = rich_evidence()
+    ev.dup_starts = {DUP: dup}
+    if specs is not None:
+        replace_events(ev, DUP, specs)
+    assert any(found in d for d in violations(ev, "starts"))
+
+
+def test_a_duplicate_start_with_no_run_is_a_violation() -> None:
+    ev = rich_evidence()
+    ev.dup_starts = {"d-9": DupStart("d-9", ["d-9"])}
+    assert any("no run exists" in d for d in violations(ev, "starts"))
+
+
+# deliveries: several per step, across retries
+
+
+def test_a_delivery_sent_again_under_a_later_attempts_key_is_a_violation() -> None:
+    ev = rich_evidence()
+    k = key("1:flaky_send", 2, run=AUDIT)
+    again = arrival(k, 4, True, step="1:flaky_send", run=AUDIT)
+    again["delivery"] = "#1"
+    ev.arrivals.append(again)
+    assert any("delivery #1 of 1:flaky_send arrived under 2 keys" in d
+               for d in violations(ev, "receiver"))
+
+
+def test_a_step_with_two_deliveries_must_answer_with_both() -> None:
+    ev = rich_evidence()
+    k1 = key("1:send2", run=PARENT)
+    specs = [(e.kind, e.step_id, e.attempt, e.payload) for e in ev.events[PARENT]]
+    specs[3] = completed("1:send2", [answer(k1, 1)])
+    replace_events(ev, PARENT, specs)
+    assert any("not 2 answers" in d for d in violations(ev, "receiver"))
+    specs[3] = completed("1:send2", [answer(k1, 1), answer(k1, 1)])
+    replace_events(ev, PARENT, specs)
+    assert any("twice" in d for d in violations(ev, "receiver"))

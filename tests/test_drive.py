@@ -638,11 +638,22 @@ def test_an_attempt_started_five_times_fails_as_a_crash_loop(
     entries: list[tuple[str, str | None, int | None, dict[str, Any]]] = []
     for n in range(1, starts + 1):
         entries.append((EventKind.RUN_STARTED if n == 1 else EventKind.RUN_RESUMED, None, None,
-                        {"worker_id": f"w{n}", "epoch": n, "reason": "claim", "drive": n}))
+                        {"worker_id": f"w{n}", "epoch": n,
+                         "reason": "claim" if n == 1 else "sweep", "drive": n}))
         entries.append((EventKind.STEP_STARTED, "1:fatal", 1,
                         {"idempotency_key": key} | ({"resumed": True} if n > 1 else {})))
+        # A drive after a storage failure, on the same worker, does not count.
+        entries.append((EventKind.RUN_RESUMED, None, None,
+                        {"worker_id": f"w{n}", "epoch": n + 100, "reason": "retry",
+                         "drive": n}))
+        entries.append((EventKind.STEP_STARTED, "1:fatal", 1,
+                        {"idempotency_key": key, "resumed": True}))
     _install_journal(app, run_id, "doomed", entries)
-    app.launch()
+    # The worker of the last start died too: its lease ran out, and the sweep takes the run.
+    taken = app._portal.call(app.store.claim("dead", 1.0, 1, ["default"], [("doomed", "1")]))
+    assert len(taken) == 1
+    app.clock.advance(2.0)
+    app.launch(recovery_interval=0.2)
     if starts < 5:  # the fifth start is allowed: the step runs, once
         assert app.result(run_id, timeout_s=15) == "survived"
         assert calls == {"fatal": 1}

@@ -57,6 +57,10 @@ TERMINAL_EVENTS = {
 
 GENESIS_HASH = "0" * 64
 
+# Why a drive took a run whose last holder never handed it back (it died, hung, or was cut
+# off): the recovery sweep stole its lease, or its restarted worker reclaimed it.
+TAKEOVERS = frozenset({"sweep", "reclaim"})
+
 # The error_type of a step its own workflow stopped waiting for (asyncio.wait_for, timeout).
 ABANDONED = "StepAbandoned"
 
@@ -193,7 +197,9 @@ class StepState:
     started_at: float | None = None
     finished_at: float | None = None
     first_started_at: float | None = None
-    starts: int = 0  # how often the latest attempt was started (re-driven after crashes)
+    # How often the latest attempt, in flight, was taken over from a worker that never came
+    # back to finish it (a sweep or a reclaim found it started): the crash-loop count.
+    interrupted: int = 0
     child_run_id: str | None = None
 
     @property
@@ -246,7 +252,8 @@ def apply(state: RunState, ev: Event) -> None:
         if kind == EventKind.STEP_STARTED:
             step.status = "started"
             attempt = ev.attempt or step.attempt + 1
-            step.starts = step.starts + 1 if attempt == step.attempt else 1
+            if attempt != step.attempt:
+                step.interrupted = 0
             step.attempt = attempt
             step.child_run_id = ev.payload.get("child_run_id", step.child_run_id)
             step.started_at = ev.at
@@ -293,6 +300,10 @@ def apply(state: RunState, ev: Event) -> None:
     elif kind == EventKind.RUN_RESUMED:
         state.status = RunStatus.RUNNING
         state.drives += 1
+        if ev.payload.get("reason") in TAKEOVERS:
+            for step in state.steps.values():
+                if step.status == "started":
+                    step.interrupted += 1
     elif kind in TERMINAL_EVENTS:
         state.status = TERMINAL_EVENTS[EventKind(kind)]
         state.output = ev.payload.get("output")

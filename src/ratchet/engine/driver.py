@@ -66,8 +66,9 @@ T = TypeVar("T")
 
 # Backoffs at least this long park the run and free the worker instead of sleeping.
 PARK_BACKOFF_S = PARK_MIN_S
-# An attempt started this often without finishing (its worker died each time) fails: the
-# step's code most likely kills the process, and re-driving it forever helps nobody.
+# An attempt taken over this often from workers that never came back to finish it fails:
+# the step's code most likely kills the process, and re-driving it forever helps nobody.
+# Drives after a hand-back or a storage failure do not count: their worker was not lost.
 MAX_STARTS_PER_ATTEMPT = 5
 
 _DEFAULT_THREADS: StepThreads | None = None
@@ -183,6 +184,11 @@ class RunContext:
              payload: dict[str, Any] | None = None, payload_json: str | None = None) -> Event:
         """Add an event to the chain, to be committed by the next write."""
         state = self.state
+        if state.status.terminal:
+            # The drive has emitted the run's end. A branch that was inside a store call
+            # when the drive decided to end goes on afterwards; it adds nothing after the
+            # terminal event (which may still be waiting for that call's write), it stops.
+            raise Stopped(self.control.reason or StopReason.CANCEL)
         ev = Event.chain(self.run_id, state.last_seq + 1, kind, step_id, attempt,
                          payload or {}, time.time(), state.last_hash, payload_json)
         apply(state, ev)
@@ -280,9 +286,9 @@ class RunContext:
         self.check_stop()
         base = step.attempt_base if step else 0
         attempt, resumed = self._next_attempt(step)
-        if resumed and step is not None and step.starts >= MAX_STARTS_PER_ATTEMPT:
-            error = (f"step {step_id}: attempt {attempt} was started {step.starts} times and "
-                     "never finished (its worker died each time)")
+        if resumed and step is not None and step.interrupted >= MAX_STARTS_PER_ATTEMPT:
+            error = (f"step {step_id}: attempt {attempt} was started {step.interrupted} times "
+                     "and never finished (its worker was lost each time)")
             self.emit(EventKind.STEP_FAILED, step_id, attempt,
                       {"error": error, "error_type": StepCrashLoop.__name__})
             raise StepCrashLoop(step_id, error)
@@ -484,14 +490,18 @@ class RunContext:
             if step.status == "failed":
                 raise self.replayed_failure(step)
         self.check_stop()
+
+        def new_child(child_id: str) -> NewRun:
+            return NewRun(child_id, wf.name, wf.version, wf.bind(args, kwargs),
+                          queue=queue or self.record.queue, priority=self.record.priority,
+                          parent_run_id=self.run_id, parent_step_id=step_id)
+
         if step is None or step.status == "pending":
             # Never started, or started afresh by a retry of the run: a new child, whose id
             # carries the attempt so the failed one is not found again.
             attempt = step.attempt + 1 if step is not None else 1
             child_id = child_run_id(self.run_id, int(step_id.split(":", 1)[0]), attempt)
-            new = NewRun(child_id, wf.name, wf.version, wf.bind(args, kwargs),
-                         queue=queue or self.record.queue, priority=self.record.priority,
-                         parent_run_id=self.run_id, parent_step_id=step_id)
+            new = new_child(child_id)
             self.emit(EventKind.STEP_STARTED, step_id, attempt, {"child_run_id": child_id})
             created = await self._write(
                 lambda events: self.store.start_child(self.lease, events, new))
@@ -500,6 +510,13 @@ class RunContext:
             # Journaled by an earlier drive; runs journaled before child ids carried "/"
             # named their child "<parent>-<ordinal>".
             child_id = step.child_run_id or f"{self.run_id}-{step.ordinal}"
+            if step.child_run_id is not None and await self.store.get_run(child_id) is None:
+                # Journaled as started, never created: branches starting children together
+                # share a commit for their step_started events, each child is created by its
+                # own, and the drive ended between them. The journal came first (invariant
+                # 1), so create the child now, as a step in flight is run again.
+                new = new_child(child_id)
+                await self._write(lambda events: self.store.start_child(self.lease, events, new))
         while True:
             rec = await self.store.get_run(child_id)
             if rec is None:

@@ -93,6 +93,9 @@ class Worker:
         self.outcomes: dict[str, int] = {}
         self._slot_freed = asyncio.Event()
         self._started = asyncio.Event()
+        # Set when runs were taken over (swept, reclaimed): renew at once, since a cancel
+        # requested while their last holder was gone is only learnt from a renewal.
+        self._renew_now = asyncio.Event()
 
     @property
     def started(self) -> asyncio.Event:
@@ -107,8 +110,10 @@ class Worker:
                                          serves=self.served, queues=self.queues,
                                          lease_ttl=self.lease_ttl)
         sent_at = time.monotonic()
-        self._spawn(await self.store.reclaim_own(self.worker_id, self.lease_ttl, self.served),
-                    sent_at)
+        reclaimed = await self.store.reclaim_own(self.worker_id, self.lease_ttl, self.served)
+        self._spawn(reclaimed, sent_at)
+        if reclaimed:
+            self._renew_now.set()
         log.info("action=worker_started worker_id=%s concurrency=%s ttl=%ss sweep=%ss grace=%ss",
                  self.worker_id, self.concurrency, self.lease_ttl, self.recovery_interval,
                  self.grace)
@@ -260,9 +265,17 @@ class Worker:
         every = self.lease_ttl / 3
         wait = every
         while True:
-            # A cancel request announced for a run renews early, so it is seen at once.
-            with self.store.watching(CANCEL) as cancel, contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(cancel.wait(), wait)
+            # A cancel request announced for a run renews early, so it is seen at once; so
+            # do runs just taken over, whose cancel may have been requested meanwhile.
+            with self.store.watching(CANCEL) as cancel:
+                waiters = [asyncio.ensure_future(e.wait()) for e in (cancel, self._renew_now)]
+                try:
+                    await asyncio.wait(waiters, timeout=wait,
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for task in waiters:
+                        task.cancel()
+            self._renew_now.clear()
             snapshot = {run_id: (a, a.claimed.lease.epoch) for run_id, a in self.active.items()}
             sent_at = time.monotonic()
             try:
@@ -319,4 +332,6 @@ class Worker:
             log.info("action=run_stolen run_id=%s epoch=%s", claimed.record.run_id,
                      claimed.lease.epoch)
         self._spawn(runs, sent_at)
+        if runs:
+            self._renew_now.set()
         return runs
