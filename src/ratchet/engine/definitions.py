@@ -14,14 +14,14 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from pydantic import TypeAdapter, ValidationError
-from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
+from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.errors import InvalidInput, NotSerializable
 from ratchet.model import dumps
+
+if TYPE_CHECKING:
+    from pydantic import TypeAdapter, ValidationError
 
 _EMPTY = inspect.Parameter.empty
 # The JSON escape of a NUL character, not preceded by a backslash that escapes its own.
@@ -33,6 +33,9 @@ _OPAQUE_NAMES = frozenset({"Any", "typing.Any", "object"})
 # (and no copy) on the per-step hot path for the commonest annotations.
 _NATIVE = {int: int, str: str, bool: bool, float: float, dict: dict, list: list,
            None: type(None), type(None): type(None)}
+# Of those, the ones whose value is its own JSON form (a dict or list may hold values that
+# the adapter would turn into JSON, a datetime say).
+_SCALARS = frozenset({int, str, bool, float, type(None)})
 
 
 def check_name(value: Any, what: str) -> str:
@@ -78,34 +81,65 @@ def to_json(value: Any, what: str) -> str:
 
 
 class _Codec:
-    """One annotation's way between a value and its JSON form."""
+    """One annotation's way between a value and its JSON form. The pydantic adapter is
+    built on first need: a value whose type already is the annotation's (an ``int`` for
+    ``int``) never needs one, and building the first adapter of a process costs
+    milliseconds (pydantic looks for plugins), which a recovering worker should not pay."""
 
-    __slots__ = ("adapter", "annotation", "native")
+    __slots__ = ("_adapter", "annotation", "native")
+
+    _UNBUILT: Any = object()
 
     def __init__(self, annotation: Any) -> None:
         self.annotation = annotation
         self.native = _NATIVE.get(annotation) if _hashable(annotation) else None
-        self.adapter: TypeAdapter[Any] | None = None
-        if any(annotation is o for o in _OPAQUE):
-            return
-        try:
-            self.adapter = TypeAdapter(annotation)
-        except (PydanticSchemaGenerationError, PydanticUserError):
-            # A type pydantic cannot describe (a queue, a callable): it cannot come from
-            # JSON either, so the value is left as the journal holds it.
-            self.adapter = None
+        opaque = any(annotation is o for o in _OPAQUE)
+        self._adapter: TypeAdapter[Any] | None = None if opaque else self._UNBUILT
+
+    @property
+    def adapter(self) -> TypeAdapter[Any] | None:
+        if self._adapter is self._UNBUILT:
+            # Imported here: a process whose values are all plain JSON never loads pydantic.
+            from pydantic import TypeAdapter
+            from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
+
+            try:
+                self._adapter = TypeAdapter(self.annotation)
+            except (PydanticSchemaGenerationError, PydanticUserError):
+                # A type pydantic cannot describe (a queue, a callable): it cannot come
+                # from JSON either, so the value is left as the journal holds it.
+                self._adapter = None
+        return self._adapter
 
     def check(self, value: Any) -> Any:
         """Validate a caller's value; return its JSON form."""
-        if self.adapter is None:
+        if self._adapter is None or (type(value) is self.native and self.native in _SCALARS):
             return value
-        return self.adapter.dump_python(self.adapter.validate_python(value), mode="json")
+        adapter = self.adapter
+        if adapter is None:
+            return value
+        return _validated(lambda: adapter.dump_python(adapter.validate_python(value),
+                                                      mode="json"))
 
     def revive(self, value: Any) -> Any:
         """The annotated type from a JSON value."""
-        if self.adapter is None or type(value) is self.native:
+        if self._adapter is None or type(value) is self.native:
             return value
-        return self.adapter.validate_python(value)
+        adapter = self.adapter
+        return value if adapter is None else _validated(lambda: adapter.validate_python(value))
+
+
+class _Invalid(Exception):
+    """A value does not fit its annotation; the message says where and why."""
+
+
+def _validated(call: Callable[[], Any]) -> Any:
+    import pydantic
+
+    try:
+        return call()
+    except pydantic.ValidationError as e:
+        raise _Invalid(_message(e)) from None
 
 
 def _hashable(value: Any) -> bool:
@@ -171,9 +205,9 @@ class StepDef:
             codec = self._returns = _Codec(_annotation(self.fn, "return", what))
         try:
             return codec.revive(value)
-        except ValidationError as e:
+        except _Invalid as e:
             raise NotSerializable(f"the output of step {self.name} does not fit its return "
-                                  f"annotation {codec.annotation!r}: {_message(e)}") from None
+                                  f"annotation {codec.annotation!r}: {e}") from None
 
 
 @dataclass(slots=True)
@@ -242,10 +276,10 @@ class WorkflowDef:
             return value
         try:
             return codec.check(value)
-        except ValidationError as e:
+        except _Invalid as e:
             raise InvalidInput(f"invalid argument {param.name!r} of workflow {self.name}: "
                                f"expected {codec.annotation!r}, got {value!r}: "
-                               f"{_message(e)}") from None
+                               f"{e}") from None
 
     def call_args(self, stored: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """The arguments to call the workflow with, revived from its stored input through
@@ -262,10 +296,10 @@ class WorkflowDef:
             return value
         try:
             return codec.revive(value)
-        except ValidationError as e:
+        except _Invalid as e:
             raise NotSerializable(f"the stored argument {param.name!r} of workflow "
                                   f"{self.name} does not fit its annotation "
-                                  f"{codec.annotation!r}: {_message(e)}") from None
+                                  f"{codec.annotation!r}: {e}") from None
 
     def revive(self, value: Any) -> Any:
         """The workflow's result as its return annotation says, from its JSON form."""
@@ -275,7 +309,7 @@ class WorkflowDef:
             codec = self._returns = _Codec(_annotation(self.fn, "return", what))
         try:
             return codec.revive(value)
-        except ValidationError as e:
+        except _Invalid as e:
             raise NotSerializable(f"the result of workflow {self.name} does not fit its "
                                   f"return annotation {codec.annotation!r}: "
-                                  f"{_message(e)}") from None
+                                  f"{e}") from None
