@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 from urllib.parse import quote
 
 import psycopg
 import pytest
+
+import ratchet
 
 PG_URL = os.environ.get("RATCHET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 _pg_error: str | None = None
@@ -66,3 +69,21 @@ def db_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return str(request.getfixturevalue("sqlite_url"))
     return str(request.getfixturevalue("pg_url"))
+
+
+@pytest.fixture
+def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
+    """Ratchet apps on this test's database (short leases, a quick sweep unless a test
+    says otherwise), all shut down afterwards."""
+    apps: list[ratchet.Ratchet] = []
+
+    def make(**kw: Any) -> ratchet.Ratchet:
+        kw.setdefault("lease_ttl", 3.0)
+        kw.setdefault("recovery_interval", 0.5)
+        app = ratchet.Ratchet(db_url, **kw)
+        apps.append(app)
+        return app
+
+    yield make
+    for app in apps:
+        app.shutdown()

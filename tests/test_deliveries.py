@@ -8,7 +8,7 @@ import asyncio
 import hashlib
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -21,22 +21,6 @@ from ratchet.store import make_store
 from ratchet.store.queries import load_migrations
 
 FAST_RETRY = ratchet.Retry(max_attempts=3, backoff_ms=1, retry_on=["any"])
-
-
-@pytest.fixture
-def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
-    apps: list[ratchet.Ratchet] = []
-
-    def make(**kw: Any) -> ratchet.Ratchet:
-        kw.setdefault("lease_ttl", 3.0)
-        kw.setdefault("recovery_interval", 0.5)
-        app = ratchet.Ratchet(db_url, **kw)
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
 
 
 def derived(attempt_key: str, delivery: str) -> str:

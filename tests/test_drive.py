@@ -9,7 +9,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -23,19 +23,15 @@ from ratchet.store.base import Store, Tx
 
 
 @pytest.fixture
-def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
-    apps: list[ratchet.Ratchet] = []
+def make_app(make_app: Callable[..., ratchet.Ratchet]) -> Callable[..., ratchet.Ratchet]:
+    """Long leases and a slow sweep: only what a test sets up may end a lease."""
 
     def make(**kw: Any) -> ratchet.Ratchet:
-        kw.setdefault("lease_ttl", 60.0)  # only what a test sets up may end a lease
+        kw.setdefault("lease_ttl", 60.0)
         kw.setdefault("recovery_interval", 60.0)
-        app = ratchet.Ratchet(db_url, **kw)
-        apps.append(app)
-        return app
+        return make_app(**kw)
 
-    yield make
-    for app in apps:
-        app.shutdown()
+    return make
 
 
 def kinds(events: list[Event]) -> list[str]:

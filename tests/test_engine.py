@@ -7,7 +7,7 @@ import asyncio
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,22 +15,6 @@ from waiting import wait_for
 
 import ratchet
 from ratchet.model import RunStatus, fold
-
-
-@pytest.fixture
-def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
-    apps: list[ratchet.Ratchet] = []
-
-    def make(**kw: Any) -> ratchet.Ratchet:
-        kw.setdefault("lease_ttl", 3.0)
-        kw.setdefault("recovery_interval", 0.5)
-        app = ratchet.Ratchet(db_url, **kw)
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
 
 
 def kinds(app: ratchet.Ratchet, run_id: str) -> list[str]:

@@ -4,7 +4,7 @@ workflow's annotations; annotated outputs come back as the annotated types."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,22 +13,6 @@ from waiting import wait_for
 
 import ratchet
 from ratchet.model import RunStatus
-
-
-@pytest.fixture
-def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
-    apps: list[ratchet.Ratchet] = []
-
-    def make(**kw: Any) -> ratchet.Ratchet:
-        kw.setdefault("lease_ttl", 3.0)
-        kw.setdefault("recovery_interval", 0.5)
-        app = ratchet.Ratchet(db_url, **kw)
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
 
 
 def echo_app(make_app: Callable[..., ratchet.Ratchet]) -> tuple[ratchet.Ratchet, Any]:

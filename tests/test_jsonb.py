@@ -14,7 +14,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -27,23 +27,6 @@ from chaos.collect import evidence
 from ratchet.model import Event, NewRun, RunStatus, dumps
 from ratchet.store import make_store
 from ratchet.store.queries import load_migrations
-
-
-@pytest.fixture
-def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
-    apps: list[ratchet.Ratchet] = []
-
-    def make(**kw: Any) -> ratchet.Ratchet:
-        kw.setdefault("lease_ttl", 3.0)
-        kw.setdefault("recovery_interval", 0.5)
-        app = ratchet.Ratchet(db_url, **kw)
-        apps.append(app)
-        return app
-
-    yield make
-    for app in apps:
-        app.shutdown()
-
 
 # Each value, and what it is once stored: floats of magnitude 1e16 and more are integral,
 # and jsonb gives them back as integers; -0.0 comes back as 0.0.
