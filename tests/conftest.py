@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 from urllib.parse import quote
 
@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 import ratchet
+from ratchet.store import Clock, Store, make_store
 
 PG_URL = os.environ.get("RATCHET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 _pg_error: str | None = None
@@ -87,3 +88,12 @@ def make_app(db_url: str) -> Iterator[Callable[..., ratchet.Ratchet]]:
     yield make
     for app in apps:
         app.shutdown()
+
+
+@pytest.fixture
+async def store(db_url: str) -> AsyncIterator[Store]:
+    """An opened store on this test's database, closed afterwards."""
+    s = make_store(db_url, Clock())
+    await s.open()
+    yield s
+    await s.close()

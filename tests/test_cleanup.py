@@ -4,25 +4,16 @@ shuts down cleanly or has long been gone. Lease epochs still never repeat."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from ratchet.errors import LeaseLost
 from ratchet.model import Event, EventKind, NewRun, RunStatus
-from ratchet.store import Clock, Store, make_store
+from ratchet.store import Store
 
 TTL = 10.0
 SERVED = [("wf", "1")]
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    s = make_store(db_url, Clock())
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def _count(store: Store, sql: str) -> int:

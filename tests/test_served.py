@@ -3,7 +3,7 @@ of different apps on one database); the others wait, and `ratchet runs` says why
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
 from typer.testing import CliRunner
@@ -12,17 +12,9 @@ from waiting import wait_for
 import ratchet
 from ratchet.cli import cli
 from ratchet.model import NewRun, RunStatus
-from ratchet.store import Clock, Store, make_store
+from ratchet.store import Store
 
 TTL = 10.0
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    s = make_store(db_url, Clock())
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def _new(store: Store, run_id: str, workflow: str, version: str) -> None:

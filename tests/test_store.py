@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -15,14 +14,6 @@ from ratchet.store.queries import load_migrations
 
 TTL = 10.0
 SERVED = [("wf", "1")]
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    s = make_store(db_url, Clock())
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def _new(store: Store, run_id: str = "r1", queue: str = "default") -> None:

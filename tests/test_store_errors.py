@@ -4,24 +4,15 @@ ValueRefused), and a failed group commit failing only the run that caused it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import pytest
 
 from ratchet.errors import SignalAlreadyConsumed, StorageError, StoreConflict, ValueRefused
 from ratchet.model import Event, EventKind, NewRun
-from ratchet.store import Clock, Store, make_store
+from ratchet.store import Store
 
 TTL = 10.0
 SERVED = [("wf", "1")]
-
-
-@pytest.fixture
-async def store(db_url: str) -> AsyncIterator[Store]:
-    s = make_store(db_url, Clock())
-    await s.open()
-    yield s
-    await s.close()
 
 
 async def _claimed(store: Store, *run_ids: str) -> dict[str, object]:
