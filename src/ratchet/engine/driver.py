@@ -579,14 +579,8 @@ class RunContext:
             return await self._stopped(e.reason)
         except Parked:
             return DriveOutcome.PARKED
-        except LeaseLost:
-            log.warning("action=lease_lost run_id=%s epoch=%s", rec.run_id, lease.epoch)
-            return DriveOutcome.LEASE_LOST
-        except RunFinished:
-            return DriveOutcome.NOOP
-        except DriveAborted as e:
-            log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
-            return DriveOutcome.ABORTED
+        except (LeaseLost, RunFinished, DriveAborted) as e:
+            return self._ended_by(e)
         except DriveRefused as e:
             return await self._refused(e)
         finally:
@@ -629,13 +623,19 @@ class RunContext:
                 return DriveOutcome.STOPPED
             await self._write(lambda events: self.store.hand_back(self.lease, events))
             return DriveOutcome.HANDED_BACK
-        except LeaseLost:
-            return DriveOutcome.LEASE_LOST
-        except RunFinished:
+        except (LeaseLost, RunFinished, DriveAborted) as e:
+            return self._ended_by(e)
+
+    def _ended_by(self, e: LeaseLost | RunFinished | DriveAborted) -> DriveOutcome:
+        """The outcome of a drive that a write ended: another worker owns the run, the run
+        had already finished, or the database failed (drive it again)."""
+        if isinstance(e, RunFinished):
             return DriveOutcome.NOOP
-        except DriveAborted as e:
-            log.warning("action=drive_aborted run_id=%s error=%s", self.run_id, e)
-            return DriveOutcome.ABORTED
+        if isinstance(e, LeaseLost):
+            log.warning("action=lease_lost run_id=%s epoch=%s", self.run_id, self.lease.epoch)
+            return DriveOutcome.LEASE_LOST
+        log.warning("action=drive_aborted run_id=%s error=%s", self.run_id, e)
+        return DriveOutcome.ABORTED
 
 
 async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, WorkflowDef],
