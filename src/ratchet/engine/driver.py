@@ -51,6 +51,7 @@ from ratchet.model import (
     ClaimedRun,
     Event,
     EventKind,
+    Lease,
     NewRun,
     RunState,
     RunStatus,
@@ -195,11 +196,16 @@ class RunContext:
         self.pending.append(ev)
         return ev
 
-    async def _write(self, op: Callable[[list[Event]], Awaitable[T]]) -> T:
-        """Commit the pending events through ``op``, one write at a time, in seq order."""
+    async def _write(self, op: Callable[[list[Event]], Awaitable[T]],
+                     last: Callable[[], Event] | None = None) -> T:
+        """Commit the pending events through ``op``, one write at a time, in seq order.
+        ``last`` emits a final event once this write holds the lock, so that no other
+        write (a branch's, queued for the lock) can carry it."""
         async with self._lock:
             if self._broken:
                 raise DriveAborted(f"run {self.run_id}: an earlier write failed; drive abandoned")
+            if last is not None:
+                last()
             events, self.pending = self.pending, []
             try:
                 return await op(events)
@@ -231,13 +237,15 @@ class RunContext:
             "error": error}
         if dead_letter:
             payload["reason"] = dead_letter
-        self.emit(kind, payload=payload)
 
         async def op(events: list[Event]) -> None:
             crash_point("before_terminal")
             await self.store.finish(self.lease, events, status, output, error, dead_letter)
 
-        await self._write(op)
+        # The terminal event goes out only with the terminal status: were it emitted before
+        # the lock, a branch's append waiting for the lock could commit it with the run
+        # still running, and a failure before this write would leave the two apart.
+        await self._write(op, last=lambda: self.emit(kind, payload=payload))
         crash_point("after_terminal")
 
     # -- replay ----------------------------------------------------------------------------
@@ -644,12 +652,18 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
     the drive ended."""
     rec = claimed.record
     try:
-        state = fold(rec.run_id, await store.load_events(rec.run_id))
+        events = await store.load_events(rec.run_id)
+        state = fold(rec.run_id, events)
+        if state.status.terminal:
+            # Re-driving a finished run changes nothing. A claim found it unfinished, so
+            # its row is behind its journal (the journal is the truth): settle the row.
+            await _settle_from_journal(store, claimed.lease, state, events[-1])
+            return DriveOutcome.NOOP
+    except (LeaseLost, RunFinished):
+        return DriveOutcome.NOOP
     except RatchetError as e:
         log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
         return DriveOutcome.ABORTED
-    if state.status.terminal:
-        return DriveOutcome.NOOP  # re-driving a finished run changes nothing
     ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads())
     control.listen(ctx.interrupt)
     token = current_run.set(ctx)
@@ -658,6 +672,16 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
     finally:
         control.listen(None)
         current_run.reset(token)
+
+
+async def _settle_from_journal(store: Store, lease: Lease, state: RunState, last: Event
+                               ) -> None:
+    """Give the run's row the end its journal already holds, writing no event."""
+    log.warning("action=run_settled_from_journal run_id=%s status=%s", state.run_id,
+                state.status)
+    reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
+    await store.finish(lease, [], state.status, state.output, state.error,
+                       dead_letter=reason)
 
 
 def _default_threads() -> StepThreads:
