@@ -14,7 +14,7 @@ from typing import Any, TypeVar, overload
 
 from ratchet.config import DatabaseURL, database_url_from_env
 from ratchet.engine import faults
-from ratchet.engine.context import current_run, current_step_info
+from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, WorkflowDef, check_name, to_json
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.engine.worker import Worker
@@ -185,13 +185,10 @@ class Ratchet:
 
             @functools.wraps(fn)
             def call(*args: Any, **kwargs: Any) -> Any:
-                ctx = current_run.get()
-                if ctx is None or current_step_info.get() is not None:
+                ctx = workflow_run()
+                if ctx is None:
                     return fn(*args, **kwargs)
-                # The ordinal is taken at call time, so steps started together
-                # (asyncio.gather) number the same way on every replay.
-                step_id, journaled = ctx.next_step(sd.name)
-                return ctx.run_step(sd, args, kwargs, step_id, journaled)
+                return ctx.call_step(sd, args, kwargs)
 
             call.__ratchet_step__ = sd  # type: ignore[attr-defined]
             return call  # type: ignore[return-value]

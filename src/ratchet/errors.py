@@ -118,9 +118,32 @@ class ConnectorError(RatchetError):
 
 
 class LLMError(RatchetError):
-    """A model call failed."""
+    """A model call failed (a rate limit, a provider error, a lost connection): retried
+    under the step's policy, each attempt with a key of its own."""
 
     retry_class = "llm"
+
+    def __init__(self, message: str = "", *, provider: str | None = None,
+                 status_code: int | None = None, retry_after_s: float | None = None,
+                 request_id: str | None = None) -> None:
+        super().__init__(message or None)
+        self.provider = provider
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
+        self.request_id = request_id
+
+
+class LLMTimeout(LLMError):
+    """A model call ran past its timeout."""
+
+    retry_class = "timeout"
+
+
+class LLMRequestError(LLMError):
+    """The provider refused the request (a 4xx other than a rate limit): sending it again
+    would be refused again, so it is not retried."""
+
+    retry_class = "never"
 
 
 class ToolError(RatchetError):

@@ -201,10 +201,43 @@ class StepState:
     # back to finish it (a sweep or a reclaim found it started): the crash-loop count.
     interrupted: int = 0
     child_run_id: str | None = None
+    kind: str | None = None  # "llm", "tool"; None for a plain step
+    llm: dict[str, Any] | None = None  # a completed LLM call: provider, model, usage, cost
 
     @property
     def attempts_used(self) -> int:
         return self.attempt - self.attempt_base
+
+
+@dataclass(slots=True)
+class LLMTotals:
+    """A run's model calls summed from its journal: tokens, and cost in USD of the calls
+    whose model has a price (``unpriced_calls`` counts the others, which cost ``null``)."""
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_calls: int = 0
+
+    def add(self, meta: dict[str, Any]) -> None:
+        usage = meta.get("usage") or {}
+        self.calls += 1
+        self.input_tokens += int(usage.get("input_tokens") or 0)
+        self.output_tokens += int(usage.get("output_tokens") or 0)
+        self.cached_tokens += int(usage.get("cached_tokens") or 0)
+        self.reasoning_tokens += int(usage.get("reasoning_tokens") or 0)
+        cost = meta.get("cost_usd")
+        if isinstance(cost, int | float):
+            self.cost_usd += cost
+        else:
+            self.unpriced_calls += 1
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
 
 
 @dataclass(slots=True)
@@ -221,6 +254,7 @@ class RunState:
     last_seq: int = 0
     last_hash: str = GENESIS_HASH
     drives: int = 0
+    llm: LLMTotals = field(default_factory=LLMTotals)
 
 
 def split_step_id(step_id: str) -> tuple[int, str]:
@@ -256,6 +290,7 @@ def apply(state: RunState, ev: Event) -> None:
                 step.interrupted = 0
             step.attempt = attempt
             step.child_run_id = ev.payload.get("child_run_id", step.child_run_id)
+            step.kind = ev.payload.get("kind", step.kind)
             step.started_at = ev.at
             if step.first_started_at is None:
                 step.first_started_at = ev.at
@@ -263,6 +298,10 @@ def apply(state: RunState, ev: Event) -> None:
         elif kind == EventKind.STEP_COMPLETED:
             step.status = "completed"
             step.output = ev.payload.get("output")
+            meta = ev.payload.get("llm")
+            if meta:
+                step.llm = meta
+                state.llm.add(meta)
             step.finished_at = ev.at
             step.waiting = None
         elif kind == EventKind.STEP_FAILED:

@@ -50,6 +50,15 @@ def current_step() -> StepInfo:
     return info
 
 
+def workflow_run() -> RunContext | None:
+    """The drive whose workflow code (outside any step) is running here; None elsewhere
+    (outside a workflow, or inside a step, where a durable call is a plain call)."""
+    ctx = current_run.get()
+    if ctx is None or current_step_info.get() is not None:
+        return None
+    return ctx
+
+
 def require_run(what: str) -> RunContext:
     ctx = current_run.get()
     if ctx is None or current_step_info.get() is not None:

@@ -184,6 +184,13 @@ class StepDef:
     retry: Retry = NO_RETRY
     timeout_s: float | None = None
     is_async: bool = False
+    # What kind of step it is in the journal ("llm", "tool"; None for a plain step).
+    kind: str | None = None
+    # Splits what the code returned into the output to journal and more fields for the
+    # step_completed event (an LLM call's usage and cost); None: the return value is the output.
+    encode: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None
+    # Rebuilds the step's value from its journaled output; None: from the return annotation.
+    decode: Callable[[Any], Any] | None = None
     _returns: _Codec | None = None
 
     def __post_init__(self) -> None:
@@ -199,6 +206,8 @@ class StepDef:
 
     def revive(self, value: Any) -> Any:
         """The step's output as its return annotation says, from its JSON form."""
+        if self.decode is not None:
+            return self.decode(value)
         codec = self._returns
         if codec is None:
             what = f"step {self.name}"

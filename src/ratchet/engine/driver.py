@@ -21,7 +21,7 @@ import functools
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 from ratchet.engine.context import StepInfo, current_run, current_step_info
@@ -284,8 +284,18 @@ class RunContext:
 
     # -- steps -----------------------------------------------------------------------------
 
+    def call_step(self, sd: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  started: dict[str, Any] | None = None) -> Coroutine[Any, Any, Any]:
+        """One call of ``sd`` as the workflow's next step. The ordinal is taken now, at call
+        time, so steps started together (asyncio.gather) number the same way on every replay."""
+        step_id, journaled = self.next_step(sd.name)
+        return self.run_step(sd, args, kwargs, step_id, journaled, started)
+
     async def run_step(self, sd: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       step_id: str, step: StepState | None) -> Any:
+                       step_id: str, step: StepState | None,
+                       started: dict[str, Any] | None = None) -> Any:
+        """Run one journaled step: its saved outcome if the journal has one, else its code,
+        under its retry policy. ``started`` adds fields to its ``step_started`` events."""
         if step is not None:
             if step.status == "completed":
                 return sd.revive(step.output)
@@ -310,14 +320,21 @@ class RunContext:
             payload: dict[str, Any] = {"idempotency_key": key}
             if resumed:
                 payload["resumed"] = True
-            # The key is hex: its canonical JSON is written out rather than encoded.
-            text = (f'{{"idempotency_key":"{key}","resumed":true}}' if resumed
-                    else f'{{"idempotency_key":"{key}"}}')
-            self.emit(EventKind.STEP_STARTED, step_id, attempt, payload, text)
+            if sd.kind is None and started is None:
+                # The key is hex: its canonical JSON is written out rather than encoded.
+                text = (f'{{"idempotency_key":"{key}","resumed":true}}' if resumed
+                        else f'{{"idempotency_key":"{key}"}}')
+                self.emit(EventKind.STEP_STARTED, step_id, attempt, payload, text)
+            else:
+                self.emit(EventKind.STEP_STARTED, step_id, attempt,
+                          {**payload, "kind": sd.kind, **(started or {})})
             await self.flush()
             crash_point("after_step_started")
             try:
                 result = await self._call(sd, step_id, attempt, key, args, kwargs)
+                extra: dict[str, Any] | None = None
+                if sd.encode is not None:
+                    result, extra = sd.encode(result)
                 text = to_json(result, f"the output of step {step_id}")
             except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused):
                 raise
@@ -332,7 +349,8 @@ class RunContext:
                 error = error_text(e)
                 used = attempt - base
                 if sd.retry.retryable(e) and used < sd.retry.max_attempts:
-                    delay = sd.retry.delay_s(used)
+                    # A provider that says when to come back (429 retry-after) is believed.
+                    delay = max(sd.retry.delay_s(used), _retry_after(e))
                     retry = {"attempt": attempt, "of": base + sd.retry.max_attempts,
                              "error": error, "delay_s": delay}
                     if delay >= PARK_BACKOFF_S:
@@ -353,9 +371,12 @@ class RunContext:
                           {"error": error, "error_type": type(e).__name__})
                 raise StepFailed(step_id, error) from e
             output = json.loads(text)
-            # The canonical form of {"output": output}, without encoding the output again.
-            self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
-                      f'{{"output":{text}}}')
+            if extra:
+                self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output, **extra})
+            else:
+                # The canonical form of {"output": output}, without encoding the output again.
+                self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
+                          f'{{"output":{text}}}')
             return sd.revive(output)
 
     async def _call(self, sd: StepDef, step_id: str, attempt: int, key: str,
@@ -689,6 +710,12 @@ def _default_threads() -> StepThreads:
     if _DEFAULT_THREADS is None:
         _DEFAULT_THREADS = StepThreads(32)
     return _DEFAULT_THREADS
+
+
+def _retry_after(e: BaseException) -> float:
+    """Seconds the error asks to wait before trying again (``retry_after_s``), else 0."""
+    value = getattr(e, "retry_after_s", None)
+    return float(value) if isinstance(value, int | float) and value > 0 else 0.0
 
 
 def _dead_letter_reason(e: BaseException) -> str:

@@ -1,0 +1,207 @@
+"""The official SDK clients, made durable: ``ratchet.llm.wrap(openai.AsyncOpenAI())``.
+
+Inside a workflow (outside any step) each ``create`` of a durable endpoint is one journaled
+step of kind ``llm``: the request carries ``Idempotency-Key: <the step's key>`` (the same key
+when a crash re-drives the attempt, a new one for each retry), the SDK's own retries are off
+(the step's retry policy is the only one), and the step's output is the provider's response
+body, from which a replay rebuilds the SDK's typed object without calling the provider.
+Called anywhere else, and for everything else on the client, it is the plain SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from ratchet.engine.context import current_step, workflow_run
+from ratchet.engine.definitions import StepDef
+from ratchet.engine.retry import Retry
+from ratchet.errors import InvalidInput
+from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
+from ratchet.llm.prices import cost_usd
+from ratchet.llm.sdk_errors import as_llm_error
+from ratchet.llm.stream import DurableStream
+
+C = TypeVar("C")
+
+DEFAULT_RETRY = Retry(max_attempts=3, backoff_ms=1000, retry_on=("llm", "timeout"))
+"""An LLM step's retry policy unless ``wrap(client, retry=...)`` says otherwise: three
+attempts, 1 s then 2 s apart (longer when the provider's ``retry-after`` says so)."""
+
+_REQUEST_ID_HEADERS = {"openai": "x-request-id", "anthropic": "request-id"}
+
+
+def wrap(client: C, *, retry: Retry | Mapping[str, Any] | None = None,
+         timeout_s: float | None = None) -> C:
+    """A durable stand-in for an async ``openai`` or ``anthropic`` client. ``retry`` is the
+    LLM steps' policy (default :data:`DEFAULT_RETRY`); ``timeout_s`` bounds each attempt
+    (the SDK's own timeout applies too)."""
+    provider = _provider_of(client)
+    if isinstance(retry, Mapping):
+        policy = Retry.from_json(retry)
+    elif retry is None:
+        policy = DEFAULT_RETRY
+    elif isinstance(retry, Retry):
+        policy = retry
+    else:
+        raise InvalidInput(f"retry must be a ratchet.Retry or a mapping, got {retry!r}")
+    return cast(C, DurableClient(client, provider, policy, timeout_s))
+
+
+def _provider_of(client: Any) -> str:
+    cls = type(client)
+    provider = cls.__module__.split(".")[0]
+    if provider not in BY_PROVIDER:
+        raise InvalidInput(f"ratchet.llm.wrap: {cls.__module__}.{cls.__qualname__} is not an "
+                           "openai or anthropic client")
+    base = importlib.import_module(f"{provider}._base_client")
+    if isinstance(client, base.AsyncAPIClient):
+        return provider
+    if isinstance(client, base.SyncAPIClient):
+        raise InvalidInput(
+            f"ratchet.llm.wrap: {provider}.{cls.__name__} is synchronous, and workflows are "
+            f"async: wrap {provider}.Async{cls.__name__}(...) instead")
+    raise InvalidInput(f"ratchet.llm.wrap: {cls.__module__}.{cls.__qualname__} is not an "
+                       "openai or anthropic client")
+
+
+class _Proxy:
+    """One attribute of the client: the durable methods set on it, everything else the
+    original's."""
+
+    def __init__(self, target: Any, members: Mapping[str, Any]) -> None:
+        self.__dict__["_target"] = target
+        self.__dict__.update(members)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_target"], name)
+
+    def __repr__(self) -> str:
+        return f"<durable {self.__dict__['_target']!r}>"
+
+
+class DurableClient(_Proxy):
+    """What :func:`wrap` returns: the client, with its model calls made durable."""
+
+    def __init__(self, client: Any, provider: str, retry: Retry,
+                 timeout_s: float | None) -> None:
+        bare = client.with_options(max_retries=0)  # the step's policy is the only retry
+        tree: dict[str, Any] = {}
+        for endpoint in BY_PROVIDER[provider]:
+            call = DurableCall(endpoint, endpoint.resource(client), endpoint.resource(bare),
+                               retry, timeout_s)
+            node = tree
+            for attr in endpoint.path:
+                node = node.setdefault(attr, {})
+            node["create"] = call
+        super().__init__(client, _build(client, tree))
+        self.__dict__["unwrapped"] = client
+        self.__dict__["provider"] = provider
+
+
+def _build(target: Any, tree: Mapping[str, Any]) -> dict[str, Any]:
+    members: dict[str, Any] = {}
+    for name, sub in tree.items():
+        if isinstance(sub, DurableCall):
+            members[name] = sub
+        else:
+            inner = getattr(target, name)
+            members[name] = _Proxy(inner, _build(inner, sub))
+    return members
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A provider's answer as a step returns it: the body to journal, and what the journal
+    says of the call besides (usage, cost, latency, request id)."""
+
+    body: dict[str, Any]
+    meta: dict[str, Any]
+
+
+def _encode(answer: Answer) -> tuple[Any, dict[str, Any]]:
+    return answer.body, {"llm": answer.meta}
+
+
+class DurableCall:
+    """One durable ``create``."""
+
+    def __init__(self, endpoint: Endpoint, plain: Any, bare: Any, retry: Retry,
+                 timeout_s: float | None) -> None:
+        self.endpoint = endpoint
+        self._plain = plain.create
+        self._raw = bare.with_raw_response.create
+        self._bare = bare.create
+        self.step = StepDef(self._send, endpoint.name, retry, timeout_s, kind="llm",
+                            encode=_encode, decode=endpoint.revive)
+        self.stream_step = StepDef(self._send_stream, endpoint.name, retry, timeout_s,
+                                   kind="llm", encode=_encode, decode=lambda body: body)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        ctx = workflow_run()
+        if ctx is None:
+            return cast(Awaitable[Any], self._plain(*args, **kwargs))
+        if args:
+            raise InvalidInput(f"{self.endpoint.name}: pass its arguments by keyword, as the "
+                               "SDK does")
+        started = {"provider": self.endpoint.provider, "model": kwargs.get("model")}
+        if kwargs.get("stream") and self.endpoint.streams:
+            step_id, journaled = ctx.next_step(self.endpoint.name)
+            stream = DurableStream(ctx, self.stream_step, self.endpoint, kwargs, step_id,
+                                   journaled, started)
+            return _ready(stream)
+        return ctx.call_step(self.step, (), kwargs, started)
+
+    def _headers(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        headers = dict(kwargs.pop("extra_headers", None) or {})
+        headers["Idempotency-Key"] = current_step().idempotency_key
+        return headers
+
+    async def _send(self, **kwargs: Any) -> Answer:
+        headers = self._headers(kwargs)
+        began = time.perf_counter()
+        try:
+            raw = await self._raw(**kwargs, extra_headers=headers)
+        except Exception as e:
+            raise as_llm_error(self.endpoint.provider, e) from e
+        body = json.loads(raw.http_response.content)
+        request_id = raw.headers.get(_REQUEST_ID_HEADERS[self.endpoint.provider])
+        return Answer(body, self.meta(body, kwargs, began, request_id))
+
+    async def _send_stream(self, sink: Any, **kwargs: Any) -> Answer:
+        """Pass the provider's chunks to ``sink`` as they arrive; return the assembled
+        response. A stream that breaks after the caller has seen part of it is not retried:
+        a new attempt would show the caller its beginning again."""
+        headers = self._headers(kwargs)
+        began = time.perf_counter()
+        assembler = sink.assembler()
+        try:
+            stream = await self._bare(**kwargs, extra_headers=headers)
+            request_id = stream.response.headers.get(_REQUEST_ID_HEADERS[self.endpoint.provider])
+            async for chunk in stream:
+                assembler.add(chunk)
+                await sink.put(chunk)
+        except Exception as e:
+            error = as_llm_error(self.endpoint.provider, e)
+            if assembler.count and getattr(error, "retry_class", "any") != "never":
+                error.retry_class = "never"  # type: ignore[attr-defined]
+            raise error from e
+        body = assembler.body()
+        return Answer(body, self.meta(body, kwargs, began, request_id))
+
+    def meta(self, body: dict[str, Any], kwargs: dict[str, Any], began: float,
+             request_id: str | None) -> dict[str, Any]:
+        usage = self.endpoint.usage(body)
+        model = body.get("model") or kwargs.get("model")
+        return {"provider": self.endpoint.provider, "model": model,
+                "usage": usage.as_json(), "cost_usd": cost_usd(model, usage),
+                "latency_ms": round((time.perf_counter() - began) * 1000, 3),
+                "request_id": request_id}
+
+
+async def _ready(value: Any) -> Any:
+    return value
