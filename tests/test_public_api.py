@@ -14,6 +14,7 @@ EXPECTED = {
     "sleep", "wait_for_signal",
     "RunIdConflict",
     "DeliveryFailed", "ReceiptBusy", "ReceiptSettled", "UnknownReceipt",
+    "LLMTimeout", "LLMRequestError", "Agent", "AgentResult", "AgentMaxTurns", "StepKey",
 }
 
 
@@ -49,7 +50,7 @@ def test_every_blocking_call_has_an_async_twin() -> None:
               if callable(value) and not name.startswith("_")
               and not name.endswith("_async")}
     # Not client calls: the decorators, a worker object, running a worker on a given loop.
-    assert public - {"workflow", "step", "worker", "run_worker"} == set(BLOCKING)
+    assert public - {"workflow", "step", "tool", "worker", "run_worker"} == set(BLOCKING)
     for name in BLOCKING:
         blocking = getattr(ratchet.Ratchet, name)
         twin = getattr(ratchet.Ratchet, f"{name}_async", None)
@@ -57,3 +58,15 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         assert (list(inspect.signature(blocking).parameters)
                 == list(inspect.signature(twin).parameters)), name
         assert (twin.__doc__ or "").strip() and (blocking.__doc__ or "").strip(), name
+
+
+def test_importing_ratchet_leaves_the_llm_layer_for_first_use() -> None:
+    # A worker of plain workflows never pays for the SDKs or the price table.
+    import subprocess
+    import sys
+
+    code = ("import sys, ratchet; print('ratchet.llm' in sys.modules); "
+            "ratchet.llm.wrap; ratchet.Agent; print('ratchet.llm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "True"]

@@ -5,12 +5,12 @@ What users may import is listed in ``__all__``; a test pins the list.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ratchet.app import Ratchet
 from ratchet.effects.deliver import deliver, deliver_sync
 from ratchet.engine.context import StepInfo, current_step, require_run
-from ratchet.engine.definitions import WorkflowDef, check_name
+from ratchet.engine.definitions import StepKey, WorkflowDef, check_name
 from ratchet.engine.retry import Retry
 from ratchet.errors import (
     ChildRunFailed,
@@ -21,6 +21,8 @@ from ratchet.errors import (
     InvalidRetryPolicy,
     LeaseLost,
     LLMError,
+    LLMRequestError,
+    LLMTimeout,
     NonDeterminismError,
     NotDeadLettered,
     NotSerializable,
@@ -44,7 +46,14 @@ from ratchet.errors import (
 )
 from ratchet.model import Event, RunRecord, RunStatus
 
+if TYPE_CHECKING:
+    from ratchet import llm  # noqa: F401  (ratchet.llm, loaded on first use)
+    from ratchet.llm.agent import Agent, AgentMaxTurns, AgentResult
+
 __all__ = [
+    "Agent",
+    "AgentMaxTurns",
+    "AgentResult",
     "ChildRunFailed",
     "ConfigError",
     "ConnectorError",
@@ -53,6 +62,8 @@ __all__ = [
     "InvalidInput",
     "InvalidRetryPolicy",
     "LLMError",
+    "LLMRequestError",
+    "LLMTimeout",
     "LeaseLost",
     "NonDeterminismError",
     "NotDeadLettered",
@@ -73,6 +84,7 @@ __all__ = [
     "SignalTimeout",
     "StepFailed",
     "StepInfo",
+    "StepKey",
     "StepTimeout",
     "StorageError",
     "ToolError",
@@ -87,6 +99,23 @@ __all__ = [
     "sleep",
     "wait_for_signal",
 ]
+
+
+# The LLM layer (ratchet.llm, the agent loop) loads on first use: a worker of plain
+# workflows never imports the SDKs, pydantic or the price table for it.
+_LAZY = {"Agent": "ratchet.llm.agent", "AgentResult": "ratchet.llm.agent",
+         "AgentMaxTurns": "ratchet.llm.agent"}
+
+
+def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "llm":
+        return importlib.import_module("ratchet.llm")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ratchet' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 async def sleep(seconds: float) -> None:

@@ -10,12 +10,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Mapping
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, cast, overload
 
 from ratchet.config import DatabaseURL, database_url_from_env
 from ratchet.engine import faults
 from ratchet.engine.context import workflow_run
-from ratchet.engine.definitions import StepDef, WorkflowDef, check_name, to_json
+from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.engine.worker import Worker
 from ratchet.errors import (
@@ -127,6 +127,7 @@ class Ratchet:
         self.recovery_interval = recovery_interval
         self.clock = clock or Clock()
         self.workflows: dict[str, WorkflowDef] = {}
+        self.tools: dict[str, Any] = {}  # name -> the @app.tool callable
         self._store: Store | None = None
         self._store_lock = threading.Lock()
         self._portal = _Portal()
@@ -171,14 +172,7 @@ class Ratchet:
         """Declare a step (``async def`` or plain ``def``, which runs in a thread). Inside a
         workflow each call is journaled and, once completed, never runs again for that run.
         Outside a workflow (or inside another step) it is a plain call."""
-        if isinstance(retry, Mapping):
-            policy = Retry.from_json(retry)
-        elif retry is None:
-            policy = NO_RETRY
-        elif isinstance(retry, Retry):
-            policy = retry
-        else:
-            raise InvalidInput(f"retry must be a ratchet.Retry or a mapping, got {retry!r}")
+        policy = _retry_policy(retry)
 
         def decorate(fn: F) -> F:
             sd = StepDef(fn, name or fn.__name__, policy, timeout_s)
@@ -192,6 +186,26 @@ class Ratchet:
 
             call.__ratchet_step__ = sd  # type: ignore[attr-defined]
             return call  # type: ignore[return-value]
+
+        return decorate(fn) if fn is not None else decorate
+
+    def tool(self, fn: Any = None, /, *, name: str | None = None, risk: str = "low",
+             timeout_s: float | None = None, retry: Retry | Mapping[str, Any] | None = None,
+             idempotency_key: Callable[[StepKey], str] | None = None,
+             description: str | None = None) -> Any:
+        """Declare a tool: a step a model may call (``ratchet.Agent``), with a JSON schema
+        from its type hints and a ``tool_called`` event (name, arguments, ``risk``: low,
+        medium, high or critical) before each attempt. ``idempotency_key`` (a function of
+        ``c.run_id``, ``c.step_id``, ``c.attempt``) replaces the step's default key."""
+        from ratchet.llm.tools import make_tool
+
+        policy = _retry_policy(retry)
+
+        def decorate(fn: F) -> F:
+            call = make_tool(fn, name, risk=risk, timeout_s=timeout_s, retry=policy,
+                             idempotency_key=idempotency_key, description=description)
+            self.tools[call.tool.name] = call
+            return cast(F, call)
 
         return decorate(fn) if fn is not None else decorate
 
@@ -494,3 +508,13 @@ class Ratchet:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _retry_policy(retry: Retry | Mapping[str, Any] | None) -> Retry:
+    if isinstance(retry, Mapping):
+        return Retry.from_json(retry)
+    if retry is None:
+        return NO_RETRY
+    if isinstance(retry, Retry):
+        return retry
+    raise InvalidInput(f"retry must be a ratchet.Retry or a mapping, got {retry!r}")

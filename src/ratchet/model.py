@@ -44,6 +44,7 @@ class EventKind(StrEnum):
     STEP_RETRYING = "step_retrying"
     STEP_WAITING = "step_waiting"
     SIGNAL_RECEIVED = "signal_received"
+    TOOL_CALLED = "tool_called"
     RUN_SUCCEEDED = "run_succeeded"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"

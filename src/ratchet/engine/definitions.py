@@ -175,6 +175,16 @@ def _message(e: ValidationError) -> str:
     return f"{first['msg']}{f' at {where}' if where else ''}{more}"
 
 
+@dataclass(frozen=True, slots=True)
+class StepKey:
+    """What a step's own idempotency key may be made of."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    workflow: str
+
+
 @dataclass(slots=True)
 class StepDef:
     """A function decorated with ``@app.step``."""
@@ -191,6 +201,12 @@ class StepDef:
     encode: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None
     # Rebuilds the step's value from its journaled output; None: from the return annotation.
     decode: Callable[[Any], Any] | None = None
+    # The step's idempotency key from (run id, step id, attempt), in place of the default
+    # sha256 of the three; None: the default.
+    key: Callable[[StepKey], str] | None = None
+    # An event to journal before each attempt starts: (kind, payload) from the call's
+    # arguments (a tool's ``tool_called``); None: none.
+    announce: Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, dict[str, Any]]] | None = None
     _returns: _Codec | None = None
 
     def __post_init__(self) -> None:

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 from ratchet.engine.context import StepInfo, current_run, current_step_info
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
-from ratchet.engine.definitions import StepDef, WorkflowDef, to_json
+from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, to_json
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
 from ratchet.engine.threads import StepJob, StepThreads
@@ -35,6 +35,7 @@ from ratchet.errors import (
     ChildRunFailed,
     DriveAborted,
     DriveRefused,
+    InvalidInput,
     LeaseLost,
     NonDeterminismError,
     NotSerializable,
@@ -316,7 +317,11 @@ class RunContext:
                 await self._wait_until(f"backoff:{step_id}", until)
         while True:
             self.check_stop()
-            key = idempotency_key(self.run_id, step_id, attempt)
+            key = (idempotency_key(self.run_id, step_id, attempt) if sd.key is None
+                   else self._own_key(sd, step_id, attempt))
+            if sd.announce is not None and not resumed:
+                kind, announced = sd.announce(args, kwargs)
+                self.emit(kind, step_id, attempt, announced)
             payload: dict[str, Any] = {"idempotency_key": key}
             if resumed:
                 payload["resumed"] = True
@@ -378,6 +383,14 @@ class RunContext:
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
                           f'{{"output":{text}}}')
             return sd.revive(output)
+
+    def _own_key(self, sd: StepDef, step_id: str, attempt: int) -> str:
+        assert sd.key is not None
+        key = sd.key(StepKey(self.run_id, step_id, attempt, self.record.workflow))
+        if not isinstance(key, str) or not key or len(key) > 255:
+            raise InvalidInput(f"step {step_id}: its idempotency_key function returned "
+                               f"{key!r}: expected a non-empty string of at most 255 characters")
+        return key
 
     async def _call(self, sd: StepDef, step_id: str, attempt: int, key: str,
                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
