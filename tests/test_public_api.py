@@ -40,7 +40,7 @@ def test_every_public_name_has_a_docstring() -> None:
 # Every blocking call on Ratchet and its awaitable twin; the twin takes the same parameters.
 BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
             "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
-            "launch", "shutdown", "settle_receipt"]
+            "launch", "shutdown", "settle_receipt", "llm_totals"]
 
 
 def test_every_blocking_call_has_an_async_twin() -> None:

@@ -27,7 +27,7 @@ from ratchet.errors import (
     UnknownRun,
     UnknownWorkflow,
 )
-from ratchet.model import DeadLetter, Event, NewRun, Receipt, RunRecord, RunStatus
+from ratchet.model import DeadLetter, Event, LLMTotals, NewRun, Receipt, RunRecord, RunStatus
 from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
 
@@ -348,6 +348,10 @@ class Ratchet:
         _check_status(status)
         return await (await self._astore()).count_runs(status)
 
+    async def llm_totals_async(self, run_ids: list[str]) -> dict[str, LLMTotals]:
+        """Each run's model calls, tokens and cost, summed from its journal."""
+        return await (await self._astore()).llm_totals(run_ids)
+
     async def dead_letters_async(self, limit: int = 100) -> list[DeadLetter]:
         """Dead-lettered runs, newest first, at most ``limit``."""
         return await (await self._astore()).dead_letters(limit)
@@ -397,6 +401,10 @@ class Ratchet:
         """Blocking :meth:`count_runs_async`."""
         _check_status(status)
         return self._portal.call(self.count_runs_async(status))
+
+    def llm_totals(self, run_ids: list[str]) -> dict[str, LLMTotals]:
+        """Blocking :meth:`llm_totals_async`."""
+        return self._portal.call(self.llm_totals_async(run_ids))
 
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """Blocking :meth:`dead_letters_async`."""

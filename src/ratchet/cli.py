@@ -37,7 +37,7 @@ from ratchet.app import Ratchet
 from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL, parse_duration
 from ratchet.engine import faults
 from ratchet.errors import ConfigError, RatchetError
-from ratchet.model import Event, RunRecord, RunStatus, StepState, dumps, fold
+from ratchet.model import Event, LLMTotals, RunRecord, RunStatus, StepState, dumps, fold
 from ratchet.store import WorkerInfo
 
 log = logging.getLogger("ratchet.cli")
@@ -336,17 +336,22 @@ def runs(
         total = app.count_runs(status) if more else len(records)
         queued = [r for r in records if r.status == RunStatus.QUEUED]
         notes = _unserved_notes(queued, app.live_workers()) if queued else []
+        totals = app.llm_totals([r.run_id for r in records]) if records else {}
     note = _more(len(records), total, "runs" + (f" with status {status}" if status else ""))
     if as_json:
-        _echo_json([r.as_dict() for r in records])
+        _echo_json([{**r.as_dict(), "llm": _totals_dict(totals.get(r.run_id))}
+                    for r in records])
         if more:
             typer.echo(note, err=True)
         return
-    table = Table("run_id", "workflow", "status", "created", "updated", title=None)
+    table = Table("run_id", "workflow", "status", "created", "updated", "tokens", "cost",
+                  title=None)
     table.columns[0].no_wrap = True
     for r in records:
+        t = totals.get(r.run_id)
         table.add_row(Text(r.run_id), Text(f"{r.workflow} v{r.workflow_version}"),
-                      _status(r.status), _when(r.created_at), _when(r.updated_at))
+                      _status(r.status), _when(r.created_at), _when(r.updated_at),
+                      f"{t.tokens:,}" if t else "-", _cost(t) if t else "-")
     console = _console()
     if not records:
         console.print("no runs" + (f" with status {status}" if status else ""))
@@ -375,6 +380,27 @@ def _unserved_notes(queued: list[RunRecord], workers: list[WorkerInfo]) -> list[
     return [f"note: {n} queued run{'s' if n > 1 else ''}: {why}" for why, n in notes.items()]
 
 
+def _totals_dict(t: LLMTotals | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {"calls": t.calls, "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
+            "cached_tokens": t.cached_tokens, "reasoning_tokens": t.reasoning_tokens,
+            "cost_usd": _cost_value(t), "unpriced_calls": t.unpriced_calls}
+
+
+def _cost_value(t: LLMTotals) -> float | None:
+    """The run's cost; None when none of its calls has a price."""
+    return None if t.unpriced_calls == t.calls else round(t.cost_usd, 6)
+
+
+def _cost(t: LLMTotals) -> str:
+    value = _cost_value(t)
+    text = "unpriced" if value is None else f"${value:.6f}"
+    if value is not None and t.unpriced_calls:
+        text += f" (+{t.unpriced_calls} unpriced)"
+    return text
+
+
 def _step_dict(step: StepState) -> dict[str, Any]:
     duration = None
     if step.finished_at is not None and step.first_started_at is not None:
@@ -386,6 +412,8 @@ def _step_dict(step: StepState) -> dict[str, Any]:
         "duration_s": duration,
         "output": step.output,
         "error": step.error,
+        "kind": step.kind,
+        "llm": step.llm,
     }
 
 
@@ -409,6 +437,7 @@ def show(
     steps = [_step_dict(s) for s in sorted(state.steps.values(), key=lambda s: s.ordinal)]
     if as_json:
         _echo_json({**rec.as_dict(), "drives": state.drives, "events": state.last_seq,
+                    "llm": _totals_dict(state.llm if state.llm.calls else None),
                     "steps": steps})
         return
     console = _console()
@@ -428,6 +457,13 @@ def show(
     if rec.waiting_for:
         rows.append(("waiting for", Text(rec.waiting_for)))
     rows += [("drives", Text(str(state.drives))), ("events", Text(str(state.last_seq)))]
+    t = state.llm
+    if t.calls:
+        rows += [("llm calls", Text(str(t.calls))),
+                 ("tokens", Text(f"{t.tokens:,} (input {t.input_tokens:,}, cached "
+                                 f"{t.cached_tokens:,}, output {t.output_tokens:,}, "
+                                 f"reasoning {t.reasoning_tokens:,})")),
+                 ("cost", Text(_cost(t)))]
     if full:
         _show_full(console, rows, steps)
         return

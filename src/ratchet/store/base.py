@@ -34,6 +34,7 @@ from ratchet.model import (
     Event,
     EventKind,
     Lease,
+    LLMTotals,
     NewRun,
     Receipt,
     RunRecord,
@@ -432,6 +433,16 @@ class Store(ABC):
         params = {"run_id": run_id, "after": after, "limit": limit}
         rows = await self._read(lambda tx: tx.all("events_load", params))
         return [_event(r, self.json_text_canonical) for r in rows]
+
+    async def llm_totals(self, run_ids: Sequence[str]) -> dict[str, LLMTotals]:
+        """The model calls of each run, summed from their journals (runs without any are
+        left out)."""
+        params = {"ids": self._ids(list(run_ids))}
+        rows = await self._read(lambda tx: tx.all("llm_calls_of_runs", params))
+        totals: dict[str, LLMTotals] = {}
+        for r in rows:
+            totals.setdefault(r["run_id"], LLMTotals()).add(json.loads(r["llm"]))
+        return totals
 
     async def lease(self, run_id: str) -> LeaseState | None:
         """Who holds the run's lease now, at which epoch, and whether it is still live by

@@ -63,6 +63,11 @@ ORDER BY created_at DESC, run_id LIMIT %(limit)s
 SELECT run_id FROM runs
 WHERE run_id IN (SELECT unnest(%(ids)s::text[])) AND status IN ('succeeded', 'failed', 'cancelled')
 
+-- name: llm_calls_of_runs
+-- The completed LLM steps of some runs, their usage and cost: run totals for a list of runs.
+SELECT run_id, (payload->'llm')::text AS llm FROM journal_events
+WHERE run_id = ANY(%(ids)s::text[]) AND kind = 'step_completed' AND payload ? 'llm'
+
 -- name: events_load
 -- payload_text: the text an event written before migration 005 was hashed with, kept where
 -- jsonb may not give it back as it was (payload_exact: the text is the hashed one). A replay

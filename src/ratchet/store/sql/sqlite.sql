@@ -53,6 +53,12 @@ WHERE run_id IN (SELECT value FROM json_each(:ids)) AND status IN ('succeeded', 
 SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash
 FROM journal_events WHERE run_id = :run_id AND seq > :after ORDER BY seq LIMIT :limit
 
+-- name: llm_calls_of_runs
+-- The completed LLM steps of some runs, their usage and cost: run totals for a list of runs.
+SELECT run_id, json_extract(payload, '$.llm') AS llm FROM journal_events
+WHERE run_id IN (SELECT value FROM json_each(:ids)) AND kind = 'step_completed'
+  AND json_extract(payload, '$.llm') IS NOT NULL
+
 -- name: event_last
 SELECT seq, hash FROM journal_events WHERE run_id = :run_id ORDER BY seq DESC LIMIT 1
 
