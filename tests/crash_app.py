@@ -151,7 +151,43 @@ def build(url: str, *, lease_ttl: float | None = None,
     async def retrier(succeed_on: int, block_on: int) -> str:
         return await flaky(succeed_on, block_on)
 
+    @app.tool
+    async def lookup(city: str) -> dict[str, Any]:
+        """The weather in a city."""
+        record("invoke")
+        await gate("lookup")
+        return {"city": city, "sky": "sunny"}
+
+    @app.workflow()
+    async def asker(n: int = 3) -> list[str]:
+        oai = llm_client()
+        answers = []
+        for i in range(1, n + 1):
+            reply = await oai.chat.completions.create(
+                model="gpt-4.1-mini", messages=[{"role": "user", "content": f"question {i}"}])
+            answers.append(reply.choices[0].message.content)
+        return answers
+
+    @app.workflow()
+    async def agent_run(text: str, max_turns: int = 6) -> list[Any]:
+        agent = ratchet.Agent(model="gpt-4.1-mini", instructions="Answer with the tools.",
+                              tools=[lookup], client=llm_client(), max_turns=max_turns)
+        result = await agent.run(text)
+        return [result.output, result.turns]
+
     return app
+
+
+def llm_client() -> Any:
+    """An OpenAI client on the local provider at ``CRASH_LLM_URL``, wrapped. The key is a
+    made-up secret the tests look for in the journal."""
+    import openai
+
+    return ratchet.llm.wrap(openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1",
+                                               api_key=LLM_SECRET))
+
+
+LLM_SECRET = "sk-test-secret-4c1d"
 
 
 def main() -> None:

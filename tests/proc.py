@@ -130,7 +130,8 @@ class Harness:
     def spawn(self, name: str, *, worker_id: str | None = None, lease_ttl: float = 5.0,
               recovery_interval: float = 30.0, concurrency: int = 4,
               crash_at: str | None = None, pause_at: str | None = None,
-              grace: float | None = None) -> WorkerProc:
+              grace: float | None = None, env_extra: dict[str, str] | None = None
+              ) -> WorkerProc:
         """Start a worker process. ``crash_at``/``pause_at`` arm the engine's crash points
         (``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT``); ``grace`` is its shutdown grace
         period (the worker's default when None)."""
@@ -152,6 +153,7 @@ class Harness:
             env["RATCHET_PAUSE_AT"] = pause_at
         if grace is not None:
             env["CRASH_GRACE"] = repr(grace)
+        env.update(env_extra or {})
         output = self.root / f"worker-{name}-{uuid.uuid4().hex[:6]}.log"
         with output.open("wb") as sink:
             popen = subprocess.Popen([sys.executable, str(APP)], env=env, cwd=self.root,
