@@ -446,3 +446,16 @@ def test_no_secret_reaches_the_journal(db_url: str, provider: tuple[LocalProvide
     text = json.dumps(rows)
     assert "step_completed" in text and LLM_SECRET not in text
     assert "authorization" not in text.lower() and "x-api-key" not in text.lower()
+
+
+def test_the_example_agent_runs(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    example = Path(__file__).resolve().parent.parent / "examples" / "agent.py"
+    out = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "It is sunny in Paris."
+    assert any("tool_called" in line and "2:weather" in line for line in lines)
