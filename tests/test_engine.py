@@ -617,3 +617,29 @@ def test_a_write_the_database_refuses_for_good_fails_the_run_once(
     events = app.events(run_id)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert [e.kind for e in events][-1] == "run_failed"
+
+
+def test_a_replayed_step_output_has_the_key_order_of_its_first_run(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    # jsonb keeps keys in its own order; code that serialises a step's output (a prompt, a
+    # request body with an idempotency key) must see the same text on every drive.
+    app = make_app()
+    seen: list[list[str]] = []
+
+    @app.step
+    async def info() -> dict[str, Any]:
+        return {"sky": "sunny", "city": "Paris", "a": {"zz": 1, "b": 2}}
+
+    @app.workflow()
+    async def wf() -> str:
+        out = await info()
+        seen.append([*out, *out["a"]])
+        await ratchet.wait_for_signal("go")
+        return "ok"
+
+    app.launch()
+    run_id = app.start(wf)
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, what="the park")
+    app.signal(run_id, "go")
+    assert app.result(run_id, timeout_s=15) == "ok"
+    assert seen == [["a", "city", "sky", "b", "zz"]] * 2

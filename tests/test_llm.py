@@ -4,6 +4,7 @@ loop, and crashes that must not bill twice."""
 
 from __future__ import annotations
 
+import gc
 import json
 import signal
 import sqlite3
@@ -24,6 +25,17 @@ import ratchet
 from ratchet.model import idempotency_key
 
 MODEL = "gpt-4.1-mini"
+
+# The SDK clients' connection pools live on the loops of apps that are gone when a test
+# ends; they are collected (and their sockets closed) here, inside this module's tests.
+pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+
+
+@pytest.fixture(autouse=True)
+def _collect_clients() -> Iterator[None]:
+    yield
+    gc.collect()
 
 
 @pytest.fixture
@@ -55,7 +67,7 @@ def test_each_call_is_a_step_sending_its_key_with_usage_and_cost(
             model=MODEL, messages=[{"role": "user", "content": ticket}])
         resp = await oai.responses.create(model=MODEL, input=ticket)
         emb = await oai.embeddings.create(model="text-embedding-3-small", input=ticket)
-        msg = await claude.messages.create(model="claude-sonnet-4-5", max_tokens=64,
+        msg = await claude.messages.create(model="claude-sonnet-4-6", max_tokens=64,
                                            messages=[{"role": "user", "content": ticket}])
         return [type(chat).__name__, chat.choices[0].message.content or "",
                 type(resp).__name__, resp.output_text, type(emb).__name__,
@@ -110,7 +122,7 @@ def test_completed_calls_are_read_back_on_replay_never_sent_again(
     async def talk() -> list[str]:
         first = await oai.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "one"}])
-        second = await claude.messages.create(model="claude-sonnet-4-5", max_tokens=32,
+        second = await claude.messages.create(model="claude-sonnet-4-6", max_tokens=32,
                                               messages=[{"role": "user", "content": "two"}])
         await ratchet.wait_for_signal("go")  # parks: the next drive replays both calls
         third = await oai.chat.completions.create(
@@ -194,7 +206,7 @@ def test_a_stream_passes_chunks_through_and_replays_the_journaled_response(
             parts.append(chunk.choices[0].delta.content or "")
         text: list[str] = []
         events = await claude.messages.create(
-            model="claude-sonnet-4-5", max_tokens=64, stream=True,
+            model="claude-sonnet-4-6", max_tokens=64, stream=True,
             messages=[{"role": "user", "content": "and me"}])
         async for event in events:
             if event.type == "content_block_delta":
@@ -316,7 +328,7 @@ def test_the_agent_loop_calls_tools_as_steps(
         @app.workflow()
         async def ask(text: str) -> list[Any]:
             agent = ratchet.Agent(
-                model=MODEL if which == "openai" else "claude-sonnet-4-5",
+                model=MODEL if which == "openai" else "claude-sonnet-4-6",
                 instructions="Use the tools.", tools=[lookup],
                 client=oai if which == "openai" else claude)
             result = await agent.run(text)
@@ -429,7 +441,7 @@ def test_no_secret_reaches_the_journal(db_url: str, provider: tuple[LocalProvide
     async def wf() -> str:
         await oai.chat.completions.create(model=MODEL,
                                           messages=[{"role": "user", "content": "x"}])
-        await claude.messages.create(model="claude-sonnet-4-5", max_tokens=8,
+        await claude.messages.create(model="claude-sonnet-4-6", max_tokens=8,
                                      messages=[{"role": "user", "content": "y"}])
         return "ok"
 

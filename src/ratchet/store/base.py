@@ -207,9 +207,18 @@ def _event(row: Any, canonical: bool = True) -> Event:
     canonical one from the value when asked (reading a journal does not pay for it), unless
     the row says its text is the one hashed (``payload_exact``: kept from before jsonb)."""
     text = row["payload"]
+    # jsonb gives objects back with its own key order (shorter keys first); a replay must
+    # see a step's output exactly as its first run did (canonical JSON: sorted keys), or
+    # code that serialises it (a prompt, a request body) would differ between drives.
+    payload = json.loads(text) if canonical else json.loads(text, object_pairs_hook=_sorted)
     return Event(row["run_id"], row["seq"], row["kind"], row["step_id"], row["attempt"],
-                 json.loads(text), row["at"], row["prev_hash"], row["hash"],
+                 payload, row["at"], row["prev_hash"], row["hash"],
                  text if canonical or row["payload_exact"] else "")
+
+
+def _sorted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    pairs.sort(key=lambda kv: kv[0])
+    return dict(pairs)
 
 
 def _receipt(row: Any) -> Receipt:
