@@ -18,10 +18,10 @@ import psycopg
 import pytest
 from crash_app import LLM_SECRET
 from proc import Harness
-from ratchet.llm.server import LocalProvider, serve
 from waiting import wait_for
 
 import ratchet
+from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import idempotency_key
 
 MODEL = "gpt-4.1-mini"
