@@ -16,7 +16,7 @@ from ratchet.config import DatabaseURL, database_url_from_env
 from ratchet.engine import faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
-from ratchet.engine.retry import NO_RETRY, Retry
+from ratchet.engine.retry import Retry, as_policy
 from ratchet.engine.worker import Worker
 from ratchet.errors import (
     InvalidInput,
@@ -172,7 +172,7 @@ class Ratchet:
         """Declare a step (``async def`` or plain ``def``, which runs in a thread). Inside a
         workflow each call is journaled and, once completed, never runs again for that run.
         Outside a workflow (or inside another step) it is a plain call."""
-        policy = _retry_policy(retry)
+        policy = as_policy(retry)
 
         def decorate(fn: F) -> F:
             sd = StepDef(fn, name or fn.__name__, policy, timeout_s)
@@ -199,7 +199,7 @@ class Ratchet:
         ``c.run_id``, ``c.step_id``, ``c.attempt``) replaces the step's default key."""
         from ratchet.llm.tools import make_tool
 
-        policy = _retry_policy(retry)
+        policy = as_policy(retry)
 
         def decorate(fn: F) -> F:
             call = make_tool(fn, name, risk=risk, timeout_s=timeout_s, retry=policy,
@@ -517,12 +517,3 @@ class Ratchet:
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
-
-def _retry_policy(retry: Retry | Mapping[str, Any] | None) -> Retry:
-    if isinstance(retry, Mapping):
-        return Retry.from_json(retry)
-    if retry is None:
-        return NO_RETRY
-    if isinstance(retry, Retry):
-        return retry
-    raise InvalidInput(f"retry must be a ratchet.Retry or a mapping, got {retry!r}")

@@ -83,3 +83,15 @@ class Retry:
 
 
 NO_RETRY = Retry()
+
+
+def as_policy(retry: Retry | Mapping[str, Any] | None, default: Retry = NO_RETRY) -> Retry:
+    """A retry policy from what a decorator or wrapper was given: a :class:`Retry`, its
+    graph form (a mapping), or None for ``default``."""
+    if isinstance(retry, Mapping):
+        return Retry.from_json(retry)
+    if retry is None:
+        return default
+    if isinstance(retry, Retry):
+        return retry
+    raise InvalidRetryPolicy(f"retry must be a ratchet.Retry or a mapping, got {retry!r}")

@@ -19,7 +19,7 @@ from typing import Any, TypeVar, cast
 
 from ratchet.engine.context import current_step, workflow_run
 from ratchet.engine.definitions import StepDef
-from ratchet.engine.retry import Retry
+from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput
 from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
 from ratchet.llm.prices import cost_usd
@@ -41,14 +41,7 @@ def wrap(client: C, *, retry: Retry | Mapping[str, Any] | None = None,
     LLM steps' policy (default :data:`DEFAULT_RETRY`); ``timeout_s`` bounds each attempt
     (the SDK's own timeout applies too)."""
     provider = _provider_of(client)
-    if isinstance(retry, Mapping):
-        policy = Retry.from_json(retry)
-    elif retry is None:
-        policy = DEFAULT_RETRY
-    elif isinstance(retry, Retry):
-        policy = retry
-    else:
-        raise InvalidInput(f"retry must be a ratchet.Retry or a mapping, got {retry!r}")
+    policy = as_policy(retry, DEFAULT_RETRY)
     return cast(C, DurableClient(client, provider, policy, timeout_s))
 
 
