@@ -218,7 +218,7 @@ def check_lost(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
                     crash_loops += 1
                     if loop:
                         out.append(Violation("failure", run_id, loop))
-                elif not any(x in (row.error or "") for x in ev.expected_failures):
+                elif not _failure_explained(ev, row):
                     out.append(Violation("failure", run_id,
                                          f"failed for no reason the campaign expects: "
                                          f"{row.error}"))
@@ -281,7 +281,33 @@ def _ancestry(ev: Evidence, run_id: str) -> list[str]:
 
 
 def _cancel_asked(ev: Evidence, run_id: str) -> bool:
-    return any(r in ev.cancel_requested for r in _ancestry(ev, run_id))
+    """The campaign cancelled the run or an ancestor, or its parent ended: a run's end
+    cancels its unfinished children (the parent's own end is judged on its own row)."""
+    if any(r in ev.cancel_requested for r in _ancestry(ev, run_id)):
+        return True
+    row = ev.runs.get(run_id)
+    parent = ev.runs.get(row.parent_run_id) if row and row.parent_run_id else None
+    return parent is not None and parent.status in TERMINAL_STATUSES
+
+
+def _failure_explained(ev: Evidence, row: RunRow, depth: int = 0) -> bool:
+    """The run failed for a reason the campaign expects, or because a child it awaited
+    failed for one: a crash loop the child's journal bears out counts (a wrong crash-loop
+    verdict is reported on the child itself)."""
+    error = row.error or ""
+    if any(x in error for x in ev.expected_failures):
+        return True
+    if depth > 16:
+        return False
+    for child in ev.runs.values():
+        if child.parent_run_id != row.run_id or child.status != "failed":
+            continue
+        if f"child run {child.run_id} " not in error:
+            continue
+        loop = crash_loop(ev.events.get(child.run_id, []), ev.crash_loop_starts)
+        if loop is not None or _failure_explained(ev, child, depth + 1):
+            return True
+    return False
 
 
 def _waiting_problem(ev: Evidence, row: RunRow) -> str | None:

@@ -600,7 +600,41 @@ def test_a_cancel_nobody_asked_for_is_a_violation_one_asked_of_an_ancestor_is_no
                               run=CHILD1)
     assert violations(ev, "failure") == []
     ev.cancel_requested = {}
-    assert len(violations(ev, "failure")) == 2  # the parent and its child
+    # The parent's cancel is unexplained; its child's follows from the parent's end.
+    assert violations(ev, "failure") == ["cancelled, though nobody asked"]
+    assert [v.run_id for v in check_all(ev).violations if v.check == "failure"] == [PARENT]
+    ev.runs[PARENT] = RunRow(PARENT, "running", workflow="flow")
+    assert "cancelled, though nobody asked" in violations(ev, "failure")  # parent still on
+
+
+def child_crash_looped(child_error: str, child_specs: list[Spec]) -> Evidence:
+    """The parent's first child fails; the parent fails with ChildRunFailed and its end
+    cancels the second child."""
+    ev = rich_evidence()
+    ev.cancel_requested = {}
+    ev.runs[PARENT] = RunRow(PARENT, "failed", workflow="flow",
+                             error=f"child run {CHILD1} failed: {child_error}")
+    ev.runs[CHILD1] = RunRow(CHILD1, "failed", workflow="leaf", parent_run_id=PARENT,
+                             error=child_error)
+    ev.runs[CHILD2] = RunRow(CHILD2, "cancelled", workflow="leaf", parent_run_id=PARENT)
+    ev.events[CHILD1] = chain(child_specs, run=CHILD1)
+    return ev
+
+
+def test_a_parent_failed_by_a_child_s_crash_loop_and_its_cancelled_sibling_are_expected(
+        ) -> None:
+    ev = child_crash_looped("crash loop", crash_looped(5, step="1:work", run=CHILD1))
+    assert violations(ev, "failure") == []
+    assert check_lost(ev)[0]["crash_loops"] == 1
+    # A child failing for no expected reason fails its parent for none either.
+    plain = [QUEUED, drive(1, 1, "w1-1"), started("1:work", run=CHILD1),
+             ("step_failed", "1:work", 1, {"error": "boom", "error_type": "RuntimeError"}),
+             ("run_failed", None, None, {"error": "boom"})]
+    ev = child_crash_looped("RuntimeError: boom", plain)
+    assert sorted(v.run_id for v in check_all(ev).violations if v.check == "failure") == [
+        PARENT, CHILD1]
+    ev.expected_failures = ("boom",)
+    assert violations(ev, "failure") == []
 
 
 def test_a_run_waiting_on_several_branches_is_checked_for_each() -> None:
@@ -612,13 +646,14 @@ def test_a_run_waiting_on_several_branches_is_checked_for_each() -> None:
         "waiting for signal 'go3' although it was sent (a lost wake-up)"]
 
 
-def crash_looped(drives: int, reasons: str = "sweep") -> list[Spec]:
+def crash_looped(drives: int, reasons: str = "sweep", step: str = "1:send",
+                 run: str = RUN) -> list[Spec]:
     specs: list[Spec] = [QUEUED]
     for n in range(1, drives + 1):
         specs += [drive(n, n, reason="claim" if n == 1 else reasons),
-                  started("1:send", resumed=n > 1)]
+                  started(step, resumed=n > 1, run=run)]
     specs += [drive(drives + 1, drives + 1, reason=reasons),
-              ("step_failed", "1:send", 1, {"error": "started 5 times",
+              ("step_failed", step, 1, {"error": "started 5 times",
                                             "error_type": "StepCrashLoop"}),
               ("run_failed", None, None, {"error": "crash loop", "reason": "crash_loop"})]
     return specs

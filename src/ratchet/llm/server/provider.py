@@ -69,7 +69,7 @@ class LocalProvider:
     # -- what tests and benches use ------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
-        """``received`` (counted on arrival), ``requests`` (answered), ``billed_calls``,
+        """``received`` (counted once a body is in), ``requests`` (answered), ``billed_calls``,
         ``billed_input_tokens``, ``billed_output_tokens``, ``replayed``, ``refused``,
         ``faults``."""
         return self._log.stats()
@@ -108,7 +108,7 @@ class LocalProvider:
     # -- what the routes call ------------------------------------------------------------
 
     def arrived(self) -> None:
-        """Count a model request the moment it arrives."""
+        """Count a model request whose body has arrived."""
         self._log.received()
 
     def refuse(self, path: str, status: int, message: str) -> Outcome:

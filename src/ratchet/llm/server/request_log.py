@@ -38,7 +38,7 @@ class RequestLog:
         self._counts = dict.fromkeys(COUNTERS, 0)
 
     def received(self) -> None:
-        """Count a request as it arrives, before it is answered."""
+        """Count a request that has arrived whole, before it is answered."""
         with self._lock:
             self._counts["received"] += 1
 

@@ -49,8 +49,10 @@ def build_app(provider: LocalProvider) -> ASGIApp:
 
     async def model(request: Request) -> Response:
         path = request.url.path
-        provider.arrived()
         raw = await request.body()
+        # Counted once the body is in: from here on the request is answered and logged even
+        # if the client goes away, so a test that waits on ``received`` may kill the client.
+        provider.arrived()
         key = request.headers.get("idempotency-key")
         # Shielded: once a request is in, it is answered, stored and billed even if the
         # client goes away and the server cancels the handler.
