@@ -368,6 +368,8 @@ def test_the_demo_kills_a_worker_mid_step_and_the_run_resumes(tmp_path: Path) ->
     assert "is still running: its lease (epoch 1, unexpired) is still held by demo-worker" in out
     assert "✓ steps 1\N{EN DASH}3 ran once each, before the crash — not again after it" in out
     assert "✓ step 4 ran twice with the same idempotency key " in out
+    assert "✓ the provider billed the model call once (1 billed call)" in out
+    assert "provider: #1 billed, #2 answered from its store" in out
     assert "✓ steps 5\N{EN DASH}6 ran once each, after the restart, in worker 2" in out
     assert '"reason":"reclaim"' in out
     assert "✓ run_succeeded written 1 time" in out

@@ -751,7 +751,8 @@ def demo(
     """Kill a worker in the middle of a run and watch a new one finish it.
 
     A 6-step workflow runs in a worker process, which is killed with SIGKILL in the middle
-    of step 4; a new worker process finishes the run without running steps 1-3 again.
+    of step 4, a model call to a local provider; a new worker process finishes the run
+    without running steps 1-3 again or being billed twice for the model call.
     """
     from ratchet.demo import run_demo
 

@@ -1,13 +1,17 @@
-"""``ratchet demo``: a worker killed with SIGKILL in the middle of step 4 of 6, and a new
-one that finishes the run without running steps 1-3 again.
+"""``ratchet demo``: a worker killed with SIGKILL in the middle of step 4 of 6, a model
+call, and a new one that finishes the run without running steps 1-3 again or paying for
+the model call twice.
 
 Two real worker processes (``ratchet worker ratchet.demo_app:app``) share one embedded
 SQLite file. Both run under the same worker id, the way a restarted pod keeps its name,
 so the second reclaims the dead one's run as soon as it starts instead of waiting for
-the lease to expire. What each step did is read back from two independent records: the
-invocation log the steps write (what actually ran, in which process) and the journal
-(what the engine recorded). The demo fails, with a non-zero exit, if either disagrees
-with the claim.
+the lease to expire. The model call goes to a local provider served by the demo's own
+process, which holds its answer long enough for the kill to land while it is in flight,
+and which keeps answers by ``Idempotency-Key`` as a careful provider does. What each step
+did is read back from independent records: the invocation log the plain steps write (what
+actually ran, in which process), the provider's request log (what it received and
+billed), and the journal (what the engine recorded). The demo fails, with a non-zero exit,
+if any disagrees with the claim.
 """
 
 from __future__ import annotations
@@ -30,12 +34,19 @@ from rich.text import Text
 
 from ratchet.app import Ratchet
 from ratchet.config import DatabaseURL
+from ratchet.errors import ConfigError
+from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import EventKind, dumps
 
 DEFAULT_DB = ".ratchet/demo.db"
 WORKER_ID = "demo-worker"
 STEPS = ("fetch_ticket", "classify", "retrieve_docs", "draft_reply", "review", "send_reply")
 CRASH_STEP = 4
+#: The journal's step ids; the fourth is the model call, named after the SDK method.
+STEP_IDS = tuple(f"{n}:{'openai.chat.completions.create' if n == CRASH_STEP else step}"
+                 for n, step in enumerate(STEPS, 1))
+#: How long the provider holds the first answer to the model call: the kill lands inside.
+HOLD_S = 3.0
 WAIT_S = 30.0
 
 
@@ -124,6 +135,11 @@ def _lease(app: Ratchet, run_id: str) -> tuple[str | None, int, bool] | None:
 
 def run_demo(db: str | None, console: Console) -> int:
     """Run the demo; 0 when every claim held, 1 otherwise."""
+    try:
+        import openai  # noqa: F401 - the workers' model call needs it
+    except ImportError as e:
+        raise ConfigError("the demo's model call uses the openai SDK: "
+                          "pip install 'ratchet[openai]'") from e
     folder = os.path.abspath(".ratchet")
     os.makedirs(folder, exist_ok=True)
     if db is None:
@@ -134,7 +150,9 @@ def run_demo(db: str | None, console: Console) -> int:
         DatabaseURL.parse(db)
         url, shown = db, "the database given with --db"
     log_path = os.path.join(folder, "demo-invocations.jsonl")
+    requests_path = os.path.join(folder, "demo-llm-requests.jsonl")
     _wipe(log_path)
+    _wipe(requests_path)
 
     # The demo's own process reads and starts runs; the workflow is imported for app.start.
     from ratchet import demo_app
@@ -147,8 +165,14 @@ def run_demo(db: str | None, console: Console) -> int:
     demo = _Demo(console, url, f"sqlite:///{DEFAULT_DB}" if db is None else url, folder)
     console.print(Text("Ratchet crash-resume demo", style="bold"),
                   Text(f"— a 6-step agent workflow on {shown}", style="dim"))
+    provider = LocalProvider({"rules": [{"reply": {"text": demo_app.REPLY}}]}, requests_path)
     try:
-        return _play(demo, app, env, log_path)
+        with serve(provider) as base:
+            env["RATCHET_DEMO_LLM_URL"] = base
+            say = demo.say
+            say(f"local model provider listening on {base} (request log "
+                f"{os.path.relpath(requests_path)})")
+            return _play(demo, app, env, log_path, provider)
     except DemoFailed as e:
         console.print(Text(f"demo failed: {e}", style="bold red"), soft_wrap=True)
         for w in demo.workers:
@@ -161,10 +185,13 @@ def run_demo(db: str | None, console: Console) -> int:
         app.shutdown()
 
 
-def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str) -> int:
-    from ratchet.demo_app import SLOW_CALL_S, answer_ticket, invocations
+def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str,
+          provider: LocalProvider) -> int:
+    from ratchet.demo_app import MODEL, answer_ticket, invocations
 
     say = demo.say
+    # The first answer to the model call is held: worker 1 is killed while it waits.
+    provider.fail("slow", times=1, delay_s=HOLD_S, endpoint="chat")
     w1 = demo.start_worker(env)
     say(f"worker 1 launched: ratchet worker ratchet.demo_app:app --worker-id {WORKER_ID} "
         f"(pid {w1.pid})")
@@ -176,12 +203,13 @@ def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str) -> int:
         return [e for e in invocations(log_path) if e["run_id"] == run_id and e["step"] == step]
 
     crash_step = STEPS[CRASH_STEP - 1]
-    demo.wait_for(f"step {CRASH_STEP} ({crash_step}) to start", lambda: bool(seen(crash_step)),
-                  alive=w1)
+    demo.wait_for(f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
+                  lambda: provider.stats()["received"] >= 1, alive=w1)
     done = ", ".join(STEPS[: CRASH_STEP - 1])
     say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({done}) completed in worker 1")
-    say(f"step {CRASH_STEP} {crash_step} started in worker 1: a slow model call "
-        f"(it would take {SLOW_CALL_S:g}s)")
+    key = _started_key(app, run_id, STEP_IDS[CRASH_STEP - 1])
+    say(f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the provider "
+        f"has received, Idempotency-Key {key[:12]}, and holds for {HOLD_S:g}s")
     w1.proc.send_signal(signal.SIGKILL)
     w1.proc.wait()
     t_kill = time.monotonic()
@@ -214,46 +242,72 @@ def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str) -> int:
         raise DemoFailed("worker 2 did not stop within 10s of SIGTERM") from e
     say(f"worker 2 stopped gracefully (exit code {w2.proc.returncode})")
     return _report(demo, app, run_id, result, {w1.pid: 1, w2.pid: 2},
-                   invocations(log_path))
+                   invocations(log_path), provider.requests())
+
+
+def _started_key(app: Ratchet, run_id: str, step_id: str) -> str:
+    """The idempotency key the journal gave the step's first start."""
+    return next((str(e.payload.get("idempotency_key")) for e in app.events(run_id)
+                 if e.kind == EventKind.STEP_STARTED and e.step_id == step_id), "?")
 
 
 def _report(demo: _Demo, app: Ratchet, run_id: str, result: Any, workers: dict[int, int],
-            log: list[dict[str, Any]]) -> int:
+            log: list[dict[str, Any]], requests: list[dict[str, Any]]) -> int:
     console = demo.console
     mine = [e for e in log if e["run_id"] == run_id]
     by_step = {step: [e for e in mine if e["step"] == step] for step in STEPS}
+    events = app.events(run_id)
+    started = {step: [e for e in events if e.kind == EventKind.STEP_STARTED
+                      and e.step_id == step_id]
+               for step, step_id in zip(STEPS, STEP_IDS, strict=True)}
+    crash_step = STEPS[CRASH_STEP - 1]
+    crash_journal_keys = {e.payload.get("idempotency_key") for e in started[crash_step]}
+    # The model call is counted by the provider: every request it received for this run.
+    sent = [r for r in requests if r["idempotency_key"] in crash_journal_keys]
+    by_step[crash_step] = [{"idempotency_key": r["idempotency_key"], "pid": None,
+                            "billed": r["billed"], "replayed": r["replayed"]} for r in sent]
 
     table = Table("#", "step", "invocations", "idempotency keys", "ran in",
-                  title="step invocations (from the steps' own log)", title_justify="left")
+                  title="step invocations (from the steps' own log and the provider's)",
+                  title_justify="left")
     for n, step in enumerate(STEPS, 1):
         calls = by_step[step]
         keys = sorted({e["idempotency_key"][:12] for e in calls})
-        where = ", ".join(f"worker {workers.get(e['pid'], '?')} (pid {e['pid']})" for e in calls)
+        if n == CRASH_STEP:
+            where = "provider: " + ", ".join(
+                f"#{i} " + ("billed" if e["billed"] else
+                            "answered from its store" if e["replayed"] else "not answered")
+                for i, e in enumerate(calls, 1))
+        else:
+            where = ", ".join(f"worker {workers.get(e['pid'], '?')} (pid {e['pid']})"
+                              for e in calls)
         style = "bold yellow" if n == CRASH_STEP else ""
         table.add_row(str(n), step, str(len(calls)), ", ".join(keys), where, style=style)
     console.print()
     console.print(table)
 
-    events = app.events(run_id)
-    started = {step: [e for e in events if e.kind == EventKind.STEP_STARTED
-                      and e.step_id == f"{n}:{step}"] for n, step in enumerate(STEPS, 1)}
     resumed = [e for e in events if e.kind == EventKind.RUN_RESUMED]
     succeeded = sum(1 for e in events if e.kind == EventKind.RUN_SUCCEEDED)
     w1 = next(pid for pid, n in workers.items() if n == 1)
     w2 = next(pid for pid, n in workers.items() if n == 2)
-    crash = by_step[STEPS[CRASH_STEP - 1]]
+    crash = by_step[crash_step]
     crash_keys = {e["idempotency_key"] for e in crash}
-    crash_journal_keys = {e.payload.get("idempotency_key")
-                          for e in started[STEPS[CRASH_STEP - 1]]}
     key = next(iter(crash_keys)) if len(crash_keys) == 1 else "?"
+    billed = sum(1 for r in requests if r["billed"])
 
     checks: list[tuple[bool, str]] = [
         (all(len(by_step[s]) == 1 and by_step[s][0]["pid"] == w1
              and len(started[s]) == 1 for s in STEPS[:3]),
          "steps 1\N{EN DASH}3 ran once each, before the crash — not again after it"),
-        (len(crash) == 2 and [e["pid"] for e in crash] == [w1, w2] and len(crash_keys) == 1
-         and crash_journal_keys == crash_keys,
-         f"step {CRASH_STEP} ran twice with the same idempotency key {key}"),
+        (len(crash) == 2 and len(crash_keys) == 1 and crash_journal_keys == crash_keys
+         and len(started[crash_step]) == 2,
+         f"step {CRASH_STEP} ran twice with the same idempotency key {key}: the model "
+         "call was sent before the crash and again after it"),
+        (billed == 1 and [e["billed"] for e in crash] == [True, False]
+         and crash[1]["replayed"],
+         f"the provider billed the model call once ({billed} billed call"
+         f"{'s' if billed != 1 else ''}): the re-sent request was answered from its "
+         "store"),
         (all(len(by_step[s]) == 1 and by_step[s][0]["pid"] == w2 for s in STEPS[4:]),
          "steps 5\N{EN DASH}6 ran once each, after the restart, in worker 2"),
         (len(resumed) == 1 and resumed[0].payload.get("reason") == "reclaim",

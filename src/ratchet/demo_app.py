@@ -1,15 +1,16 @@
 """The demo's workflow: a support agent answering a ticket in six steps.
 
-Every step invocation appends one JSON line ``{run_id, step, attempt, idempotency_key,
-pid}`` to the file named by ``RATCHET_DEMO_LOG``, made durable before the step returns, so
-the demo can count invocations across processes, including one killed with SIGKILL. The
-fourth step, the slow model call, blocks for two minutes the first time it is invoked in
-a run: long enough to be killed in the middle of it.
+Every plain step invocation appends one JSON line ``{run_id, step, attempt,
+idempotency_key, pid}`` to the file named by ``RATCHET_DEMO_LOG``, made durable before the
+step returns, so the demo can count invocations across processes, including one killed
+with SIGKILL. The fourth step is a model call through a wrapped OpenAI client, sent to the
+local provider at ``RATCHET_DEMO_LLM_URL``: the provider's own request log counts what it
+received and billed.
 """
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import os
 from typing import Any
@@ -18,7 +19,10 @@ import ratchet
 
 app = ratchet.Ratchet()
 
-SLOW_CALL_S = 120.0
+MODEL = "gpt-4.1-mini"
+#: What the demo's local provider answers the model call with.
+REPLY = ("Hi Ada, sorry about the double charge. We have refunded it "
+         "(see kb/billing/refund-policy).")
 
 
 def _log_path() -> str:
@@ -81,13 +85,29 @@ async def retrieve_docs(category: str) -> list[str]:
     return [f"kb/{category}/duplicate-charges", f"kb/{category}/refund-policy"]
 
 
-@app.step
+@functools.cache
+def model_client() -> Any:
+    """The wrapped OpenAI client of this worker, pointed at the demo's local provider."""
+    url = os.environ.get("RATCHET_DEMO_LLM_URL")
+    if not url:
+        raise ratchet.RatchetError("RATCHET_DEMO_LLM_URL is not set: the demo's model call "
+                                   "goes to the local provider the demo starts")
+    try:
+        import openai
+    except ImportError as e:
+        raise ratchet.RatchetError("the demo's model call uses the openai SDK: "
+                                   "pip install 'ratchet[openai]'") from e
+    return ratchet.llm.wrap(openai.AsyncOpenAI(base_url=url + "/v1", api_key="demo-local"))
+
+
 async def draft_reply(ticket: dict[str, Any], docs: list[str]) -> str:
-    """The slow model call: draft an answer from the ticket and the articles."""
-    if _record("draft_reply"):
-        await asyncio.sleep(SLOW_CALL_S)
-    return (f"Hi {ticket['customer']}, sorry about the double charge. "
-            f"We have refunded it (see {docs[1]}).")
+    """The model call: draft an answer from the ticket and the articles. Called in the
+    workflow, it is a journaled LLM step whose key the provider sees as Idempotency-Key."""
+    response = await model_client().chat.completions.create(model=MODEL, messages=[
+        {"role": "system", "content": "You answer support tickets briefly and kindly."},
+        {"role": "user", "content": f"Ticket from {ticket['customer']}: {ticket['text']}\n"
+                                    f"Articles: {', '.join(docs)}"}])
+    return str(response.choices[0].message.content)
 
 
 @app.step
@@ -106,7 +126,7 @@ async def send_reply(ticket_id: str, draft: str) -> dict[str, Any]:
 
 @app.workflow()
 async def answer_ticket(ticket_id: str) -> dict[str, Any]:
-    """Answer a support ticket: six steps, the fourth a slow model call."""
+    """Answer a support ticket: six steps, the fourth a model call."""
     ticket = await fetch_ticket(ticket_id)
     category = await classify(ticket)
     docs = await retrieve_docs(category)
