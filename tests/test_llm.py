@@ -414,7 +414,7 @@ def test_the_agent_killed_in_turn_two_resumes_at_turn_two(h: Harness) -> None:
         env = {"CRASH_LLM_URL": base}
         a = h.spawn("a", worker_id="w-agent", env_extra=env)
         h.wait_invoked("2:lookup")  # turn 1 answered, its tool running
-        server.fail("slow", times=1, delay_s=30.0)  # turn 2 is held...
+        server.fail("slow", times=1, delay_s=3.0)  # turn 2 is held...
         h.open_gate("lookup")
         wait_for(lambda: server.stats()["received"] >= 2, what="turn 2")
         a.kill()  # ...and its worker killed while the provider answers it
