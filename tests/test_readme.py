@@ -8,6 +8,7 @@ before it (a fragment of the same example), ``<!-- readme-test: skip REASON -->`
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -57,3 +58,22 @@ def test_a_readme_example_runs_as_shown(code: str, skip: str | None, tmp_path: P
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=90)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_readme_price_table_is_the_bundled_one() -> None:
+    """The prices README.md shows are those ``ratchet.llm`` charges."""
+    from ratchet.llm.prices import price_for
+
+    text = README.read_text(encoding="utf-8")
+    table = text[text.index("| model | input | cached input | cache write | output |"):]
+    table = table[:table.index("\n\n")]
+    rows = re.findall(r"^\s*\| `([^`]+)` \|([^\n]*)\|$", table, re.MULTILINE)
+    bundled = json.loads((Path(__file__).resolve().parent.parent / "src" / "ratchet" / "llm"
+                          / "prices.json").read_text(encoding="utf-8"))
+    models = [m for m in bundled if not m.startswith("_")]
+    assert [m for m, _ in rows] == models
+    for model, cells in rows:
+        shown = [float(c) if c.strip() else None for c in cells.split("|")]
+        price = price_for(model)
+        assert price is not None
+        assert shown == [price.input, price.cached_input, price.cache_write, price.output], model
