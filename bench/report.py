@@ -22,6 +22,10 @@ METRICS = [
 ]
 
 
+# Keys of the LLM measures' samples: "llmbill|<system>" and "llmoverhead|ratchet".
+LLM_PREFIXES = ("llmbill|", "llmoverhead|")
+
+
 def _stats(values: list[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -34,7 +38,7 @@ def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
     """{system key: {field: stats or note}} with derived figures."""
     out: dict[str, dict[str, Any]] = {}
     systems = {k.split("|", 1)[1] for k in samples
-               if not k.startswith(("limit|", "claimbacklog|"))}
+               if not k.startswith(("limit|", "claimbacklog|", *LLM_PREFIXES))}
     for system in sorted(systems):
         figs: dict[str, Any] = {}
         zero = samples.get(f"sequential0|{system}", [])
@@ -201,7 +205,8 @@ def write_reports(results: dict[str, Any]) -> str:
             out += [f"- {_label(s)}, {k.replace('.note', '').replace('.setting', ' setting')}: "
                     f"{str(v)[:200]}" for s, k, v in notes]
     out += claim_backlog_section(results)
-    out += ["", "## Targets", "", *_targets(figs), ""]
+    out += llm_sections(results)
+    out += ["", "## Targets", "", *_targets(figs), *_llm_targets(results), ""]
     return "\n".join(out)
 
 
@@ -228,3 +233,93 @@ def claim_backlog_section(results: dict[str, Any]) -> list[str]:
             cells.append(_cell(stats) if stats or not bad else "n/a")
         out.append(f"| {backend} | " + " | ".join(cells) + " |")
     return out
+
+
+def _llm_rows(results: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    return list(results["samples"].get(key, []))
+
+
+def _counted(rows: list[dict[str, Any]], fld: str) -> str:
+    """A count that should not vary: the value, or its range when the repeats differ."""
+    values = [r[fld] for r in rows if fld in r]
+    if not values:
+        return "—"
+    low, high = min(values), max(values)
+    if low == high:
+        return f"{low:,}"
+    middle = statistics.median(values)
+    shown = f"{int(middle):,}" if middle == int(middle) else f"{middle:,.1f}"
+    return f"{shown} ({low:,}–{high:,})"
+
+
+def _ratio(rows: list[dict[str, Any]]) -> str:
+    values = [r["tokens_ratio"] for r in rows if "tokens_ratio" in r]
+    if not values:
+        return "—"
+    low, high = min(values), max(values)
+    if low == high:
+        return f"{low:.2f}×"
+    return f"{statistics.median(values):.2f}× ({low:.2f}–{high:.2f})"
+
+
+def llm_sections(results: dict[str, Any]) -> list[str]:
+    """The crash bill of a 5-call agent per system, and the wrapped client's overhead."""
+    systems = [k.split("|", 1)[1] for k in results["samples"] if k.startswith("llmbill|")]
+    overhead = _llm_rows(results, "llmoverhead|ratchet")
+    if not systems and not overhead:
+        return []
+    out: list[str] = []
+    if systems:
+        ordered = sorted(systems, key=lambda s: (s != "ratchet", s))
+        clean = next((r for s in ordered for r in _llm_rows(results, f"llmbill|{s}")
+                      if "clean_tokens" in r), None)
+        run = results.get("llm_run")
+        out += ["", "## Tokens billed per completed run under crashes", "",
+                "A 5-call agent (each call sends the conversation so far) through the official "
+                "`openai` SDK against the local provider. Its process is SIGKILLed while the "
+                "provider holds call 4, then the run is resumed as each system's users would; "
+                "the provider bills every call it answers, the held one included, as a real "
+                "provider does."
+                + (f" Crash-free bill: {clean['clean_calls']} calls, "
+                   f"{clean['clean_tokens']:,} tokens." if clean else "")
+                + (f" Measured {run['date']} ({run['repeats']} repeats"
+                   f"{', QUICK' if run['quick'] else ''}) with `python -m bench.run --llm-only`."
+                   if run else ""), "",
+                "| system | calls sent | calls billed | billed tokens | × crash-free bill "
+                "| resumed by |", "|---|---|---|---|---|---|"]
+        for system in ordered:
+            rows = _llm_rows(results, f"llmbill|{system}")
+            ok = [r for r in rows if "tokens" in r]
+            if not ok:
+                bad = next((r.get("error") or r.get("skipped") for r in rows), "no sample")
+                out.append(f"| {system} | n/a | n/a | n/a | n/a | {str(bad)[:120]} |")
+                continue
+            out.append(f"| {system} | {_counted(ok, 'sent')} | {_counted(ok, 'calls')} | "
+                       f"{_counted(ok, 'tokens')} | {_ratio(ok)} | {ok[0].get('resumed_by', '')} |")
+    if overhead:
+        ok = [r for r in overhead if "wrapped_us" in r]
+        n = ok[0]["n"] if ok else 0
+        out += ["", "## Per-call overhead of the wrapped client", "",
+                f"{n} chat completions through `ratchet.llm.wrap(AsyncOpenAI())` inside a "
+                f"workflow (each one journaled step) and {n} through the bare `AsyncOpenAI`, "
+                "interleaved, to the same local provider with no delay; median µs per call, "
+                "median (min–max) over the repeats.", "",
+                "| client | µs per call |", "|---|---|",
+                f"| bare `AsyncOpenAI` | {_cell(_stats([r['bare_us'] for r in ok]))} |",
+                f"| `ratchet.llm.wrap`, in a workflow | "
+                f"{_cell(_stats([r['wrapped_us'] for r in ok]))} |",
+                f"| difference | {_cell(_stats([r['overhead_us'] for r in ok]))} |"]
+        if not ok:
+            out += ["", f"No sample: {overhead[0].get('error', 'none')}"]
+    return out
+
+
+def _llm_targets(results: dict[str, Any]) -> list[str]:
+    rows = [r for r in _llm_rows(results, "llmbill|ratchet") if "tokens_ratio" in r]
+    if not rows:
+        return []
+    worst = max(rows, key=lambda r: abs(r["tokens_ratio"] - 1.0))
+    verdict = "met" if all(r["tokens_ratio"] == 1.0 for r in rows) else "missed"
+    return [f"- LLM crash bill: Ratchet {worst['tokens_ratio']:.2f}× the crash-free bill "
+            f"({worst['calls']} calls billed of {worst['sent']} sent); target exactly 1.0×: "
+            f"**{verdict}**"]

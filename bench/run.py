@@ -27,8 +27,9 @@ from typing import Any
 
 import psycopg
 
+from bench.peers import llm
+from bench.report import LLM_PREFIXES, llm_sections, write_reports
 from bench.report import claim_backlog_section as _claim_section
-from bench.report import write_reports
 
 PG_ADMIN = os.environ.get("RATCHET_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 RESULTS = Path(__file__).parent / "results"
@@ -77,6 +78,8 @@ class Plan:
     recovery_options: dict[str, list[str]] = field(default_factory=dict)
     # Backlog sizes (runs, half queued, half waiting on a future timer) for claim latency.
     claim_backlogs: tuple[int, ...] = (0, 10_000, 50_000, 100_000)
+    # Calls of each kind (wrapped, bare) a repeat of the LLM per-call overhead measure.
+    llm_overhead_n: int = 300
 
 
 def plan(quick: bool) -> Plan:
@@ -85,7 +88,7 @@ def plan(quick: bool) -> Plan:
                     pickup_n=10, limit_seconds=0.5, timeout=60,
                     pickup_n_for={"dbos": 3, "absurd": 5},
                     recovery_options={"absurd": ["--lease", "3"]},
-                    claim_backlogs=(0, 10_000))
+                    claim_backlogs=(0, 10_000), llm_overhead_n=100)
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
@@ -299,6 +302,7 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
                         record(f"claimbacklog|{system.backend}|{backlog}",
                                adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
                                        "--n", str(backlog)))
+        llm_measures(p, dbs, {s.name for s in systems}, record)
     finally:
         dbs.close()
     return {
@@ -333,6 +337,39 @@ def claim_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
             "plan": {"claim_backlogs": list(p.claim_backlogs)}}
 
 
+def llm_measures(p: Plan, dbs: Databases, names: set[str],
+                 record: Callable[[str, dict[str, Any]], None]) -> None:
+    """The crash bill of each system's agent (SQLite) and the wrapped client's overhead,
+    ``p.repeats`` times each."""
+    for _ in range(p.repeats):
+        for name in llm.SYSTEMS:
+            if name in names:
+                record(f"llmbill|{name}",
+                       llm.crash_bill(name, dbs.fresh(System(name, "sqlite")), p.timeout))
+        if "ratchet" in names:
+            record("llmoverhead|ratchet",
+                   llm.call_overhead(dbs.fresh(System("ratchet", "sqlite")), p.llm_overhead_n,
+                                     p.timeout))
+
+
+def llm_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
+    """Just the LLM measures (their report has only those sections)."""
+    p = plan(quick)
+    dbs = Databases()
+    samples: dict[str, list[dict[str, Any]]] = {}
+
+    def record(key: str, value: dict[str, Any]) -> None:
+        samples.setdefault(key, []).append(value)
+        shown = {k: v for k, v in value.items() if k not in ("requests", "peer", "measure")}
+        log(f"{key}: {json.dumps(shown)[:200]}")
+
+    try:
+        llm_measures(p, dbs, set(llm.SYSTEMS), record)
+    finally:
+        dbs.close()
+    return {"quick": quick, "repeats": p.repeats, "machine": machine(), "samples": samples}
+
+
 def machine() -> dict[str, Any]:
     with psycopg.connect(PG_ADMIN) as conn:
         pg = conn.execute("SHOW server_version").fetchone()
@@ -359,6 +396,8 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated systems, e.g. ratchet,dbos")
     parser.add_argument("--claim-only", action="store_true",
                         help="measure only claim latency against backlog size (Ratchet)")
+    parser.add_argument("--llm-only", action="store_true",
+                        help="measure only the LLM crash bill and the wrapped client's overhead")
     parser.add_argument("--report-only", action="store_true",
                         help="re-write latest.md from latest.json without measuring")
     args = parser.parse_args()
@@ -387,6 +426,19 @@ def main() -> None:
         (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
         (RESULTS / "latest.md").write_text(write_reports(results))
         print("\n".join(_claim_section(results)))
+        return
+    if args.llm_only:
+        # Merged into the latest full results, as --claim-only is.
+        measured = llm_only(args.quick, log)
+        results = json.loads((RESULTS / "latest.json").read_text())
+        results["samples"] = {k: v for k, v in results["samples"].items()
+                              if not k.startswith(LLM_PREFIXES)} | measured["samples"]
+        results["llm_run"] = {"date": measured["machine"]["date"], "quick": args.quick,
+                              "repeats": measured["repeats"]}
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+        (RESULTS / "latest.md").write_text(write_reports(results))
+        print("\n".join(llm_sections(results)))
         return
     results = run(args.quick, only, log)
     results["elapsed_s"] = round(time.monotonic() - started, 1)

@@ -10,10 +10,12 @@ import math
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -143,6 +145,18 @@ def test_chat_completion_is_a_typed_echo_with_usage(llm: Local) -> None:
     [entry] = llm.provider.requests()
     assert entry["request_id"] == raw.headers["x-request-id"]
     assert entry["endpoint"] == "chat" and entry["status"] == 200 and entry["billed"] is True
+
+
+def test_calls_on_a_kept_alive_connection_wait_for_no_delayed_ack(llm: Local) -> None:
+    # With Nagle's algorithm on the server's connections, each response (headers, then
+    # body) waited for the client's delayed ACK: 40 ms or more a call. Served calls take
+    # a few ms here.
+    took = []
+    for i in range(20):
+        started = time.perf_counter()
+        llm.openai.chat.completions.create(model=GPT, messages=user(f"ping {i}"))
+        took.append(time.perf_counter() - started)
+    assert statistics.median(took) < 0.02, f"median {statistics.median(took) * 1000:.1f} ms"
 
 
 def test_responses_is_a_typed_response_with_usage(llm: Local) -> None:

@@ -18,6 +18,8 @@ Measures (see each adapter for how the peer does them):
 - ``pickup``: time from the start call returning to the first step starting, idle worker.
 - ``takeover``: a second worker, already running, takes over a workflow whose worker was
   SIGKILLed in step ``--kill-at``; time from the kill to that step starting again.
+- ``llm-crash`` / ``llm-resume`` / ``llm-overhead``: the LLM measures of
+  ``bench/peers/<peer>_llm.py``, driven by ``bench/peers/llm.py``.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ MEASURES = (
     "pickup",
     "takeover",
     "claim-backlog",
+    "llm-crash",
+    "llm-resume",
+    "llm-overhead",
 )
 DEFAULT_STEPS = {"sequential": 10, "concurrent": 10, "replay": 10_000}
 DEFAULT_N = {"sequential": 100, "concurrent": 1000, "pickup": 50}
