@@ -183,8 +183,8 @@ def _with_key(params: ModelRequestParams) -> ModelRequestParams:
     step = current_step_info.get()
     if step is None:
         return params
-    settings = dict(params.model_settings or {})
-    headers = dict(settings.get("extra_headers") or {})
+    settings: dict[str, Any] = dict(params.model_settings or {})
+    headers: dict[str, str] = dict(settings.get("extra_headers") or {})
     headers["Idempotency-Key"] = step.idempotency_key
     settings["extra_headers"] = headers
     return replace(params, model_settings=cast(ModelSettings, settings))
