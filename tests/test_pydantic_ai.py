@@ -434,3 +434,35 @@ def test_a_worker_killed_during_the_second_model_request_resumes_without_resendi
                and e.step_id == f"3:{agent_app.MODEL_STEP}"]
     assert [(e.attempt, e.payload.get("resumed", False)) for e in resumed] == [
         (1, False), (1, True)]
+
+
+def test_run_stream_works_in_a_workflow_and_run_toolsets_are_refused(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    from pydantic_ai.exceptions import UserError
+    from pydantic_ai.toolsets import FunctionToolset
+
+    tools: list[str] = []
+    agent = weather_agent(TestModel(custom_output_text="It is sunny in Paris."), tools)
+    app = make_app()
+
+    @app.workflow()
+    async def streamed(text: str) -> str:
+        async with agent.run_stream(text) as run:
+            return "".join([t async for t in run.stream_text(delta=True)])
+
+    @app.workflow()
+    async def extra_tools(text: str) -> str:
+        try:
+            await agent.run(text, toolsets=[FunctionToolset(id="more")])
+        except UserError as e:
+            return str(e)
+        return "ran"
+
+    app.launch()
+    run_id = app.start(streamed, "weather?")
+    assert app.result(run_id, timeout_s=30) == "It is sunny in Paris."
+    assert [e.step_id for e in events(app, run_id, "step_started")] == [
+        "1:weather__model.request_stream", f"2:{TOOL_STEP}", "3:weather__model.request_stream"]
+    assert len(tools) == 1
+    refused = app.result(app.start(extra_tools, "weather?"), timeout_s=30)
+    assert "Ratchet" in refused and "toolset" in refused.lower()
