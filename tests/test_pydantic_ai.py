@@ -5,6 +5,7 @@ through ``OpenAIChatModel`` (keys, usage and cost), and a worker killed mid-run.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import signal
 from collections.abc import Callable, Iterator
@@ -163,8 +164,9 @@ def test_outside_a_workflow_and_inside_a_step_the_agent_is_plain(
     plain = Agent(FunctionModel(plain_model, model_name="gpt-4.1-mini"), name="weather")
     plain.tool_plain(lambda city: plain_tools.append(city) or f"sunny in {city}", name="lookup")
 
-    durable_run = agent.run_sync("weather?")
-    plain_run = plain.run_sync("weather?")
+    # asyncio.run closes its loop; run_sync would leave one behind for the test session.
+    durable_run = asyncio.run(agent.run("weather?"))
+    plain_run = asyncio.run(plain.run("weather?"))
     assert durable_run.output == plain_run.output == "It is sunny in Paris."
     assert [type(m).__name__ for m in durable_run.all_messages()] == [
         type(m).__name__ for m in plain_run.all_messages()]

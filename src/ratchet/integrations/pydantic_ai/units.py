@@ -28,6 +28,7 @@ from pydantic_ai.durable_exec import (
     ToolsetValidateToolArgumentsId,
     record_durable_unit,
 )
+from pydantic_ai.durable_exec._utils import streamed_before_failing
 
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, to_json
@@ -127,7 +128,12 @@ def _model_unit(unit: Callable[..., Awaitable[object]]) -> Callable[..., Awaitab
         try:
             payload = await unit()
         except Exception as e:
-            raise as_ratchet_error(e) from e
+            error = as_ratchet_error(e)
+            if streamed_before_failing(e) is not None:
+                # The event handler has seen part of this answer: a new attempt would show
+                # it the beginning again.
+                error.retry_class = "never"  # type: ignore[attr-defined]
+            raise error from e
         return _Timed(payload, round((time.perf_counter() - began) * 1000, 3))
 
     return request
