@@ -417,7 +417,7 @@ def test_a_worker_killed_during_the_second_model_request_resumes_without_resendi
         a = h.spawn("a", worker_id="w-pai", env_extra=env)
         tool_step = f"2:{agent_app.TOOL_STEP}"
         h.wait_invoked(tool_step)  # request 1 answered, its tool running
-        server.fail("slow", times=1, delay_s=30.0)  # request 2 is held...
+        server.fail("slow", times=1, delay_s=5.0)  # request 2 is held...
         h.open_gate("lookup")
         wait_for(lambda: server.stats()["received"] >= 2, what="the second request")
         a.kill()  # ...and its worker killed while the provider answers it
