@@ -26,6 +26,7 @@ import signal
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any, Literal
 
 import ratchet
@@ -190,12 +191,13 @@ def llm_client() -> Any:
 LLM_SECRET = "sk-test-secret-4c1d"
 
 
-def main() -> None:
+def main(build_app: Callable[..., ratchet.Ratchet] | None = None) -> None:
+    """The worker: the app ``build_app`` (default :func:`build`) makes, served until SIGTERM."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s pid=%(process)d %(name)s %(message)s")
     env = os.environ
-    app = build(env["CRASH_DB_URL"], lease_ttl=float(env["CRASH_LEASE_TTL"]),
-                recovery_interval=float(env["CRASH_RECOVERY_INTERVAL"]))
+    app = (build_app or build)(env["CRASH_DB_URL"], lease_ttl=float(env["CRASH_LEASE_TTL"]),
+                              recovery_interval=float(env["CRASH_RECOVERY_INTERVAL"]))
 
     options: dict[str, Any] = {}
     if "CRASH_GRACE" in env:

@@ -19,6 +19,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, TypeVar
 
 import crash_app
@@ -26,7 +27,6 @@ import psycopg
 
 import ratchet
 
-APP = Path(__file__).with_name("crash_app.py")
 POLL_S = 0.02
 T = TypeVar("T")
 
@@ -113,16 +113,19 @@ class WorkerProc:
 
 class Harness:
     """One crash test's world: its database, a client app on it, its worker processes, the
-    invocation log and the gates the steps block on."""
+    invocation log and the gates the steps block on. ``app`` is the module whose ``build``
+    gives the workflows and which, run as a script, is the worker (``crash_app``, or
+    another built the same way)."""
 
-    def __init__(self, db_url: str, root: Path) -> None:
+    def __init__(self, db_url: str, root: Path, app: ModuleType = crash_app) -> None:
         self.db_url = db_url
+        self.script = str(Path(str(app.__file__)))
         self.root = root
         self.invocation_log = root / "invocations.jsonl"
         self.gates = root / "gates"
         self.gates.mkdir()
         self.procs: list[WorkerProc] = []
-        self.app = crash_app.build(db_url)
+        self.app: ratchet.Ratchet = app.build(db_url)
         _ = self.app.store  # migrate once, here, before any worker starts
 
     # -- processes -------------------------------------------------------------------------
@@ -156,7 +159,7 @@ class Harness:
         env.update(env_extra or {})
         output = self.root / f"worker-{name}-{uuid.uuid4().hex[:6]}.log"
         with output.open("wb") as sink:
-            popen = subprocess.Popen([sys.executable, str(APP)], env=env, cwd=self.root,
+            popen = subprocess.Popen([sys.executable, self.script], env=env, cwd=self.root,
                                      stdin=subprocess.DEVNULL, stdout=sink,
                                      stderr=subprocess.STDOUT)
         proc = WorkerProc(name, worker_id, popen, output)

@@ -1,0 +1,23 @@
+"""Pydantic AI on Ratchet: ``Agent(model, capabilities=[RatchetDurability()])``.
+
+Inside a Ratchet workflow (outside any step) each model request of the agent is a journaled
+step of kind ``llm`` and each tool call a step of kind ``tool``, so a crash mid-run resumes
+at the last completed request or tool call and never sends a completed model request again.
+Anywhere else the agent runs as it would without the capability.
+
+Needs the ``pydantic-ai`` extra: ``pip install 'ratchet[pydantic-ai]'``.
+"""
+
+from __future__ import annotations
+
+try:
+    import pydantic_ai  # noqa: F401
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "ratchet.integrations.pydantic_ai needs Pydantic AI: "
+        "pip install 'ratchet[pydantic-ai]'") from e
+
+from ratchet.integrations.pydantic_ai.capability import RatchetDurability
+from ratchet.integrations.pydantic_ai.errors import as_ratchet_error
+
+__all__ = ["RatchetDurability", "as_ratchet_error"]
