@@ -15,6 +15,8 @@ EXPECTED = {
     "RunIdConflict",
     "DeliveryFailed", "ReceiptBusy", "ReceiptSettled", "UnknownReceipt",
     "LLMTimeout", "LLMRequestError", "Agent", "AgentResult", "AgentMaxTurns", "StepKey",
+    "approval", "Approval", "Decision", "ApprovalTimeout", "ApprovalRejected",
+    "ApprovalAlreadyDecided", "ApprovalNotPending", "UnknownApproval",
 }
 
 
