@@ -7,6 +7,7 @@ approvals survive SIGKILLed worker processes."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -380,3 +381,53 @@ def test_a_nested_approval_survives_killed_workers_and_resumes_child_then_parent
     h.wait_status(parent, "succeeded")
     assert h.app.result(parent) == ["out-1", {"approved": True, "by": "cfo"}, "out-3"]
     assert h.calls() == {"1:work": 1, "3:work": 1}
+
+
+# -- the agent loop -------------------------------------------------------------------------
+
+
+# An SDK client's connection pool lives on the worker's event loop and outlives its drive;
+# it is collected, sockets and all, at the end of the test (as tests/test_llm.py does).
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    import openai
+
+    from ratchet.llm.server import LocalProvider, serve
+
+    script = {"rules": [
+        {"match": {"last_role": "user"},
+         "reply": {"tool_calls": [{"name": "wire", "arguments": {"cents": 700}}]}},
+        {"match": {"last_role": "tool"}, "reply": {"text": "The transfer was refused."}},
+    ]}
+    provider = LocalProvider(script=script)
+    with serve(provider) as base:
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local")
+        app = make_app()
+        ran: list[int] = []
+
+        @app.tool(risk="critical")
+        async def wire(cents: int) -> str:
+            """Send money."""
+            ran.append(cents)
+            return "sent"
+
+        @app.workflow()
+        async def ask(text: str) -> list[Any]:
+            agent = ratchet.Agent(model="gpt-4.1-mini", tools=[wire],
+                                  client=ratchet.llm.wrap(client))
+            result = await agent.run(text)
+            return [result.output, result.messages[-2]["content"]]
+
+        app.launch()
+        run_id = app.start(ask, "send 7 dollars")
+        [asked] = pending(app)
+        assert (asked.name, asked.data) == ("wire", {"cents": 700})
+        app.reject(run_id, "wire", by="bob", comment="no")
+        answer, tool_said = app.result(run_id, timeout_s=30)
+        assert answer == "The transfer was refused."
+        assert tool_said.startswith("error: approval 'wire' (2:approval:wire) was rejected "
+                                    "by bob")
+        assert ran == []
+    gc.collect()
