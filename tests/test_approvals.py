@@ -7,7 +7,6 @@ approvals survive SIGKILLed worker processes."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import threading
 from collections.abc import Callable, Iterator
@@ -386,10 +385,6 @@ def test_a_nested_approval_survives_killed_workers_and_resumes_child_then_parent
 # -- the agent loop -------------------------------------------------------------------------
 
 
-# An SDK client's connection pool lives on the worker's event loop and outlives its drive;
-# it is collected, sockets and all, at the end of the test (as tests/test_llm.py does).
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     import openai
@@ -403,7 +398,6 @@ def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
     ]}
     provider = LocalProvider(script=script)
     with serve(provider) as base:
-        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local")
         app = make_app()
         ran: list[int] = []
 
@@ -415,9 +409,11 @@ def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
 
         @app.workflow()
         async def ask(text: str) -> list[Any]:
-            agent = ratchet.Agent(model="gpt-4.1-mini", tools=[wire],
-                                  client=ratchet.llm.wrap(client))
-            result = await agent.run(text)
+            # Made and closed by each drive, on the worker's loop.
+            async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="local") as client:
+                agent = ratchet.Agent(model="gpt-4.1-mini", tools=[wire],
+                                      client=ratchet.llm.wrap(client))
+                result = await agent.run(text)
             return [result.output, result.messages[-2]["content"]]
 
         app.launch()
@@ -430,4 +426,3 @@ def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
         assert tool_said.startswith("error: approval 'wire' (2:approval:wire) was rejected "
                                     "by bob")
         assert ran == []
-    gc.collect()
