@@ -50,6 +50,10 @@ def app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
                 "at": d.at.isoformat()}
 
     @app.workflow
+    async def strict(timeout_s: float) -> bool:
+        return (await ratchet.approval("strict", timeout_s=timeout_s)).approved
+
+    @app.workflow
     async def payout(amount: int) -> dict[str, Any]:
         d = await ratchet.approval("payout", data={"amount": amount})
         return {"approved": d.approved, "by": d.by}
@@ -217,6 +221,24 @@ def test_a_timeout_raises_approval_timeout_journaled_like_a_signal_timeout(
     assert failed.payload["error_type"] == "ApprovalTimeout"
     with pytest.raises(ratchet.ApprovalNotPending, match="timed out"):
         app.approve(run_id, "refund", by="late")
+
+
+def test_a_parked_approval_times_out_and_a_retried_run_asks_it_again(
+        app: ratchet.Ratchet) -> None:
+    run_id = app.start("strict", 3600)
+    wait_for(lambda: app.get(run_id).status == "waiting", what="the run parked")
+    app.clock.advance(3601)  # the deadline passes: its timer wakes the run
+    with pytest.raises(ratchet.RunFailed, match="ApprovalTimeout"):
+        app.result(run_id, timeout_s=30)
+    assert [d.reason for d in app.dead_letters()] == ["step_failed"]
+    assert app.approvals() == []
+    app.retry(run_id)  # asked afresh, with a new deadline an hour away
+    [asked] = pending(app)
+    assert (asked.step_id, asked.attempt, asked.status) == ("1:approval:strict", 2, "pending")
+    app.approve(run_id, "strict", by="ana")
+    assert app.result(run_id, timeout_s=30) is True
+    waits = [e for e in app.events(run_id) if e.kind == EventKind.STEP_WAITING]
+    assert [e.attempt for e in waits] == [1, 2]
 
 
 def test_an_ambiguous_name_is_refused_and_step_ids_decide(app: ratchet.Ratchet) -> None:
