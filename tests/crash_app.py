@@ -122,6 +122,22 @@ def build(url: str, *, lease_ttl: float | None = None,
         data = await ratchet.wait_for_signal("go")
         return [first, data, await work(3)]
 
+    @app.workflow()
+    async def approver(amount: int) -> list[Any]:
+        first = await work(1)
+        decision = await ratchet.approval("refund", data={"amount": amount})
+        return [first, decision.approved, decision.by, await work(3)]
+
+    @app.workflow()
+    async def payout(amount: int) -> dict[str, Any]:
+        decision = await ratchet.approval("payout", data={"amount": amount})
+        return {"approved": decision.approved, "by": decision.by}
+
+    @app.workflow()
+    async def payout_parent(amount: int) -> list[Any]:
+        first = await work(1)
+        return [first, await ratchet.child(payout, amount), await work(3)]
+
     @app.step
     async def send(url: str, policy: Literal["resend", "at_most_once"],
                    block_after: bool) -> Any:

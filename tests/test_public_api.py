@@ -15,6 +15,8 @@ EXPECTED = {
     "RunIdConflict",
     "DeliveryFailed", "ReceiptBusy", "ReceiptSettled", "UnknownReceipt",
     "LLMTimeout", "LLMRequestError", "Agent", "AgentResult", "AgentMaxTurns", "StepKey",
+    "approval", "Approval", "Decision", "ApprovalTimeout", "ApprovalRejected",
+    "ApprovalAlreadyDecided", "ApprovalNotPending", "UnknownApproval",
 }
 
 
@@ -40,7 +42,8 @@ def test_every_public_name_has_a_docstring() -> None:
 # Every blocking call on Ratchet and its awaitable twin; the twin takes the same parameters.
 BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
             "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
-            "launch", "shutdown", "settle_receipt", "llm_totals"]
+            "launch", "shutdown", "settle_receipt", "llm_totals", "approve", "reject",
+            "approvals"]
 
 
 def test_every_blocking_call_has_an_async_twin() -> None:

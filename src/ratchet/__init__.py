@@ -5,6 +5,7 @@ What users may import is listed in ``__all__``; a test pins the list.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ratchet.app import Ratchet
@@ -13,6 +14,10 @@ from ratchet.engine.context import StepInfo, current_step, require_run
 from ratchet.engine.definitions import StepKey, WorkflowDef, check_name
 from ratchet.engine.retry import Retry
 from ratchet.errors import (
+    ApprovalAlreadyDecided,
+    ApprovalNotPending,
+    ApprovalRejected,
+    ApprovalTimeout,
     ChildRunFailed,
     ConfigError,
     ConnectorError,
@@ -40,11 +45,12 @@ from ratchet.errors import (
     StepTimeout,
     StorageError,
     ToolError,
+    UnknownApproval,
     UnknownReceipt,
     UnknownRun,
     UnknownWorkflow,
 )
-from ratchet.model import Event, RunRecord, RunStatus
+from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
 
 if TYPE_CHECKING:
     from ratchet import llm  # noqa: F401  (ratchet.llm, loaded on first use)
@@ -54,9 +60,15 @@ __all__ = [
     "Agent",
     "AgentMaxTurns",
     "AgentResult",
+    "Approval",
+    "ApprovalAlreadyDecided",
+    "ApprovalNotPending",
+    "ApprovalRejected",
+    "ApprovalTimeout",
     "ChildRunFailed",
     "ConfigError",
     "ConnectorError",
+    "Decision",
     "DeliveryFailed",
     "Event",
     "InvalidInput",
@@ -88,10 +100,12 @@ __all__ = [
     "StepTimeout",
     "StorageError",
     "ToolError",
+    "UnknownApproval",
     "UnknownReceipt",
     "UnknownRun",
     "UnknownWorkflow",
     "WorkflowDef",
+    "approval",
     "child",
     "current_step",
     "deliver",
@@ -135,6 +149,20 @@ async def wait_for_signal(name: str, timeout_s: float | None = None) -> Any:
         raise InvalidInput(
             f"ratchet.wait_for_signal: timeout_s must be positive, got {timeout_s!r}")
     return await require_run("ratchet.wait_for_signal()").wait_for_signal(name, timeout_s)
+
+
+def approval(name: str, data: Any = None, *, timeout_s: float | None = None
+             ) -> Awaitable[Decision]:
+    """Ask a person to approve ``name`` (showing them ``data``) and park until someone
+    decides (``app.approve`` / ``app.reject``, ``ratchet approve`` / ``ratchet reject``);
+    return their :class:`Decision`. After ``timeout_s`` without one raise
+    :class:`ApprovalTimeout`. Listed by ``app.approvals()`` and ``ratchet approvals``
+    while pending; decided once, whatever restarts in between."""
+    from ratchet.engine import approvals
+
+    ctx = require_run("ratchet.approval()")
+    return approvals.approval(ctx, name, approvals.check_request(name, data, timeout_s),
+                              timeout_s)
 
 
 async def child(workflow: WorkflowDef, /, *args: Any, queue: str | None = None,

@@ -27,7 +27,17 @@ from ratchet.errors import (
     UnknownRun,
     UnknownWorkflow,
 )
-from ratchet.model import DeadLetter, Event, LLMTotals, NewRun, Receipt, RunRecord, RunStatus
+from ratchet.model import (
+    Approval,
+    DeadLetter,
+    Decision,
+    Event,
+    LLMTotals,
+    NewRun,
+    Receipt,
+    RunRecord,
+    RunStatus,
+)
 from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
 
@@ -192,18 +202,22 @@ class Ratchet:
     def tool(self, fn: Any = None, /, *, name: str | None = None, risk: str = "low",
              timeout_s: float | None = None, retry: Retry | Mapping[str, Any] | None = None,
              idempotency_key: Callable[[StepKey], str] | None = None,
-             description: str | None = None) -> Any:
+             description: str | None = None, requires_approval: bool = False) -> Any:
         """Declare a tool: a step a model may call (``ratchet.Agent``), with a JSON schema
         from its type hints and a ``tool_called`` event (name, arguments, ``risk``: low,
         medium, high or critical) before each attempt. ``idempotency_key`` (a function of
-        ``c.run_id``, ``c.step_id``, ``c.attempt``) replaces the step's default key."""
+        ``c.run_id``, ``c.step_id``, ``c.attempt``) replaces the step's default key. A
+        ``critical`` tool, or one with ``requires_approval=True``, parks for a person's
+        approval (named after the tool, its data the arguments) before it runs in a
+        workflow; a rejection fails the call with :class:`ApprovalRejected`."""
         from ratchet.llm.tools import make_tool
 
         policy = as_policy(retry)
 
         def decorate(fn: F) -> F:
             call = make_tool(fn, name, risk=risk, timeout_s=timeout_s, retry=policy,
-                             idempotency_key=idempotency_key, description=description)
+                             idempotency_key=idempotency_key, description=description,
+                             requires_approval=requires_approval)
             self.tools[call.tool.name] = call
             return cast(F, call)
 
@@ -295,6 +309,41 @@ class Ratchet:
         to_json(data, f"the data of signal {name!r}")
         await (await self._astore()).send_signal(run_id, name, data)
 
+    async def approve_async(self, run_id: str, step: str, *, by: str,
+                            comment: str | None = None) -> Decision:
+        """Approve the run's pending approval ``step`` (its step id, or its name when that
+        picks one) as ``by``; the run wakes and ``ratchet.approval`` returns the decision.
+        A decision is recorded once: a second one raises :class:`ApprovalAlreadyDecided`
+        (naming who decided what and when), and an approval of a finished run, or timed
+        out, :class:`ApprovalNotPending`; nothing is written then."""
+        return await self._decide(run_id, step, True, by, comment)
+
+    async def reject_async(self, run_id: str, step: str, *, by: str,
+                           comment: str | None = None) -> Decision:
+        """Reject the run's pending approval ``step``; see :meth:`approve_async`."""
+        return await self._decide(run_id, step, False, by, comment)
+
+    async def _decide(self, run_id: str, step: str, approved: bool, by: str,
+                      comment: str | None) -> Decision:
+        check_name(run_id, "run id")
+        check_name(step, "approval step")
+        check_name(by, "decider (by)")
+        if comment is not None:
+            check_name(comment, "comment")
+        found = await (await self._astore()).decide_approval(run_id, step, approved, by,
+                                                             comment)
+        assert found.decision is not None
+        return found.decision
+
+    async def approvals_async(self, run_id: str | None = None,
+                              limit: int = 100) -> list[Approval]:
+        """Pending approvals of unfinished runs, oldest first: run, step, name, data, when
+        asked, and the top-level run (``root_run_id``; a child run's approval carries its
+        parent's). With ``run_id``, only that run's and those of the runs under it."""
+        if run_id is not None:
+            check_name(run_id, "run id")
+        return await (await self._astore()).pending_approvals(run_id, limit)
+
     async def cancel_async(self, run_id: str) -> RunStatus:
         """Cancel a run; returns its status after the request (a running run is cancelled
         by its worker at its next lease renewal)."""
@@ -379,6 +428,20 @@ class Ratchet:
     def signal(self, run_id: str, name: str, data: Any = None) -> None:
         """Blocking :meth:`signal_async`."""
         self._portal.call(self.signal_async(run_id, name, data))
+
+    def approve(self, run_id: str, step: str, *, by: str,
+                comment: str | None = None) -> Decision:
+        """Blocking :meth:`approve_async`."""
+        return self._portal.call(self.approve_async(run_id, step, by=by, comment=comment))
+
+    def reject(self, run_id: str, step: str, *, by: str,
+               comment: str | None = None) -> Decision:
+        """Blocking :meth:`reject_async`."""
+        return self._portal.call(self.reject_async(run_id, step, by=by, comment=comment))
+
+    def approvals(self, run_id: str | None = None, limit: int = 100) -> list[Approval]:
+        """Blocking :meth:`approvals_async`."""
+        return self._portal.call(self.approvals_async(run_id, limit))
 
     def cancel(self, run_id: str) -> RunStatus:
         """Blocking :meth:`cancel_async`."""

@@ -1,9 +1,10 @@
 """The ``ratchet`` command: run a worker, inspect runs and their journals, act on them.
 
 Client commands (``runs``, ``show``, ``events``, ``signal``, ``cancel``, ``dlq``,
-``retry``) need only the database, not the user's workflows. Every failure is one line,
-``error: <message>`` on stderr, with exit code 2 for anything the caller can fix (bad
-input, an unknown run, a malformed URL) and no traceback. The reading commands open the
+``retry``, ``approvals``, ``approve``, ``reject``) need only the database, not the user's
+workflows. Every failure is one line, ``error: <message>`` on stderr, with exit code 2
+for anything the caller can fix (bad input, an unknown run, a malformed URL) and no
+traceback. The reading commands open the
 database read-only and never create one.
 
 User data (ids, names, payloads, errors) is printed as it is: the console interprets no
@@ -786,6 +787,10 @@ def llm_server(
             run_until_signalled(provider, host, port)
         except OSError as e:
             raise _Fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+
+
+# Command groups kept in modules of their own register themselves on `cli`.
+from ratchet import cli_approvals  # noqa: E402, F401
 
 
 def main() -> None:

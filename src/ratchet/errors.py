@@ -158,6 +158,32 @@ class SignalTimeout(RatchetError):
     retry_class = "timeout"
 
 
+class ApprovalTimeout(RatchetError):
+    """No decision on the approval arrived before its deadline."""
+
+    retry_class = "timeout"
+
+
+class ApprovalRejected(StepFailed):
+    """A person rejected the approval a step needed (a tool with ``risk="critical"`` or
+    ``requires_approval=True``): the step did not run."""
+
+    retry_class = "never"
+
+
+class UnknownApproval(InvalidInput, LookupError):
+    """The run has no such approval."""
+
+
+class ApprovalNotPending(RatchetError):
+    """The approval is no longer pending (decided, timed out, or its run has finished);
+    nothing was recorded."""
+
+
+class ApprovalAlreadyDecided(ApprovalNotPending):
+    """The approval was already decided; a decision is recorded once."""
+
+
 class ReceiptUnresolved(RatchetError):
     """A delivery's receipt was left claimed by a crash and its policy forbids a resend."""
 

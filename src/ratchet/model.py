@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -44,6 +45,7 @@ class EventKind(StrEnum):
     STEP_RETRYING = "step_retrying"
     STEP_WAITING = "step_waiting"
     SIGNAL_RECEIVED = "signal_received"
+    APPROVAL_DECIDED = "approval_decided"
     TOOL_CALLED = "tool_called"
     RUN_SUCCEEDED = "run_succeeded"
     RUN_FAILED = "run_failed"
@@ -317,6 +319,8 @@ def apply(state: RunState, ev: Event) -> None:
         elif kind == EventKind.STEP_WAITING:
             step.status = "waiting"
             step.waiting = ev.payload
+            if ev.attempt is not None:  # an approval asked again after a retry of the run
+                step.attempt = ev.attempt
             if step.first_started_at is None:
                 step.first_started_at = ev.at
         return
@@ -463,3 +467,67 @@ class DeadLetter:
     reason: str
     error: str
     at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A person's decision on an approval: what ``ratchet.approval`` returns."""
+
+    approved: bool
+    by: str
+    comment: str | None
+    at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON form journaled as the approval step's output."""
+        return {"approved": self.approved, "by": self.by, "comment": self.comment,
+                "at": self.at.isoformat()}
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> Decision:
+        return Decision(bool(data["approved"]), str(data["by"]), data.get("comment"),
+                        datetime.fromisoformat(str(data["at"])))
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A row of ``approvals``: what a run asked a person, and what they decided.
+    ``status``: pending, approved, rejected or expired (its deadline passed first)."""
+
+    run_id: str
+    step_id: str
+    attempt: int
+    name: str
+    data: Any
+    root_run_id: str  # the top-level run: the run itself, or its parent's parent's ...
+    asked_at: float
+    deadline: float | None
+    status: str
+    decided_by: str | None = None
+    comment: str | None = None
+    decided_at: float | None = None
+    parent_run_id: str | None = None
+
+    @property
+    def decision(self) -> Decision | None:
+        if self.status not in ("approved", "rejected"):
+            return None
+        assert self.decided_by is not None and self.decided_at is not None
+        return Decision(self.status == "approved", self.decided_by, self.comment,
+                        datetime.fromtimestamp(self.decided_at, UTC))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "step_id": self.step_id,
+            "name": self.name,
+            "data": self.data,
+            "root_run_id": self.root_run_id,
+            "parent_run_id": self.parent_run_id,
+            "asked_at": self.asked_at,
+            "deadline": self.deadline,
+            "status": self.status,
+            "decided_by": self.decided_by,
+            "comment": self.comment,
+            "decided_at": self.decided_at,
+        }

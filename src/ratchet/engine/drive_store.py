@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ratchet.errors import DriveAborted, DriveRefused, StorageError, StoreConflict, ValueRefused
-from ratchet.model import Event, Lease, NewRun, Receipt, RunRecord, RunStatus
+from ratchet.model import Approval, Event, Lease, NewRun, Receipt, RunRecord, RunStatus
 from ratchet.store.base import Store
 
 T = TypeVar("T")
@@ -69,7 +69,18 @@ class DriveStore:
     async def pending_signal(self, run_id: str, name: str) -> tuple[int, Any] | None:
         return await self._guard(self.raw.pending_signal(run_id, name))
 
+    async def get_approval(self, run_id: str, step_id: str) -> Approval | None:
+        return await self._guard(self.raw.get_approval(run_id, step_id))
+
     # -- the holder's writes ---------------------------------------------------------------
+
+    async def ask_approval(self, lease: Lease, events: Sequence[Event], step_id: str,
+                           attempt: int, name: str, data: Any, deadline: float | None) -> None:
+        await self._guard(self.raw.ask_approval(lease, events, step_id, attempt, name, data,
+                                                deadline))
+
+    async def expire_approval(self, lease: Lease, step_id: str, attempt: int) -> Approval:
+        return await self._guard(self.raw.expire_approval(lease, step_id, attempt))
 
     async def append(self, lease: Lease, events: Sequence[Event]) -> None:
         await self._guard(self.raw.append(lease, events))

@@ -32,6 +32,8 @@ from ratchet.engine.faults import crash_point
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import PARK_MIN_S, Waits
 from ratchet.errors import (
+    ApprovalRejected,
+    ApprovalTimeout,
     ChildRunFailed,
     DriveAborted,
     DriveRefused,
@@ -77,6 +79,7 @@ _DEFAULT_THREADS: StepThreads | None = None
 
 _REPLAYED_ERRORS: dict[str, type[BaseException]] = {
     "SignalTimeout": SignalTimeout,
+    "ApprovalTimeout": ApprovalTimeout,
     "ChildRunFailed": ChildRunFailed,
     # A step its workflow abandoned (asyncio.wait_for, asyncio.timeout) times out again on
     # replay, so the workflow takes the path it took then.
@@ -278,6 +281,8 @@ class RunContext:
 
     @staticmethod
     def replayed_failure(step: StepState) -> BaseException:
+        if step.error_type == ApprovalRejected.__name__:
+            return ApprovalRejected(step.step_id, step.error or "rejected")
         cls = _REPLAYED_ERRORS.get(step.error_type or "")
         if cls is not None:
             return cls(step.error or "")
@@ -736,7 +741,7 @@ def _dead_letter_reason(e: BaseException) -> str:
         return "non_determinism"
     if isinstance(e, StepCrashLoop):
         return "crash_loop"
-    if isinstance(e, StepFailed | SignalTimeout | ChildRunFailed):
+    if isinstance(e, StepFailed | SignalTimeout | ApprovalTimeout | ChildRunFailed):
         return "step_failed"
     if isinstance(e, NotSerializable):
         return "not_serializable"

@@ -3,7 +3,10 @@
 ``@app.tool(risk="high", timeout_s=30)`` declares one. Inside a workflow a call is a journaled
 step of kind ``tool``, preceded by a ``tool_called`` event (name, arguments, risk); an
 ``idempotency_key`` function replaces the step's default key (``lambda c:
-f"{c.run_id}:{c.step_id}"``, the same key for every attempt).
+f"{c.run_id}:{c.step_id}"``, the same key for every attempt). A tool with
+``risk="critical"`` or ``requires_approval=True`` asks a person's approval (named after the
+tool, showing its arguments) as a step of its own before each call in a workflow; rejected,
+the call fails with ``ApprovalRejected`` without running.
 """
 
 from __future__ import annotations
@@ -32,16 +35,21 @@ class ToolDef:
     def __init__(self, fn: Callable[..., Any], name: str, *, risk: str = "low",
                  timeout_s: float | None = None, retry: Retry = NO_RETRY,
                  idempotency_key: Callable[[StepKey], str] | None = None,
-                 description: str | None = None) -> None:
+                 description: str | None = None, requires_approval: bool = False) -> None:
         if risk not in RISKS:
             raise InvalidInput(f"tool {name}: risk must be one of {', '.join(RISKS)}, "
                                f"got {risk!r}")
         if idempotency_key is not None and not callable(idempotency_key):
             raise InvalidInput(f"tool {name}: idempotency_key must be a function of the step "
                                f"(c.run_id, c.step_id, c.attempt), got {idempotency_key!r}")
+        if not isinstance(requires_approval, bool):
+            raise InvalidInput(f"tool {name}: requires_approval must be True or False, got "
+                               f"{requires_approval!r}")
         self.fn = fn
         self.name = name
         self.risk = risk
+        # A critical tool never runs in a workflow without a person's approval.
+        self.requires_approval = requires_approval or risk == "critical"
         self.description = (description or inspect.getdoc(fn) or name).strip()
         self.signature = inspect.signature(fn)
         self.step = StepDef(fn, name, retry, timeout_s, kind="tool", key=idempotency_key,
@@ -92,14 +100,20 @@ class ToolDef:
                                f"{f' at {where}' if where else ''}") from None
         return {name: getattr(model, name) for name in self.signature.parameters}
 
-    def _announce(self, args: tuple[Any, ...], kwargs: dict[str, Any]
-                  ) -> tuple[str, dict[str, Any]]:
+    def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A call's arguments by name, as JSON data (their repr if they are not JSON)."""
         try:
             bound = self.signature.bind(*args, **kwargs).arguments
-            arguments = json.loads(to_json(dict(bound), f"the arguments of tool {self.name}"))
+            arguments: dict[str, Any] = json.loads(
+                to_json(dict(bound), f"the arguments of tool {self.name}"))
         except Exception:
             arguments = {"repr": repr((args, kwargs))[:1000]}
-        return EventKind.TOOL_CALLED, {"name": self.name, "arguments": arguments,
+        return arguments
+
+    def _announce(self, args: tuple[Any, ...], kwargs: dict[str, Any]
+                  ) -> tuple[str, dict[str, Any]]:
+        return EventKind.TOOL_CALLED, {"name": self.name,
+                                       "arguments": self.arguments(args, kwargs),
                                        "risk": self.risk}
 
 
@@ -113,6 +127,11 @@ def make_tool(fn: Callable[..., Any], name: str | None, **options: Any) -> Any:
         ctx = workflow_run()
         if ctx is None:
             return fn(*args, **kwargs)
+        if td.requires_approval:
+            from ratchet.engine.approvals import approve_then_call
+
+            return approve_then_call(ctx, td.step, td.name, td.arguments(args, kwargs),
+                                     args, kwargs)
         return ctx.call_step(td.step, args, kwargs)
 
     call.__ratchet_step__ = td.step  # type: ignore[attr-defined]

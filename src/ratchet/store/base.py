@@ -29,6 +29,7 @@ from ratchet.errors import (
     UnknownRun,
 )
 from ratchet.model import (
+    Approval,
     ClaimedRun,
     DeadLetter,
     Event,
@@ -41,6 +42,7 @@ from ratchet.model import (
     RunStatus,
     dumps,
 )
+from ratchet.store import approvals
 from ratchet.store.bus import CANCEL, DONE, READY, Bus
 
 __all__ = ["CANCEL", "DONE", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx",
@@ -639,13 +641,48 @@ class Store(ABC):
 
         await self._run(body)
 
+    # -- approvals (see ratchet.store.approvals) --------------------------------------------
+
+    async def ask_approval(self, lease: Lease, events: Sequence[Event], step_id: str,
+                           attempt: int, name: str, data: Any, deadline: float | None) -> None:
+        """Append ``events`` (the ``step_waiting`` that asks) and write the approval's row,
+        together: from then on it is listed and may be decided."""
+        await self._run(lambda tx: approvals.ask(self, tx, lease, events, step_id, attempt,
+                                                 name, data, deadline))
+
+    async def get_approval(self, run_id: str, step_id: str) -> Approval | None:
+        """The approval asked by step ``step_id`` of the run."""
+        return await self._read(lambda tx: approvals.get(tx, run_id, step_id))
+
+    async def expire_approval(self, lease: Lease, step_id: str, attempt: int) -> Approval:
+        """The holder found the approval's deadline past: mark it expired, unless a
+        decision landed first. Returns the row as it ends (expired, or decided)."""
+        return await self._run(lambda tx: approvals.expire(self, tx, lease, step_id, attempt))
+
+    async def decide_approval(self, run_id: str, step: str, approved: bool, by: str,
+                              comment: str | None) -> Approval:
+        """Record a person's decision on a pending approval (``step``: its step id, or its
+        name when that picks one) and wake the run. Refused, with nothing written, for an
+        unknown run or approval, one already decided (:class:`ApprovalAlreadyDecided`),
+        timed out, or of a finished run (:class:`ApprovalNotPending`)."""
+        return await self._run(lambda tx: approvals.decide(self, tx, run_id, step, approved,
+                                                           by, comment))
+
+    async def pending_approvals(self, run_id: str | None = None,
+                                limit: int = 100) -> list[Approval]:
+        """Pending approvals of unfinished runs, oldest first; with ``run_id``, those of
+        that run and of the runs under it."""
+        params = {"run_id": run_id, "limit": limit}
+        rows = await self._read(lambda tx: tx.all("approvals_pending", params))
+        return [approvals.approval_from_row(r) for r in rows]
+
     async def park(self, lease: Lease, events: Sequence[Event], waits: Sequence[str],
                    not_before: float | None) -> tuple[str, list[str]]:
         """Append ``events``, set the run ``waiting`` and release the lease, unless some of
-        ``waits`` (``signal:NAME``, ``child:RUN``, or timers) is already satisfied. Returns
-        ``("parked", [])``, ``("ready", satisfied)`` (keep driving; events still appended)
-        or ``("cancel", [])`` (a cancel is pending). Several waits park the run as
-        ``any:[...]``: whichever arrives first wakes it."""
+        ``waits`` (``signal:NAME``, ``child:RUN``, ``approval:STEP``, or timers) is already
+        satisfied. Returns ``("parked", [])``, ``("ready", satisfied)`` (keep driving;
+        events still appended) or ``("cancel", [])`` (a cancel is pending). Several waits
+        park the run as ``any:[...]``: whichever arrives first wakes it."""
 
         def body(tx: Tx) -> tuple[str, list[str]]:
             # Locked before the condition is read: a signal, child or cancel committing
@@ -678,6 +715,9 @@ class Store(ABC):
         if kind == "child":
             child = tx.one("run_get", {"run_id": name})
             return child is not None and RunStatus(child["status"]).terminal
+        if kind == "approval":
+            found = approvals.get(tx, run_id, name)
+            return found is not None and found.status != "pending"
         return False  # timers: the claim takes the run when not_before comes
 
     async def hand_back(self, lease: Lease, events: Sequence[Event]) -> None:

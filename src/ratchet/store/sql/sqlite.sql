@@ -313,3 +313,49 @@ DELETE FROM workers WHERE seen_at + lease_ttl * :ttls < ratchet_now()
 -- name: workers_live
 SELECT worker_id, host, pid, serves, queues, lease_ttl, seen_at FROM workers
 WHERE seen_at + lease_ttl > ratchet_now() ORDER BY worker_id
+
+-- Approvals (migration 005): a row per approval step, written with the step_waiting that
+-- asks, decided at most once (every decision is an update guarded by status = 'pending').
+
+-- name: approval_ask
+-- A new ask, or the same step asked again by a later attempt (a retry of the run after its
+-- approval timed out): the row starts over. A re-drive asking the same attempt keeps it.
+INSERT INTO approvals (run_id, step_id, attempt, name, data, root_run_id, asked_at, deadline)
+VALUES (:run_id, :step_id, :attempt, :name, :data, :root_run_id, ratchet_now(), :deadline)
+ON CONFLICT (run_id, step_id) DO UPDATE
+SET attempt = excluded.attempt, name = excluded.name, data = excluded.data,
+    asked_at = excluded.asked_at, deadline = excluded.deadline, status = 'pending',
+    decided_by = NULL, comment = NULL, decided_at = NULL
+WHERE approvals.attempt < excluded.attempt
+
+-- name: approval_get
+SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, r.parent_run_id
+FROM approvals a JOIN runs r ON r.run_id = a.run_id
+WHERE a.run_id = :run_id AND a.step_id = :step_id
+
+-- name: approvals_named
+SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, r.parent_run_id
+FROM approvals a JOIN runs r ON r.run_id = a.run_id
+WHERE a.run_id = :run_id AND a.name = :name ORDER BY a.asked_at, a.step_id
+
+-- name: approval_decide
+UPDATE approvals SET status = :status, decided_by = :by, comment = :comment,
+                     decided_at = ratchet_now()
+WHERE run_id = :run_id AND step_id = :step_id AND attempt = :attempt AND status = 'pending'
+
+-- name: approval_expire
+UPDATE approvals SET status = 'expired', decided_at = ratchet_now()
+WHERE run_id = :run_id AND step_id = :step_id AND attempt = :attempt AND status = 'pending'
+
+-- name: approvals_pending
+-- Pending approvals of unfinished runs, oldest first; with :run_id, only that run's and
+-- those of the runs under it (its children, theirs, ...).
+SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, r.parent_run_id
+FROM approvals a JOIN runs r ON r.run_id = a.run_id
+WHERE a.status = 'pending' AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
+  AND (:run_id IS NULL OR a.run_id = :run_id OR a.root_run_id = :run_id
+       OR substr(a.run_id, 1, length(:run_id) + 1) = :run_id || '/')
+ORDER BY a.asked_at, a.run_id, a.step_id LIMIT :limit

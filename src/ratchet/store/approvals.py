@@ -1,0 +1,144 @@
+"""Approvals in the store: the transaction bodies behind :class:`ratchet.store.base.Store`'s
+approval methods.
+
+An approval is a row per approval step (``approvals``), written by the run's lease holder
+together with the ``step_waiting`` event that asks, so it is listed and decidable from
+then on. A person's decision is an update guarded by ``status = 'pending'``, made with the
+run's row locked (PostgreSQL: FOR UPDATE; SQLite: BEGIN IMMEDIATE), so of two deciders
+exactly one is recorded and the other is told who decided what and when. The decision
+wakes the run; its drive journals ``approval_decided`` and the step's ``step_completed``
+(the journal stays the truth of the run; this row is the mailbox). A deadline that
+passes first is claimed the same guarded way (``expired``), by the lease holder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from ratchet.errors import (
+    ApprovalAlreadyDecided,
+    ApprovalNotPending,
+    InvalidInput,
+    StoreConflict,
+    UnknownApproval,
+)
+from ratchet.model import Approval, Event, Lease, dumps
+from ratchet.store.bus import READY
+
+if TYPE_CHECKING:
+    from ratchet.store.base import Store, Tx
+
+# A run's ancestors are walked up to this depth to find its top-level run.
+MAX_DEPTH = 1000
+
+
+def approval_from_row(row: Any) -> Approval:
+    return Approval(
+        run_id=row["run_id"], step_id=row["step_id"], attempt=int(row["attempt"]),
+        name=row["name"], data=json.loads(row["data"]), root_run_id=row["root_run_id"],
+        asked_at=row["asked_at"], deadline=row["deadline"], status=row["status"],
+        decided_by=row["decided_by"], comment=row["comment"], decided_at=row["decided_at"],
+        parent_run_id=row["parent_run_id"])
+
+
+def waiting_for(step_id: str) -> str:
+    """What a run parked on this approval waits for (``runs.waiting_for``)."""
+    return f"approval:{step_id}"
+
+
+def _root(tx: Tx, run_id: str) -> str:
+    root = run_id
+    for _ in range(MAX_DEPTH):
+        row = tx.one("run_get", {"run_id": root})
+        if row is None or row["parent_run_id"] is None:
+            return root
+        root = row["parent_run_id"]
+    raise StoreConflict(f"run {run_id}: its ancestry is deeper than {MAX_DEPTH} runs")
+
+
+def ask(store: Store, tx: Tx, lease: Lease, events: Sequence[Event], step_id: str,
+        attempt: int, name: str, data: Any, deadline: float | None) -> None:
+    store._check_lease(tx, lease)
+    store._insert_events(tx, events)
+    tx.send("approval_ask", {"run_id": lease.run_id, "step_id": step_id, "attempt": attempt,
+                             "name": name, "data": dumps(data),
+                             "root_run_id": _root(tx, lease.run_id), "deadline": deadline})
+
+
+def get(tx: Tx, run_id: str, step_id: str) -> Approval | None:
+    row = tx.one("approval_get", {"run_id": run_id, "step_id": step_id})
+    return approval_from_row(row) if row else None
+
+
+def expire(store: Store, tx: Tx, lease: Lease, step_id: str, attempt: int) -> Approval:
+    """Claim the approval as expired unless a decision came first; the row as it ends."""
+    store._check_lease(tx, lease)
+    tx.run("approval_expire", {"run_id": lease.run_id, "step_id": step_id,
+                               "attempt": attempt})
+    found = get(tx, lease.run_id, step_id)
+    if found is None:
+        raise StoreConflict(f"run {lease.run_id}: approval {step_id} has no row")
+    return found
+
+
+def find(tx: Tx, run_id: str, step: str) -> Approval:
+    """The approval ``step`` names in the run: a step id, or an approval's name that
+    picks one pending approval (or the only one of that name)."""
+    found = get(tx, run_id, step)
+    if found is not None:
+        return found
+    rows = [approval_from_row(r) for r in tx.all("approvals_named",
+                                                 {"run_id": run_id, "name": step})]
+    pending = [a for a in rows if a.status == "pending"]
+    if len(pending) == 1:
+        return pending[0]
+    if len(rows) == 1:
+        return rows[0]
+    if not rows:
+        raise UnknownApproval(f"run {run_id} has no approval {step!r} (neither a step id nor "
+                              "the name of an approval it asked for)")
+    steps = ", ".join(a.step_id for a in (pending or rows))
+    raise InvalidInput(f"run {run_id} asked for approval {step!r} more than once ({steps}): "
+                       "name the step id")
+
+
+def _when(at: float | None) -> str:
+    return datetime.fromtimestamp(at or 0, UTC).isoformat(timespec="seconds")
+
+
+def not_pending(found: Approval) -> ApprovalNotPending:
+    """The error for a decision on an approval that is no longer pending."""
+    where = f"approval {found.name!r} (run {found.run_id}, step {found.step_id})"
+    if found.status in ("approved", "rejected"):
+        comment = f" with comment {found.comment!r}" if found.comment else ""
+        return ApprovalAlreadyDecided(
+            f"{where} was already {found.status} by {found.decided_by} at "
+            f"{_when(found.decided_at)}{comment}; a decision is recorded once, nothing changed")
+    return ApprovalNotPending(f"{where} timed out at {_when(found.decided_at)} with no "
+                              "decision; nothing changed")
+
+
+def decide(store: Store, tx: Tx, run_id: str, step: str, approved: bool, by: str,
+           comment: str | None) -> Approval:
+    rec = store._locked_run(tx, run_id)
+    found = find(tx, run_id, step)
+    if found.status != "pending":
+        raise not_pending(found)
+    if rec.status.terminal:
+        raise ApprovalNotPending(f"approval {found.name!r} (run {run_id}, step "
+                                 f"{found.step_id}) is no longer pending: the run has "
+                                 f"already {rec.status}; nothing changed")
+    params = {"run_id": run_id, "step_id": found.step_id, "attempt": found.attempt,
+              "status": "approved" if approved else "rejected", "by": by, "comment": comment}
+    if tx.run("approval_decide", params) != 1:
+        # Deciders hold the run's row, so this is not a race lost: the row changed under
+        # the lock, which nothing should do.
+        raise StoreConflict(f"run {run_id}: approval {found.step_id} changed while locked")
+    if tx.run("run_wake", {"run_id": run_id, "waiting_for": waiting_for(found.step_id)}):
+        store._announce(tx, READY)
+    decided = get(tx, run_id, found.step_id)
+    assert decided is not None
+    return decided
