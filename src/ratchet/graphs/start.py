@@ -26,7 +26,7 @@ async def new_graph_run(store: Store, name: str, args: tuple[Any, ...],
     if len(args) > 1 or (args and kwargs):
         raise InvalidInput(f"graph {name}: pass its input as one value (app.start({name!r}, "
                            "input)) or as keyword arguments, not both")
-    value: Any = args[0] if args else (dict(kwargs) if kwargs else None)
+    value: Any = args[0] if args else dict(kwargs)
     value = json.loads(to_json(value, f"the input of graph {name}"))
     inputs = stored.definition.get("inputs") or {"type": "object"}
     problems = schema_errors(inputs, value)
