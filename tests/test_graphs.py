@@ -5,7 +5,6 @@ parallel nodes run at once, subagents are child runs found again, and approvals 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -119,10 +118,12 @@ def test_subagents_are_child_runs_and_approvals_follow_their_edges(
                                                     "input": {"n": "{{ nodes.kid.output }}"}}},
         {"id": "ok", "type": "approval", "timeout_s": 60,
          "data": {"ask": {"doubled": "{{ nodes.code.output }}"}}},
-        {"id": "yes", "type": "output", "data": {"value": "approved by {{ nodes.ok.output.by }}"}},
+        {"id": "yes", "type": "output",
+         "data": {"value": "approved by {{ nodes.ok.output.by }}"}},
         {"id": "no", "type": "output", "data": {"value": "refused"}},
     ], [("start", "kid"), ("kid", "code"), ("code", "ok"),
-        ("ok", "yes", "output.outcome == 'approved'"), ("ok", "no", "output.outcome != 'approved'")]))
+        ("ok", "yes", "output.outcome == 'approved'"),
+        ("ok", "no", "output.outcome != 'approved'")]))
     with app:
         app.launch()
         run_id = app.start("parent", {"name": "abcd"})

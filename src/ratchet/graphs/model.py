@@ -151,7 +151,7 @@ class RawGraph(BaseModel):
 def _typed_node(kind: str, data: type[_Data]) -> type[BaseModel]:
     fields: dict[str, Any] = {
         "id": (str, Field(pattern=NODE_ID)),
-        "type": (Literal[kind], ...),  # type: ignore[valid-type]
+        "type": (Literal[kind], ...),
         "data": (data, Field(default_factory=data) if kind in _EMPTY_OK else ...),
         "timeout_s": (float | None, Field(None, gt=0)),
     }
@@ -172,12 +172,14 @@ def json_schema() -> dict[str, Any]:
     union: Any = typed[0]
     for t in typed[1:]:
         union = union | t
+    annotated: Any = Annotated  # built at run time from the node models
+    node_list: Any = list[annotated[union, Field(discriminator="type")]]  # type: ignore[misc]
     graph = create_model(
         "Graph", __config__=ConfigDict(extra="forbid"),
         name=(str, Field(pattern=RawGraph.model_fields["name"].metadata[0].pattern)),
         version=(str | None, None), description=(str | None, None),
         inputs=(dict[str, Any], Field(default_factory=lambda: {"type": "object"})),
-        nodes=(list[Annotated[union, Field(discriminator="type")]], Field(min_length=1)),
+        nodes=(node_list, Field(min_length=1)),
         edges=(list[Edge], Field(default_factory=list)), output=(Any, None))
     schema: dict[str, Any] = graph.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"

@@ -57,7 +57,8 @@ def references(tree: nodes.Template) -> Iterator[tuple[str, str | None]]:
     """(top-level name, attribute) pairs the tree reads: ``nodes.classify.output`` gives
     ``("nodes", "classify")``; ``nodes['x']`` gives ``("nodes", "x")``."""
     seen: set[int] = set()
-    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+    for found in tree.find_all((nodes.Getattr, nodes.Getitem)):
+        node: Any = found
         inner = node.node
         if isinstance(inner, nodes.Name):
             seen.add(id(inner))

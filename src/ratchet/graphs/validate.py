@@ -126,7 +126,7 @@ def validate(doc: Mapping[str, Any], tools: Collection[str] | None = None,
              workflows: Collection[str] | None = None) -> tuple[Graph | None, list[Problem]]:
     """Check a graph document; (the graph, []) if it is valid, else (None, every problem).
     ``tools`` (and ``workflows``): the names an app offers, checked when given."""
-    ids = {i: n.get("id") for i, n in enumerate(doc.get("nodes") or [])
+    ids: dict[int, str] = {i: n["id"] for i, n in enumerate(doc.get("nodes") or [])
            if isinstance(n, dict) and isinstance(n.get("id"), str)}
     try:
         raw = RawGraph.model_validate(doc)
@@ -180,7 +180,7 @@ def _node(rn: RawNode, where: str, problems: list[Problem],
             node.retry = as_policy(data.retry)
         except RatchetError as e:
             problems.append(Problem(f"{where}.data.retry", str(e), rn.id))
-    names = [data.tool] if rn.type == "tool" else list(getattr(data, "tools", []))
+    names = [getattr(data, "tool", "")] if rn.type == "tool" else list(getattr(data, "tools", []))
     if tools is not None:
         for k, name in enumerate(names):
             if name not in tools:
@@ -301,7 +301,7 @@ def _loop_edges(graph: Graph, raw: RawGraph, index: Mapping[str, int],
 def _forward(graph: Graph, node: str) -> list[str]:
     """Successors, without a loop body's edges back to its loop."""
     return [e.target for e in graph.out_edges.get(node, [])
-            if not (graph.loop_of.get(e.source) == e.target)]
+            if graph.loop_of.get(e.source) != e.target]
 
 
 def _cycles(graph: Graph, raw: RawGraph, index: Mapping[str, int],
