@@ -43,7 +43,7 @@ def test_every_public_name_has_a_docstring() -> None:
 BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
             "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
             "launch", "shutdown", "settle_receipt", "llm_totals", "approve", "reject",
-            "approvals"]
+            "approvals", "graph"]
 
 
 def test_every_blocking_call_has_an_async_twin() -> None:
@@ -52,8 +52,10 @@ def test_every_blocking_call_has_an_async_twin() -> None:
     public = {name for name, value in vars(ratchet.Ratchet).items()
               if callable(value) and not name.startswith("_")
               and not name.endswith("_async")}
-    # Not client calls: the decorators, a worker object, running a worker on a given loop.
-    assert public - {"workflow", "step", "tool", "worker", "run_worker"} == set(BLOCKING)
+    # Not client calls: the decorators, a worker object, running a worker on a given loop,
+    # the model clients graph ai-steps use.
+    assert public - {"workflow", "step", "tool", "worker", "run_worker", "llm_client",
+                     "llm_client_for"} == set(BLOCKING)
     for name in BLOCKING:
         blocking = getattr(ratchet.Ratchet, name)
         twin = getattr(ratchet.Ratchet, f"{name}_async", None)

@@ -138,6 +138,9 @@ class Ratchet:
         self.clock = clock or Clock()
         self.workflows: dict[str, WorkflowDef] = {}
         self.tools: dict[str, Any] = {}  # name -> the @app.tool callable
+        self.graphs: dict[str, str] = {}  # graph name -> the version app.graph registered
+        self._graph_defs: dict[str, WorkflowDef] = {}  # the interpreter, per graph name
+        self._llm_clients: dict[str, Any] = {}  # provider -> wrapped client, for ai-steps
         self._store: Store | None = None
         self._store_lock = threading.Lock()
         self._portal = _Portal()
@@ -223,6 +226,55 @@ class Ratchet:
 
         return decorate(fn) if fn is not None else decorate
 
+    # -- graphs ----------------------------------------------------------------------------
+
+    def graph(self, source: Any) -> str:
+        """Validate a graph (a YAML or JSON file, or its document as a mapping) against
+        this app's tools and workflows, and register it by content; return its version.
+        Every problem is listed in one :class:`GraphInvalid` and nothing is written then.
+        Registering the same content again is a no-op; an edited file is a new version,
+        and runs already started keep theirs."""
+        return self._portal.call(self.graph_async(source))
+
+    async def graph_async(self, source: Any) -> str:
+        """:meth:`graph` without blocking the running event loop."""
+        from ratchet.graphs.validate import load
+
+        graph = load(source, tools=self.tools, workflows=self.workflows)
+        if graph.name in self.workflows:
+            raise InvalidInput(f"graph {graph.name!r}: the app has a code workflow of that "
+                               "name; rename one of them")
+        stored = await (await self._astore()).register_graph(graph.name, graph.version,
+                                                             graph.definition)
+        self.graphs[graph.name] = stored.version
+        return stored.version
+
+    def llm_client(self, client: Any) -> None:
+        """The ``openai.AsyncOpenAI`` or ``anthropic.AsyncAnthropic`` client graph ai-steps
+        use for its provider (wrapped here if it is not already)."""
+        from ratchet.llm.wrap import DurableClient, wrap
+
+        durable = client if isinstance(client, DurableClient) else wrap(client)
+        self._llm_clients[durable.provider] = durable
+
+    def llm_client_for(self, provider: str) -> Any:
+        """The client for ``provider`` (:meth:`llm_client`), else the SDK's default client
+        from its own environment variables, wrapped."""
+        client = self._llm_clients.get(provider)
+        if client is None:
+            from ratchet.llm.wrap import wrap
+
+            if provider == "anthropic":
+                import anthropic
+
+                client = wrap(anthropic.AsyncAnthropic())
+            else:
+                import openai
+
+                client = wrap(openai.AsyncOpenAI())
+            self._llm_clients[provider] = client
+        return client
+
     # -- the store -------------------------------------------------------------------------
 
     @property
@@ -254,7 +306,6 @@ class Ratchet:
                           queue: str = "default", priority: int = 0, **kwargs: Any) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
         explicit ``run_id`` the call is idempotent: the existing run's id comes back."""
-        wd = self._resolve(wf)
         if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
             raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of letters, "
                                "digits and . _ : @ -, starting with a letter or digit")
@@ -264,6 +315,19 @@ class Ratchet:
         if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
             raise InvalidInput(f"invalid priority {priority}: expected an integer from "
                                f"{PRIORITY_MIN} to {PRIORITY_MAX} (32-bit signed)")
+        if isinstance(wf, str) and wf not in self.workflows:
+            from ratchet.graphs.start import new_graph_run
+
+            new = await new_graph_run(await self._astore(), wf, args, kwargs,
+                                      run_id or uuid.uuid4().hex, queue, priority,
+                                      known=self.workflows)
+            rec, created = await (await self._astore()).create_run(new)
+            if not created and (rec.workflow, rec.workflow_version) != (new.workflow,
+                                                                        new.workflow_version):
+                raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
+                                   f"{rec.workflow!r} {rec.workflow_version}")
+            return rec.run_id
+        wd = self._resolve(wf)
         data = wd.bind(args, kwargs)
         new = NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority)
         rec, created = await (await self._astore()).create_run(new)
@@ -498,7 +562,10 @@ class Ratchet:
         faults.check()
         options.setdefault("lease_ttl", self.lease_ttl)
         options.setdefault("recovery_interval", self.recovery_interval)
-        return Worker(self.store, self.workflows, **options)
+        from ratchet.graphs.registry import AppWorkflows
+
+        options.setdefault("serve_graphs", True)
+        return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:
         """Run a worker on the current event loop until ``stop`` is set."""

@@ -69,7 +69,7 @@ class Worker:
                  worker_id: str | None = None, concurrency: int = 16,
                  lease_ttl: float | None = None, recovery_interval: float | None = None,
                  queues: Sequence[str] = ("default",), poll_interval: float | None = None,
-                 grace: float = DEFAULT_GRACE_S) -> None:
+                 grace: float = DEFAULT_GRACE_S, serve_graphs: bool = False) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
@@ -83,7 +83,11 @@ class Worker:
         self.queues = list(queues)
         # Claims take only runs of these (workflow, version) pairs: in a rolling deploy,
         # or beside workers of other apps, the rest wait for a worker that has them.
-        self.served = frozenset((wd.name, wd.version) for wd in workflows.values())
+        self.code_served = frozenset((wd.name, wd.version) for wd in workflows.values())
+        self.served = self.code_served
+        # Graph runs are runs of (graph name, content hash); ``workflows`` answers for any
+        # graph name, and the served pairs grow as graphs are registered (by any process).
+        self.serve_graphs = serve_graphs
         self.poll_interval = poll_interval or (0.05 if store.dialect == "sqlite" else 1.0)
         self.grace = grace
         # Plain `def` steps run on threads of the worker's own, sized from its concurrency
@@ -106,6 +110,7 @@ class Worker:
         """Work until ``stop`` is set (or the task is cancelled), then stop every drive
         (see the module docstring) so another worker can take its run at once."""
         stop = stop or asyncio.Event()
+        await self._refresh_graphs()
         await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
                                          serves=self.served, queues=self.queues,
                                          lease_ttl=self.lease_ttl)
@@ -258,8 +263,24 @@ class Worker:
                     crash_point("after_claim")
                     self._spawn(runs, sent_at)
                     continue
+                if await self._refresh_graphs():
+                    continue  # a graph registered since: its runs may be ready now
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ready.wait(), self.poll_interval)
+
+    async def _refresh_graphs(self) -> bool:
+        """Serve every registered graph version too; whether the set grew."""
+        if not self.serve_graphs:
+            return False
+        try:
+            graphs = await self.store.graph_versions()
+        except Exception as e:
+            log.warning("action=graphs_refresh_failed error=%s", e)
+            return False
+        served = self.code_served | graphs
+        grew = not served <= self.served
+        self.served = served
+        return grew
 
     async def _renew_loop(self) -> None:
         every = self.lease_ttl / 3

@@ -156,6 +156,21 @@ class HeldLease:
 
 
 @dataclass(frozen=True, slots=True)
+class StoredGraph:
+    """A row of ``graphs``: one registered version of a graph, by content hash."""
+
+    name: str
+    version: str
+    definition: dict[str, Any]
+    registered_at: float
+
+
+def _graph(row: Any) -> StoredGraph:
+    return StoredGraph(row["name"], row["version"], json.loads(row["definition"]),
+                       float(row["registered_at"]))
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """A row of ``workers``: who serves which ``(workflow, version)`` pairs and queues."""
 
@@ -640,6 +655,38 @@ class Store(ABC):
                     f"signal {signal_id} of run {lease.run_id} was already consumed")
 
         await self._run(body)
+
+    # -- graphs (migrations sqlite 006, postgres 007) ---------------------------------------
+
+    async def register_graph(self, name: str, version: str, definition: Any) -> StoredGraph:
+        """Store a graph version (a no-op when that content is registered already); the row
+        as stored, with its first registration time."""
+        params = {"name": name, "version": version, "definition": dumps(definition)}
+
+        def body(tx: Tx) -> StoredGraph:
+            tx.send("graph_insert", params)
+            return _graph(tx.one("graph_get", {"name": name, "version": version}))
+
+        return await self._run(body)
+
+    async def get_graph(self, name: str, version: str | None = None) -> StoredGraph | None:
+        """A registered graph version, or its latest registered version."""
+        if version is None:
+            row = await self._read(lambda tx: tx.one("graph_latest", {"name": name}))
+        else:
+            row = await self._read(lambda tx: tx.one("graph_get", {"name": name,
+                                                                   "version": version}))
+        return _graph(row) if row else None
+
+    async def list_graphs(self) -> list[StoredGraph]:
+        """Every registered version of every graph, newest first within a name."""
+        return [_graph(r) for r in await self._read(lambda tx: tx.all("graphs_list", {}))]
+
+    async def graph_versions(self) -> frozenset[tuple[str, str]]:
+        """Every registered ``(graph name, version)`` pair: what a worker serves besides its
+        code workflows."""
+        rows = await self._read(lambda tx: tx.all("graph_versions", {}))
+        return frozenset((r["name"], r["version"]) for r in rows)
 
     # -- approvals (see ratchet.store.approvals) --------------------------------------------
 

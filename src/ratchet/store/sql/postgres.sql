@@ -503,3 +503,27 @@ WHERE a.status = 'pending' AND r.status NOT IN ('succeeded', 'failed', 'cancelle
   AND (%(run_id)s::text IS NULL OR a.run_id = %(run_id)s OR a.root_run_id = %(run_id)s
        OR substr(a.run_id, 1, length(%(run_id)s) + 1) = %(run_id)s || '/')
 ORDER BY a.asked_at, a.run_id, a.step_id LIMIT %(limit)s
+
+-- Graphs (migration 007): registered graph versions, keyed by content hash. Registering
+-- a version again keeps its first registration time.
+-- name: graph_insert
+INSERT INTO graphs (name, version, definition, registered_at)
+VALUES (%(name)s, %(version)s, %(definition)s::jsonb, ratchet_now())
+ON CONFLICT (name, version) DO NOTHING
+
+-- name: graph_get
+SELECT name, version, definition, registered_at FROM graphs
+WHERE name = %(name)s AND version = %(version)s
+
+-- name: graph_latest
+SELECT name, version, definition, registered_at FROM graphs WHERE name = %(name)s
+ORDER BY registered_at DESC, version LIMIT 1
+
+-- name: graphs_list
+-- Every version of every graph, newest first within a name.
+SELECT name, version, definition, registered_at FROM graphs
+ORDER BY name, registered_at DESC, version
+
+-- name: graph_versions
+-- What a worker serves besides its code workflows: every registered graph version.
+SELECT name, version FROM graphs

@@ -1,0 +1,188 @@
+"""The graph interpreter: a workflow like any other, whose nodes run as its steps.
+
+A graph run is a run of workflow ``<graph name>`` at version ``<content hash>``; the
+interpreter loads that version (never a newer one) and walks it from the trigger on the
+drive's own journal, leases, retries and receipts. Every side-effecting node (ai-step,
+tool, connector, subagent, approval) is a step named after the node (``3:enrich``; in a
+loop, after its iteration: ``7:review#2/summarize``), so a re-drive returns each finished
+node's journaled output and never invokes it again, and a re-drive of a finished graph
+writes nothing (the driver's rule for every run).
+
+The walk is in waves, so the journal's step order is the same on every drive: each wave
+takes the nodes whose incoming edges are all decided, in file order. Nodes that are one
+step each run at once (``asyncio.gather``: their step ordinals are taken in that order
+before any of them awaits); nodes that are many steps (a loop, an ai-step with tools, a
+subagent, which looks up its graph first) run after them, one at a time. A node runs when
+at least one incoming edge was taken; when none was (a branch not chosen), it is skipped,
+and so are the nodes only it leads to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ratchet.engine.context import require_run
+from ratchet.errors import RatchetError
+from ratchet.graphs import templates
+from ratchet.graphs.nodes import run_node, single_step
+from ratchet.graphs.validate import Graph, Node
+
+if TYPE_CHECKING:
+    from ratchet.app import Ratchet
+    from ratchet.engine.driver import RunContext
+
+
+class GraphFailed(RatchetError):
+    """A graph could not go on: a loop ran past its max_iterations, a template failed."""
+
+    retry_class = "never"
+
+
+@dataclass(slots=True)
+class Scope:
+    """What templates see at one place of the walk: the input, the outputs so far, and
+    the loops around it."""
+
+    input: Any
+    outputs: dict[str, Any] = field(default_factory=dict)
+    loop: dict[str, Any] | None = None
+    item_name: str | None = None
+
+    def context(self, output: Any = None) -> dict[str, Any]:
+        ctx: dict[str, Any] = {"input": self.input, "output": output,
+                               "nodes": {k: {"output": v} for k, v in self.outputs.items()}}
+        if self.loop is not None:
+            ctx["loop"] = self.loop
+            if self.item_name:
+                ctx[self.item_name] = self.loop.get("item")
+        return ctx
+
+    def inner(self, loop: dict[str, Any], item_name: str) -> Scope:
+        return Scope(self.input, dict(self.outputs), loop, item_name)
+
+
+class Interpreter:
+    """One drive's walk of one graph."""
+
+    def __init__(self, app: Ratchet, ctx: RunContext, graph: Graph) -> None:
+        self.app = app
+        self.ctx = ctx
+        self.graph = graph
+
+    async def run(self, input: Any) -> Any:
+        scope = Scope(input)
+        top = [n for n in self.graph.nodes if n not in self.graph.loop_of]
+        last = await self.walk(top, [self.graph.trigger], "", scope)
+        if self.graph.output is not None:
+            return templates.render(self.graph.output, scope.context())
+        return last
+
+    async def walk(self, members: list[str], entry: list[str], prefix: str,
+                   scope: Scope) -> Any:
+        """Run ``members`` (the top level, or one iteration of a loop's body) from
+        ``entry``; return the output of the last node that ran (an output node's value)."""
+        inside = set(members)
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        state: dict[str, str] = {}  # node -> "done" | "skipped"
+        taken: dict[tuple[str, str], bool] = {}
+        last: Any = None
+        while True:
+            ready = [n for n in sorted(inside - set(state), key=order.__getitem__)
+                     if n in entry or self._decided(n, inside, state)]
+            if not ready:
+                return last
+            run, skip = [], []
+            for n in ready:
+                edges = self._incoming(n, inside)
+                if n in entry or any(taken.get((e.source, e.target)) for e in edges):
+                    run.append(n)
+                else:
+                    skip.append(n)
+            for n in skip:
+                state[n] = "skipped"
+            single = [n for n in run if single_step(self.graph.nodes[n])]
+            many = [n for n in run if n not in single]
+            outputs = await asyncio.gather(*(self._node(self.graph.nodes[n], prefix, scope)
+                                             for n in single))
+            done = list(zip(single, outputs, strict=True))
+            for n in many:
+                done.append((n, await self._node(self.graph.nodes[n], prefix, scope)))
+            for n, output in done:
+                scope.outputs[n] = output
+                state[n] = "done"
+                last = output
+            for n, output in done:
+                for e in self.graph.out_edges.get(n, []):
+                    if e.target in inside:
+                        taken[(n, e.target)] = e.when is None or bool(
+                            templates.evaluate(e.when, scope.context(output)))
+            for n in skip:
+                for e in self.graph.out_edges.get(n, []):
+                    taken[(n, e.target)] = False
+
+    def _incoming(self, n: str, inside: set[str]) -> list[Any]:
+        # A loop body's edges back to its loop close an iteration; they do not feed it.
+        return [e for e in self.graph.in_edges.get(n, []) if e.source in inside
+                and self.graph.loop_of.get(e.source) != e.target]
+
+    def _decided(self, n: str, inside: set[str], state: Mapping[str, str]) -> bool:
+        edges = self._incoming(n, inside)
+        return bool(edges) and all(e.source in state for e in edges)
+
+    async def _node(self, node: Node, prefix: str, scope: Scope) -> Any:
+        if node.type == "loop":
+            return await self._loop(node, prefix, scope)
+        return await run_node(self, node, prefix + node.id, scope)
+
+    async def _loop(self, node: Node, prefix: str, scope: Scope) -> Any:
+        d = node.data
+        body = list(d.body)
+        inside = set(body)
+        entry = [b for b in body if not any(
+            e.source in inside for e in self.graph.in_edges.get(b, [])
+            if self.graph.loop_of.get(e.source) != e.target)]
+        items: list[Any] | None = None
+        if d.over is not None:
+            value = templates.render(d.over, scope.context())
+            if not isinstance(value, list):
+                raise GraphFailed(f"loop {node.id}: over gave {type(value).__name__}, not a "
+                                  "list")
+            if len(value) > d.max_iterations:
+                raise GraphFailed(f"loop {node.id}: {len(value)} items is more than its "
+                                  f"max_iterations ({d.max_iterations})")
+            items = value
+        results: list[Any] = []
+        index = 0
+        while True:
+            if items is not None and index >= len(items):
+                return results
+            if index >= d.max_iterations:
+                raise GraphFailed(f"loop {node.id}: its until condition {d.until!r} was still "
+                                  f"false after max_iterations ({d.max_iterations})")
+            loop = {"index": index, "item": items[index] if items is not None else None,
+                    "results": list(results)}
+            inner = scope.inner(loop, d.item)
+            result = await self.walk(body, entry, f"{prefix}{node.id}#{index}/", inner)
+            results.append(result)
+            for b in body:  # the latest iteration's outputs, for the nodes after the loop
+                if b in inner.outputs:
+                    scope.outputs[b] = inner.outputs[b]
+            index += 1
+            if d.until is not None:
+                loop = {"index": index - 1, "last": result, "results": list(results)}
+                check = scope.inner(loop, d.item).context(result)
+                check["nodes"] = {k: {"output": v} for k, v in inner.outputs.items()}
+                if templates.evaluate(d.until, check):
+                    return results
+
+
+async def interpret(app: Ratchet, input: Any) -> Any:
+    """The body of every graph run: load the run's pinned graph version and walk it."""
+    ctx = require_run("a graph run")
+    from ratchet.graphs.registry import graph_for_run
+
+    graph = await graph_for_run(app, ctx)
+    return await Interpreter(app, ctx, graph).run(input)

@@ -1,0 +1,79 @@
+"""The ai-step node: one model call (or, with tools, an agent loop) through the app's
+wrapped client (:meth:`ratchet.Ratchet.llm_client`; by default the SDK's own client from
+its environment variables: Anthropic's for a ``claude`` model, OpenAI's otherwise)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING, Any
+
+from ratchet.errors import LLMError
+from ratchet.graphs import templates
+from ratchet.graphs.validate import Node
+
+if TYPE_CHECKING:
+    from ratchet.graphs.interpreter import Interpreter, Scope
+
+
+def _text(provider: str, body: dict[str, Any]) -> str:
+    if provider == "anthropic":
+        return "".join(b.get("text", "") for b in body.get("content", [])
+                       if b.get("type") == "text")
+    return str(body["choices"][0]["message"].get("content") or "")
+
+
+def _parse(node: Node, text: str | None) -> Any:
+    if node.data.output_schema is None:
+        return text
+    try:
+        return json.loads(text or "")
+    except ValueError:
+        raise LLMError(f"node {node.id}: the model's answer is not the JSON its "
+                       f"output_schema asks for: {str(text)[:200]!r}") from None
+
+
+def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+    d = node.data
+    ctx = scope.context()
+    prompt = str(templates.render(d.prompt, ctx))
+    system = templates.render(d.system, ctx) if d.system else None
+    provider = d.provider or ("anthropic" if d.model.startswith("claude") else "openai")
+    client = interp.app.llm_client_for(provider)
+    if d.tools:
+        return _agent(interp, node, client, prompt, system)
+    if provider == "anthropic":
+        call = client.messages.create
+        kwargs: dict[str, Any] = {"model": d.model, "max_tokens": d.max_tokens,
+                                  "messages": [{"role": "user", "content": prompt}]}
+        if system:
+            kwargs["system"] = system
+    else:
+        call = client.chat.completions.create
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": prompt})
+        kwargs = {"model": d.model, "messages": messages, "max_tokens": d.max_tokens}
+        if d.output_schema is not None:
+            kwargs["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": node.id.replace("-", "_"), "schema": d.output_schema}}
+    retry = node.retry if d.retry is not None else call.step.retry
+    sd = dataclasses.replace(call.step, name=name, retry=retry,
+                             timeout_s=node.timeout_s or call.step.timeout_s,
+                             decode=lambda body: body)
+    step = interp.ctx.call_step(sd, (), kwargs, {"provider": provider, "model": d.model})
+
+    async def answer() -> Any:
+        return _parse(node, _text(provider, await step))
+
+    return answer()
+
+
+async def _agent(interp: Interpreter, node: Node, client: Any, prompt: str,
+                 system: Any) -> Any:
+    from ratchet.llm.agent import Agent
+
+    d = node.data
+    agent = Agent(d.model, instructions=system, tools=[interp.app.tools[t] for t in d.tools],
+                  max_turns=d.max_turns, client=client, max_tokens=d.max_tokens, name=node.id)
+    result = await agent.run(prompt)
+    return _parse(node, result.output)
