@@ -671,7 +671,9 @@ def test_an_attempt_started_five_times_fails_as_a_crash_loop(
 def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
         make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
     app = make_app()
-    interval = 1.0
+    # Long beside a sweep pass (a few ms; half a second on a loaded machine), so one sweep
+    # of three passes cannot be mistaken for three sweeps an interval apart.
+    interval = 3.0
     passes: list[tuple[float, int]] = []
     sweep = Worker.sweep
 
