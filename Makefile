@@ -7,10 +7,13 @@ BENCH_STAMP := $(VENV)/.installed-bench
 
 .PHONY: run test lint bench chaos package-check clean
 
+# The distribution was called ratchet before ratchet-engine: an older .venv drops that
+# install and its metadata before installing under the new name.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip uninstall -q -y ratchet 2>/dev/null || true  # the distribution's old name
+	$(PY) -m pip uninstall -q -y ratchet 2>/dev/null || true
+	rm -rf src/ratchet.egg-info
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
