@@ -5,11 +5,15 @@ STAMP := $(VENV)/.installed
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: run test lint bench chaos clean
+.PHONY: run test lint bench chaos package-check clean
 
+# The distribution was called ratchet before ratchet-engine: an older .venv drops that
+# install and its metadata before installing under the new name.
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip uninstall -q -y ratchet 2>/dev/null || true
+	rm -rf src/ratchet.egg-info
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
@@ -28,6 +32,9 @@ bench: $(BENCH_STAMP)  ## Ratchet beside DBOS, Absurd and LangGraph; QUICK=1 for
 
 chaos: $(STAMP)  ## fault-injection campaigns on both backends; LONG=1 for the long one
 	$(PY) -m chaos.run $(if $(filter-out 0,$(LONG)),--long)
+
+package-check: $(STAMP)  ## build, install the wheel in a fresh venv, run the demo and PostgreSQL from it
+	.ci/package-check $(PY)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests

@@ -17,6 +17,7 @@ EXPECTED = {
     "LLMTimeout", "LLMRequestError", "Agent", "AgentResult", "AgentMaxTurns", "StepKey",
     "approval", "Approval", "Decision", "ApprovalTimeout", "ApprovalRejected",
     "ApprovalAlreadyDecided", "ApprovalNotPending", "UnknownApproval",
+    "MissingExtra",
 }
 
 

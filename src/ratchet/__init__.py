@@ -28,6 +28,7 @@ from ratchet.errors import (
     LLMError,
     LLMRequestError,
     LLMTimeout,
+    MissingExtra,
     NonDeterminismError,
     NotDeadLettered,
     NotSerializable,
@@ -51,6 +52,9 @@ from ratchet.errors import (
     UnknownWorkflow,
 )
 from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
+
+__version__ = "0.1.0"
+"""The release; pyproject.toml reads it from here (the one place it is written)."""
 
 if TYPE_CHECKING:
     from ratchet import llm  # noqa: F401  (ratchet.llm, loaded on first use)
@@ -77,6 +81,7 @@ __all__ = [
     "LLMRequestError",
     "LLMTimeout",
     "LeaseLost",
+    "MissingExtra",
     "NonDeterminismError",
     "NotDeadLettered",
     "NotSerializable",

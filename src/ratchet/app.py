@@ -27,6 +27,7 @@ from ratchet.errors import (
     UnknownRun,
     UnknownWorkflow,
 )
+from ratchet.extras import require
 from ratchet.model import (
     Approval,
     DeadLetter,
@@ -131,7 +132,10 @@ class Ratchet:
                  recovery_interval: float | None = None, clock: Clock | None = None,
                  read_only: bool = False) -> None:
         self.database_url = database_url or database_url_from_env()
-        DatabaseURL.parse(self.database_url)
+        if DatabaseURL.parse(self.database_url).scheme == "postgresql":
+            # Here rather than at first use: a missing extra is a setup error, best told
+            # where the app is made.
+            require("a postgresql:// database", "postgres")
         self.read_only = read_only
         self.lease_ttl = lease_ttl
         self.recovery_interval = recovery_interval

@@ -39,6 +39,7 @@ from ratchet.app import Ratchet
 from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL, parse_duration
 from ratchet.engine import faults
 from ratchet.errors import ConfigError, RatchetError
+from ratchet.extras import require
 from ratchet.model import Event, LLMTotals, RunRecord, RunStatus, StepState, dumps, fold
 from ratchet.store import WorkerInfo
 
@@ -182,8 +183,19 @@ def _redact(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from ratchet import __version__
+
+        typer.echo(f"ratchet {__version__}")
+        raise typer.Exit()
+
+
 @cli.callback()
-def _root(ctx: typer.Context, db: DbOption = None) -> None:
+def _root(ctx: typer.Context, db: DbOption = None,
+          version: Annotated[bool, typer.Option(
+              "--version", is_eager=True, callback=_print_version,
+              help="Print the version and exit.")] = False) -> None:
     """Ratchet: a durable execution engine for AI-agent workflows."""
     ctx.obj = db
 
@@ -755,9 +767,11 @@ def demo(
     of step 4, a model call to a local provider; a new worker process finishes the run
     without running steps 1-3 again or being billed twice for the model call.
     """
-    from ratchet.demo import run_demo
-
     with _errors():
+        # The workers' model call goes through the openai SDK to the local provider.
+        require("ratchet demo", "openai", "server")
+        from ratchet.demo import run_demo
+
         code = run_demo(_given_db(ctx, db), _console())
     raise typer.Exit(code)
 
@@ -779,9 +793,9 @@ def llm_server(
     with base_url http://HOST:PORT. Replies echo the last user message unless --script
     says otherwise. Prints `llm-server listening on http://HOST:PORT` once ready.
     """
-    from ratchet.llm.server import LocalProvider, run_until_signalled
-
     with _errors():
+        from ratchet.llm.server import LocalProvider, run_until_signalled
+
         provider = LocalProvider(script, log)
         try:
             run_until_signalled(provider, host, port)

@@ -34,7 +34,6 @@ from rich.text import Text
 
 from ratchet.app import Ratchet
 from ratchet.config import DatabaseURL
-from ratchet.errors import ConfigError
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import EventKind, dumps
 
@@ -135,11 +134,6 @@ def _lease(app: Ratchet, run_id: str) -> tuple[str | None, int, bool] | None:
 
 def run_demo(db: str | None, console: Console) -> int:
     """Run the demo; 0 when every claim held, 1 otherwise."""
-    try:
-        import openai  # noqa: F401 - the workers' model call needs it
-    except ImportError as e:
-        raise ConfigError("the demo's model call uses the openai SDK: "
-                          "pip install 'ratchet[openai]'") from e
     folder = os.path.abspath(".ratchet")
     os.makedirs(folder, exist_ok=True)
     if db is None:

@@ -16,6 +16,7 @@ import os
 from typing import Any
 
 import ratchet
+from ratchet.extras import require
 
 app = ratchet.Ratchet()
 
@@ -92,11 +93,9 @@ def model_client() -> Any:
     if not url:
         raise ratchet.RatchetError("RATCHET_DEMO_LLM_URL is not set: the demo's model call "
                                    "goes to the local provider the demo starts")
-    try:
-        import openai
-    except ImportError as e:
-        raise ratchet.RatchetError("the demo's model call uses the openai SDK: "
-                                   "pip install 'ratchet[openai]'") from e
+    require("the demo's model call", "openai")
+    import openai
+
     return ratchet.llm.wrap(openai.AsyncOpenAI(base_url=url + "/v1", api_key="demo-local"))
 
 

@@ -63,6 +63,13 @@ class InvalidRetryPolicy(InvalidInput):
     """Invalid retry policy."""
 
 
+class MissingExtra(RatchetError, ImportError):
+    """A feature needs an optional dependency that is not installed; the message names the
+    extra to install (``pip install 'ratchet-engine[postgres]'``)."""
+
+    retry_class = "never"
+
+
 class StorageError(RatchetError):
     """The database refused or failed an operation."""
 

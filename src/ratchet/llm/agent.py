@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.errors import InvalidInput, RatchetError, StepFailed
+from ratchet.extras import require
 from ratchet.llm.tools import ToolDef, tool_of
 from ratchet.llm.wrap import DurableClient, wrap
 
@@ -68,10 +69,12 @@ class Agent:
     def client(self) -> Any:
         if self._client is None:
             if self.model.startswith("claude"):
+                require(f"Agent(model={self.model!r}) without a client", "anthropic")
                 import anthropic
 
                 self._client = wrap(anthropic.AsyncAnthropic())
             else:
+                require(f"Agent(model={self.model!r}) without a client", "openai")
                 import openai
 
                 self._client = wrap(openai.AsyncOpenAI())

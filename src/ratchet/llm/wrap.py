@@ -21,6 +21,7 @@ from ratchet.engine.context import current_step, workflow_run
 from ratchet.engine.definitions import StepDef
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput
+from ratchet.extras import require
 from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
 from ratchet.llm.prices import cost_usd
 from ratchet.llm.sdk_errors import as_llm_error
@@ -51,6 +52,9 @@ def _provider_of(client: Any) -> str:
     if provider not in BY_PROVIDER:
         raise InvalidInput(f"ratchet.llm.wrap: {cls.__module__}.{cls.__qualname__} is not an "
                            "openai or anthropic client")
+    # The class names an SDK that may not be importable here (a stub, a pickled client):
+    # say which extra brings it rather than failing inside importlib.
+    require(f"ratchet.llm.wrap({cls.__qualname__})", provider)
     base = importlib.import_module(f"{provider}._base_client")
     if isinstance(client, base.AsyncAPIClient):
         return provider

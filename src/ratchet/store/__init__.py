@@ -20,6 +20,9 @@ def make_store(url: str, clock: Clock | None = None, *, read_only: bool = False)
         from ratchet.store.sqlite import SqliteStore
 
         return SqliteStore(parsed.path, clock, read_only=read_only)
+    from ratchet.extras import require
+
+    require("a postgresql:// database", "postgres")
     from ratchet.store.postgres import PostgresStore
 
     return PostgresStore(parsed.url, clock, read_only=read_only)

@@ -5,19 +5,16 @@ step of kind ``llm`` and each tool call a step of kind ``tool``, so a crash mid-
 at the last completed request or tool call and never sends a completed model request again.
 Anywhere else the agent runs as it would without the capability.
 
-Needs the ``pydantic-ai`` extra: ``pip install 'ratchet[pydantic-ai]'``.
+Needs the ``pydantic-ai`` extra: ``pip install 'ratchet-engine[pydantic-ai]'``.
 """
 
 from __future__ import annotations
 
-try:
-    import pydantic_ai  # noqa: F401
-except ImportError as e:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "ratchet.integrations.pydantic_ai needs Pydantic AI: "
-        "pip install 'ratchet[pydantic-ai]'") from e
+from ratchet.extras import require
 
-from ratchet.integrations.pydantic_ai.capability import RatchetDurability
-from ratchet.integrations.pydantic_ai.errors import as_ratchet_error
+require("ratchet.integrations.pydantic_ai", "pydantic-ai")
+
+from ratchet.integrations.pydantic_ai.capability import RatchetDurability  # noqa: E402
+from ratchet.integrations.pydantic_ai.errors import as_ratchet_error  # noqa: E402
 
 __all__ = ["RatchetDurability", "as_ratchet_error"]

@@ -16,8 +16,14 @@ usage is counted from the text; ``Idempotency-Key`` is honoured as a careful pro
 would; faults (429, 500, slow, dropped connections) can be queued.
 """
 
-from ratchet.llm.server.provider import LocalProvider
-from ratchet.llm.server.script import ScriptError
-from ratchet.llm.server.serving import run_until_signalled, serve
+from ratchet.extras import require
+
+# Checked before the modules below import starlette and uvicorn, so a missing extra is one
+# line naming it rather than an ImportError from a submodule.
+require("the local model provider (ratchet llm-server)", "server")
+
+from ratchet.llm.server.provider import LocalProvider  # noqa: E402
+from ratchet.llm.server.script import ScriptError  # noqa: E402
+from ratchet.llm.server.serving import run_until_signalled, serve  # noqa: E402
 
 __all__ = ["LocalProvider", "ScriptError", "run_until_signalled", "serve"]

@@ -1,0 +1,59 @@
+"""Optional dependencies: which extra brings which modules, and the one line that says
+which extra to install when a feature needs one that is missing.
+
+The core (SQLite, the CLI, workflows and steps) imports none of these modules; each
+feature that needs one calls :func:`require` where it is first used, so a missing extra is
+reported as ``<feature> needs ... pip install 'ratchet-engine[<extra>]'`` instead of an
+ImportError traceback from deep inside the package.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ratchet.errors import MissingExtra
+
+DISTRIBUTION = "ratchet-engine"
+
+# The top-level modules each extra installs (pyproject.toml's optional-dependencies).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "postgres": ("psycopg", "psycopg_pool"),
+    "server": ("starlette", "uvicorn"),
+    "openai": ("openai",),
+    "anthropic": ("anthropic",),
+    "pydantic-ai": ("pydantic_ai",),
+}
+
+
+def install_line(*extras: str) -> str:
+    """``pip install 'ratchet-engine[a,b]'``."""
+    return f"pip install '{DISTRIBUTION}[{','.join(extras)}]'"
+
+
+def _failure(module: str) -> str | None:
+    """Why ``module`` cannot be imported (the first line of the error), or None if it can."""
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        lines = str(e).strip().splitlines()
+        return lines[0] if lines else f"no module named {module!r}"
+    return None
+
+
+def require(feature: str, *extras: str) -> None:
+    """Raise :class:`MissingExtra` naming every extra in ``extras`` whose modules do not
+    import, for ``feature`` (``"a postgresql:// database"``); return if all import."""
+    missing: list[str] = []
+    reasons: list[str] = []
+    for extra in extras:
+        for module in EXTRAS[extra]:
+            reason = _failure(module)
+            if reason is not None:
+                missing.append(extra)
+                reasons.append(reason)
+                break
+    if missing:
+        names = " and ".join(missing)
+        noun = "extra" if len(missing) == 1 else "extras"
+        raise MissingExtra(f"{feature} needs the {names} {noun}: {install_line(*missing)} "
+                           f"({'; '.join(reasons)})")
