@@ -28,6 +28,7 @@ from typing import Any
 import psycopg
 
 from bench.peers import llm
+from bench.peers.common import last_json
 from bench.report import LLM_PREFIXES, llm_sections, write_reports
 from bench.report import claim_backlog_section as _claim_section
 
@@ -155,18 +156,7 @@ def adapter(system: System, measure: str, db: str, timeout: float, *extra: str) 
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 15)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {timeout + 15:g} s"}
-    return _last_json(done.stdout, done.stderr)
-
-
-def _last_json(stdout: str, stderr: str) -> dict[str, Any]:
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return {"error": (stderr or stdout)[-400:] or "no output"}
+    return last_json(done.stdout, done.stderr)
 
 
 def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, Any]:
@@ -184,7 +174,7 @@ def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, 
         while not marker.exists():
             if child.poll() is not None:
                 out, err = child.communicate()
-                answer = _last_json(out, err)
+                answer = last_json(out, err)
                 return answer if "skipped" in answer else {"error": f"crash run ended: {answer}"}
             if time.monotonic() > deadline:
                 return {"error": "step 5 never started"}
@@ -193,7 +183,7 @@ def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, 
         child.wait()
         done = subprocess.run([sys.executable, "-m", module, "recovery-resume", *common],
                               capture_output=True, text=True, timeout=timeout + 15)
-        return _last_json(done.stdout, done.stderr)
+        return last_json(done.stdout, done.stderr)
     finally:
         if child.poll() is None:
             child.kill()
@@ -220,7 +210,7 @@ def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: fl
         while not marker.exists():
             if child.poll() is not None:
                 out, err = child.communicate()
-                answer = _last_json(out, err)
+                answer = last_json(out, err)
                 return [answer if "skipped" in answer else {"error": f"build ended: {answer}"}]
             if time.monotonic() > deadline:
                 return [{"error": f"step {steps + 1} never started"}]
@@ -234,7 +224,7 @@ def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: fl
             done = subprocess.run([sys.executable, "-m", module, "recovery-resume", "--db", copy,
                                    *common], capture_output=True, text=True,
                                   timeout=timeout + 15)
-            answer = _last_json(done.stdout, done.stderr)
+            answer = last_json(done.stdout, done.stderr)
             if "to_step5_ms" in answer:
                 # A lease the killed worker held is waited out by peers that need it; that
                 # wait is recovery, not replay.
@@ -253,7 +243,7 @@ def limit(backend: str, db: str, clients: int, seconds: float) -> dict[str, Any]
     argv = [sys.executable, "-m", "bench.limit", "--backend", backend, "--db", db,
             "--clients", str(clients), "--seconds", str(seconds)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 4 + 60)
-    return _last_json(done.stdout, done.stderr)
+    return last_json(done.stdout, done.stderr)
 
 
 def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[str, Any]:

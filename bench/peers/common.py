@@ -68,6 +68,18 @@ class _Parser(argparse.ArgumentParser):
         emit({"error": f"bad options: {message}"}, code=2)
 
 
+def last_json(stdout: str, stderr: str) -> dict[str, Any]:
+    """The adapter's answer: the last JSON object it printed, else an error quoting it."""
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {"error": (stderr or stdout)[-400:] or "no output"}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = _Parser(description="Run one benchmark measure on a peer engine.")
     parser.add_argument("measure", choices=MEASURES)

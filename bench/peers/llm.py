@@ -23,7 +23,6 @@ Adapters (``bench/peers/<system>_llm.py``) read the provider's address from
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench.peers.common import last_json
 from ratchet.llm.server import LocalProvider, serve
 
 MODEL = "gpt-4.1-mini"
@@ -118,18 +118,6 @@ def _env(base: str) -> dict[str, str]:
 def _argv(system: str, measure: str, db: str, timeout: float, *extra: str) -> list[str]:
     return [sys.executable, "-m", f"bench.peers.{system}_llm", measure, "--backend", "sqlite",
             "--db", db, "--timeout", str(timeout), *extra]
-
-
-def last_json(stdout: str, stderr: str) -> dict[str, Any]:
-    """The adapter's answer: the last JSON object it printed, else an error quoting it."""
-    for line in reversed(stdout.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return {"error": (stderr or stdout)[-400:] or "no output"}
 
 
 def _wait(what: str, done: Callable[[], bool], deadline: float,
