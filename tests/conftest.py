@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import psycopg
@@ -19,6 +20,9 @@ import pytest
 
 import ratchet
 from ratchet.store import Clock, Store, make_store
+
+if TYPE_CHECKING:
+    from tests.proc import Harness
 
 PG_URL = os.environ.get("RATCHET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 _pg_error: str | None = None
@@ -97,3 +101,16 @@ async def store(db_url: str) -> AsyncIterator[Store]:
     await s.open()
     yield s
     await s.close()
+
+
+@pytest.fixture
+def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
+    """A crash harness (tests/proc.py) on this test's database: worker processes running
+    tests/crash_app.py, its invocation log and gates; every worker is stopped after."""
+    from tests.proc import Harness
+
+    harness = Harness(db_url, tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()

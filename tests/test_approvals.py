@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -352,15 +351,6 @@ def test_cli_reject_and_unknown_approval(app: ratchet.Ratchet, db_url: str) -> N
 
 
 # -- processes --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(db_url, tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 @pytest.mark.crash

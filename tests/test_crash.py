@@ -17,7 +17,6 @@ import threading
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,15 +32,6 @@ pytestmark = pytest.mark.crash
 KILLED = -signal.SIGKILL
 TERMINAL = {EventKind.RUN_SUCCEEDED, EventKind.RUN_FAILED, EventKind.RUN_CANCELLED}
 FIVE = ["out-1", "out-2", "out-3", "out-4", "out-5"]
-
-
-@pytest.fixture
-def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(db_url, tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
 
 
 # -- journal checks ------------------------------------------------------------------------

@@ -372,15 +372,6 @@ def test_the_agent_fails_clearly_past_max_turns(
 # -- crashes -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
-    harness = Harness(db_url, tmp_path)
-    try:
-        yield harness
-    finally:
-        harness.close()
-
-
 @pytest.mark.crash
 def test_a_crash_while_the_provider_answers_is_billed_once(h: Harness) -> None:
     server = LocalProvider()
