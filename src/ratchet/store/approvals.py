@@ -134,9 +134,13 @@ def decide(store: Store, tx: Tx, run_id: str, step: str, approved: bool, by: str
     params = {"run_id": run_id, "step_id": found.step_id, "attempt": found.attempt,
               "status": "approved" if approved else "rejected", "by": by, "comment": comment}
     if tx.run("approval_decide", params) != 1:
-        # Deciders hold the run's row, so this is not a race lost: the row changed under
-        # the lock, which nothing should do.
-        raise StoreConflict(f"run {run_id}: approval {found.step_id} changed while locked")
+        # Deciders hold the run's row, but the lease holder claims a passed deadline
+        # without it: the guarded update lost to that expiry.
+        now = get(tx, run_id, found.step_id)
+        if now is None or now.status == "pending":
+            raise StoreConflict(f"run {run_id}: approval {found.step_id} changed while "
+                                "being decided")
+        raise not_pending(now)
     if tx.run("run_wake", {"run_id": run_id, "waiting_for": waiting_for(found.step_id)}):
         store._announce(tx, READY)
     decided = get(tx, run_id, found.step_id)
