@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 import ratchet
 from ratchet.model import Event, RunStatus, dumps
@@ -36,13 +37,14 @@ def _to_the_microsecond(events: list[Event]) -> list[Event]:
     return [dataclasses.replace(e, at=round(e.at, 6)) for e in events]
 
 
-def _install(app: ratchet.Ratchet, data: dict[str, Any], events: list[Event]) -> str:
+def _install(app: ratchet.Ratchet, data: dict[str, Any], events: list[Event],
+             version: str = "1") -> str:
     """Write the recorded run and its journal as they were, then mark it ready to drive."""
     run_id = events[0].run_id
 
     def body(tx: Tx) -> None:
         tx.run("run_insert", {"run_id": run_id, "workflow": data["workflow"],
-                              "workflow_version": "1", "input": dumps(data["input"]),
+                              "workflow_version": version, "input": dumps(data["input"]),
                               "parent_run_id": None, "parent_step_id": None,
                               "queue": "default", "priority": 0})
         Store._insert_events(tx, events)
@@ -125,5 +127,50 @@ def test_golden_journal_against_reordered_code_is_non_deterministic(db_url: str)
         while app.get(run_id).status != RunStatus.FAILED and time.monotonic() < deadline:
             time.sleep(0.01)
         assert app.dead_letters()[0].reason == "non_determinism"
+    finally:
+        app.shutdown()
+
+
+def test_golden_graph_journal_replays_its_pinned_version_without_running_recorded_nodes(
+        db_url: str) -> None:
+    """A graph run recorded after a loop of two tool nodes (its worker gone before the
+    approval node): the graph's content hash is still the version it recorded, and the
+    re-drive reads the loop from the journal, asks the approval and finishes, even with
+    an edited graph registered since."""
+    data, events = _load("graph_scoring_after_loop.json")
+    calls: Counter[str] = Counter()
+    app = ratchet.Ratchet(db_url, lease_ttl=3)
+
+    @app.tool
+    async def score(account: str) -> int:
+        """Score."""
+        calls["score"] += 1
+        return len(account)
+
+    @app.tool
+    async def tag(label: str) -> str:
+        """Tag."""
+        calls["tag"] += 1
+        return label.upper()
+
+    try:
+        recorded = events[0].payload["version"]
+        assert app.graph(data["graph"]) == recorded  # the content hash is stable
+        edited = json.loads(json.dumps(data["graph"]))
+        edited["nodes"][2]["data"]["args"]["account"] = "{{ account }}!"
+        assert app.graph(edited) != recorded
+        run_id = _install(app, data, events, version=recorded)
+        app.launch()  # the drive replays the loop and asks the approval
+        (asked,) = wait_for(lambda: app.approvals(run_id), what="the approval")
+        assert (asked.step_id, asked.data) == ("3:approval:ok", {"scores": [2, 4]})
+        app.approve(run_id, asked.step_id, by="ana")
+        assert app.result(run_id, timeout_s=15) == {"scores": [2, 4], "by": "ANA"}
+        assert calls == {"tag": 1}  # the loop's nodes came from the journal
+        journal = app.events(run_id)
+        assert _to_the_microsecond(journal[: len(events)]) == _to_the_microsecond(events)
+        assert [e.step_id for e in journal[len(events):]
+                if e.kind == "step_completed"] == ["3:approval:ok", "4:label"]
+        assert all(e.verify() for e in journal)
+        assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(journal))
     finally:
         app.shutdown()

@@ -14,6 +14,7 @@ import ratchet
 from ratchet.model import EventKind
 
 CALLS: dict[str, int] = {}
+FAIL_ONCE: set[str] = set()  # tag labels whose next call fails (non-retryable)
 
 
 def graph(name: str, nodes: list[dict[str, Any]], edges: list[tuple[str, ...]],
@@ -26,6 +27,7 @@ def graph(name: str, nodes: list[dict[str, Any]], edges: list[tuple[str, ...]],
 def app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
     app = make_app()
     CALLS.clear()
+    FAIL_ONCE.clear()
 
     @app.tool
     async def score(account: str) -> dict[str, Any]:
@@ -35,6 +37,9 @@ def app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
     @app.tool
     def tag(label: str) -> str:
         CALLS[f"tag:{label}"] = CALLS.get(f"tag:{label}", 0) + 1
+        if label in FAIL_ONCE:
+            FAIL_ONCE.discard(label)
+            raise ValueError(f"tag {label} failed once")
         return label.upper()
 
     @app.workflow
@@ -51,6 +56,10 @@ def step_ids(app: ratchet.Ratchet, run_id: str) -> list[str]:
 
 def test_a_graph_runs_its_nodes_as_steps_and_a_redrive_reinvokes_nothing(
         app: ratchet.Ratchet) -> None:
+    from ratchet.engine.driver import Control, drive
+    from ratchet.graphs.registry import AppWorkflows
+    from ratchet.model import ClaimedRun, Lease
+
     doc = graph("scoring", [
         {"id": "start", "type": "trigger"},
         {"id": "first", "type": "tool", "data": {"tool": "score",
@@ -66,14 +75,30 @@ def test_a_graph_runs_its_nodes_as_steps_and_a_redrive_reinvokes_nothing(
                 "tag": "{{ nodes.loud.output }}"})
     version = app.graph(doc)
     assert app.graph(doc) == version  # the same content: the same version, one row
+    FAIL_ONCE.add("big")  # the second tool node fails its first drive: the run fails there
     with app:
         app.launch()
         run_id = app.start("scoring", {"account": "acme"})
+        with pytest.raises(ratchet.RunFailed, match="tag big failed once"):
+            app.result(run_id, timeout_s=30)
+        assert CALLS == {"score:acme": 1, "tag:big": 1}
+        # A re-drive mid-graph (the dead-lettered run re-queued) resumes at the failed node:
+        # the finished one is read back from the journal, not invoked.
+        app.retry(run_id)
         assert app.result(run_id, timeout_s=30) == {"score": 4, "tag": "BIG"}
+        assert CALLS == {"score:acme": 1, "tag:big": 2}
         rec = app.get(run_id)
         assert (rec.workflow, rec.workflow_version) == ("scoring", version)
         assert step_ids(app, run_id) == ["1:first", "2:loud"]
-        assert CALLS == {"score:acme": 1, "tag:big": 1}
+
+        # A re-drive of the finished graph (as a worker that took the run over would do)
+        # writes nothing and invokes nothing.
+        before = app.events(run_id)
+        claimed = ClaimedRun(app.get(run_id), Lease(run_id, "other", 99), "claim")
+        outcome = app._portal.call(drive(app.store, claimed, AppWorkflows(app), Control()))
+        assert outcome == "noop"
+        assert app.events(run_id) == before
+        assert CALLS == {"score:acme": 1, "tag:big": 2}
 
 
 def test_loops_key_steps_by_iteration_and_parallel_nodes_run_together(

@@ -48,6 +48,9 @@ def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
                                   "messages": [{"role": "user", "content": prompt}]}
         if system:
             kwargs["system"] = system
+        if d.output_schema is not None:  # Anthropic's structured outputs
+            kwargs["output_config"] = {"format": {"type": "json_schema",
+                                                  "schema": d.output_schema}}
     else:
         call = client.chat.completions.create
         messages = [{"role": "system", "content": system}] if system else []

@@ -21,8 +21,18 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from ratchet.errors import RatchetError
 
-_ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False,
-                            keep_trailing_newline=True)
+
+class _Environment(SandboxedEnvironment):
+    """Jinja looks an ``a.b`` up as an attribute first, so ``nodes.get`` or ``input.items``
+    would be the dict's method, not the node or the key. In graph data a key always wins."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if isinstance(obj, dict) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
+_ENV = _Environment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
 _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
 
 

@@ -1,0 +1,145 @@
+"""Graph runs under SIGKILL, with real worker processes (tests/graph_app.py) on SQLite and
+PostgreSQL: killed after every node of the example graph, the run still succeeds with each
+node run once and the webhook delivered once; killed inside iteration k of a loop, it
+resumes at k; a parent killed while its subagent works finds that child again."""
+
+from __future__ import annotations
+
+import gc
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import graph_app
+import pytest
+from proc import Harness, wait_for
+from receivers import HttpReceiver
+
+from ratchet.llm.server import LocalProvider, serve
+from ratchet.model import EventKind, RunStatus
+
+pytestmark = [pytest.mark.crash,
+              pytest.mark.filterwarnings("ignore::ResourceWarning"),
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+
+WORKER = "w-graph"  # every worker takes this id, so each reclaims the last one's runs at once
+
+
+@pytest.fixture
+def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
+    harness = Harness(db_url, tmp_path, graph_app)
+    try:
+        yield harness
+    finally:
+        harness.close()
+        gc.collect()
+
+
+@pytest.fixture
+def provider() -> Iterator[tuple[LocalProvider, str]]:
+    p = LocalProvider()
+    with serve(p) as base:
+        yield p, base
+
+
+def completed(h: Harness, run_id: str) -> Counter[str]:
+    return Counter(e.step_id for e in h.app.events(run_id)
+                   if e.kind == EventKind.STEP_COMPLETED and e.step_id)
+
+
+def test_killed_after_every_node_the_example_graph_runs_each_node_once(
+        h: Harness, provider: tuple[LocalProvider, str]) -> None:
+    server, base = provider
+    with HttpReceiver() as receiver:
+        run_id = h.app.start("enrich-accounts", {"accounts": ["Acme", "Globex"],
+                                                 "webhook": receiver.url + "/hook"})
+        kills = 0
+        for i in range(20):
+            # Each worker dies right after it commits its first step_completed: the next
+            # one must take the run from there.
+            h.spawn(f"w{i}", worker_id=WORKER, crash_at="after_step_completed:1",
+                    env_extra={"CRASH_LLM_URL": base})
+
+            def moved() -> str | None:
+                rec = h.app.get(run_id)
+                if rec.status == RunStatus.FAILED:
+                    raise AssertionError(f"run failed: {rec.error}\n{h.worker_logs()}")
+                if rec.status == RunStatus.SUCCEEDED:
+                    return "succeeded"
+                if not h.procs[-1].alive():
+                    return "killed"
+                if rec.status == RunStatus.WAITING and h.app.approvals(run_id):
+                    return "asked"
+                return None
+
+            what = wait_for(f"worker w{i} to move the run", moved, 30, h.worker_logs)
+            h.procs[-1].kill()
+            if what == "succeeded":
+                break
+            if what == "killed":
+                kills += 1
+            else:  # parked on the approval: decided while no worker runs
+                (asked,) = h.app.approvals(run_id)
+                assert asked.data["top"] in ("Acme", "Globex")
+                h.app.approve(run_id, asked.step_id, by="ana")
+        out = h.app.result(run_id, timeout_s=5)
+        assert out == {"top": asked.data["top"], "approved": True, "delivered": True}
+        steps = completed(h, run_id)
+        assert list(steps) == ["1:load", "2:each#0/enrich", "3:each#1/enrich", "4:rank",
+                               "5:summarize", "6:approval:approve", "7:forecast",
+                               "8:notify"]
+        assert set(steps.values()) == {1}
+        # A kill after each step node but the approval (decided here, by no worker) and the
+        # webhook, whose completion commits with the run's end.
+        assert kills == 6
+        # Each node's code ran once: the tools by the invocation log, the model calls by
+        # the provider (one request and one bill per step key), the webhook by the
+        # receiver (one request).
+        assert h.calls() == {"1:load": 1, "4:rank": 1}
+        keys = [r["idempotency_key"] for r in server.requests()]
+        assert len(keys) == 4 and len(set(keys)) == 4
+        assert server.stats()["billed_calls"] == 4
+        assert len(receiver.requests) == 1
+        assert [r.status for r in h.app.receipts(run_id)] == ["settled"]
+
+
+def test_a_crash_in_iteration_k_of_a_loop_resumes_at_k(
+        h: Harness, provider: tuple[LocalProvider, str]) -> None:
+    server, base = provider
+    env = {"CRASH_LLM_URL": base}
+    run_id = h.app.start("enrich-accounts", {"accounts": ["Acme", "Globex", "Initech"],
+                                             "webhook": "http://127.0.0.1:9/never"})
+    # The fourth step_started is iteration 2's (after load, each#0, each#1): the worker
+    # dies with it journaled and its request not yet sent.
+    a = h.spawn("a", worker_id=WORKER, crash_at="after_step_started:4", env_extra=env)
+    a.wait_exit()
+    assert list(completed(h, run_id)) == ["1:load", "2:each#0/enrich", "3:each#1/enrich"]
+    sent = len(server.requests())
+    assert sent == 2
+    h.spawn("b", worker_id=WORKER, env_extra=env)
+    wait_for("the approval", lambda: h.app.approvals(run_id), 30, h.worker_logs)
+    started = [e.step_id for e in h.app.events(run_id) if e.kind == EventKind.STEP_STARTED]
+    # Iteration 2 started twice (once per drive); 0 and 1 were not started again.
+    assert started == ["1:load", "2:each#0/enrich", "3:each#1/enrich", "4:each#2/enrich",
+                       "4:each#2/enrich", "5:rank", "6:summarize"]
+    keys = [r["idempotency_key"] for r in server.requests()]
+    assert len(keys) == 4 and len(set(keys)) == 4  # each#2 sent once, then the summary
+    assert h.calls() == {"1:load": 1, "5:rank": 1}
+
+
+def test_a_reclaimed_parent_finds_its_subagent_instead_of_spawning_another(
+        h: Harness) -> None:
+    run_id = h.app.start("parent", {"name": "x"})
+    a = h.spawn("a", worker_id=WORKER)
+    # The child's tool is running (its gate closed) when the worker dies with parent and
+    # child both in flight.
+    h.wait_invoked("1:work")
+    a.kill()
+    h.open_gate("kid")
+    h.spawn("b", worker_id=WORKER)
+    assert h.wait_status(run_id, "succeeded", 30).status == "succeeded"
+    assert h.app.result(run_id, timeout_s=5) == ["done x", "done after"]
+    children = [r for r in h.app.runs() if r.parent_run_id == run_id]
+    assert [c.workflow for c in children] == ["kid"]
+    # The child's tool ran again (it never completed), the parent's own steps once.
+    assert h.calls() == {"1:work": 2, "2:after": 1}
