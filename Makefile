@@ -37,7 +37,7 @@ package-check: $(STAMP)  ## build, install the wheel in a fresh venv, run the de
 	.ci/package-check $(PY)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff check src tests examples bench chaos
 	$(VENV)/bin/mypy
 
 clean:

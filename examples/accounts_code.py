@@ -13,9 +13,9 @@ from typing import Any
 import accounts_common as common
 import httpx
 import openai
-from ratchet.llm.server import LocalProvider, serve
 
 import ratchet
+from ratchet.llm.server import LocalProvider, serve
 
 app = ratchet.Ratchet("sqlite:///.ratchet/examples.db")
 ENRICHED = {"type": "object", "required": ["industry", "employees"],

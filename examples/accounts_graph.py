@@ -15,9 +15,9 @@ from typing import Any
 
 import accounts_common as common
 import openai
-from ratchet.llm.server import LocalProvider, serve
 
 import ratchet
+from ratchet.llm.server import LocalProvider, serve
 
 app = ratchet.Ratchet("sqlite:///.ratchet/examples.db")
 

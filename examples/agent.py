@@ -7,9 +7,9 @@ model would; each model turn and the tool call are journaled steps.
 from __future__ import annotations
 
 import openai
-from ratchet.llm.server import LocalProvider, serve
 
 import ratchet
+from ratchet.llm.server import LocalProvider, serve
 
 SCRIPT = {"rules": [
     {"match": {"last_role": "user"},
