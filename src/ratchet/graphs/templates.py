@@ -12,6 +12,7 @@ string, so a typo fails the node that has it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -84,10 +85,21 @@ def references(tree: nodes.Template) -> Iterator[tuple[str, str | None]]:
             yield name.name, None
 
 
+@functools.lru_cache(maxsize=1024)
+def _compiled_expression(expression: str) -> Any:
+    # A graph's few expressions are compiled once, not once per node run or iteration.
+    return _ENV.compile_expression(expression, undefined_to_none=False)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_template(source: str) -> Any:
+    return _ENV.from_string(source)
+
+
 def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
     """The value of a bare expression."""
     try:
-        return _ENV.compile_expression(expression, undefined_to_none=False)(**context)
+        return _compiled_expression(expression)(**context)
     except TemplateSyntaxError as e:
         raise TemplateError(f"bad expression {expression!r}: {e.message}") from None
     except Exception as e:
@@ -104,7 +116,7 @@ def render(value: Any, context: Mapping[str, Any]) -> Any:
         if expr is not None:
             return _plain(evaluate(expr, context))
         try:
-            return _ENV.from_string(value).render(**context)
+            return _compiled_template(value).render(**context)
         except TemplateSyntaxError as e:
             raise TemplateError(f"bad template {value!r}: {e.message}") from None
         except Exception as e:
