@@ -119,12 +119,13 @@ def test_loops_key_steps_by_iteration_and_parallel_nodes_run_together(
     ], [("start", "each"), ("each", "s"), ("each", "split"), ("split", "a"), ("split", "b"),
         ("a", "both"), ("b", "both"), ("both", "until"), ("until", "t")],
         output={"scores": "{{ nodes.each.output | map(attribute='score') | list }}",
-                "until": "{{ nodes.until.output }}"})
+                "until": "{{ nodes.until.output }}", "both": "{{ nodes.both.output }}"})
     app.graph(doc)
     with app:
         app.launch()
         run_id = app.start("fanout", {"accounts": ["ab", "abc"]})
-        assert app.result(run_id, timeout_s=30) == {"scores": [2, 3], "until": ["U", "U"]}
+        assert app.result(run_id, timeout_s=30) == {"scores": [2, 3], "until": ["U", "U"],
+                                                     "both": {"a": "A", "b": "B"}}
         assert step_ids(app, run_id) == ["1:each#0/s", "2:each#1/s", "3:a", "4:b",
                                          "5:until#0/t", "6:until#1/t"]
 

@@ -45,9 +45,11 @@ def run_node(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
         return _value(scope.input)
     if kind == "condition":
         return _value(templates.evaluate(node.data.expression, scope.context()))
-    if kind in ("parallel", "join"):
-        return _value({k: scope.outputs.get(e.source) for k, e in enumerate(
-            interp.graph.in_edges.get(node.id, []))} if kind == "join" else None)
+    if kind == "parallel":
+        return _value(None)
+    if kind == "join":  # what each branch brought, by the node it came from
+        return _value({e.source: scope.outputs.get(e.source)
+                       for e in interp.graph.in_edges.get(node.id, [])})
     if kind == "output":
         return _value(templates.render(node.data.value, scope.context()))
     if kind == "tool":
