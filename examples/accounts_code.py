@@ -52,10 +52,10 @@ async def notify(url: str, body: dict[str, Any]) -> int:
 
 def workflow(base: str) -> ratchet.WorkflowDef:
     oai = ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key="local"))
-    # The forecast's own policy: one second an attempt, retried on a timeout.
+    # The forecast's own policy: three seconds an attempt, retried on a timeout.
     patient = ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key="local"),
                                retry={"maxAttempts": 3, "backoffMs": 200,
-                                      "retryableClasses": ["timeout", "llm"]}, timeout_s=1)
+                                      "retryableClasses": ["timeout", "llm"]}, timeout_s=3)
 
     async def ask(client: Any, prompt: str, **more: Any) -> str:
         reply = await client.chat.completions.create(
@@ -95,7 +95,7 @@ def main() -> None:
             time.sleep(0.05)
         (asked,) = app.approvals(run_id)
         print(f"approval asked: {asked.data['top']} first")
-        provider.fail("slow", delay_s=3, endpoint="chat")  # the forecast's first try
+        provider.fail("slow", delay_s=8, endpoint="chat")  # the forecast's first try
         app.approve(run_id, asked.step_id, by="ana")
         print(app.result(run_id, timeout_s=60))
         for e in app.events(run_id):

@@ -48,7 +48,7 @@ def main() -> None:
             time.sleep(0.05)
         (asked,) = app.approvals(run_id)
         print(f"approval asked: {asked.data['top']} first")
-        provider.fail("slow", delay_s=3, endpoint="chat")  # the forecast's first try
+        provider.fail("slow", delay_s=8, endpoint="chat")  # the forecast's first try
         app.approve(run_id, asked.step_id, by="ana")
         print(app.result(run_id, timeout_s=60))
         for e in app.events(run_id):
