@@ -804,7 +804,7 @@ def llm_server(
 
 
 # Command groups kept in modules of their own register themselves on `cli`.
-from ratchet import cli_approvals, cli_graphs  # noqa: E402, F401
+from ratchet import cli_approvals, cli_graphs, cli_server, cli_tokens  # noqa: E402, F401
 
 
 def main() -> None:
