@@ -813,4 +813,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # As ``python -m ratchet.cli`` this file is __main__, and the command groups above
+    # registered themselves on ratchet.cli's `cli`, not on this copy's: run that one.
+    from ratchet.cli import main as registered_main
+
+    registered_main()

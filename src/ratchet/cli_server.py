@@ -4,7 +4,9 @@ uvicorn until SIGTERM or Ctrl-C. Registered on :data:`ratchet.cli.cli`."""
 from __future__ import annotations
 
 import logging
+import signal
 import sys
+from types import FrameType
 from typing import Annotated
 
 import typer
@@ -55,9 +57,16 @@ def server(
         config = uvicorn.Config(api, host=host, port=port, log_level=log_level.lower(),
                                 access_log=False, lifespan="on",
                                 timeout_graceful_shutdown=30)
+        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the
+        # handler it found: with this one, a graceful stop ends the command with status 0.
+        signal.signal(signal.SIGTERM, _stopped)
         try:
             uvicorn.Server(config).run()
         except OSError as e:
             raise _Fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
         finally:
             app.shutdown()
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)
