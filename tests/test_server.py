@@ -142,6 +142,11 @@ def test_auth_statuses_and_the_body_limit(api: Api) -> None:
     problem(reader.get("/v1/dead-letters"), 403, "forbidden")
     big = {"workflow": "chain", "input": {"pad": "x" * (1 << 20)}}
     problem(api.acme.post("/v1/runs", json=big), 413, "payload_too_large")
+    # Without a Content-Length (chunked), the body is counted as it arrives.
+    chunks = (b"x" * 65536 for _ in range(20))
+    problem(api.acme.post("/v1/runs", content=chunks,
+                          headers={"Content-Type": "application/json"}), 413,
+            "payload_too_large")
 
     # A revoked token is refused from then on.
     app = api.h.app
@@ -376,3 +381,46 @@ def test_sse_resumes_from_after_seq_and_refuses_a_bad_last_event_id(api: Api) ->
         "Accept": "text/event-stream", "Last-Event-ID": "x"}), 422, "invalid_input")
     wait_for("the stream's subscriber to be gone", lambda: "ratchet_sse_subscribers 0.0" in
              api.acme.get("/metrics").text)
+
+
+def scrape(client: httpx.Client) -> dict[str, float]:
+    """``/metrics`` as {sample line's name and labels: value}."""
+    samples = {}
+    for line in client.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def test_embedded_workers_drive_runs_and_count_them_in_metrics(
+        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The embedded worker runs crash_app's steps in this process: they log here.
+    monkeypatch.setenv("CRASH_LOG", str(h.invocation_log))
+    monkeypatch.setenv("CRASH_GATES", str(h.gates))
+    app = crash_app.build(h.db_url)
+    _, secret = h.app._portal.call(tokens.create_token(h.app.store, "acme", ALL))
+    try:
+        with serving(app, workers=1) as base, httpx.Client(
+                base_url=base, timeout=30, headers={"Authorization": f"Bearer {secret}"}
+        ) as client:
+            before = scrape(client)
+            run_id = client.post("/v1/runs", json={"workflow": "chain", "input": {"n": 3}}
+                                 ).json()["run_id"]
+            assert client.get(f"/v1/runs/{run_id}/result?wait=30").json()["output"] == [
+                "out-1", "out-2", "out-3"]
+            after = scrape(client)
+    finally:
+        app.shutdown()
+    assert h.calls() == {"1:work": 1, "2:work": 1, "3:work": 1}
+
+    def grew(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    assert grew('ratchet_runs_finished_total{status="succeeded"}') == 1
+    assert grew("ratchet_runs_claimed_total") == 1
+    assert grew('ratchet_step_duration_seconds_count{outcome="completed"}') == 3
+    assert grew('ratchet_step_duration_seconds_bucket{le="+Inf",outcome="completed"}') == 3
+    assert "ratchet_sweep_lease_steals_total" in after
+    assert "ratchet_runs_reclaimed_total" in after
+    assert grew("ratchet_api_runs_started_total") == 1

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY = 1 << 20  # 1 MiB: a run's input, a signal's payload
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """Raised from ``receive`` mid-body: an HTTPException, so the framework passes it on
+    as it is (rather than as a body it could not parse) to the one error handler."""
 
 
 class BodyLimit:
@@ -37,7 +39,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.limit:
-                    raise _TooLarge
+                    raise _TooLarge(413, f"request body over {self.limit} bytes")
             return message
 
         async def tracked(message: Message) -> None:
