@@ -6,6 +6,7 @@ worker killed mid-run. The API node here is API-only; runs are driven by worker 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from typing import Any
 import crash_app
 import httpx
 import pytest
-from httpx_sse import connect_sse
+from httpx_sse import aconnect_sse, connect_sse
 from proc import Harness, wait_for
 from serving import serving
 
@@ -424,3 +425,34 @@ def test_embedded_workers_drive_runs_and_count_them_in_metrics(
     assert "ratchet_sweep_lease_steals_total" in after
     assert "ratchet_runs_reclaimed_total" in after
     assert grew("ratchet_api_runs_started_total") == 1
+
+
+async def test_fifty_subscribers_of_one_run_each_receive_every_event_once_in_order(
+        api: Api) -> None:
+    h = api.h
+    run_id = api.start("chain", {"n": 5, "block_at": [1]})
+    token = api.token("acme", ("runs:read",))
+    n = 50
+    url = f"/v1/runs/{run_id}/events"
+    async with httpx.AsyncClient(base_url=api.base, timeout=30, headers={
+            "Authorization": f"Bearer {token}", "Accept": "text/event-stream"}) as client:
+
+        async def subscribe() -> list[tuple[int, str]]:
+            got = []
+            async with aconnect_sse(client, "GET", url) as source:
+                async for sse in source.aiter_sse():
+                    if sse.data:
+                        got.append((int(sse.id), sse.event))
+            return got
+
+        streams = [asyncio.create_task(subscribe()) for _ in range(n)]
+        # Every stream is open (and has read the queued event) before the run goes on.
+        await asyncio.to_thread(wait_for, f"{n} subscribers", lambda: (
+            f"ratchet_sse_subscribers {n}.0" in api.acme.get("/metrics").text))
+        h.spawn("w", lease_ttl=3.0)
+        await asyncio.to_thread(h.wait_invoked, "1:work")
+        h.open_gate("step-1")
+        results = await asyncio.gather(*streams)
+    expected = journal(h, run_id)
+    assert expected[-1][1] == "run_succeeded"
+    assert all(got == expected for got in results)

@@ -1,16 +1,15 @@
 """``/v1/runs/{id}/events``: a run's journal as JSON pages, or as Server-Sent Events.
 
-A stream is a replay plus a tail: it reads the journal after the client's last seq, then
-waits for the store's wake-up for this run (PostgreSQL: the journal trigger's NOTIFY, heard
-by the store's one listener per process; SQLite: the commit in this process, or the store's
-one shared poll for other processes) and reads again. It keeps no copy of events; seq is
-gapless and each run has one writer at a time, so reading ``seq > last`` after every wake-up
+A stream is a replay plus a tail: the journal after the client's last seq, then what the
+process's one reader of this run (:mod:`ratchet.api.tails`) reads on each of the store's
+wake-ups (PostgreSQL: the journal trigger's NOTIFY, heard by the store's one listener per
+process; SQLite: the commit in this process, or the store's one shared poll for other
+processes). Seq is gapless and each run has one writer at a time, so taking ``seq > last``
 misses nothing and repeats nothing, across reconnects too (``Last-Event-ID``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -21,13 +20,11 @@ from fastapi.responses import StreamingResponse
 from ratchet.api.errors import ApiError
 from ratchet.api.models import EventPage, JournalEvent
 from ratchet.api.runs import ERRORS, Reader, owned
+from ratchet.api.tails import PAGE, TERMINAL
 from ratchet.model import Event
 from ratchet.store import Store
-from ratchet.store.base import EVENTS
 
 router = APIRouter(prefix="/v1", tags=["events"], responses=ERRORS)
-TERMINAL = frozenset({"run_succeeded", "run_failed", "run_cancelled"})
-PAGE = 500
 
 
 def event_dict(ev: Event) -> dict[str, Any]:
@@ -40,31 +37,16 @@ def _frame(ev: Event) -> bytes:
     return f"id: {ev.seq}\nevent: {ev.kind}\ndata: {data}\n\n".encode()
 
 
-async def _stream(request: Request, store: Store, run_id: str, after: int
-                  ) -> AsyncIterator[bytes]:
-    heartbeat: float = request.app.state.heartbeat_s
-    subscribers = request.app.state.metrics.sse_subscribers
-    subscribers.inc()
+async def _stream(request: Request, run_id: str, after: int) -> AsyncIterator[bytes]:
+    state = request.app.state
+    state.metrics.sse_subscribers.inc()
     try:
-        # Watch before the first read, so an append between read and wait is not lost.
-        with store.watching(EVENTS, run_id) as woken:
-            while True:
-                woken.clear()
-                batch = await store.load_events(run_id, after, PAGE)
-                for ev in batch:
-                    yield _frame(ev)
-                    after = ev.seq
-                    if ev.kind in TERMINAL:
-                        return
-                if len(batch) == PAGE:
-                    continue
-                try:
-                    await asyncio.wait_for(woken.wait(), heartbeat)
-                except TimeoutError:
-                    # Also the backstop for a wake-up lost with a dropped listener.
-                    yield b": heartbeat\n\n"
+        with state.tails.subscribe(run_id) as tail:
+            async for ev in tail.follow(after, state.heartbeat_s):
+                # None: nothing happened for a heartbeat interval.
+                yield b": heartbeat\n\n" if ev is None else _frame(ev)
     finally:
-        subscribers.dec()
+        state.metrics.sse_subscribers.dec()
 
 
 @router.get("/runs/{run_id:path}/events", response_model=EventPage,
@@ -89,7 +71,7 @@ async def run_events(run_id: str, request: Request, token: Reader,
                                details=[{"field": "Last-Event-ID"}])
             after = int(last_event_id)
         return StreamingResponse(
-            _stream(request, store, run_id, after), media_type="text/event-stream",
+            _stream(request, run_id, after), media_type="text/event-stream",
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     events = await store.load_events(run_id, after_seq, limit)
     return EventPage(events=[JournalEvent(**event_dict(e)) for e in events],

@@ -15,6 +15,7 @@ from ratchet import __version__
 from ratchet.api import admin, errors, events, runs
 from ratchet.api.limits import MAX_BODY, BodyLimit
 from ratchet.api.metrics import Metrics
+from ratchet.api.tails import Tails
 from ratchet.app import Ratchet
 
 log = logging.getLogger("ratchet.api")
@@ -32,6 +33,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         # starts on first use here (PostgreSQL's listener) lives on the serving loop.
         store = await asyncio.to_thread(lambda: ratchet.store)
         api.state.store = store
+        api.state.tails = Tails(store)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(
             ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
@@ -43,6 +45,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         finally:
             stop.set()  # workers hand their runs back, as on a worker's SIGTERM
             await asyncio.gather(*tasks, return_exceptions=True)
+            await api.state.tails.close()
             await store.close()
 
     api = FastAPI(title="Ratchet", version=__version__, lifespan=lifespan,
