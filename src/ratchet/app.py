@@ -311,11 +311,11 @@ class Ratchet:
                           queue: str = "default", priority: int = 0, **kwargs: Any) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
         explicit ``run_id`` the call is idempotent: the existing run's id comes back."""
-        rec, _ = await self.start_run(wf, args, kwargs, run_id=run_id, queue=queue,
+        rec, _ = await self.start_run_async(wf, args, kwargs, run_id=run_id, queue=queue,
                                       priority=priority)
         return rec.run_id
 
-    async def start_run(self, wf: WorkflowDef | str, args: Sequence[Any],
+    async def start_run_async(self, wf: WorkflowDef | str, args: Sequence[Any],
                         kwargs: Mapping[str, Any], *, run_id: str | None = None,
                         queue: str = "default", priority: int = 0,
                         tenant: str = "default") -> tuple[RunRecord, bool]:

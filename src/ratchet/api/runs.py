@@ -106,7 +106,7 @@ async def start_run(body: StartRun, request: Request, response: Response, token:
     args: tuple[Any, ...] = (body.input,) if graph else ()
     kwargs: dict[str, Any] = {} if graph else body.input
     try:
-        rec, created = await app.start_run(body.workflow, args, kwargs, run_id=run_id,
+        rec, created = await app.start_run_async(body.workflow, args, kwargs, run_id=run_id,
                                            queue=body.queue, tenant=token.tenant_id)
     except InvalidInput as e:
         raise ApiError(422, str(e), details={"workflow": body.workflow}) from e
