@@ -19,7 +19,7 @@ import ratchet
 from ratchet.engine.control import Control, StopReason
 from ratchet.engine.worker import Worker
 from ratchet.model import ClaimedRun, Event, EventKind, RunStatus, dumps
-from ratchet.store.base import Store, Tx
+from ratchet.store.base import Tx
 
 
 @pytest.fixture
@@ -608,8 +608,8 @@ def _install_journal(app: ratchet.Ratchet, run_id: str, workflow: str,
         tx.run("run_insert", {"run_id": run_id, "workflow": workflow, "workflow_version": "1",
                               "input": dumps({"args": [], "kwargs": {}}),
                               "parent_run_id": None, "parent_step_id": None,
-                              "queue": "default", "priority": 0})
-        Store._insert_events(tx, events)
+                              "queue": "default", "priority": 0, "tenant_id": "default"})
+        app.store._insert_events(tx, events)
 
     app._portal.call(app.store._run(body))
 

@@ -21,7 +21,7 @@ from waiting import wait_for
 
 import ratchet
 from ratchet.model import Event, RunStatus, dumps
-from ratchet.store.base import Store, Tx
+from ratchet.store.base import Tx
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -46,8 +46,8 @@ def _install(app: ratchet.Ratchet, data: dict[str, Any], events: list[Event],
         tx.run("run_insert", {"run_id": run_id, "workflow": data["workflow"],
                               "workflow_version": version, "input": dumps(data["input"]),
                               "parent_run_id": None, "parent_step_id": None,
-                              "queue": "default", "priority": 0})
-        Store._insert_events(tx, events)
+                              "queue": "default", "priority": 0, "tenant_id": "default"})
+        app.store._insert_events(tx, events)
 
     app._portal.call(app.store._run(body))
     return run_id

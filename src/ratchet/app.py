@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from ratchet.config import DatabaseURL, database_url_from_env
@@ -310,6 +311,16 @@ class Ratchet:
                           queue: str = "default", priority: int = 0, **kwargs: Any) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
         explicit ``run_id`` the call is idempotent: the existing run's id comes back."""
+        rec, _ = await self.start_run_async(wf, args, kwargs, run_id=run_id, queue=queue,
+                                      priority=priority)
+        return rec.run_id
+
+    async def start_run_async(self, wf: WorkflowDef | str, args: Sequence[Any],
+                        kwargs: Mapping[str, Any], *, run_id: str | None = None,
+                        queue: str = "default", priority: int = 0,
+                        tenant: str = "default") -> tuple[RunRecord, bool]:
+        """:meth:`start_async` for callers that need the record and whether it was created
+        (the HTTP API): a run of ``tenant``, its arguments given as a sequence and a mapping."""
         if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
             raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of letters, "
                                "digits and . _ : @ -, starting with a letter or digit")
@@ -322,23 +333,25 @@ class Ratchet:
         if isinstance(wf, str) and wf not in self.workflows:
             from ratchet.graphs.start import new_graph_run
 
-            new = await new_graph_run(await self._astore(), wf, args, kwargs,
+            new = await new_graph_run(await self._astore(), wf, tuple(args), dict(kwargs),
                                       run_id or uuid.uuid4().hex, queue, priority,
                                       known=self.workflows)
+            new = dataclasses.replace(new, tenant_id=tenant)
             rec, created = await (await self._astore()).create_run(new)
             if not created and (rec.workflow, rec.workflow_version) != (new.workflow,
                                                                         new.workflow_version):
                 raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
                                    f"{rec.workflow!r} {rec.workflow_version}")
-            return rec.run_id
+            return rec, created
         wd = self._resolve(wf)
-        data = wd.bind(args, kwargs)
-        new = NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority)
+        data = wd.bind(tuple(args), dict(kwargs))
+        new = NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority,
+                     tenant_id=tenant)
         rec, created = await (await self._astore()).create_run(new)
         if not created and rec.workflow != wd.name:
             raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
                                f"{rec.workflow!r}, not {wd.name!r}")
-        return rec.run_id
+        return rec, created
 
     async def get_async(self, run_id: str) -> RunRecord:
         """The run's record, or :class:`UnknownRun`."""

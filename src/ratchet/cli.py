@@ -804,7 +804,7 @@ def llm_server(
 
 
 # Command groups kept in modules of their own register themselves on `cli`.
-from ratchet import cli_approvals, cli_graphs  # noqa: E402, F401
+from ratchet import cli_approvals, cli_graphs, cli_server, cli_tokens  # noqa: E402, F401
 
 
 def main() -> None:
@@ -813,4 +813,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # As ``python -m ratchet.cli`` this file is __main__, and the command groups above
+    # registered themselves on ratchet.cli's `cli`, not on this copy's: run that one.
+    from ratchet.cli import main as registered_main
+
+    registered_main()

@@ -18,7 +18,7 @@ DISTRIBUTION = "ratchet-engine"
 # The top-level modules each extra installs (pyproject.toml's optional-dependencies).
 EXTRAS: dict[str, tuple[str, ...]] = {
     "postgres": ("psycopg", "psycopg_pool"),
-    "server": ("starlette", "uvicorn"),
+    "server": ("starlette", "uvicorn", "fastapi", "prometheus_client"),
     "openai": ("openai",),
     "anthropic": ("anthropic",),
     "pydantic-ai": ("pydantic_ai",),

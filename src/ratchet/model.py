@@ -373,6 +373,7 @@ class RunRecord:
     waiting_for: str | None
     created_at: float
     updated_at: float
+    tenant_id: str = "default"
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -406,6 +407,8 @@ class NewRun:
     priority: int = 0
     parent_run_id: str | None = None
     parent_step_id: str | None = None
+    # A child run takes its parent's tenant whatever this says (the insert reads it).
+    tenant_id: str = "default"
 
 
 @dataclass(frozen=True, slots=True)

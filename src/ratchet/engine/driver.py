@@ -29,6 +29,7 @@ from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, to_json
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
+from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import PARK_MIN_S, Waits
 from ratchet.errors import (
@@ -250,6 +251,7 @@ class RunContext:
         # the lock, a branch's append waiting for the lock could commit it with the run
         # still running, and a failure before this write would leave the two apart.
         await self._write(op, last=lambda: self.emit(kind, payload=payload))
+        STATS.finished(str(status))
         crash_point("after_terminal")
 
     # -- replay ----------------------------------------------------------------------------
@@ -340,6 +342,7 @@ class RunContext:
                           {**payload, "kind": sd.kind, **(started or {})})
             await self.flush()
             crash_point("after_step_started")
+            began = time.monotonic()
             try:
                 result = await self._call(sd, step_id, attempt, key, args, kwargs)
                 extra: dict[str, Any] | None = None
@@ -356,6 +359,7 @@ class RunContext:
                              "running, e.g. by asyncio.wait_for)", "error_type": ABANDONED})
                 raise
             except BaseException as e:  # SystemExit from step code is the step's failure too
+                STATS.step("failed", time.monotonic() - began)
                 error = error_text(e)
                 used = attempt - base
                 if sd.retry.retryable(e) and used < sd.retry.max_attempts:
@@ -380,6 +384,7 @@ class RunContext:
                 self.emit(EventKind.STEP_FAILED, step_id, attempt,
                           {"error": error, "error_type": type(e).__name__})
                 raise StepFailed(step_id, error) from e
+            STATS.step("completed", time.monotonic() - began)
             output = json.loads(text)
             if extra:
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output, **extra})

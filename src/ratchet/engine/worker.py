@@ -33,6 +33,7 @@ from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import drive
 from ratchet.engine.faults import crash_point
+from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
 from ratchet.model import ClaimedRun
 from ratchet.store.base import CANCEL, READY, Store
@@ -116,6 +117,7 @@ class Worker:
                                          lease_ttl=self.lease_ttl)
         sent_at = time.monotonic()
         reclaimed = await self.store.reclaim_own(self.worker_id, self.lease_ttl, self.served)
+        STATS.reclaimed(len(reclaimed))
         self._spawn(reclaimed, sent_at)
         if reclaimed:
             self._renew_now.set()
@@ -261,6 +263,7 @@ class Worker:
                     continue
                 if runs:
                     crash_point("after_claim")
+                    STATS.claimed(len(runs))
                     self._spawn(runs, sent_at)
                     continue
                 if await self._refresh_graphs():
@@ -349,6 +352,7 @@ class Worker:
         except Exception as e:
             log.warning("action=sweep_failed error=%s", e)
             return []
+        STATS.swept(len(runs))
         for claimed in runs:
             log.info("action=run_stolen run_id=%s epoch=%s", claimed.record.run_id,
                      claimed.lease.epoch)

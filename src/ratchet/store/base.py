@@ -43,9 +43,9 @@ from ratchet.model import (
     dumps,
 )
 from ratchet.store import approvals
-from ratchet.store.bus import CANCEL, DONE, READY, Bus
+from ratchet.store.bus import CANCEL, DONE, EVENTS, READY, Bus
 
-__all__ = ["CANCEL", "DONE", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx",
+__all__ = ["CANCEL", "DONE", "EVENTS", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx",
            "WorkerInfo"]
 
 T = TypeVar("T")
@@ -214,6 +214,7 @@ def record_from_row(row: Any) -> RunRecord:
         waiting_for=row["waiting_for"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
+        tenant_id=row["tenant_id"],
     )
 
 
@@ -340,10 +341,22 @@ class Store(ABC):
         cross-process notifications poll)."""
         return
 
+    def _watch_journals(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Make sure appends in other processes reach EVENTS waiters (dialects without
+        cross-process notifications poll, once for all of them)."""
+        return
+
+    def _journaled(self, tx: Tx, run_id: str) -> None:
+        """This transaction appends to ``run_id``'s journal: wake its tails on commit.
+        PostgreSQL's journal trigger notifies instead, for every writer."""
+        self._announce(tx, EVENTS, run_id)
+
     def _on_watch(self, channel: str, key: str, loop: asyncio.AbstractEventLoop) -> None:
         self._listen()
         if channel == DONE and key:
             self._watch_finishes(loop)
+        elif channel == EVENTS:
+            self._watch_journals(loop)
 
     def _wake(self, channel: str, key: str = "") -> None:
         self.bus.wake(channel, key)
@@ -372,21 +385,22 @@ class Store(ABC):
         if tx.one("lease_check", params) is None:
             raise LeaseLost(lease.run_id)
 
-    @staticmethod
-    def _insert_events(tx: Tx, events: Sequence[Event]) -> None:
+    def _insert_events(self, tx: Tx, events: Sequence[Event]) -> None:
+        for run_id in {e.run_id for e in events}:
+            self._journaled(tx, run_id)
         if len(events) == 1:
             tx.send("event_insert", event_params(events[0]))
         elif events:
             tx.send_many("event_insert", [event_params(e) for e in events])
 
-    @staticmethod
-    def _append_unowned(tx: Tx, run_id: str, kind: str, payload: dict[str, Any]) -> Event:
+    def _append_unowned(self, tx: Tx, run_id: str, kind: str, payload: dict[str, Any]) -> Event:
         """Append for a writer without the lease; the caller holds the run's lease row
         locked (or fenced), so no holder can append concurrently."""
         last = tx.one("event_last", {"run_id": run_id})
         seq, prev = (last["seq"], last["hash"]) if last else (0, "0" * 64)
         ev = Event.chain(run_id, seq + 1, kind, None, None, payload, time.time(), prev)
         tx.send("event_insert", event_params(ev))
+        self._journaled(tx, run_id)
         return ev
 
     def _insert_run(self, tx: Tx, new: NewRun) -> tuple[RunRecord, bool]:
@@ -399,6 +413,7 @@ class Store(ABC):
             "parent_step_id": new.parent_step_id,
             "queue": new.queue,
             "priority": new.priority,
+            "tenant_id": new.tenant_id,
         }
         created = tx.run("run_insert", params) == 1
         if created:
@@ -406,6 +421,7 @@ class Store(ABC):
             ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload,
                              time.time(), "0" * 64)
             tx.send("event_insert", event_params(ev))
+            self._journaled(tx, new.run_id)
             self._announce(tx, READY)
         row = tx.one("run_get", {"run_id": new.run_id})
         return record_from_row(row), created
@@ -622,6 +638,7 @@ class Store(ABC):
                         else tx.many("event_insert_leased", rows))
             if inserted != len(rows):
                 raise LeaseLost(lease.run_id)
+            self._journaled(tx, lease.run_id)
 
         await self._run(body)
 

@@ -17,13 +17,14 @@ from collections.abc import Callable, Iterator
 READY = "ratchet_ready"  # a run became claimable
 DONE = "ratchet_done"  # a run reached a terminal status
 CANCEL = "ratchet_cancel"  # a cancel was requested for a run a worker holds
+EVENTS = "ratchet_events"  # events were appended to run key's journal
 
 _Entry = tuple[asyncio.AbstractEventLoop, asyncio.Event]
 
 
 class Bus:
-    """Watchers by ``(channel, key)``; ``key`` is a run id on DONE/CANCEL, "" otherwise
-    (and "" on DONE means any run)."""
+    """Watchers by ``(channel, key)``; ``key`` is a run id on DONE/CANCEL/EVENTS, ""
+    otherwise (and "" on DONE or EVENTS means any run)."""
 
     def __init__(self, on_watch: Callable[[str, str, asyncio.AbstractEventLoop], None]
                  | None = None) -> None:

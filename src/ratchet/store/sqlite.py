@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 from ratchet.errors import ConfigError, StorageError, StoreConflict, ValueRefused
 from ratchet.model import dumps
-from ratchet.store.base import DONE, Clock, Store, Tx, firm_future, settled
+from ratchet.store.base import DONE, EVENTS, Clock, Store, Tx, firm_future, settled
 from ratchet.store.queries import load_migrations, load_queries
 
 T = TypeVar("T")
@@ -70,6 +70,7 @@ class SqliteStore(Store):
         self._read_lock = threading.Lock()
         self._pending: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
         self._finish_poller: asyncio.Task[None] | None = None
+        self._journal_poller: asyncio.Task[None] | None = None
 
     # -- connection ------------------------------------------------------------------------
 
@@ -159,14 +160,13 @@ class SqliteStore(Store):
         self._conn = conn
 
     async def close(self) -> None:
-        poller, self._finish_poller = self._finish_poller, None
-        if poller is not None and not poller.done():
-            if poller.get_loop() is asyncio.get_running_loop():
-                poller.cancel()
+        pollers = (self._journal_poller, self._finish_poller)
+        self._journal_poller = self._finish_poller = None
+        for poller in pollers:
+            _stop(poller)
+            if poller is not None and poller.get_loop() is asyncio.get_running_loop():
                 with contextlib.suppress(asyncio.CancelledError):
                     await poller
-            elif not poller.get_loop().is_closed():
-                poller.get_loop().call_soon_threadsafe(poller.cancel)
         conn, reader = self._conn, self._reader_conn
         self._conn = self._reader_conn = None
         # Off the loop: a batch may be waiting (holding the connection) for another
@@ -337,9 +337,41 @@ class SqliteStore(Store):
             for run_id in await self.finished_among(awaited):
                 self._wake(DONE, run_id)
 
+    def _watch_journals(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Appends in this process wake their tails on commit; those of workers in other
+        # processes are found by one poll per store for all tailed runs at once, never one
+        # per subscriber.
+        if self._journal_poller is None or self._journal_poller.done():
+            self._journal_poller = loop.create_task(self._poll_journals())
+
+    async def _poll_journals(self) -> None:
+        heads: dict[str, int] = {}
+        while True:
+            await asyncio.sleep(FINISH_POLL_S)
+            tailed = self.bus.watched(EVENTS)
+            if not tailed:
+                return
+            params = {"ids": self._ids(tailed)}
+            rows = await self._read(lambda tx, p=params: tx.all("events_heads", p))
+            seen = {r["run_id"]: int(r["seq"]) for r in rows}
+            for run_id, seq in seen.items():
+                if heads.get(run_id) != seq:
+                    self._wake(EVENTS, run_id)
+            heads = seen
+
     async def now(self) -> float:
         # ratchet_now() in SQL reads this same clock; no round trip needed.
         return time.time() + self.clock.offset
+
+
+def _stop(poller: asyncio.Task[None] | None) -> None:
+    """Cancel a poller task, on whichever loop it runs."""
+    if poller is None or poller.done():
+        return
+    if poller.get_loop() is asyncio.get_running_loop():
+        poller.cancel()
+    elif not poller.get_loop().is_closed():
+        poller.get_loop().call_soon_threadsafe(poller.cancel)
 
 
 def _answer(batch: list[_Item], results: list[tuple[bool, Any]],

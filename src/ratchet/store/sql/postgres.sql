@@ -23,39 +23,41 @@
 SELECT ratchet_now() AS now
 
 -- name: run_insert
+-- A child run belongs to its parent's tenant, whatever the caller passed.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                  parent_step_id, queue, priority, created_at, updated_at)
+                  parent_step_id, queue, priority, created_at, updated_at, tenant_id)
 VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
         %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
-        ratchet_now())
+        ratchet_now(), COALESCE((SELECT tenant_id FROM runs WHERE run_id = %(parent_run_id)s),
+                                %(tenant_id)s))
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: run_get
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs WHERE run_id = %(run_id)s
 
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
        cancel_requested
 FROM runs WHERE run_id = %(run_id)s
 FOR UPDATE
 
 -- name: runs_get_many
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
 
 -- name: runs_list
 -- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
 -- name: runs_list_status
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs WHERE status = %(status)s
 ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
@@ -412,7 +414,7 @@ UPDATE runs r SET status = 'running', waiting_for = NULL, not_before = NULL,
 FROM leased WHERE r.run_id = leased.run_id
 RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
           r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
-          r.created_at, r.updated_at, leased.epoch
+          r.created_at, r.updated_at, r.tenant_id, leased.epoch
 
 -- name: create_run
 -- Start in one statement: the run (queued), its run_queued event and the wake-up, or, when
@@ -420,14 +422,16 @@ RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output,
 -- are invisible to its own reads, so the new row comes back from RETURNING.
 WITH new AS (
     INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                      parent_step_id, queue, priority, created_at, updated_at)
+                      parent_step_id, queue, priority, created_at, updated_at, tenant_id)
     VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
             %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
-            ratchet_now())
+            ratchet_now(),
+            COALESCE((SELECT tenant_id FROM runs WHERE run_id = %(parent_run_id)s),
+                     %(tenant_id)s))
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, workflow, workflow_version, input, status, output, error,
               parent_run_id, parent_step_id, queue, priority, not_before, waiting_for,
-              created_at, updated_at
+              created_at, updated_at, tenant_id
 ), queued AS (
     INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash,
                                 hash)
@@ -441,7 +445,7 @@ WITH new AS (
 SELECT new.*, true AS created, (SELECT count(*) FROM woken) AS woken FROM new
 UNION ALL
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
        false AS created, 0 AS woken
 FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)
 
@@ -527,3 +531,51 @@ ORDER BY name, registered_at DESC, version
 -- name: graph_versions
 -- What a worker serves besides its code workflows: every registered graph version.
 SELECT name, version FROM graphs
+
+-- name: events_heads
+-- The last seq of each of some runs (SQLite's shared poll; here for parity and tools).
+SELECT run_id, MAX(seq) AS seq FROM journal_events
+WHERE run_id = ANY(%(ids)s::text[]) GROUP BY run_id
+
+-- name: token_insert
+INSERT INTO api_tokens (token_id, token_hash, tenant_id, scopes, name, created_at)
+VALUES (%(token_id)s, %(token_hash)s, %(tenant_id)s, %(scopes)s, %(name)s, ratchet_now())
+
+-- name: token_by_hash
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+WHERE token_hash = %(token_hash)s AND revoked_at IS NULL
+
+-- name: tokens_list
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+ORDER BY created_at, token_id
+
+-- name: token_revoke
+UPDATE api_tokens SET revoked_at = ratchet_now()
+WHERE token_id = %(token_id)s AND revoked_at IS NULL
+
+-- name: token_get
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+WHERE token_id = %(token_id)s
+
+-- name: runs_page
+-- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
+-- when given (NULL: any). Times travel as epoch seconds; microseconds survive the float.
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+FROM runs
+WHERE tenant_id = %(tenant_id)s
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(parent)s::text IS NULL OR parent_run_id = %(parent)s::text)
+  AND (%(created_after)s::float8 IS NULL
+       OR created_at >= to_timestamp(%(created_after)s::float8))
+  AND (%(created_before)s::float8 IS NULL
+       OR created_at < to_timestamp(%(created_before)s::float8))
+  AND (%(cursor_at)s::float8 IS NULL OR created_at < to_timestamp(%(cursor_at)s::float8)
+       OR (created_at = to_timestamp(%(cursor_at)s::float8) AND run_id > %(cursor_id)s::text))
+ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: dead_letters_of_tenant
+SELECT d.run_id, r.workflow, d.reason, d.error, d.at
+FROM dead_letters d JOIN runs r ON r.run_id = d.run_id
+WHERE r.tenant_id = %(tenant_id)s ORDER BY d.at DESC LIMIT %(limit)s

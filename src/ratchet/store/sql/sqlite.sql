@@ -11,37 +11,39 @@
 SELECT ratchet_now() AS now
 
 -- name: run_insert
+-- A child run belongs to its parent's tenant, whatever the caller passed.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                  parent_step_id, queue, priority, created_at, updated_at)
+                  parent_step_id, queue, priority, created_at, updated_at, tenant_id)
 VALUES (:run_id, :workflow, :workflow_version, :input, 'queued', :parent_run_id,
-        :parent_step_id, :queue, :priority, ratchet_now(), ratchet_now())
+        :parent_step_id, :queue, :priority, ratchet_now(), ratchet_now(),
+        COALESCE((SELECT tenant_id FROM runs WHERE run_id = :parent_run_id), :tenant_id))
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: run_get
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs WHERE run_id = :run_id
 
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
        cancel_requested
 FROM runs WHERE run_id = :run_id
 
 -- name: runs_get_many
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids))
 
 -- name: runs_list
 -- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs ORDER BY created_at DESC, run_id LIMIT :limit
 
 -- name: runs_list_status
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs WHERE status = :status
 ORDER BY created_at DESC, run_id LIMIT :limit
 
@@ -383,3 +385,50 @@ ORDER BY name, registered_at DESC, version
 -- name: graph_versions
 -- What a worker serves besides its code workflows: every registered graph version.
 SELECT name, version FROM graphs
+
+-- name: events_heads
+-- The last seq of each of some runs: one shared poll tells every tail in this process
+-- which runs other processes appended to.
+SELECT run_id, MAX(seq) AS seq FROM journal_events
+WHERE run_id IN (SELECT value FROM json_each(:ids)) GROUP BY run_id
+
+-- name: token_insert
+INSERT INTO api_tokens (token_id, token_hash, tenant_id, scopes, name, created_at)
+VALUES (:token_id, :token_hash, :tenant_id, :scopes, :name, ratchet_now())
+
+-- name: token_by_hash
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+WHERE token_hash = :token_hash AND revoked_at IS NULL
+
+-- name: tokens_list
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+ORDER BY created_at, token_id
+
+-- name: token_revoke
+UPDATE api_tokens SET revoked_at = ratchet_now()
+WHERE token_id = :token_id AND revoked_at IS NULL
+
+-- name: token_get
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+WHERE token_id = :token_id
+
+-- name: runs_page
+-- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
+-- when given (NULL: any).
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+FROM runs
+WHERE tenant_id = :tenant_id
+  AND (:status IS NULL OR status = :status)
+  AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:parent IS NULL OR parent_run_id = :parent)
+  AND (:created_after IS NULL OR created_at >= :created_after)
+  AND (:created_before IS NULL OR created_at < :created_before)
+  AND (:cursor_at IS NULL OR created_at < :cursor_at
+       OR (created_at = :cursor_at AND run_id > :cursor_id))
+ORDER BY created_at DESC, run_id LIMIT :limit
+
+-- name: dead_letters_of_tenant
+SELECT d.run_id, r.workflow, d.reason, d.error, d.at
+FROM dead_letters d JOIN runs r ON r.run_id = d.run_id
+WHERE r.tenant_id = :tenant_id ORDER BY d.at DESC LIMIT :limit

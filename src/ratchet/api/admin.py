@@ -1,0 +1,77 @@
+"""Dead letters, workflows, health and metrics."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from ratchet.api.auth import scope
+from ratchet.api.errors import error_response
+from ratchet.api.models import DeadLetterOut, Health, StatusAfter, WorkflowOut
+from ratchet.api.runs import ERRORS, Reader, owned
+from ratchet.app import Ratchet
+from ratchet.store import Store, tokens
+from ratchet.store.tokens import Token
+
+router = APIRouter(tags=["operations"])
+v1 = APIRouter(prefix="/v1", tags=["operations"], responses=ERRORS)
+Admin = Annotated[Token, Depends(scope("admin"))]
+
+
+@v1.get("/dead-letters", response_model=list[DeadLetterOut])
+async def dead_letters(request: Request, token: Admin,
+                       limit: Annotated[int, Query(ge=1, le=500)] = 100
+                       ) -> list[DeadLetterOut]:
+    """The tenant's dead-lettered runs, newest first (admin scope)."""
+    found = await tokens.dead_letters(request.app.state.store, token.tenant_id, limit)
+    return [DeadLetterOut(run_id=d.run_id, workflow=d.workflow, reason=d.reason,
+                          error=d.error, at=d.at) for d in found]
+
+
+@v1.post("/dead-letters/{run_id:path}/retry", response_model=StatusAfter, status_code=202)
+async def retry(run_id: str, request: Request, token: Admin) -> StatusAfter:
+    """Re-queue a dead-lettered run; it resumes after its last completed step."""
+    await owned(request, run_id, token)
+    app: Ratchet = request.app.state.ratchet
+    rec = await app.retry_async(run_id)
+    return StatusAfter(run_id=run_id, status=str(rec.status))
+
+
+@v1.get("/workflows", response_model=list[WorkflowOut])
+async def workflows(request: Request, token: Reader) -> list[WorkflowOut]:
+    """What this server can start: its code workflows and registered graphs."""
+    app: Ratchet = request.app.state.ratchet
+    out = [WorkflowOut(name=w.name, kind="code", version=w.version,
+                       parameters=list(inspect.signature(w.fn).parameters))
+           for w in app.workflows.values() if w.name not in app.graphs]
+    out += [WorkflowOut(name=name, kind="graph", version=version, parameters=["input"])
+            for name, version in sorted(app.graphs.items())]
+    return sorted(out, key=lambda w: w.name)
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """The process is up."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+async def readyz(request: Request) -> Response:
+    """The database answers and its migrations are applied (the store opened)."""
+    store: Store = request.app.state.store
+    try:
+        await store.now()
+    except Exception as e:
+        return error_response(503, "unavailable", f"database unreachable: {type(e).__name__}")
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {"text/plain": {}}}})
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics."""
+    body, content_type = await request.app.state.metrics.render(request.app.state.store)
+    return Response(body, media_type=content_type)

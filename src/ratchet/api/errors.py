@@ -1,0 +1,102 @@
+"""One error shape for every response the API refuses: ``{"error": code, "message": ...,
+"details": ...}``. Ratchet's exceptions map to statuses here, once; anything unexpected is
+logged and answered 500 without a stack trace."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from ratchet.errors import (
+    ApprovalNotPending,
+    InvalidInput,
+    NotDeadLettered,
+    RatchetError,
+    RunFinished,
+    SignalAlreadyConsumed,
+    UnknownApproval,
+    UnknownRun,
+)
+
+log = logging.getLogger("ratchet.api")
+
+_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+          405: "method_not_allowed", 409: "conflict", 413: "payload_too_large",
+          422: "invalid_input", 500: "internal"}
+
+
+class ApiError(Exception):
+    """An answer other than success: status, code, message and optional details."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 details: Any = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code or _CODES.get(status, "error")
+        self.message = message
+        self.details = details
+        self.headers = headers
+
+
+def not_found(run_id: str) -> ApiError:
+    # The same words for a missing run and another tenant's: nothing tells them apart.
+    return ApiError(404, f"unknown run id {run_id!r}")
+
+
+def error_response(status: int, code: str, message: str, details: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": code, "message": message, "details": details},
+                        status_code=status, headers=headers)
+
+
+def _status_of(e: Exception) -> int:
+    if isinstance(e, UnknownRun | UnknownApproval):
+        return 404
+    if isinstance(e, RunFinished | ApprovalNotPending | NotDeadLettered
+                  | SignalAlreadyConsumed):
+        return 409
+    if isinstance(e, InvalidInput):
+        return 422
+    return 500
+
+
+def install(app: FastAPI) -> None:
+    """Register the handlers that give every refusal the one shape."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError) -> JSONResponse:
+        return error_response(e.status, e.code, e.message, e.details, e.headers)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        return error_response(e.status_code, _CODES.get(e.status_code, "error"),
+                              str(e.detail), None, getattr(e, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        details = [{"field": ".".join(str(p) for p in err.get("loc", ())[1:]) or "body",
+                    "message": err.get("msg", "")} for err in e.errors()]
+        fields = ", ".join(d["field"] for d in details)
+        return error_response(422, "invalid_input", f"invalid request: {fields}", details)
+
+    @app.exception_handler(RatchetError)
+    async def refused(request: Request, e: RatchetError) -> JSONResponse:
+        status = _status_of(e)
+        if status == 500:
+            return _internal(request, e)
+        return error_response(status, _CODES[status], str(e))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, e: Exception) -> JSONResponse:
+        return _internal(request, e)
+
+
+def _internal(request: Request, e: Exception) -> JSONResponse:
+    log.error("action=request_failed path=%s error=%s", request.url.path, type(e).__name__,
+              exc_info=e)
+    return error_response(500, "internal", "internal error; see the server log")

@@ -1,0 +1,64 @@
+"""A request body over the limit is refused with 413 before it is read whole."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_BODY = 1 << 20  # 1 MiB: a run's input, a signal's payload
+
+
+class _TooLarge(HTTPException):
+    """Raised from ``receive`` mid-body: an HTTPException, so the framework passes it on
+    as it is (rather than as a body it could not parse) to the one error handler."""
+
+
+class BodyLimit:
+    """ASGI middleware: Content-Length over ``limit`` is answered 413 at once; a chunked
+    body is counted as it arrives and cut off at the limit."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
+                return await self._refuse(send)
+        seen = 0
+        started = False
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge(413, f"request body over {self.limit} bytes")
+            return message
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send: Send) -> None:
+        body: dict[str, Any] = {"error": "payload_too_large",
+                                "message": f"request body over {self.limit} bytes",
+                                "details": {"limit": self.limit}}
+        data = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})

@@ -1,0 +1,64 @@
+"""The ASGI app of ``ratchet server``: the routes over one Ratchet app's store, and the
+embedded workers that drive its runs in the same process (none for an API-only node)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+
+from ratchet import __version__
+from ratchet.api import admin, errors, events, runs
+from ratchet.api.limits import MAX_BODY, BodyLimit
+from ratchet.api.metrics import Metrics
+from ratchet.api.tails import Tails
+from ratchet.app import Ratchet
+
+log = logging.getLogger("ratchet.api")
+HEARTBEAT_S = 15.0
+
+
+def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
+               heartbeat_s: float = HEARTBEAT_S, max_body: int = MAX_BODY,
+               worker_options: dict[str, Any] | None = None) -> FastAPI:
+    """The API for ``ratchet``'s workflows, with ``workers`` embedded workers."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(api: FastAPI) -> AsyncIterator[None]:
+        # Opened off this loop (the app's own), then used and closed on it: what the store
+        # starts on first use here (PostgreSQL's listener) lives on the serving loop.
+        store = await asyncio.to_thread(lambda: ratchet.store)
+        api.state.store = store
+        api.state.tails = Tails(store)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(
+            ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
+            name=f"ratchet-embedded-worker-{i}") for i in range(workers)]
+        log.info("action=server_ready workers=%d workflows=%s", workers,
+                 ",".join(sorted(ratchet.workflows)) or "-")
+        try:
+            yield
+        finally:
+            stop.set()  # workers hand their runs back, as on a worker's SIGTERM
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await api.state.tails.close()
+            await store.close()
+
+    api = FastAPI(title="Ratchet", version=__version__, lifespan=lifespan,
+                  description="Durable runs of AI-agent workflows: start them, follow their "
+                              "journals live, signal, cancel and approve.")
+    api.state.ratchet = ratchet
+    api.state.heartbeat_s = heartbeat_s
+    api.state.metrics = Metrics()
+    errors.install(api)
+    api.include_router(runs.router)
+    api.include_router(events.router)
+    api.include_router(admin.v1)
+    api.include_router(admin.router)
+    api.include_router(runs.last)
+    api.add_middleware(BodyLimit, limit=max_body)
+    return api

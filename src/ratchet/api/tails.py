@@ -1,0 +1,142 @@
+"""One reader per followed run, whatever the number of its subscribers.
+
+A thousand clients following one run must not turn each journal append into a thousand
+queries. A :class:`Tail` is the process's one follower of a run: woken by the store (the
+trigger's NOTIFY on PostgreSQL, the commit or the shared poll on SQLite), it reads the new
+events once and hands them to every subscriber. It keeps a bounded window of the latest
+events only so that subscribers at the head need not query; a subscriber further behind
+(a reconnect after a long while) replays from the journal itself until it reaches the
+window. Seq is gapless and read in order, so a subscriber that takes ``seq > last`` from the
+journal and then from the window misses nothing and repeats nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Iterator
+
+from ratchet.model import Event
+from ratchet.store import Store
+from ratchet.store.base import EVENTS
+
+log = logging.getLogger("ratchet.api")
+
+TERMINAL = frozenset({"run_succeeded", "run_failed", "run_cancelled"})
+PAGE = 500
+WINDOW = 2000  # events kept for subscribers at the head
+BACKSTOP_S = 15.0  # re-read even without a wake-up, in case one was lost
+
+
+class Tail:
+    """A run's journal as this process follows it."""
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.window: list[Event] = []  # contiguous seqs, the latest read
+        self.head = 0  # the last seq read
+        self.ended = False  # the terminal event has been read
+        self.subscribers = 0
+        self._changed = asyncio.Event()
+        self._reader: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._reader is None:
+            self._reader = asyncio.get_running_loop().create_task(
+                self._read(), name=f"ratchet-tail-{self.run_id}")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+
+    def _publish(self, events: list[Event]) -> None:
+        self.window.extend(events)
+        del self.window[:-WINDOW]
+        self.head = events[-1].seq
+        self.ended = self.ended or any(e.kind in TERMINAL for e in events)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def _read(self) -> None:
+        # Watch before the first read: an append between a read and the wait wakes it.
+        with self.store.watching(EVENTS, self.run_id) as woken:
+            # Start at the journal's head: subscribers replay what came before from the
+            # journal, and the window holds what commits from now on.
+            self.head = await self._last_seq()
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+            while not self.ended:
+                woken.clear()
+                try:
+                    batch = await self.store.load_events(self.run_id, self.head, PAGE)
+                except Exception as e:
+                    log.warning("action=tail_read_failed run_id=%s error=%s", self.run_id, e)
+                    await asyncio.sleep(0.5)
+                    continue
+                if batch:
+                    self._publish(batch)
+                    if len(batch) == PAGE:
+                        continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(woken.wait(), BACKSTOP_S)
+
+    async def _last_seq(self) -> int:
+        ids = {"ids": self.store._ids([self.run_id])}
+        rows = await self.store._read(lambda tx: tx.all("events_heads", ids))
+        return int(rows[0]["seq"]) if rows else 0
+
+    async def follow(self, after: int, heartbeat_s: float) -> AsyncIterator[Event | None]:
+        """The run's events after seq ``after``, each once and in order, as they commit;
+        None when ``heartbeat_s`` passes without one. Ends after the terminal event."""
+        while True:
+            changed = self._changed
+            start = self.window[0].seq if self.window else self.head + 1
+            if after + 1 < start:
+                # Behind the window: replay from the journal itself.
+                batch = await self.store.load_events(self.run_id, after, PAGE)
+            else:
+                batch = self.window[after + 1 - start:] if after < self.head else []
+            for ev in batch:
+                yield ev
+                after = ev.seq
+                if ev.kind in TERMINAL:
+                    return
+            if batch:
+                continue
+            try:
+                await asyncio.wait_for(changed.wait(), heartbeat_s)
+            except TimeoutError:
+                yield None
+
+
+class Tails:
+    """The tails of one server process, by run id, each kept while it has subscribers."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._tails: dict[str, Tail] = {}
+
+    @contextlib.contextmanager
+    def subscribe(self, run_id: str) -> Iterator[Tail]:
+        tail = self._tails.get(run_id)
+        if tail is None:
+            tail = self._tails[run_id] = Tail(self.store, run_id)
+            tail.start()
+        tail.subscribers += 1
+        try:
+            yield tail
+        finally:
+            tail.subscribers -= 1
+            if tail.subscribers == 0:
+                del self._tails[run_id]
+                if tail._reader is not None:
+                    tail._reader.cancel()
+
+    async def close(self) -> None:
+        for tail in list(self._tails.values()):
+            await tail.stop()
+        self._tails.clear()

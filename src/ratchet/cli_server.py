@@ -1,0 +1,72 @@
+"""``ratchet server``: the HTTP API and N embedded workers in one process, served by
+uvicorn until SIGTERM or Ctrl-C. Registered on :data:`ratchet.cli.cli`."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from types import FrameType
+from typing import Annotated
+
+import typer
+
+from ratchet.cli import DbOption, _errors, _Fail, _given_db, cli, load_app
+from ratchet.config import DatabaseURL
+
+
+@cli.command()
+def server(
+    ctx: typer.Context,
+    app_spec: Annotated[str, typer.Option("--app", metavar="APP",
+                                          help="The app, as module:attribute.")],
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")
+                    ] = 8000,
+    workers: Annotated[int, typer.Option(
+        min=0, help="Embedded workers driving runs in this process; 0 for an API-only node."
+    )] = 1,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    db: DbOption = None,
+) -> None:
+    """Serve APP's HTTP API (under /v1, bearer tokens from `ratchet tokens create`).
+
+    SIGTERM or Ctrl-C stops taking requests, lets open ones finish, and hands the embedded
+    workers' runs back to the queue."""
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        raise typer.BadParameter(f"invalid --log-level {log_level!r}")
+    logging.basicConfig(level=level, stream=sys.stderr,
+                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    with _errors():
+        from ratchet.extras import require
+
+        require("ratchet server", "server")
+        import uvicorn
+
+        from ratchet.api import create_app
+
+        app = load_app(app_spec)
+        url = _given_db(ctx, db)
+        if url is not None:
+            DatabaseURL.parse(url)
+            app.database_url = url
+        api = create_app(app, workers=workers)
+        # Access logs are off: they would print query strings, and tokens never belong in
+        # a log (they travel in headers, but a client may misplace one).
+        config = uvicorn.Config(api, host=host, port=port, log_level=log_level.lower(),
+                                access_log=False, lifespan="on",
+                                timeout_graceful_shutdown=30)
+        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the
+        # handler it found: with this one, a graceful stop ends the command with status 0.
+        signal.signal(signal.SIGTERM, _stopped)
+        try:
+            uvicorn.Server(config).run()
+        except OSError as e:
+            raise _Fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+        finally:
+            app.shutdown()
+
+
+def _stopped(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(0)

@@ -1,0 +1,66 @@
+"""``ratchet tokens create|list|revoke``: the bearer tokens of ``ratchet server``.
+Registered on :data:`ratchet.cli.cli`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from ratchet.cli import DbOption, JsonOption, _client, _console, _echo_json, _when, cli
+from ratchet.store import tokens as store_tokens
+
+tokens_cli = typer.Typer(help="API tokens for ratchet server: create, list, revoke.",
+                         no_args_is_help=True)
+cli.add_typer(tokens_cli, name="tokens")
+
+
+@tokens_cli.command("create")
+def create(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Option("--tenant", help="The tenant the token acts for.")],
+    scopes: Annotated[str, typer.Option(
+        "--scopes", help="Comma-separated: runs:read, runs:write, admin.")] = "runs:read",
+    name: Annotated[str | None, typer.Option("--name", help="A label, e.g. ci.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Create a token. It is printed once, alone on the last line; only its hash is kept."""
+    with _client(ctx, db) as app:
+        parsed = store_tokens.parse_scopes(scopes)
+        store_tokens.check_tenant(tenant)
+        token, secret = app._portal.call(
+            store_tokens.create_token(app.store, tenant, parsed, name))
+    typer.echo(f"token {token.token_id} for tenant {token.tenant_id} "
+               f"(scopes {','.join(token.scopes)}); it is shown once:")
+    typer.echo(secret)
+
+
+@tokens_cli.command("list")
+def list_(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) -> None:
+    """Every token: id, tenant, scopes, name, created, revoked (never the secret)."""
+    with _client(ctx, db, read_only=True) as app:
+        found = app._portal.call(store_tokens.list_tokens(app.store))
+    if as_json:
+        _echo_json([t.as_dict() for t in found])
+        return
+    console = _console()
+    if not found:
+        console.print("no tokens; create one with ratchet tokens create --tenant NAME")
+        return
+    table = Table("id", "tenant", "scopes", "name", "created", "revoked")
+    for t in found:
+        table.add_row(Text(t.token_id), Text(t.tenant_id), Text(",".join(t.scopes)),
+                      Text(t.name or "-"), _when(t.created_at), _when(t.revoked_at))
+    console.print(table)
+
+
+@tokens_cli.command("revoke")
+def revoke(ctx: typer.Context,
+           token_id: Annotated[str, typer.Argument(metavar="ID", help="A token id (tok_...).")],
+           db: DbOption = None) -> None:
+    """Revoke a token: requests bearing it are refused (401) from now on."""
+    with _client(ctx, db) as app:
+        token = app._portal.call(store_tokens.revoke_token(app.store, token_id))
+    typer.echo(f"token {token.token_id} (tenant {token.tenant_id}) is revoked")

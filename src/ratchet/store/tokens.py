@@ -1,0 +1,133 @@
+"""API tokens and tenant-scoped reads: what ``ratchet server`` asks of the store.
+
+A token is a random secret handed out once; only its sha256 is stored, so the database
+cannot give a token back, and a leaked table cannot be replayed against the API. A token
+carries a tenant and its scopes; revoking one stamps ``revoked_at`` and keeps the row, so
+``ratchet tokens list`` says what existed. Every read here is confined to one tenant: a
+token never sees another tenant's runs, not even to learn that they exist.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ratchet.errors import InvalidInput
+from ratchet.model import DeadLetter, RunRecord
+
+if TYPE_CHECKING:
+    from ratchet.store.base import Store
+
+SCOPES = ("runs:read", "runs:write", "admin")
+TOKEN_PREFIX = "rt_"
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """A row of ``api_tokens``, without the hash."""
+
+    token_id: str
+    tenant_id: str
+    scopes: tuple[str, ...]
+    name: str | None
+    created_at: float
+    revoked_at: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.token_id, "tenant": self.tenant_id, "scopes": list(self.scopes),
+                "name": self.name, "created_at": self.created_at,
+                "revoked_at": self.revoked_at}
+
+
+def _token(row: Any) -> Token:
+    return Token(row["token_id"], row["tenant_id"], tuple(row["scopes"].split(",")),
+                 row["name"], float(row["created_at"]),
+                 None if row["revoked_at"] is None else float(row["revoked_at"]))
+
+
+def token_hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse_scopes(text: str) -> tuple[str, ...]:
+    """``runs:read,runs:write`` → the scopes, each checked; refused with the valid ones."""
+    scopes = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
+    bad = [s for s in scopes if s not in SCOPES]
+    if not scopes or bad:
+        raise InvalidInput(f"invalid scopes {text!r}: expected a comma-separated list of "
+                           f"{', '.join(SCOPES)}")
+    return scopes
+
+
+def check_tenant(tenant: str) -> str:
+    if not _TENANT.fullmatch(tenant):
+        raise InvalidInput(f"invalid tenant {tenant!r}: use 1-64 letters, digits and . _ -, "
+                           "starting with a letter or digit")
+    return tenant
+
+
+async def create_token(store: Store, tenant: str, scopes: Sequence[str],
+                       name: str | None = None) -> tuple[Token, str]:
+    """A new token for ``tenant``: its row and the secret, which is not stored."""
+    check_tenant(tenant)
+    secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    token_id = "tok_" + secrets.token_hex(6)
+    params = {"token_id": token_id, "token_hash": token_hash(secret), "tenant_id": tenant,
+              "scopes": ",".join(scopes), "name": name}
+
+    def body(tx: Any) -> Token:
+        tx.send("token_insert", params)
+        return _token(tx.one("token_get", {"token_id": token_id}))
+
+    return await store._run(body), secret
+
+
+async def authenticate(store: Store, secret: str) -> Token | None:
+    """The live token whose secret this is, or None."""
+    row = await store._read(lambda tx: tx.one("token_by_hash", {"token_hash": token_hash(secret)}))
+    return _token(row) if row is not None else None
+
+
+async def list_tokens(store: Store) -> list[Token]:
+    return [_token(r) for r in await store._read(lambda tx: tx.all("tokens_list", {}))]
+
+
+async def revoke_token(store: Store, token_id: str) -> Token:
+    """Revoke a token; refused for an unknown id (a revoked one stays revoked, once)."""
+
+    def body(tx: Any) -> Token:
+        tx.run("token_revoke", {"token_id": token_id})
+        row = tx.one("token_get", {"token_id": token_id})
+        if row is None:
+            raise InvalidInput(f"unknown token id {token_id!r}; see ratchet tokens list")
+        return _token(row)
+
+    return await store._run(body)
+
+
+async def runs_page(store: Store, tenant: str, *, status: str | None = None,
+                    workflow: str | None = None, parent: str | None = None,
+                    created_after: float | None = None, created_before: float | None = None,
+                    cursor: tuple[float, str] | None = None, limit: int = 50
+                    ) -> list[RunRecord]:
+    """A tenant's runs, newest first, after ``cursor`` (the last one's created_at, run_id)."""
+    from ratchet.store.base import record_from_row
+
+    params = {"tenant_id": tenant, "status": status, "workflow": workflow, "parent": parent,
+              "created_after": created_after, "created_before": created_before,
+              "cursor_at": cursor[0] if cursor else None,
+              "cursor_id": cursor[1] if cursor else None, "limit": limit}
+    rows = await store._read(lambda tx: tx.all("runs_page", params))
+    return [record_from_row(r) for r in rows]
+
+
+async def dead_letters(store: Store, tenant: str, limit: int = 100) -> list[DeadLetter]:
+    rows = await store._read(lambda tx: tx.all("dead_letters_of_tenant",
+                                               {"tenant_id": tenant, "limit": limit}))
+    return [DeadLetter(r["run_id"], r["workflow"], r["reason"], r["error"], float(r["at"]))
+            for r in rows]

@@ -1,0 +1,111 @@
+"""``ratchet tokens`` and ``ratchet server`` as commands: a token is printed once and only
+its hash is stored; a server process serves the API with an embedded worker and stops
+cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from test_cli import SHOP, invoke
+
+
+def stored_hashes(db_url: str) -> list[str]:
+    sql = "SELECT token_hash FROM api_tokens"
+    if db_url.startswith("sqlite:///"):
+        with sqlite3.connect(db_url[len("sqlite:///"):]) as conn:
+            rows = conn.execute(sql).fetchall()
+        conn.close()
+    else:
+        with psycopg.connect(db_url) as pg:
+            rows = pg.execute(sql).fetchall()
+    return [r[0] for r in rows]
+
+
+def test_tokens_create_list_revoke(db_url: str) -> None:
+    made = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:read,admin",
+                  "--name", "ci", "--db", db_url)
+    assert made.exit_code == 0, made.output
+    token = made.output.strip().splitlines()[-1]
+    assert re.fullmatch(r"rt_[A-Za-z0-9_-]{40,}", token), made.output
+    token_id = re.search(r"token (tok_[0-9a-f]+)", made.output)
+    assert token_id is not None
+    # Only the hash is kept.
+    assert stored_hashes(db_url) == [hashlib.sha256(token.encode()).hexdigest()]
+
+    listed = invoke("tokens", "list", "--json", "--db", db_url)
+    assert listed.exit_code == 0 and token not in listed.output
+    (row,) = json.loads(listed.output)
+    assert row | {"created_at": 0} == {
+        "id": token_id.group(1), "tenant": "acme", "scopes": ["runs:read", "admin"],
+        "name": "ci", "created_at": 0, "revoked_at": None}
+    table = invoke("tokens", "list", "--db", db_url)
+    assert token_id.group(1) in table.output and "acme" in table.output
+
+    revoked = invoke("tokens", "revoke", token_id.group(1), "--db", db_url)
+    assert revoked.exit_code == 0 and "revoked" in revoked.output
+    assert json.loads(invoke("tokens", "list", "--json", "--db", db_url).output)[0][
+        "revoked_at"] is not None
+
+    bad = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:delete",
+                 "--db", db_url)
+    assert bad.exit_code == 2 and "invalid scopes 'runs:delete'" in bad.output
+    bad = invoke("tokens", "create", "--tenant", "no tenant", "--db", db_url)
+    assert bad.exit_code == 2 and "invalid tenant" in bad.output
+    unknown = invoke("tokens", "revoke", "tok_nope", "--db", db_url)
+    assert unknown.exit_code == 2 and "unknown token id 'tok_nope'" in unknown.output
+
+
+@pytest.mark.crash
+def test_server_process_serves_runs_with_an_embedded_worker_and_stops_on_sigterm(
+        db_url: str, tmp_path: Path) -> None:
+    (tmp_path / "shop.py").write_text(SHOP)
+    made = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:read,runs:write",
+                  "--db", db_url)
+    token = made.output.strip().splitlines()[-1]
+    env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ratchet.cli", "server", "--app", "shop:app", "--db", db_url,
+         "--port", "0", "--workers", "1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    err: list[str] = []
+    try:
+        # uvicorn says where it listens once the app has started (port 0: any free one).
+        while not (found := re.search(r"running on (http://\S+)", "".join(err))):
+            line = proc.stderr.readline()
+            assert line, f"the server exited: {''.join(err)}"
+            err.append(line)
+        base = found.group(1)
+        with httpx.Client(base_url=base, timeout=30,
+                          headers={"Authorization": f"Bearer {token}"}) as client:
+            assert client.get("/readyz").json() == {"status": "ready"}
+            started = client.post("/v1/runs", json={"workflow": "checkout",
+                                                    "input": {"sku": "sku-42"}})
+            assert started.status_code == 202, started.text
+            run_id = started.json()["run_id"]
+            result = client.get(f"/v1/runs/{run_id}/result", params={"wait": 30}).json()
+            assert result["status"] == "succeeded", result
+            assert result["output"] == {"sku": "sku-42", "cents": 600}
+        proc.send_signal(signal.SIGTERM)
+        err.append(proc.communicate(timeout=30)[1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = "".join(err)
+    assert proc.returncode == 0, log
+    assert "action=server_ready workers=1 workflows=checkout" in log
+    assert "action=worker_stopped" in log
+    assert token not in log  # tokens never reach the log
+    assert not (tmp_path / "not-this-one.db").exists()
