@@ -7,7 +7,6 @@ receipt."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import accounts_common as common
@@ -91,17 +90,7 @@ def main() -> None:
         wf = workflow(base)
         app.launch()
         run_id = app.start(wf, ["Acme", "Globex", "Initech"], receiver.url)
-        while not app.approvals(run_id):  # a person would see it in `ratchet approvals`
-            time.sleep(0.05)
-        (asked,) = app.approvals(run_id)
-        print(f"approval asked: {asked.data['top']} first")
-        provider.fail("slow", delay_s=8, endpoint="chat")  # the forecast's first try
-        app.approve(run_id, asked.step_id, by="ana")
-        print(app.result(run_id, timeout_s=60))
-        for e in app.events(run_id):
-            if e.kind in ("step_completed", "step_retrying", "step_waiting"):
-                print(f"{e.seq:>3} {e.kind:<15} {e.step_id}")
-        print(f"webhook: {len(receiver.deliveries)} delivery, {receiver.sends} send(s)")
+        common.approve_and_report(app, run_id, provider, receiver)
     receiver.close()
 
 

@@ -1,13 +1,17 @@
-"""What both account examples share: the two tools' code, and a webhook receiver standing
-in for the team's chat (it keeps one delivery per Idempotency-Key, as a careful receiver
-does)."""
+"""What both account examples share: the two tools' code, a webhook receiver standing in
+for the team's chat (it keeps one delivery per Idempotency-Key, as a careful receiver
+does), and the person who approves the run and reads its journal."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+import ratchet
+from ratchet.llm.server import LocalProvider
 
 
 def load_accounts(names: list[str]) -> list[dict[str, Any]]:
@@ -51,3 +55,20 @@ class Receiver:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def approve_and_report(app: ratchet.Ratchet, run_id: str, provider: LocalProvider,
+                       receiver: Receiver) -> None:
+    """Approve the run's one approval once it is asked, make the provider slow for the
+    forecast's first try, and print the result, the journal's steps and the deliveries."""
+    while not app.approvals(run_id):  # a person would see it in `ratchet approvals`
+        time.sleep(0.05)
+    (asked,) = app.approvals(run_id)
+    print(f"approval asked: {asked.data['top']} first")
+    provider.fail("slow", delay_s=8, endpoint="chat")  # the forecast's first try
+    app.approve(run_id, asked.step_id, by="ana")
+    print(app.result(run_id, timeout_s=60))
+    for e in app.events(run_id):
+        if e.kind in ("step_completed", "step_retrying", "step_waiting"):
+            print(f"{e.seq:>3} {e.kind:<15} {e.step_id}")
+    print(f"webhook: {len(receiver.deliveries)} delivery, {receiver.sends} send(s)")

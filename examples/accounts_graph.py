@@ -9,7 +9,6 @@ summary goes to a webhook once, behind its receipt.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +43,7 @@ def main() -> None:
         app.launch()
         run_id = app.start("enrich-accounts", {"accounts": ["Acme", "Globex", "Initech"],
                                                "webhook": receiver.url})
-        while not app.approvals(run_id):  # a person would see it in `ratchet approvals`
-            time.sleep(0.05)
-        (asked,) = app.approvals(run_id)
-        print(f"approval asked: {asked.data['top']} first")
-        provider.fail("slow", delay_s=8, endpoint="chat")  # the forecast's first try
-        app.approve(run_id, asked.step_id, by="ana")
-        print(app.result(run_id, timeout_s=60))
-        for e in app.events(run_id):
-            if e.kind in ("step_completed", "step_retrying", "step_waiting"):
-                print(f"{e.seq:>3} {e.kind:<15} {e.step_id}")
-        print(f"webhook: {len(receiver.deliveries)} delivery, {receiver.sends} send(s)")
+        common.approve_and_report(app, run_id, provider, receiver)
     receiver.close()
 
 
