@@ -275,3 +275,24 @@ def test_every_psql_recipe_runs_on_the_schema(pg_url: str) -> None:
                 conn.execute(statement.replace("RUN_ID", run_id)).fetchall()
             except psycopg.Error as e:
                 raise AssertionError(f"{statement}\n{e}") from e
+
+
+# --- the metrics page --------------------------------------------------------------------
+
+async def test_the_metrics_page_lists_what_metrics_serves(tmp_path: Path) -> None:
+    """The table on the operations page names exactly the metrics ``/metrics`` renders."""
+    from ratchet.api.metrics import Metrics
+    from ratchet.store import Clock, make_store
+
+    store = make_store(f"sqlite:///{tmp_path}/metrics.db", Clock())
+    await store.open()
+    try:
+        body, _ = await Metrics().render(store)
+    finally:
+        await store.close()
+    served = {name for name in re.findall(r"^# TYPE (\S+) ", body.decode(), re.MULTILINE)
+              if not name.endswith("_created")}  # the client library's creation stamps
+    page = (DOCS / "operations" / "metrics.md").read_text(encoding="utf-8")
+    table = page[page.index("| metric | type |"):]
+    shown = set(re.findall(r"^\| `([a-z_]+)` \|", table[:table.index("\n\n")], re.MULTILINE))
+    assert shown == served
