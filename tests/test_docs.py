@@ -217,11 +217,11 @@ def test_the_cli_reference_shows_every_command_and_option() -> None:
     import typer
 
     def walk(command: Any, ctx: Any, path: str) -> None:
-        assert f"## `{path}`" in page, path
+        assert f"### `{path}`" in page, path
         for param in command.params:
             for opt in getattr(param, "opts", ()):
                 if opt.startswith("-") and opt != "--help":
-                    assert opt in page.split(f"## `{path}`", 1)[1], (path, opt)
+                    assert opt in page.split(f"### `{path}`", 1)[1], (path, opt)
         for name in getattr(command, "list_commands", lambda _: [])(ctx):
             sub = command.get_command(ctx, name)
             walk(sub, typer.Context(sub, info_name=name, parent=ctx), f"{path} {name}")

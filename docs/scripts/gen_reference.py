@@ -62,15 +62,17 @@ def cli_markdown() -> str:
     """The CLI reference page: every command with its usage, help and parameters."""
     root = root_command()
     ctx = typer.Context(root, info_name="ratchet")
-    lines = ["# CLI reference", "",
-             "Every `ratchet` command, generated from the command itself when the site is "
-             "built (the same text as `ratchet COMMAND --help`). Options of the `ratchet` "
-             "group itself (`--db`, `--version`) go before the command.", ""]
+    overview = (Path(__file__).parent / "cli_overview.md").read_text(encoding="utf-8")
+    lines = ["# CLI reference", "", overview.split("-->", 1)[-1].strip(), "",
+             "## Every command", "",
+             "Generated from the commands themselves when the site is built (the same text "
+             "as `ratchet COMMAND --help`). Options of the `ratchet` group itself (`--db`, "
+             "`--version`) go before the command.", ""]
     for path, command in [("ratchet", root), *_commands(root, ctx)]:
         sub = typer.Context(command, info_name=path.split(" ")[-1],
                             parent=None if path == "ratchet" else ctx)
         pieces = " ".join(command.collect_usage_pieces(sub))
-        lines += [f"## `{path}`", "", f"```text\nUsage: {path} {pieces}\n```", ""]
+        lines += [f"### `{path}`", "", f"```text\nUsage: {path} {pieces}\n```", ""]
         if command.help:
             lines += [command.help.strip(), ""]
         params = [p for p in command.get_params(sub) if not getattr(p, "hidden", False)
