@@ -132,8 +132,9 @@ def http_markdown(spec: dict[str, Any] | None = None) -> str:
             params = op.get("parameters", [])
             if params:
                 lines += ["| parameter | in | type | required | meaning |", "|---|---|---|---|---|"]
-                lines += [f"| `{p['name']}` | {p['in']} | {_cell(_schema_name(p.get('schema', {})))}"
-                          f" | {'yes' if p.get('required') else ''} | "
+                lines += [f"| `{p['name']}` | {p['in']} | "
+                          f"{_cell(_schema_name(p.get('schema', {})))} | "
+                          f"{'yes' if p.get('required') else ''} | "
                           f"{_cell(p.get('description', ''))} |" for p in params]
                 lines.append("")
             body = op.get("requestBody", {}).get("content", {})
