@@ -296,3 +296,27 @@ async def test_the_metrics_page_lists_what_metrics_serves(tmp_path: Path) -> Non
     table = page[page.index("| metric | type |"):]
     shown = set(re.findall(r"^\| `([a-z_]+)` \|", table[:table.index("\n\n")], re.MULTILINE))
     assert shown == served
+
+
+# --- the site's navigation ---------------------------------------------------------------
+
+def test_every_page_is_in_the_nav() -> None:
+    """A page under docs/ that the nav does not list is built but hard to find: each one
+    is listed in mkdocs.yml (pages merged with their features get their entry then)."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text(encoding="utf-8"))
+
+    def listed(entries: Any) -> set[str]:
+        if isinstance(entries, str):
+            return {entries}
+        if isinstance(entries, list):
+            return set().union(*(listed(e) for e in entries))
+        return set().union(*(listed(v) for v in entries.values()))
+
+    nav = listed(config["nav"])
+    generated = {"reference/cli.md", "reference/http.md"}  # written by gen_reference.py
+    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")
+             if p.relative_to(DOCS).parts[0] != "scripts"}
+    assert pages - nav == set(), "pages missing from mkdocs.yml's nav"
+    assert nav - pages - generated == set(), "nav entries with no page"
