@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: run test lint bench chaos package-check clean
+.PHONY: run test lint bench chaos package-check docs docs-check clean
 
 # The distribution was called ratchet before ratchet-engine: an older .venv drops that
 # install and its metadata before installing under the new name.
@@ -36,9 +36,18 @@ chaos: $(STAMP)  ## fault-injection campaigns on both backends; LONG=1 for the l
 package-check: $(STAMP)  ## build, install the wheel in a fresh venv, run the demo and PostgreSQL from it
 	.ci/package-check $(PY)
 
+# MkDocs' plugins print banners about MkDocs' future on every build; these turn them off.
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs
+
+docs: $(STAMP)  ## the documentation site, served at http://127.0.0.1:8000 as you edit
+	$(MKDOCS) serve
+
+docs-check: $(STAMP)  ## build the site with warnings as errors (broken links, references)
+	$(MKDOCS) build --strict
+
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples bench chaos
+	$(VENV)/bin/ruff check src tests examples bench chaos docs/scripts
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) .ratchet .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .ratchet .pytest_cache .mypy_cache .ruff_cache site

@@ -1,0 +1,1 @@
+"""The engine: workers, leases, the recovery sweep, driving and replaying runs, retries."""
