@@ -109,6 +109,39 @@ class Demo:
             self.console.print(Text(w.tail()), soft_wrap=True)
         return 1
 
+    def kill_mid_call(self, w1: _Worker, provider: LocalProvider,
+                      journal: Callable[[], Sequence[Journaled]]) -> float:
+        """Wait until worker 1's model call (step 4) has reached ``provider``, which holds
+        its answer, then kill the worker with SIGKILL; the kill's monotonic time."""
+        from ratchet.demo_app import MODEL
+
+        crash_step = STEPS[CRASH_STEP - 1]
+        self.wait_for(f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
+                      lambda: provider.stats()["received"] >= 1, alive=w1)
+        done = ", ".join(STEPS[: CRASH_STEP - 1])
+        self.say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({done}) completed in worker 1")
+        key = started_key(journal(), STEP_IDS[CRASH_STEP - 1])
+        self.say(f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the "
+                 f"provider has received, Idempotency-Key {key[:12]}, and holds for "
+                 f"{HOLD_S:g}s")
+        w1.proc.send_signal(signal.SIGKILL)
+        w1.proc.wait()
+        t_kill = time.monotonic()
+        self.say(Text(f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
+                      style="bold red"))
+        return t_kill
+
+    def stop(self, worker: _Worker) -> None:
+        """Stop a worker with SIGTERM, as an operator would; it must exit within 10 s."""
+        worker.proc.send_signal(signal.SIGTERM)
+        try:
+            worker.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired as e:
+            raise DemoFailed(f"worker {worker.number} did not stop within 10s of SIGTERM"
+                             ) from e
+        self.say(f"worker {worker.number} stopped gracefully (exit code "
+                 f"{worker.proc.returncode})")
+
     def stop_all(self) -> None:
         for w in self.workers:
             if w.proc.poll() is None:
@@ -215,7 +248,7 @@ def run_demo(db: str | None, console: Console) -> int:
 
 
 def _play(demo: Demo, app: Ratchet, setup: Setup, provider: LocalProvider) -> int:
-    from ratchet.demo_app import MODEL, answer_ticket, invocations
+    from ratchet.demo_app import answer_ticket, invocations
 
     env, log_path = setup.env, setup.log_path
 
@@ -232,19 +265,7 @@ def _play(demo: Demo, app: Ratchet, setup: Setup, provider: LocalProvider) -> in
     def seen(step: str) -> list[dict[str, Any]]:
         return [e for e in invocations(log_path) if e["run_id"] == run_id and e["step"] == step]
 
-    crash_step = STEPS[CRASH_STEP - 1]
-    demo.wait_for(f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
-                  lambda: provider.stats()["received"] >= 1, alive=w1)
-    done = ", ".join(STEPS[: CRASH_STEP - 1])
-    say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({done}) completed in worker 1")
-    key = started_key(app.events(run_id), STEP_IDS[CRASH_STEP - 1])
-    say(f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the provider "
-        f"has received, Idempotency-Key {key[:12]}, and holds for {HOLD_S:g}s")
-    w1.proc.send_signal(signal.SIGKILL)
-    w1.proc.wait()
-    t_kill = time.monotonic()
-    say(Text(f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
-             style="bold red"))
+    t_kill = demo.kill_mid_call(w1, provider, lambda: app.events(run_id))
 
     status = app.get(run_id).status
     lease = _lease(app, run_id)
@@ -265,12 +286,7 @@ def _play(demo: Demo, app: Ratchet, setup: Setup, provider: LocalProvider) -> in
         raise DemoFailed(f"the run did not succeed after the restart: {e}") from e
     t_done = time.monotonic()
     say(Text(f"run {run_id} succeeded, {t_done - t_kill:.2f}s after the kill", style="bold green"))
-    w2.proc.send_signal(signal.SIGTERM)
-    try:
-        w2.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired as e:
-        raise DemoFailed("worker 2 did not stop within 10s of SIGTERM") from e
-    say(f"worker 2 stopped gracefully (exit code {w2.proc.returncode})")
+    demo.stop(w2)
     checks = report(demo.console, run_id, app.events(run_id), app.get(run_id).status,
                     {w1.pid: 1, w2.pid: 2}, invocations(log_path), provider.requests())
     return verdict(demo, checks, result,

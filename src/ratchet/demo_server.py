@@ -20,7 +20,6 @@ import asyncio
 import errno
 import os
 import signal
-import subprocess
 import threading
 import time
 import uuid
@@ -35,10 +34,7 @@ from rich.text import Text
 from ratchet.api import create_app
 from ratchet.asgi import listen, serve_in_thread
 from ratchet.demo import (
-    CRASH_STEP,
     HOLD_S,
-    STEP_IDS,
-    STEPS,
     WAIT_S,
     WORKER_ID,
     Demo,
@@ -47,7 +43,6 @@ from ratchet.demo import (
     demo_provider,
     prepare,
     report,
-    started_key,
     verdict,
 )
 from ratchet.errors import ConfigError
@@ -215,7 +210,7 @@ def _header(console: Console, base: str, token: str, setup: Setup) -> None:
 
 
 def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvider) -> int:
-    from ratchet.demo_app import MODEL, invocations
+    from ratchet.demo_app import invocations
 
     say = demo.say
     headers = {"Authorization": f"Bearer {token}"}
@@ -238,19 +233,7 @@ def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvid
                                 "first event):", style="dim"))
         _line(demo.console, "  " + _curl_events(base, run_id))
 
-        crash_step = STEPS[CRASH_STEP - 1]
-        demo.wait_for(f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
-                      lambda: provider.stats()["received"] >= 1, alive=w1)
-        say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({', '.join(STEPS[:CRASH_STEP - 1])}) "
-            "completed in worker 1")
-        key = started_key(_journal(http, run_id), STEP_IDS[CRASH_STEP - 1])
-        say(f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the provider "
-            f"has received, Idempotency-Key {key[:12]}, and holds for {HOLD_S:g}s")
-        w1.proc.send_signal(signal.SIGKILL)
-        w1.proc.wait()
-        t_kill = time.monotonic()
-        say(Text(f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
-                 style="bold red"))
+        t_kill = demo.kill_mid_call(w1, provider, lambda: _journal(http, run_id))
         health = http.get("/healthz").status_code
         status = _run(http, run_id)["status"]
         say(f"the server kept serving: GET /healthz {health}; GET /v1/runs/{run_id}: "
@@ -265,12 +248,7 @@ def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvid
         result = _result(http, run_id)
         say(Text(f"GET /v1/runs/{run_id}/result: succeeded, "
                  f"{time.monotonic() - t_kill:.2f}s after the kill", style="bold green"))
-        w2.proc.send_signal(signal.SIGTERM)
-        try:
-            w2.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired as e:
-            raise DemoFailed("worker 2 did not stop within 10s of SIGTERM") from e
-        say(f"worker 2 stopped gracefully (exit code {w2.proc.returncode})")
+        demo.stop(w2)
 
         ended = stream.wait(WAIT_S)
         journal = _journal(http, run_id)

@@ -376,6 +376,8 @@ class SqliteStore(Store):
     async def check_ready(self) -> None:
         # Open connections keep working on a file removed or replaced under them, writing
         # where no other process will ever read: the path must still name their file.
+        if self._conn is None:
+            raise StoreNotReady("the store is not open")
         path = os.path.abspath(self.path)
         try:
             found = await asyncio.to_thread(os.stat, path)
