@@ -153,16 +153,22 @@ def test_make_run_serves_the_demo_through_the_api_and_stops_on_ctrl_c(tmp_path: 
     assert (tmp_path / ".ratchet" / "server.db").exists()
 
 
-def test_make_run_names_a_taken_port_and_touches_nothing(tmp_path: Path) -> None:
+def test_make_run_names_a_taken_port_or_a_bad_database_and_touches_nothing(
+        tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RATCHET_PORT"}
+
+    def refused(*args: str) -> str:
+        proc = subprocess.run([*make_run_command(), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert not (tmp_path / ".ratchet").exists()
+        return proc.stderr
+
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {k: v for k, v in os.environ.items() if k != "RATCHET_PORT"}
-        proc = subprocess.run([*make_run_command(), "--port", str(port)], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert (f"cannot listen on 127.0.0.1:{port}: the port is taken; choose another with "
-            "--port N or RATCHET_PORT=N (make run PORT=N)") in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / ".ratchet").exists()
+        assert (f"cannot listen on 127.0.0.1:{port}: the port is taken; choose another with "
+                "--port N or RATCHET_PORT=N (make run PORT=N)") in refused("--port", str(port))
+    assert "malformed database URL 'nope://x'" in refused("--db", "nope://x", "--port", "0")

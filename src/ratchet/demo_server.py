@@ -20,6 +20,7 @@ import asyncio
 import errno
 import os
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -33,6 +34,7 @@ from rich.text import Text
 
 from ratchet.api import create_app
 from ratchet.asgi import listen, serve_in_thread
+from ratchet.config import DatabaseURL
 from ratchet.demo import (
     HOLD_S,
     WAIT_S,
@@ -117,15 +119,24 @@ def serve_demo(db: str | None, host: str, port: int, console: Console) -> int:
     """Run the demo through the server, then serve until SIGINT or SIGTERM. 0 when every
     claim held and the server stopped on a signal; 1 when a claim did not hold; 128 plus
     the signal's number when one arrived before the demo was done."""
+    if db is not None:
+        DatabaseURL.parse(db)  # refused before anything is touched
     try:
         sock = listen(host, port)
     except OSError as e:
         reason = ("the port is taken; choose another with --port N or RATCHET_PORT=N "
                   "(make run PORT=N)" if e.errno == errno.EADDRINUSE else e.strerror or str(e))
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from e
-    # Only once the port is ours: a second `make run` in this folder must not wipe the
-    # database of the first.
-    setup = prepare(db, "server")
+    try:
+        # Only once the port is ours: a second `make run` on the same port stops above,
+        # before it could wipe the first one's database.
+        return _serve_on(sock, prepare(db, "server"), console)
+    finally:
+        sock.close()  # serving closes it too; this is for a failure before
+
+
+def _serve_on(sock: socket.socket, setup: Setup, console: Console) -> int:
+    """:func:`serve_demo` once the port is bound and the demo's files are fresh."""
     from ratchet import demo_app
 
     app = demo_app.app
