@@ -172,3 +172,27 @@ def test_make_run_names_a_taken_port_or_a_bad_database_and_touches_nothing(
         assert (f"cannot listen on 127.0.0.1:{port}: the port is taken; choose another with "
                 "--port N or RATCHET_PORT=N (make run PORT=N)") in refused("--port", str(port))
     assert "malformed database URL 'nope://x'" in refused("--db", "nope://x", "--port", "0")
+
+
+@pytest.mark.crash
+def test_sigterm_before_the_demo_is_done_stops_everything_it_started(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
+    env.update(PYTHONUNBUFFERED="1")
+    with open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen([*make_run_command(), "--port", "0"], cwd=tmp_path, env=env,
+                                text=True, stdout=subprocess.PIPE, stderr=err)
+    out = Lines(proc)
+    try:
+        worker = int(out.until(r"worker 1 launched: .* \(pid (\d+)\)").group(1))
+        out.until(r"POST /v1/runs → 202")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        out.until(r"^stopped by SIGTERM before the demo was done", timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        out.close()
+    with pytest.raises(ProcessLookupError):  # the worker process it started is gone
+        os.kill(worker, 0)
+    assert "Traceback" not in (tmp_path / "stderr.txt").read_text()
