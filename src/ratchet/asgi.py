@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import uvicorn
@@ -15,16 +15,25 @@ import uvicorn
 STARTUP_TIMEOUT_S = 30.0
 
 
-class _Server(uvicorn.Server):
-    """uvicorn's server, telling another thread when it is ready or has failed."""
+class Server(uvicorn.Server):
+    """uvicorn's server, telling another thread when it is ready or has failed, and
+    calling ``on_shutdown`` on its loop as it starts to stop, before it waits for the
+    requests still open (so that streams can end instead of being cut at the timeout)."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config,
+                 on_shutdown: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.ready = threading.Event()
+        self.on_shutdown = on_shutdown
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         self.ready.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        await super().shutdown(sockets)
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -51,12 +60,15 @@ def url_of(sock: socket.socket) -> str:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, sock: socket.socket, what: str, **config: Any) -> Iterator[str]:
+def serve_in_thread(app: Any, sock: socket.socket, what: str,
+                    on_shutdown: Callable[[], None] | None = None,
+                    **config: Any) -> Iterator[str]:
     """Serve ``app`` on ``sock`` (``uvicorn.Config`` options in ``config``) in a daemon
     thread; yield the base URL once it accepts connections; stop it (gracefully, within
-    its ``timeout_graceful_shutdown``) and close the socket on exit. ``what`` names the
-    server in the error raised when it does not start."""
-    server = _Server(uvicorn.Config(app, **config))
+    its ``timeout_graceful_shutdown``; see :class:`Server` for ``on_shutdown``) and close
+    the socket on exit. ``what`` names the server in the error raised when it does not
+    start."""
+    server = Server(uvicorn.Config(app, **config), on_shutdown)
     failed: list[BaseException] = []
     url = url_of(sock)
 

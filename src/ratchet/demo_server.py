@@ -32,7 +32,7 @@ import httpx
 from rich.console import Console
 from rich.text import Text
 
-from ratchet.api import create_app
+from ratchet.api import create_app, drain
 from ratchet.asgi import listen, serve_in_thread
 from ratchet.config import DatabaseURL
 from ratchet.demo import (
@@ -55,7 +55,7 @@ from ratchet.store import make_store, tokens
 #: server's embedded worker, so the process killed is a worker process, not the server.
 QUEUE = "demo"
 TENANT = "demo"
-#: Requests still open when the server stops (a stream on an unfinished run) get this long.
+#: Requests still open when the server stops get this long (event streams end at once).
 GRACEFUL_S = 5
 
 
@@ -155,8 +155,9 @@ def _serve_on(sock: socket.socket, setup: Setup, console: Console) -> int:
     try:
         token = asyncio.run(_new_token(setup.url))
         provider = demo_provider(setup)
+        api = create_app(app, workers=1)
         with serve(provider) as llm, serve_in_thread(
-                create_app(app, workers=1), sock, "ratchet server", log_config=None,
+                api, sock, "ratchet server", on_shutdown=lambda: drain(api), log_config=None,
                 log_level="warning", access_log=False, lifespan="on",
                 timeout_graceful_shutdown=GRACEFUL_S) as base:
             setup.env["RATCHET_DEMO_LLM_URL"] = os.environ["RATCHET_DEMO_LLM_URL"] = llm

@@ -66,3 +66,11 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
     api.include_router(runs.last)
     api.add_middleware(BodyLimit, limit=max_body)
     return api
+
+
+def drain(api: FastAPI) -> None:
+    """Call on the serving loop as the server starts to stop, before it waits for open
+    requests: the event streams end at once (see :meth:`Tails.drain`)."""
+    tails: Tails | None = getattr(api.state, "tails", None)
+    if tails is not None:
+        tails.drain()
