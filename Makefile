@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: run test lint bench chaos package-check docs docs-check clean
+.PHONY: run demo test lint bench chaos package-check docs docs-check clean
 
 # The distribution was called ratchet before ratchet-engine: an older .venv drops that
 # install and its metadata before installing under the new name.
@@ -17,7 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
-run: $(STAMP)  ## the crash-resume demo on embedded SQLite
+run: $(STAMP)  ## ratchet server on embedded SQLite, the crash-resume demo through its API, then serving until Ctrl-C; PORT=N for another port
+	$(VENV)/bin/ratchet demo --serve $(if $(PORT),--port $(PORT))
+
+demo: $(STAMP)  ## the crash-resume demo in the terminal, on embedded SQLite
 	$(VENV)/bin/ratchet demo
 
 test: $(STAMP)  ## the whole suite, SQLite and PostgreSQL

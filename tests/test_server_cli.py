@@ -1,6 +1,6 @@
 """``ratchet tokens`` and ``ratchet server`` as commands: a token is printed once and only
 its hash is stored; a server process serves the API with an embedded worker and stops
-cleanly on SIGTERM."""
+cleanly on SIGTERM, ending its open event streams at once."""
 
 from __future__ import annotations
 
@@ -12,11 +12,15 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import psycopg
 import pytest
+from httpx_sse import connect_sse
+from proc import wait_for
 from test_cli import SHOP, invoke
 
 
@@ -66,29 +70,56 @@ def test_tokens_create_list_revoke(db_url: str) -> None:
     assert unknown.exit_code == 2 and "unknown token id 'tok_nope'" in unknown.output
 
 
+class ServerProc:
+    """``ratchet server`` for shop.py's app, as a process, with a token of tenant acme;
+    ``err`` collects its log (stderr), read up to uvicorn's line saying where it listens."""
+
+    def __init__(self, tmp_path: Path, db_url: str, workers: int) -> None:
+        (tmp_path / "shop.py").write_text(SHOP)
+        made = invoke("tokens", "create", "--tenant", "acme", "--scopes",
+                      "runs:read,runs:write", "--db", db_url)
+        self.token = made.output.strip().splitlines()[-1]
+        env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ratchet.cli", "server", "--app", "shop:app", "--db", db_url,
+             "--port", "0", "--workers", str(workers)],
+            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True)
+        assert self.proc.stderr is not None
+        self.err: list[str] = []
+        # uvicorn says where it listens once the app has started (port 0: any free one).
+        while not (found := re.search(r"running on (http://\S+)", "".join(self.err))):
+            line = self.proc.stderr.readline()
+            if not line:
+                self.stop()
+                raise AssertionError(f"the server exited: {''.join(self.err)}")
+            self.err.append(line)
+        self.base = found.group(1)
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base, timeout=30,
+                            headers={"Authorization": f"Bearer {self.token}"})
+
+    def sigterm(self) -> str:
+        """Stop it with SIGTERM; its whole log."""
+        self.proc.send_signal(signal.SIGTERM)
+        self.err.append(self.proc.communicate(timeout=30)[1])
+        return "".join(self.err)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
+
+
 @pytest.mark.crash
 def test_server_process_serves_runs_with_an_embedded_worker_and_stops_on_sigterm(
         db_url: str, tmp_path: Path) -> None:
-    (tmp_path / "shop.py").write_text(SHOP)
-    made = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:read,runs:write",
-                  "--db", db_url)
-    token = made.output.strip().splitlines()[-1]
-    env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "ratchet.cli", "server", "--app", "shop:app", "--db", db_url,
-         "--port", "0", "--workers", "1"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    err: list[str] = []
+    server = ServerProc(tmp_path, db_url, workers=1)
     try:
-        # uvicorn says where it listens once the app has started (port 0: any free one).
-        while not (found := re.search(r"running on (http://\S+)", "".join(err))):
-            line = proc.stderr.readline()
-            assert line, f"the server exited: {''.join(err)}"
-            err.append(line)
-        base = found.group(1)
-        with httpx.Client(base_url=base, timeout=30,
-                          headers={"Authorization": f"Bearer {token}"}) as client:
+        with server.client() as client:
             assert client.get("/readyz").json() == {"status": "ready"}
             started = client.post("/v1/runs", json={"workflow": "checkout",
                                                     "input": {"sku": "sku-42"}})
@@ -97,15 +128,47 @@ def test_server_process_serves_runs_with_an_embedded_worker_and_stops_on_sigterm
             result = client.get(f"/v1/runs/{run_id}/result", params={"wait": 30}).json()
             assert result["status"] == "succeeded", result
             assert result["output"] == {"sku": "sku-42", "cents": 600}
-        proc.send_signal(signal.SIGTERM)
-        err.append(proc.communicate(timeout=30)[1])
+        log = server.sigterm()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    log = "".join(err)
-    assert proc.returncode == 0, log
+        server.stop()
+    assert server.proc.returncode == 0, log
     assert "action=server_ready workers=1 workflows=checkout" in log
     assert "action=worker_stopped" in log
-    assert token not in log  # tokens never reach the log
+    assert server.token not in log  # tokens never reach the log
     assert not (tmp_path / "not-this-one.db").exists()
+
+
+@pytest.mark.crash
+def test_sigterm_ends_open_event_streams_and_the_server_exits_0_at_once(
+        sqlite_url: str, tmp_path: Path) -> None:
+    """A stopping server ends its open streams at once instead of holding its shutdown to
+    the graceful timeout and then cutting them with a traceback; a client resumes with
+    Last-Event-ID and misses nothing."""
+    # No worker: the run stays queued, its stream open with nothing more to send.
+    server = ServerProc(tmp_path, sqlite_url, workers=0)
+    try:
+        with server.client() as client:
+            r = client.post("/v1/runs", json={"workflow": "checkout", "input": {"sku": "a"}})
+            assert r.status_code == 202, r.text
+            seen: list[str] = []
+
+            def follow() -> None:
+                with connect_sse(client, "GET", f"/v1/runs/{r.json()['run_id']}/events",
+                                 timeout=60) as source:
+                    seen.extend(sse.event for sse in source.iter_sse())
+
+            reader = threading.Thread(target=follow, daemon=True)
+            reader.start()
+            wait_for("the stream to replay run_queued", lambda: seen, timeout=30)
+            stopped_at = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            reader.join(20)
+            assert not reader.is_alive(), "the stream was not ended"
+        log = server.sigterm()
+        # Well within the 30 s graceful timeout a held stream would have cost.
+        assert time.monotonic() - stopped_at < 15
+    finally:
+        server.stop()
+    assert server.proc.returncode == 0, log
+    assert seen == ["run_queued"]
+    assert "Traceback" not in log and "timeout graceful shutdown exceeded" not in log, log

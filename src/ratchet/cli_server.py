@@ -44,7 +44,8 @@ def server(
         require("ratchet server", "server")
         import uvicorn
 
-        from ratchet.api import create_app
+        from ratchet.api import create_app, drain
+        from ratchet.asgi import Server
 
         app = load_app(app_spec)
         url = _given_db(ctx, db)
@@ -61,7 +62,7 @@ def server(
         # handler it found: with this one, a graceful stop ends the command with status 0.
         signal.signal(signal.SIGTERM, _stopped)
         try:
-            uvicorn.Server(config).run()
+            Server(config, on_shutdown=lambda: drain(api)).run()
         except OSError as e:
             raise _Fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
         finally:

@@ -24,9 +24,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from rich.console import Console
 from rich.table import Table
@@ -37,7 +37,6 @@ from ratchet.config import DatabaseURL
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import EventKind, dumps
 
-DEFAULT_DB = ".ratchet/demo.db"
 WORKER_ID = "demo-worker"
 STEPS = ("fetch_ticket", "classify", "retrieve_docs", "draft_reply", "review", "send_reply")
 CRASH_STEP = 4
@@ -74,11 +73,13 @@ class _Worker:
 
 
 @dataclass
-class _Demo:
+class Demo:
     console: Console
-    url: str
-    shown_url: str
     folder: str
+    #: Names the worker logs (``.ratchet/PREFIX-worker-N.log``).
+    prefix: str = "demo"
+    #: More arguments for every ``ratchet worker`` the demo starts.
+    worker_args: tuple[str, ...] = ()
     t0: float = field(default_factory=time.monotonic)
     workers: list[_Worker] = field(default_factory=list)
 
@@ -89,15 +90,57 @@ class _Demo:
 
     def start_worker(self, env: dict[str, str]) -> _Worker:
         number = len(self.workers) + 1
-        log_path = os.path.join(self.folder, f"demo-worker-{number}.log")
+        log_path = os.path.join(self.folder, f"{self.prefix}-worker-{number}.log")
         log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop_all
         cmd = [sys.executable, "-m", "ratchet.cli", "worker", "ratchet.demo_app:app",
-               "--worker-id", WORKER_ID, "--concurrency", "4"]
+               "--worker-id", WORKER_ID, "--concurrency", "4", *self.worker_args]
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
                                 stderr=subprocess.STDOUT)
         worker = _Worker(number, proc, log_path, log_file)
         self.workers.append(worker)
         return worker
+
+    def failed(self, e: DemoFailed) -> int:
+        """Say why the demo failed, with the end of each worker's log; return 1."""
+        self.console.print(Text(f"demo failed: {e}", style="bold red"), soft_wrap=True)
+        for w in self.workers:
+            self.console.print(Text(f"--- worker {w.number} log ({w.log_path}), last lines:",
+                                    style="dim"))
+            self.console.print(Text(w.tail()), soft_wrap=True)
+        return 1
+
+    def kill_mid_call(self, w1: _Worker, provider: LocalProvider,
+                      journal: Callable[[], Sequence[Journaled]]) -> float:
+        """Wait until worker 1's model call (step 4) has reached ``provider``, which holds
+        its answer, then kill the worker with SIGKILL; the kill's monotonic time."""
+        from ratchet.demo_app import MODEL
+
+        crash_step = STEPS[CRASH_STEP - 1]
+        self.wait_for(f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
+                      lambda: provider.stats()["received"] >= 1, alive=w1)
+        done = ", ".join(STEPS[: CRASH_STEP - 1])
+        self.say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({done}) completed in worker 1")
+        key = started_key(journal(), STEP_IDS[CRASH_STEP - 1])
+        self.say(f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the "
+                 f"provider has received, Idempotency-Key {key[:12]}, and holds for "
+                 f"{HOLD_S:g}s")
+        w1.proc.send_signal(signal.SIGKILL)
+        w1.proc.wait()
+        t_kill = time.monotonic()
+        self.say(Text(f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
+                      style="bold red"))
+        return t_kill
+
+    def stop(self, worker: _Worker) -> None:
+        """Stop a worker with SIGTERM, as an operator would; it must exit within 10 s."""
+        worker.proc.send_signal(signal.SIGTERM)
+        try:
+            worker.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired as e:
+            raise DemoFailed(f"worker {worker.number} did not stop within 10s of SIGTERM"
+                             ) from e
+        self.say(f"worker {worker.number} stopped gracefully (exit code "
+                 f"{worker.proc.returncode})")
 
     def stop_all(self) -> None:
         for w in self.workers:
@@ -126,62 +169,88 @@ def _wipe(path: str) -> None:
             pass
 
 
+def demo_provider(setup: Setup) -> LocalProvider:
+    """The local model provider the demo's model calls go to, logging its requests."""
+    from ratchet.demo_app import REPLY
+
+    return LocalProvider({"rules": [{"reply": {"text": REPLY}}]}, setup.requests_path)
+
+
 def _lease(app: Ratchet, run_id: str) -> tuple[str | None, int, bool] | None:
     """The run's lease row: (worker id, epoch, still live by the database's clock)."""
     lease = asyncio.run(app.store.lease(run_id))
     return (lease.worker_id, lease.epoch, lease.live) if lease else None
 
 
-def run_demo(db: str | None, console: Console) -> int:
-    """Run the demo; 0 when every claim held, 1 otherwise."""
+@dataclass(frozen=True)
+class Setup:
+    """Where a demo keeps its records, wiped fresh, and the database it runs on."""
+
+    folder: str
+    url: str
+    #: The database as the demo's output names it, and as a URL a user can pass to --db.
+    shown: str
+    shown_url: str
+    #: The plain steps' invocation log and the provider's request log.
+    log_path: str
+    requests_path: str
+    #: The environment of the worker processes the demo starts.
+    env: dict[str, str]
+
+
+def prepare(db: str | None, name: str) -> Setup:
+    """A fresh ``.ratchet/NAME.db`` (or the database ``db`` names, as it is) and fresh
+    ``.ratchet/NAME-*.jsonl`` record files."""
     folder = os.path.abspath(".ratchet")
     os.makedirs(folder, exist_ok=True)
     if db is None:
-        path = os.path.abspath(DEFAULT_DB)
+        relative = os.path.join(".ratchet", f"{name}.db")
+        path = os.path.abspath(relative)
         _wipe(path)
-        url, shown = f"sqlite:///{path}", f"embedded SQLite at {DEFAULT_DB}"
+        url, shown, shown_url = (f"sqlite:///{path}", f"embedded SQLite at {relative}",
+                                 f"sqlite:///{relative}")
     else:
         DatabaseURL.parse(db)
-        url, shown = db, "the database given with --db"
-    log_path = os.path.join(folder, "demo-invocations.jsonl")
-    requests_path = os.path.join(folder, "demo-llm-requests.jsonl")
+        url, shown, shown_url = db, "the database given with --db", db
+    log_path = os.path.join(folder, f"{name}-invocations.jsonl")
+    requests_path = os.path.join(folder, f"{name}-llm-requests.jsonl")
     _wipe(log_path)
     _wipe(requests_path)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RATCHET_CRASH_AT", "RATCHET_PAUSE_AT", "RATCHET_WORKER_ID")}
+    env.update(RATCHET_DATABASE_URL=url, RATCHET_DEMO_LOG=log_path, PYTHONUNBUFFERED="1")
+    return Setup(folder, url, shown, shown_url, log_path, requests_path, env)
 
+
+def run_demo(db: str | None, console: Console) -> int:
+    """Run the demo; 0 when every claim held, 1 otherwise."""
+    setup = prepare(db, "demo")
     # The demo's own process reads and starts runs; the workflow is imported for app.start.
     from ratchet import demo_app
 
     app = demo_app.app
-    app.database_url = url
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RATCHET_CRASH_AT", "RATCHET_PAUSE_AT", "RATCHET_WORKER_ID")}
-    env.update(RATCHET_DATABASE_URL=url, RATCHET_DEMO_LOG=log_path, PYTHONUNBUFFERED="1")
-    demo = _Demo(console, url, f"sqlite:///{DEFAULT_DB}" if db is None else url, folder)
+    app.database_url = setup.url
+    demo = Demo(console, setup.folder)
     console.print(Text("Ratchet crash-resume demo", style="bold"),
-                  Text(f"— a 6-step agent workflow on {shown}", style="dim"))
-    provider = LocalProvider({"rules": [{"reply": {"text": demo_app.REPLY}}]}, requests_path)
+                  Text(f"— a 6-step agent workflow on {setup.shown}", style="dim"))
+    provider = demo_provider(setup)
     try:
         with serve(provider) as base:
-            env["RATCHET_DEMO_LLM_URL"] = base
-            say = demo.say
-            say(f"local model provider listening on {base} (request log "
-                f"{os.path.relpath(requests_path)})")
-            return _play(demo, app, env, log_path, provider)
+            setup.env["RATCHET_DEMO_LLM_URL"] = base
+            demo.say(f"local model provider listening on {base} (request log "
+                     f"{os.path.relpath(setup.requests_path)})")
+            return _play(demo, app, setup, provider)
     except DemoFailed as e:
-        console.print(Text(f"demo failed: {e}", style="bold red"), soft_wrap=True)
-        for w in demo.workers:
-            console.print(Text(f"--- worker {w.number} log ({w.log_path}), last lines:",
-                               style="dim"))
-            console.print(Text(w.tail()), soft_wrap=True)
-        return 1
+        return demo.failed(e)
     finally:
         demo.stop_all()
         app.shutdown()
 
 
-def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str,
-          provider: LocalProvider) -> int:
-    from ratchet.demo_app import MODEL, answer_ticket, invocations
+def _play(demo: Demo, app: Ratchet, setup: Setup, provider: LocalProvider) -> int:
+    from ratchet.demo_app import answer_ticket, invocations
+
+    env, log_path = setup.env, setup.log_path
 
     say = demo.say
     # The first answer to the model call is held: worker 1 is killed while it waits.
@@ -196,19 +265,7 @@ def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str,
     def seen(step: str) -> list[dict[str, Any]]:
         return [e for e in invocations(log_path) if e["run_id"] == run_id and e["step"] == step]
 
-    crash_step = STEPS[CRASH_STEP - 1]
-    demo.wait_for(f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
-                  lambda: provider.stats()["received"] >= 1, alive=w1)
-    done = ", ".join(STEPS[: CRASH_STEP - 1])
-    say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({done}) completed in worker 1")
-    key = _started_key(app, run_id, STEP_IDS[CRASH_STEP - 1])
-    say(f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the provider "
-        f"has received, Idempotency-Key {key[:12]}, and holds for {HOLD_S:g}s")
-    w1.proc.send_signal(signal.SIGKILL)
-    w1.proc.wait()
-    t_kill = time.monotonic()
-    say(Text(f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
-             style="bold red"))
+    t_kill = demo.kill_mid_call(w1, provider, lambda: app.events(run_id))
 
     status = app.get(run_id).status
     lease = _lease(app, run_id)
@@ -229,28 +286,39 @@ def _play(demo: _Demo, app: Ratchet, env: dict[str, str], log_path: str,
         raise DemoFailed(f"the run did not succeed after the restart: {e}") from e
     t_done = time.monotonic()
     say(Text(f"run {run_id} succeeded, {t_done - t_kill:.2f}s after the kill", style="bold green"))
-    w2.proc.send_signal(signal.SIGTERM)
-    try:
-        w2.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired as e:
-        raise DemoFailed("worker 2 did not stop within 10s of SIGTERM") from e
-    say(f"worker 2 stopped gracefully (exit code {w2.proc.returncode})")
-    return _report(demo, app, run_id, result, {w1.pid: 1, w2.pid: 2},
-                   invocations(log_path), provider.requests())
+    demo.stop(w2)
+    checks = report(demo.console, run_id, app.events(run_id), app.get(run_id).status,
+                    {w1.pid: 1, w2.pid: 2}, invocations(log_path), provider.requests())
+    return verdict(demo, checks, result,
+                   f"see the journal: ratchet --db {shlex.quote(setup.shown_url)} events {run_id}")
 
 
-def _started_key(app: Ratchet, run_id: str, step_id: str) -> str:
+class Journaled(Protocol):
+    """What the checks read of a journal event: an engine :class:`~ratchet.model.Event`,
+    or one read back through the HTTP API."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def step_id(self) -> str | None: ...
+    @property
+    def payload(self) -> dict[str, Any]: ...
+
+
+def started_key(events: Sequence[Journaled], step_id: str) -> str:
     """The idempotency key the journal gave the step's first start."""
-    return next((str(e.payload.get("idempotency_key")) for e in app.events(run_id)
+    return next((str(e.payload.get("idempotency_key")) for e in events
                  if e.kind == EventKind.STEP_STARTED and e.step_id == step_id), "?")
 
 
-def _report(demo: _Demo, app: Ratchet, run_id: str, result: Any, workers: dict[int, int],
-            log: list[dict[str, Any]], requests: list[dict[str, Any]]) -> int:
-    console = demo.console
+def report(console: Console, run_id: str, events: Sequence[Journaled], status: str,
+           workers: dict[int, int], log: list[dict[str, Any]],
+           requests: list[dict[str, Any]]) -> list[tuple[bool, str]]:
+    """Print the step invocations table, from the steps' own log and the provider's, and
+    return the demo's claims, each checked against those records and the run's journal
+    and status: ``(held, claim)``."""
     mine = [e for e in log if e["run_id"] == run_id]
     by_step = {step: [e for e in mine if e["step"] == step] for step in STEPS}
-    events = app.events(run_id)
     started = {step: [e for e in events if e.kind == EventKind.STEP_STARTED
                       and e.step_id == step_id]
                for step, step_id in zip(STEPS, STEP_IDS, strict=True)}
@@ -307,17 +375,22 @@ def _report(demo: _Demo, app: Ratchet, run_id: str, result: Any, workers: dict[i
         (len(resumed) == 1 and resumed[0].payload.get("reason") == "reclaim",
          "the journal shows one re-drive: run_resumed "
          + (dumps(resumed[0].payload) if resumed else "missing")),
-        (succeeded == 1 and app.get(run_id).status == "succeeded",
+        (succeeded == 1 and status == "succeeded",
          f"run_succeeded written {succeeded} time{'s' if succeeded != 1 else ''}"),
     ]
+    return checks
+
+
+def verdict(demo: Demo, checks: Sequence[tuple[bool, str]], result: Any, hint: str) -> int:
+    """Print the claims, each ✓ or ✗, the result and ``hint``; 0 when all held, else 1."""
+    console = demo.console
     console.print()
     for ok, text in checks:
         console.print(Text("✓ " if ok else "✗ ", style="bold green" if ok else "bold red"),
                       Text(text), sep="", soft_wrap=True)
     console.print(Text(f"result: {dumps(result)}"), soft_wrap=True)
     console.print(Text(f"elapsed: {time.monotonic() - demo.t0:.2f}s"))
-    console.print(Text(f"see the journal: ratchet --db {shlex.quote(demo.shown_url)} "
-                       f"events {run_id}", style="dim"), soft_wrap=True)
+    console.print(Text(hint, style="dim"), soft_wrap=True)
     failed = [text for ok, text in checks if not ok]
     if failed:
         console.print(Text(f"demo failed: {len(failed)} check(s) did not hold", style="bold red"))

@@ -74,6 +74,11 @@ class StorageError(RatchetError):
     """The database refused or failed an operation."""
 
 
+class StoreNotReady(StorageError):
+    """The database cannot serve this process: unreachable, its file gone, or its schema
+    behind this code's migrations."""
+
+
 class StoreConflict(RatchetError):
     """The database's state contradicts what a store operation expected (a broken
     invariant, not a failing database); retrying will not help."""

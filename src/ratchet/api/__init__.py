@@ -6,6 +6,6 @@ from ratchet.extras import require
 
 require("ratchet server", "server")
 
-from ratchet.api.server import create_app  # noqa: E402
+from ratchet.api.server import create_app, drain  # noqa: E402
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "drain"]

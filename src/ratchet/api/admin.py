@@ -10,10 +10,11 @@ from fastapi.responses import JSONResponse, Response
 
 from ratchet.api.auth import scope
 from ratchet.api.errors import error_response
-from ratchet.api.models import DeadLetterOut, Health, StatusAfter, WorkflowOut
+from ratchet.api.models import DeadLetterOut, Error, Health, StatusAfter, WorkflowOut
 from ratchet.api.runs import ERRORS, Reader, owned
 from ratchet.app import Ratchet
-from ratchet.store import Store, tokens
+from ratchet.errors import StoreNotReady
+from ratchet.store import tokens
 from ratchet.store.tokens import Token
 
 router = APIRouter(tags=["operations"])
@@ -58,14 +59,14 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+@router.get("/readyz", response_model=Health, responses={503: {"model": Error}})
 async def readyz(request: Request) -> Response:
-    """The database answers and its migrations are applied (the store opened)."""
-    store: Store = request.app.state.store
+    """The database answers, its file or schema is the one opened, and every migration
+    this code knows is applied; 503 with the reason otherwise."""
     try:
-        await store.now()
-    except Exception as e:
-        return error_response(503, "unavailable", f"database unreachable: {type(e).__name__}")
+        await request.app.state.readiness.check()
+    except StoreNotReady as e:
+        return error_response(503, "unavailable", f"not ready: {e}")
     return JSONResponse({"status": "ready"})
 
 

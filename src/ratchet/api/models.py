@@ -12,7 +12,8 @@ class Error(BaseModel):
     """Every refusal, whatever the status."""
 
     error: str = Field(description="A stable code: unauthorized, forbidden, not_found, "
-                                   "conflict, payload_too_large, invalid_input, internal.")
+                                   "conflict, payload_too_large, invalid_input, internal, "
+                                   "unavailable.")
     message: str
     details: Any = None
 

@@ -15,6 +15,7 @@ from ratchet import __version__
 from ratchet.api import admin, errors, events, runs
 from ratchet.api.limits import MAX_BODY, BodyLimit
 from ratchet.api.metrics import Metrics
+from ratchet.api.readiness import READY_TIMEOUT_S, Readiness
 from ratchet.api.tails import Tails
 from ratchet.app import Ratchet
 
@@ -24,7 +25,8 @@ HEARTBEAT_S = 15.0
 
 def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
                heartbeat_s: float = HEARTBEAT_S, max_body: int = MAX_BODY,
-               worker_options: dict[str, Any] | None = None) -> FastAPI:
+               worker_options: dict[str, Any] | None = None,
+               ready_timeout_s: float = READY_TIMEOUT_S) -> FastAPI:
     """The API for ``ratchet``'s workflows, with ``workers`` embedded workers."""
 
     @contextlib.asynccontextmanager
@@ -34,6 +36,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         store = await asyncio.to_thread(lambda: ratchet.store)
         api.state.store = store
         api.state.tails = Tails(store)
+        api.state.readiness = Readiness(store, ready_timeout_s)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(
             ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
@@ -46,6 +49,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
             stop.set()  # workers hand their runs back, as on a worker's SIGTERM
             await asyncio.gather(*tasks, return_exceptions=True)
             await api.state.tails.close()
+            api.state.readiness.close()
             await store.close()
 
     api = FastAPI(title="Ratchet", version=__version__, lifespan=lifespan,
@@ -62,3 +66,11 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
     api.include_router(runs.last)
     api.add_middleware(BodyLimit, limit=max_body)
     return api
+
+
+def drain(api: FastAPI) -> None:
+    """Call on the serving loop as the server starts to stop, before it waits for open
+    requests: the event streams end at once (see :meth:`Tails.drain`)."""
+    tails: Tails | None = getattr(api.state, "tails", None)
+    if tails is not None:
+        tails.drain()

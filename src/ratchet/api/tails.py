@@ -38,6 +38,7 @@ class Tail:
         self.window: list[Event] = []  # contiguous seqs, the latest read
         self.head = 0  # the last seq read
         self.ended = False  # the terminal event has been read
+        self.draining = False  # the server is stopping: streams end (see Tails.drain)
         self.subscribers = 0
         self._changed = asyncio.Event()
         self._reader: asyncio.Task[None] | None = None
@@ -52,6 +53,11 @@ class Tail:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reader
+
+    def drain(self) -> None:
+        self.draining = True
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def _publish(self, events: list[Event]) -> None:
         self.window.extend(events)
@@ -91,8 +97,9 @@ class Tail:
 
     async def follow(self, after: int, heartbeat_s: float) -> AsyncIterator[Event | None]:
         """The run's events after seq ``after``, each once and in order, as they commit;
-        None when ``heartbeat_s`` passes without one. Ends after the terminal event."""
-        while True:
+        None when ``heartbeat_s`` passes without one. Ends after the terminal event, or
+        when the server drains."""
+        while not self.draining:
             changed = self._changed
             start = self.window[0].seq if self.window else self.head + 1
             if after + 1 < start:
@@ -119,6 +126,7 @@ class Tails:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._tails: dict[str, Tail] = {}
+        self.draining = False
 
     @contextlib.contextmanager
     def subscribe(self, run_id: str) -> Iterator[Tail]:
@@ -126,6 +134,8 @@ class Tails:
         if tail is None:
             tail = self._tails[run_id] = Tail(self.store, run_id)
             tail.start()
+            if self.draining:
+                tail.drain()
         tail.subscribers += 1
         try:
             yield tail
@@ -135,6 +145,14 @@ class Tails:
                 del self._tails[run_id]
                 if tail._reader is not None:
                     tail._reader.cancel()
+
+    def drain(self) -> None:
+        """End every stream now: the server is stopping, and an open stream would hold it
+        until its graceful timeout, then be cut. A client resumes on another server (or
+        this one, restarted) with ``Last-Event-ID``, missing nothing."""
+        self.draining = True
+        for tail in self._tails.values():
+            tail.drain()
 
     async def close(self) -> None:
         for tail in list(self._tails.values()):

@@ -19,12 +19,14 @@ from typing import Any, Protocol, TypeVar
 from ratchet.errors import (
     LeaseLost,
     NotDeadLettered,
+    RatchetError,
     ReceiptBusy,
     ReceiptSettled,
     RunFinished,
     RunIdConflict,
     SignalAlreadyConsumed,
     StoreConflict,
+    StoreNotReady,
     UnknownReceipt,
     UnknownRun,
 )
@@ -44,6 +46,7 @@ from ratchet.model import (
 )
 from ratchet.store import approvals
 from ratchet.store.bus import CANCEL, DONE, EVENTS, READY, Bus
+from ratchet.store.queries import load_migrations
 
 __all__ = ["CANCEL", "DONE", "EVENTS", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx",
            "WorkerInfo"]
@@ -292,6 +295,7 @@ class Store(ABC):
     """One schema, two backends. Every method is one transaction."""
 
     dialect: str
+    sql_dialect: str  # the name of the dialect's folder of migrations and .sql file
     queries: dict[str, str]
     # Whether JSON comes back as the canonical text it was written as (see _event).
     json_text_canonical = True
@@ -376,6 +380,19 @@ class Store(ABC):
     async def now(self) -> float:
         """The database's clock (plus the store's offset), in Unix seconds."""
         return float(await self._read(lambda tx: tx.one("now", {})["now"]))
+
+    async def check_ready(self) -> None:
+        """Raise :class:`StoreNotReady`, naming what is wrong, unless the database answers
+        and has every migration this code knows applied (``/readyz``)."""
+        try:
+            rows = await self._read(lambda tx: tx.all("migrations_applied", {}))
+        except RatchetError as e:
+            raise StoreNotReady(
+                f"cannot read the applied migrations ({type(e).__name__})") from e
+        done = {int(r["version"]) for r in rows}
+        missing = [v for v, _, _ in load_migrations(self.sql_dialect) if v not in done]
+        if missing:
+            raise StoreNotReady("migrations not applied: " + ", ".join(map(str, missing)))
 
     # -- shared transaction pieces ---------------------------------------------------------
 

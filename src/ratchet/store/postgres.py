@@ -135,6 +135,7 @@ class _AppendQueue:
 
 class PostgresStore(Store):
     dialect = "postgresql"
+    sql_dialect = "postgres"
     json_text_canonical = False  # jsonb
 
     def __init__(self, url: str, clock: Clock | None = None, pool_size: int = 16,

@@ -32,7 +32,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from ratchet.errors import ConfigError, StorageError, StoreConflict, ValueRefused
+from ratchet.errors import (
+    ConfigError,
+    StorageError,
+    StoreConflict,
+    StoreNotReady,
+    ValueRefused,
+)
 from ratchet.model import dumps
 from ratchet.store.base import DONE, EVENTS, Clock, Store, Tx, firm_future, settled
 from ratchet.store.queries import load_migrations, load_queries
@@ -46,6 +52,7 @@ _Item = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
 
 class SqliteStore(Store):
     dialect = "sqlite"
+    sql_dialect = "sqlite"
 
     def __init__(self, path: str, clock: Clock | None = None, synchronous: str | None = None,
                  busy_timeout_s: float = 60.0, read_only: bool = False) -> None:
@@ -71,6 +78,8 @@ class SqliteStore(Store):
         self._pending: dict[asyncio.AbstractEventLoop, list[_Item]] = {}
         self._finish_poller: asyncio.Task[None] | None = None
         self._journal_poller: asyncio.Task[None] | None = None
+        # The file the connections opened, (device, inode): see check_ready.
+        self._identity: tuple[int, int] | None = None
 
     # -- connection ------------------------------------------------------------------------
 
@@ -154,6 +163,7 @@ class SqliteStore(Store):
                 conn.close()
                 raise StorageError(f"cannot migrate SQLite database {self.path!r}: {e}") from e
         self._reader_conn = await asyncio.to_thread(self._connect, read_only)
+        self._identity = _identity(os.stat(os.path.abspath(self.path)))
         # Writes on the loop never wait for the lock (see _flush); the waiter thread sets
         # the full busy timeout for its own attempts.
         conn.execute("PRAGMA busy_timeout=0")
@@ -362,6 +372,28 @@ class SqliteStore(Store):
     async def now(self) -> float:
         # ratchet_now() in SQL reads this same clock; no round trip needed.
         return time.time() + self.clock.offset
+
+    async def check_ready(self) -> None:
+        # Open connections keep working on a file removed or replaced under them, writing
+        # where no other process will ever read: the path must still name their file.
+        if self._conn is None:
+            raise StoreNotReady("the store is not open")
+        path = os.path.abspath(self.path)
+        try:
+            found = await asyncio.to_thread(os.stat, path)
+        except OSError as e:
+            raise StoreNotReady(f"the SQLite file cannot be found ({e.strerror})") from e
+        if _identity(found) != self._identity:
+            raise StoreNotReady("the SQLite file was replaced since it was opened")
+        wanted = os.R_OK if self.read_only else os.R_OK | os.W_OK
+        if not os.access(path, wanted):
+            raise StoreNotReady("the SQLite file is not "
+                                + ("readable" if self.read_only else "readable and writable"))
+        await super().check_ready()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
 
 
 def _stop(poller: asyncio.Task[None] | None) -> None:

@@ -432,3 +432,8 @@ ORDER BY created_at DESC, run_id LIMIT :limit
 SELECT d.run_id, r.workflow, d.reason, d.error, d.at
 FROM dead_letters d JOIN runs r ON r.run_id = d.run_id
 WHERE r.tenant_id = :tenant_id ORDER BY d.at DESC LIMIT :limit
+
+-- Server readiness (/readyz) ----------------------------------------------------------
+
+-- name: migrations_applied
+SELECT version FROM schema_migrations
