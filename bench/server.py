@@ -39,7 +39,7 @@ import httpx
 import psutil
 
 from bench.peers.common import last_json, latency_summary
-from bench.server_clients import read_arrivals
+from bench.server_clients import read_arrivals, runqueue_s
 
 ROOT = Path(__file__).resolve().parent.parent
 RATCHET = str(Path(sys.executable).parent / "ratchet")
@@ -82,9 +82,15 @@ class Server:
                                      stderr=subprocess.PIPE, text=True)
         self.ps = psutil.Process(self.proc.pid)
         self.log: collections.deque[str] = collections.deque(maxlen=50)
-        self.base = self._address()
-        threading.Thread(target=self._drain, daemon=True).start()
-        self.token = self._token()
+        self._drainer = threading.Thread(target=self._drain, daemon=True)
+        try:
+            self.base = self._address()
+            self._drainer.start()
+            self.token = self._token()
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            raise
         self.http = httpx.Client(base_url=self.base, timeout=30,
                                  headers={"Authorization": f"Bearer {self.token}"})
 
@@ -107,9 +113,10 @@ class Server:
                               cwd=ROOT, capture_output=True, text=True, check=True)
         return done.stdout.strip().splitlines()[-1]
 
-    def cpu_s(self) -> float:
-        used = self.ps.cpu_times()
-        return float(used.user + used.system)
+    def used(self) -> tuple[float, float]:
+        """CPU seconds so far, and seconds spent waiting for a CPU."""
+        times = self.ps.cpu_times()
+        return float(times.user + times.system), runqueue_s(self.proc.pid)
 
     def rss_mb(self) -> float:
         return float(self.ps.memory_info().rss) / 2**20
@@ -128,6 +135,9 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._drainer.join(5)
+        assert self.proc.stderr is not None
+        self.proc.stderr.close()
 
 
 def _percent(cpu_s: float, seconds: float) -> float:
@@ -145,10 +155,10 @@ def accept(server: Server, p: Plan) -> dict[str, Any]:
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(p.post_processes)]
     time.sleep(max(0.0, start_at - time.time()))
-    cpu = server.cpu_s()
+    before = server.used()
     answers = [last_json(*proc.communicate(timeout=p.post_seconds + p.timeout)) for proc in procs]
     seconds = time.time() - start_at
-    cpu = server.cpu_s() - cpu
+    used = server.used()
     bad = [a for a in answers if "accepted" not in a]
     if bad:
         return {"error": str(bad[0])[:300]}
@@ -159,8 +169,18 @@ def accept(server: Server, p: Plan) -> dict[str, Any]:
         return {"error": f"{errors} requests refused: {first}"}
     return {"clients": p.post_processes * p.post_connections, "accepted": len(latencies),
             "accepted_per_s": round(len(latencies) / seconds, 1), **latency_summary(latencies),
-            "server_cpu_pct": _percent(cpu, seconds),
-            "client_cpu_pct": _percent(sum(a["cpu_s"] for a in answers), seconds)}
+            **_load(before, used, answers, seconds)}
+
+
+def _load(before: tuple[float, float], after: tuple[float, float],
+          clients: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    """CPU used and CPU waited for (runnable, not running: the machine was busy), by the
+    server and by all the clients, in percent of one core over ``seconds``."""
+    return {"server_cpu_pct": _percent(after[0] - before[0], seconds),
+            "server_cpu_wait_pct": _percent(after[1] - before[1], seconds),
+            "client_cpu_pct": _percent(sum(a["cpu_s"] for a in clients), seconds),
+            "client_cpu_wait_pct": _percent(sum(a["runqueue_s"] for a in clients), seconds),
+            "load_average": round(os.getloadavg()[0], 2)}
 
 
 def _ready(proc: subprocess.Popen[str], timeout: float) -> None:
@@ -201,7 +221,7 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
         for proc in clients:
             _ready(proc, timeout)
         rss_before = server.rss_mb()
-        cpu, began = server.cpu_s(), time.time()
+        before, began = server.used(), time.time()
         writer = subprocess.Popen(
             _python("bench.server_app", "writer", "--db", server.db, "--run-id", run_id,
                     "--out", str(folder / "commits.json"), "--timeout", str(timeout)),
@@ -213,7 +233,7 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
             peak = max(peak, server.rss_mb())
             time.sleep(0.2)
         seconds = time.time() - began
-        cpu = server.cpu_s() - cpu
+        used = server.used()
         answers = [last_json(*proc.communicate()) for proc in clients]
         _, err = writer.communicate(timeout=timeout)
         if writer.returncode != 0:
@@ -225,12 +245,13 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
         commits = {int(seq): at for seq, at in written["commits"].items()}
         streams = [s for i in range(len(clients))
                    for s in read_arrivals(str(folder / f"arrivals-{i}"))]
-        return _deliveries(streams, commits) | {
+        delivered = deliveries(streams, commits)
+        return delivered | {
+            "deliveries_per_s": round(delivered["deliveries"] / seconds, 1),
             "subscribers": subscribers, "client_processes": len(clients),
             "events_per_s": EVENTS_PER_S, "seconds": round(seconds, 2),
-            "server_cpu_pct": _percent(cpu, seconds),
             "server_rss_mb": round(rss_before, 1), "server_peak_rss_mb": round(peak, 1),
-            "client_cpu_pct": _percent(sum(a["cpu_s"] for a in answers), seconds),
+            **_load(before, used, answers, seconds),
             "writer_cpu_pct": _percent(written["cpu_s"], written["seconds"])}
     finally:
         for proc in [*clients, *([writer] if writer else [])]:
@@ -242,16 +263,19 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
         folder.rmdir()
 
 
-def _deliveries(streams: list[tuple[Any, Any]], commits: dict[int, float]) -> dict[str, Any]:
+def deliveries(streams: list[tuple[Any, Any]], commits: dict[int, float]) -> dict[str, Any]:
     """Check every stream got seqs 1..last once, in order; the commit→arrival latencies."""
     last = max(commits)
     expected = list(range(1, last + 1))
     for i, (seqs, _) in enumerate(streams):
-        if list(seqs) != expected:
-            got = list(seqs)
+        got = list(seqs)
+        if got != expected:
+            where = next((j for j, (a, b) in enumerate(zip(got, expected, strict=False))
+                          if a != b),
+                         min(len(got), len(expected)))
             raise RuntimeError(f"stream {i} received {len(got)} events, not seqs 1..{last} "
-                               f"once each in order (first differences: "
-                               f"{[s for s in got if s not in commits][:5]})")
+                               f"once each in order (from position {where}: "
+                               f"{got[where:where + 3]})")
     latencies = [(at - commits[seq]) * 1000 for seqs, times in streams
                  for seq, at in zip(seqs, times, strict=True) if seq in commits]
     return {"events": last, "timed_events": len(commits), "deliveries": len(latencies),

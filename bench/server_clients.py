@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import resource
 import struct
 import sys
 import time
 from array import array
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,6 +34,16 @@ TERMINAL = (b"run_succeeded", b"run_failed", b"run_cancelled")
 def _cpu_s() -> float:
     used = resource.getrusage(resource.RUSAGE_SELF)
     return used.ru_utime + used.ru_stime
+
+
+def runqueue_s(pid: int | str = "self") -> float:
+    """Seconds the process's live threads have spent runnable but waiting for a CPU
+    (Linux's schedstat): how much a busy machine held it back. 0 where unknown."""
+    total = 0
+    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(path.read_text().split()[1])
+    return total / 1e9
 
 
 class Stream(asyncio.Protocol):
@@ -109,16 +121,16 @@ async def subscribe(url: str, token: str, run_id: str, n: int, out: str,
                                                  where.port)
         streams.append(stream)
     await asyncio.wait_for(asyncio.gather(*(s.first for s in streams)), timeout)
-    cpu = _cpu_s()
+    cpu, waited = _cpu_s(), runqueue_s()
     print("ready", flush=True)
     await asyncio.wait_for(asyncio.gather(*(s.ended for s in streams)), timeout)
-    cpu = _cpu_s() - cpu
+    cpu, waited = _cpu_s() - cpu, runqueue_s() - waited
     with open(out, "wb") as f:
         for s in streams:
             f.write(struct.pack("q", len(s.seqs)))
             s.seqs.tofile(f)
             s.times.tofile(f)
-    return {"streams": n, "cpu_s": round(cpu, 3)}
+    return {"streams": n, "cpu_s": round(cpu, 3), "runqueue_s": round(waited, 3)}
 
 
 def read_arrivals(path: str) -> list[tuple[array[int], array[float]]]:
@@ -166,13 +178,14 @@ async def post(url: str, token: str, connections: int, start_at: float,
     latencies: list[float] = []
     errors: list[str] = []
     await asyncio.sleep(max(0.0, start_at - time.time()))
-    cpu = _cpu_s()
+    cpu, waited = _cpu_s(), runqueue_s()
     assert where.hostname is not None and where.port is not None
     await asyncio.gather(*(_poster(where.hostname, where.port, request, start_at + seconds,
                                    latencies, errors) for _ in range(connections)))
     return {"accepted": len(latencies), "latencies_ms": [round(x, 3) for x in latencies],
             "errors": len(errors), "first_error": errors[0] if errors else None,
-            "cpu_s": round(_cpu_s() - cpu, 3), "seconds": round(time.time() - start_at, 3)}
+            "cpu_s": round(_cpu_s() - cpu, 3), "runqueue_s": round(runqueue_s() - waited, 3),
+            "seconds": round(time.time() - start_at, 3)}
 
 
 def main() -> None:
