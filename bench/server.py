@@ -39,6 +39,7 @@ import httpx
 import psutil
 
 from bench.peers.common import last_json, latency_summary
+from bench.report import SERVER_PREFIX, server_section
 from bench.server_clients import read_arrivals, runqueue_s
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -331,9 +332,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--backend", choices=("sqlite", "postgres"), action="append")
     args = parser.parse_args()
+    samples = {}
     for backend in args.backend or ("sqlite", "postgres"):
         with _database(backend) as url:
-            print(json.dumps(measure(backend, url, args.quick)), flush=True)
+            result = measure(backend, url, args.quick)
+        print(json.dumps(result), flush=True)
+        samples[f"{SERVER_PREFIX}{backend}"] = [result]
+    print("\n".join(server_section({"samples": samples})))
 
 
 if __name__ == "__main__":
