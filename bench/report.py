@@ -365,7 +365,7 @@ def server_section(results: dict[str, Any]) -> list[str]:
     if not backends:
         return []
     first = _server_rows(results, backends[0])[0]
-    subscribers = first.get("fanout", {}).get("subscribers", "?")
+    subscribers = first.get("fanout", {}).get("subscribers", 0)
     clients = first.get("accept", {}).get("clients", "?")
     run = results.get("server_run")
     loads = [r[m]["load_average"] for b in backends for r in _server_rows(results, b)
@@ -376,10 +376,11 @@ def server_section(results: dict[str, Any]) -> list[str]:
            "separate processes. Streams: a worker in another process drives one run at 100 "
            "events/s (a commit every 20 ms, two events each); its store stamps each event as "
            "its commit returns, and the latency runs from that stamp to the event's arrival "
-           f"at the client, on the same clock. Fan-out: {subscribers} SSE subscribers of "
+           f"at the client, on the same clock. Fan-out: {subscribers:,} SSE subscribers of "
            "that run, spread over client processes; every subscriber received every event "
            "exactly once, in order, or the sample is an error. CPU in % of one core: used, "
-           "and waited for (runnable, but the cores were busy; Linux schedstat). PostgreSQL "
+           "and waited for (runnable, but the cores were busy; Linux schedstat, summed over "
+           "a process's threads, so it can pass 100). PostgreSQL "
            "wakes the server's tail by LISTEN/NOTIFY; SQLite has no cross-process wake-up, "
            "so the server polls the journal heads every 50 ms."
            + (f" Measured {run['date']} ({run['repeats']} repeats"

@@ -82,7 +82,7 @@ def test_the_report_shows_each_backend_and_the_postgres_target() -> None:
     assert "| commit → SSE, 1 subscriber: p50 (ms) | 25.0 (25.0–25.0) | 1.00 (0.80–1.20) |" \
         in section
     assert "| `POST /v1/runs`: runs accepted/s | 900 (900–900) | 900 (900–900) |" in section
-    assert "1000 SSE subscribers" in section and "load average 3.5–3.5" in section
+    assert "1,000 SSE subscribers" in section and "load average 3.5–3.5" in section
     assert "- postgres, accept: no answer" in section
     report = write_reports(results)
     assert "commit → SSE p50 with one subscriber 1.00 ms; target under 10 ms: **met**" in report
