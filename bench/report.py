@@ -338,8 +338,12 @@ SERVER_ROWS = [
     ("accept", "client_cpu_pct/client_cpu_wait_pct", "`POST`: clients CPU %, used / waited"),
     ("single", "p50_ms", "commit → SSE, 1 subscriber: p50 (ms)"),
     ("single", "p99_ms", "commit → SSE, 1 subscriber: p99 (ms)"),
+    ("single", "created_p50_ms/created_p99_ms",
+     "1 subscriber, from the event's creation: p50 / p99 (ms)"),
     ("fanout", "p50_ms", "fan-out: commit → SSE p50 (ms)"),
     ("fanout", "p99_ms", "fan-out: commit → SSE p99 (ms)"),
+    ("fanout", "created_p50_ms/created_p99_ms",
+     "fan-out, from the event's creation: p50 / p99 (ms)"),
     ("fanout", "deliveries_per_s", "fan-out: events delivered/s, all subscribers"),
     ("fanout", "server_cpu_pct/server_cpu_wait_pct", "fan-out: server CPU %, used / waited"),
     ("fanout", "server_rss_mb/server_peak_rss_mb", "fan-out: server RSS (MB), before / peak"),
@@ -376,7 +380,10 @@ def server_section(results: dict[str, Any]) -> list[str]:
            "separate processes. Streams: a worker in another process drives one run at 100 "
            "events/s (a commit every 20 ms, two events each); its store stamps each event as "
            "its commit returns, and the latency runs from that stamp to the event's arrival "
-           f"at the client, on the same clock. Fan-out: {subscribers:,} SSE subscribers of "
+           "at the client, on the same clock. A stamp can only be late (the writer waited for a "
+           "CPU after its commit: on a busy machine the smallest latencies come out below "
+           "zero), so the latency from the event's creation, taken before its commit, is "
+           f"given too, as a bound from above. Fan-out: {subscribers:,} SSE subscribers of "
            "that run, spread over client processes; every subscriber received every event "
            "exactly once, in order, or the sample is an error. CPU in % of one core: used, "
            "and waited for (runnable, but the cores were busy; Linux schedstat, summed over "
@@ -404,10 +411,12 @@ def server_section(results: dict[str, Any]) -> list[str]:
 
 
 def _server_targets(results: dict[str, Any]) -> list[str]:
-    rows = [r["single"]["p50_ms"] for r in _server_rows(results, "postgres")
+    rows = [r["single"] for r in _server_rows(results, "postgres")
             if "p50_ms" in r.get("single", {})]
     if not rows:
         return []
-    p50 = statistics.median(rows)
-    return [f"- postgres: commit → SSE p50 with one subscriber {_fmt(p50)} ms; target under "
-            f"10 ms: **{'met' if p50 < 10 else 'missed'}**"]
+    p50 = statistics.median(r["p50_ms"] for r in rows)
+    bound = statistics.median(r.get("created_p50_ms", r["p50_ms"]) for r in rows)
+    return [f"- postgres: commit → SSE p50 with one subscriber {_fmt(p50)} ms (from the "
+            f"event's creation {_fmt(bound)} ms); target under 10 ms: "
+            f"**{'met' if bound < 10 else 'missed'}**"]

@@ -36,6 +36,7 @@ from bench.report import claim_backlog_section as _claim_section
 
 PG_ADMIN = os.environ.get("RATCHET_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 RESULTS = Path(__file__).parent / "results"
+Record = Callable[[str, dict[str, Any]], None]  # records a sample under its key
 
 
 @dataclass(frozen=True)
@@ -333,8 +334,7 @@ def claim_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
             "plan": {"claim_backlogs": list(p.claim_backlogs)}}
 
 
-def llm_measures(p: Plan, dbs: Databases, names: set[str],
-                 record: Callable[[str, dict[str, Any]], None]) -> None:
+def llm_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
     """The crash bill of each system's agent (SQLite) and the wrapped client's overhead,
     ``p.repeats`` times each."""
     for _ in range(p.repeats):
@@ -348,8 +348,7 @@ def llm_measures(p: Plan, dbs: Databases, names: set[str],
                                      p.timeout))
 
 
-def server_measures(quick: bool, p: Plan, dbs: Databases,
-                    record: Callable[[str, dict[str, Any]], None]) -> None:
+def server_measures(quick: bool, p: Plan, dbs: Databases, record: Record) -> None:
     """``ratchet server`` on each backend (bench/server.py), ``p.server_repeats`` times."""
     for _ in range(p.server_repeats):
         for backend in ("sqlite", "postgres"):
@@ -358,8 +357,9 @@ def server_measures(quick: bool, p: Plan, dbs: Databases,
             record(f"{SERVER_PREFIX}{backend}", server.measure(backend, url, quick))
 
 
-def llm_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    """Just the LLM measures (their report has only those sections)."""
+def only(quick: bool, log: Callable[[str], None],
+         measures: Callable[[Plan, Databases, Record], None], repeats: int) -> dict[str, Any]:
+    """Just one family of measures (its report has only its sections), each sample logged."""
     p = plan(quick)
     dbs = Databases()
     samples: dict[str, list[dict[str, Any]]] = {}
@@ -367,31 +367,13 @@ def llm_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
     def record(key: str, value: dict[str, Any]) -> None:
         samples.setdefault(key, []).append(value)
         shown = {k: v for k, v in value.items() if k not in ("requests", "peer", "measure")}
-        log(f"{key}: {json.dumps(shown)[:200]}")
+        log(f"{key}: {json.dumps(shown)[:300]}")
 
     try:
-        llm_measures(p, dbs, set(llm.SYSTEMS), record)
+        measures(p, dbs, record)
     finally:
         dbs.close()
-    return {"quick": quick, "repeats": p.repeats, "machine": machine(), "samples": samples}
-
-
-def server_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    """Just the server measures (their report has only that section)."""
-    p = plan(quick)
-    dbs = Databases()
-    samples: dict[str, list[dict[str, Any]]] = {}
-
-    def record(key: str, value: dict[str, Any]) -> None:
-        samples.setdefault(key, []).append(value)
-        log(f"{key}: {json.dumps(value)[:300]}")
-
-    try:
-        server_measures(quick, p, dbs, record)
-    finally:
-        dbs.close()
-    return {"quick": quick, "repeats": p.server_repeats, "machine": machine(),
-            "samples": samples}
+    return {"quick": quick, "repeats": repeats, "machine": machine(), "samples": samples}
 
 
 def machine() -> dict[str, Any]:
@@ -469,12 +451,15 @@ def main() -> None:
         print("\n".join(_claim_section(results)))
         return
     if args.llm_only:
-        results = _merged(llm_only(args.quick, log), LLM_PREFIXES, "llm_run", args.quick)
+        measured = only(args.quick, log, lambda p, dbs, record: llm_measures(
+            p, dbs, set(llm.SYSTEMS), record), plan(args.quick).repeats)
+        results = _merged(measured, LLM_PREFIXES, "llm_run", args.quick)
         print("\n".join(llm_sections(results)))
         return
     if args.server_only:
-        results = _merged(server_only(args.quick, log), (SERVER_PREFIX,), "server_run",
-                          args.quick)
+        measured = only(args.quick, log, lambda p, dbs, record: server_measures(
+            args.quick, p, dbs, record), plan(args.quick).server_repeats)
+        results = _merged(measured, (SERVER_PREFIX,), "server_run", args.quick)
         print("\n".join(server_section(results)))
         return
     results = run(args.quick, only, log)

@@ -3,10 +3,14 @@
 ``python -m bench.server_app writer --db URL --out FILE`` is a real Ratchet worker in a
 process of its own: it claims the queued ``paced`` run and drives it (one commit a step,
 carrying that step's ``step_completed`` and the next one's ``step_started``), and stamps
-each event's commit: the store's ``append`` and ``finish`` return once their transaction
-has committed, and the stamp (``time.time()``, the clock the subscribers read too) is
-taken right then, for every seq in it. It writes ``{"commits": {seq: time}, ...}`` to
-FILE when the run has ended.
+each event with ``time.time()`` (the clock the subscribers read too) as its commit
+completes: on PostgreSQL in the thread that runs the append statement, as soon as the
+statement (its own commit) returns; on SQLite, whose commits run on the worker's event loop,
+as ``append`` returns to the drive. The terminal event is stamped as ``finish`` returns.
+A stamp can only be late (the thread or the loop waited for a CPU after the commit), so
+each event's creation time (``at``, taken before its commit) goes beside it as a bound on
+the other side. It writes ``{"commits": {seq: [committed, created]}, ...}`` to FILE when the
+run has ended.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 
 import ratchet
 from ratchet.model import Event
+from ratchet.store import Store
+from ratchet.store.postgres import PostgresStore
 
 # The database: ``ratchet server --db`` for the server; the writer sets it before the store
 # opens.
@@ -49,25 +55,43 @@ async def noop(n: int = 0) -> int:
     return n
 
 
-def _stamped(commits: dict[int, float],
-             write: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    async def timed(lease: Any, events: Sequence[Event], *args: Any, **kwargs: Any) -> Any:
-        answer = await write(lease, events, *args, **kwargs)
-        now = time.time()
-        for ev in events:
-            commits[ev.seq] = now
-        return answer
+def _stamp(store: Store, commits: dict[int, tuple[float, float]]) -> None:
+    """Record in ``commits`` when each event's commit completed, and when the event was
+    made (this process's store only: instance attributes, wrapping the calls every drive's
+    writes go through)."""
 
-    return timed
+    def after(write: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def timed(lease: Any, events: Sequence[Event], *args: Any, **kw: Any) -> Any:
+            answer = await write(lease, events, *args, **kw)
+            now = time.time()
+            commits.update((ev.seq, (now, ev.at)) for ev in events)
+            return answer
+
+        return timed
+
+    if isinstance(store, PostgresStore):
+        # Appends go out as one autocommit statement on a thread of their own: stamp there,
+        # not after the hand-back to the loop, which a busy machine can delay.
+        statement = store._append_now
+
+        def committed(cols: dict[str, list[Any]]) -> list[Any]:
+            rows = statement(cols)
+            now = time.time()
+            commits.update((seq, (now, at))
+                           for seq, at in zip(cols["seqs"], cols["ats"], strict=True))
+            return rows
+
+        store._append_now = committed  # type: ignore[method-assign]
+    else:
+        store.append = after(store.append)  # type: ignore[method-assign]
+    store.finish = after(store.finish)  # type: ignore[method-assign]
 
 
 async def drive(url: str, run_id: str, timeout: float) -> dict[str, Any]:
     app.database_url = url
     store = await asyncio.to_thread(lambda: app.store)
-    commits: dict[int, float] = {}
-    # Instance attributes: only this process's store, and every drive's append goes here.
-    store.append = _stamped(commits, store.append)  # type: ignore[method-assign]
-    store.finish = _stamped(commits, store.finish)  # type: ignore[method-assign]
+    commits: dict[int, tuple[float, float]] = {}
+    _stamp(store, commits)
     used = resource.getrusage(resource.RUSAGE_SELF)
     began = time.time()
     worker = app.worker(concurrency=4)
