@@ -357,7 +357,7 @@ def server_measures(quick: bool, p: Plan, dbs: Databases, record: Record) -> Non
             record(f"{SERVER_PREFIX}{backend}", server.measure(backend, url, quick))
 
 
-def only(quick: bool, log: Callable[[str], None],
+def family_only(quick: bool, log: Callable[[str], None],
          measures: Callable[[Plan, Databases, Record], None], repeats: int) -> dict[str, Any]:
     """Just one family of measures (its report has only its sections), each sample logged."""
     p = plan(quick)
@@ -451,13 +451,13 @@ def main() -> None:
         print("\n".join(_claim_section(results)))
         return
     if args.llm_only:
-        measured = only(args.quick, log, lambda p, dbs, record: llm_measures(
+        measured = family_only(args.quick, log, lambda p, dbs, record: llm_measures(
             p, dbs, set(llm.SYSTEMS), record), plan(args.quick).repeats)
         results = _merged(measured, LLM_PREFIXES, "llm_run", args.quick)
         print("\n".join(llm_sections(results)))
         return
     if args.server_only:
-        measured = only(args.quick, log, lambda p, dbs, record: server_measures(
+        measured = family_only(args.quick, log, lambda p, dbs, record: server_measures(
             args.quick, p, dbs, record), plan(args.quick).server_repeats)
         results = _merged(measured, (SERVER_PREFIX,), "server_run", args.quick)
         print("\n".join(server_section(results)))
