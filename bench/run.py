@@ -358,7 +358,8 @@ def server_measures(quick: bool, p: Plan, dbs: Databases, record: Record) -> Non
 
 
 def family_only(quick: bool, log: Callable[[str], None],
-         measures: Callable[[Plan, Databases, Record], None], repeats: int) -> dict[str, Any]:
+                measures: Callable[[Plan, Databases, Record], None], repeats: int
+                ) -> dict[str, Any]:
     """Just one family of measures (its report has only its sections), each sample logged."""
     p = plan(quick)
     dbs = Databases()
