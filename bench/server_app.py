@@ -98,14 +98,14 @@ async def drive(url: str, run_id: str, timeout: float) -> dict[str, Any]:
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        status = (await asyncio.wait_for(app.result_async(run_id, timeout), timeout + 5))
+        output = await asyncio.wait_for(app.result_async(run_id, timeout), timeout + 5)
     finally:
         stop.set()
         await task
         await app.shutdown_async()
     now = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
-    return {"commits": commits, "result": status, "cpu_s": round(cpu, 3),
+    return {"commits": commits, "result": output, "cpu_s": round(cpu, 3),
             "seconds": round(time.time() - began, 3)}
 
 
