@@ -24,6 +24,8 @@ METRICS = [
 
 # Keys of the LLM measures' samples: "llmbill|<system>" and "llmoverhead|ratchet".
 LLM_PREFIXES = ("llmbill|", "llmoverhead|")
+# Keys of the server measures' samples: "server|<backend>" (bench/server.py).
+SERVER_PREFIX = "server|"
 
 
 def _stats(values: list[float]) -> dict[str, float] | None:
@@ -38,7 +40,7 @@ def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
     """{system key: {field: stats or note}} with derived figures."""
     out: dict[str, dict[str, Any]] = {}
     systems = {k.split("|", 1)[1] for k in samples
-               if not k.startswith(("limit|", "claimbacklog|", *LLM_PREFIXES))}
+               if not k.startswith(("limit|", "claimbacklog|", SERVER_PREFIX, *LLM_PREFIXES))}
     for system in sorted(systems):
         figs: dict[str, Any] = {}
         zero = samples.get(f"sequential0|{system}", [])
@@ -206,7 +208,9 @@ def write_reports(results: dict[str, Any]) -> str:
                     f"{str(v)[:200]}" for s, k, v in notes]
     out += claim_backlog_section(results)
     out += llm_sections(results)
-    out += ["", "## Targets", "", *_targets(figs), *_llm_targets(results), ""]
+    out += server_section(results)
+    out += ["", "## Targets", "", *_targets(figs), *_llm_targets(results),
+            *_server_targets(results), ""]
     return "\n".join(out)
 
 
@@ -323,3 +327,96 @@ def _llm_targets(results: dict[str, Any]) -> list[str]:
     return [f"- LLM crash bill: Ratchet {worst['tokens_ratio']:.2f}× the crash-free bill "
             f"({worst['calls']} calls billed of {worst['sent']} sent); target exactly 1.0×: "
             f"**{verdict}**"]
+
+
+# (measure, field, label): rows of the server section; a field "a/b" shows a/b.
+SERVER_ROWS = [
+    ("accept", "accepted_per_s", "`POST /v1/runs`: runs accepted/s"),
+    ("accept", "p50_ms", "`POST /v1/runs`: latency p50 (ms)"),
+    ("accept", "p99_ms", "`POST /v1/runs`: latency p99 (ms)"),
+    ("accept", "server_cpu_pct/server_cpu_wait_pct", "`POST`: server CPU %, used / waited"),
+    ("accept", "client_cpu_pct/client_cpu_wait_pct", "`POST`: clients CPU %, used / waited"),
+    ("single", "p50_ms", "commit → SSE, 1 subscriber: p50 (ms)"),
+    ("single", "p99_ms", "commit → SSE, 1 subscriber: p99 (ms)"),
+    ("single", "created_p50_ms/created_p99_ms",
+     "1 subscriber, from the event's creation: p50 / p99 (ms)"),
+    ("fanout", "p50_ms", "fan-out: commit → SSE p50 (ms)"),
+    ("fanout", "p99_ms", "fan-out: commit → SSE p99 (ms)"),
+    ("fanout", "created_p50_ms/created_p99_ms",
+     "fan-out, from the event's creation: p50 / p99 (ms)"),
+    ("fanout", "deliveries_per_s", "fan-out: events delivered/s, all subscribers"),
+    ("fanout", "server_cpu_pct/server_cpu_wait_pct", "fan-out: server CPU %, used / waited"),
+    ("fanout", "server_rss_mb/server_peak_rss_mb", "fan-out: server RSS (MB), before / peak"),
+    ("fanout", "client_cpu_pct/client_cpu_wait_pct", "fan-out: clients CPU %, used / waited"),
+]
+
+
+def _server_rows(results: dict[str, Any], backend: str) -> list[dict[str, Any]]:
+    return list(results["samples"].get(f"{SERVER_PREFIX}{backend}", []))
+
+
+def _server_cell(rows: list[dict[str, Any]], measure: str, fld: str) -> str:
+    parts = []
+    for name in fld.split("/"):
+        stats = _stats([r[measure][name] for r in rows if name in r.get(measure, {})])
+        parts.append(_cell(stats) if stats else "n/a")
+    return " / ".join(parts)
+
+
+def server_section(results: dict[str, Any]) -> list[str]:
+    """``ratchet server``: starts accepted per second, and commit → SSE client latency."""
+    backends = [b for b in ("sqlite", "postgres") if _server_rows(results, b)]
+    if not backends:
+        return []
+    first = _server_rows(results, backends[0])[0]
+    subscribers = first.get("fanout", {}).get("subscribers", 0)
+    clients = first.get("accept", {}).get("clients", "?")
+    run = results.get("server_run")
+    loads = [r[m]["load_average"] for b in backends for r in _server_rows(results, b)
+             for m in ("accept", "single", "fanout") if "load_average" in r.get(m, {})]
+    out = ["", "## `ratchet server`: starts and journal streams", "",
+           "One `ratchet server` process (uvicorn, `--workers 0`) per backend, on a fresh "
+           f"database, with a real token. `POST /v1/runs`: {clients} keep-alive clients in "
+           "separate processes. Streams: a worker in another process drives one run at 100 "
+           "events/s (a commit every 20 ms, two events each); its store stamps each event as "
+           "its commit returns, and the latency runs from that stamp to the event's arrival "
+           "at the client, on the same clock. A stamp can only be late (the writer waited for a "
+           "CPU after its commit: on a busy machine the smallest latencies come out below "
+           "zero), so the latency from the event's creation, taken before its commit, is "
+           f"given too, as a bound from above. Fan-out: {subscribers:,} SSE subscribers of "
+           "that run, spread over client processes; every subscriber received every event "
+           "exactly once, in order, or the sample is an error. CPU in % of one core: used, "
+           "and waited for (runnable, but the cores were busy; Linux schedstat, summed over "
+           "a process's threads, so it can pass 100). PostgreSQL "
+           "wakes the server's tail by LISTEN/NOTIFY; SQLite has no cross-process wake-up, "
+           "so the server polls the journal heads every 50 ms."
+           + (f" Measured {run['date']} ({run['repeats']} repeats"
+              f"{', QUICK' if run['quick'] else ''}) with `python -m bench.run --server-only`."
+              if run else ""),
+           "",
+           "**This machine is shared and was busy**: load average "
+           + (f"{min(loads):.1f}–{max(loads):.1f}" if loads else "?")
+           + " on its cores while measuring, so the waits for a CPU are in these figures; "
+           "the fan-out figures in particular are the machine's, not the server's alone.",
+           "", "| measure | " + " | ".join(backends) + " |",
+           "|---|" + "---|" * len(backends)]
+    for measure, fld, label in SERVER_ROWS:
+        cells = [_server_cell(_server_rows(results, b), measure, fld) for b in backends]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    notes = [f"- {b}, {m}: {r[m]['error']}" for b in backends for r in _server_rows(results, b)
+             for m in ("accept", "single", "fanout") if "error" in r.get(m, {})]
+    if notes:
+        out += ["", "Errors:", *notes]
+    return out
+
+
+def _server_targets(results: dict[str, Any]) -> list[str]:
+    rows = [r["single"] for r in _server_rows(results, "postgres")
+            if "p50_ms" in r.get("single", {})]
+    if not rows:
+        return []
+    p50 = statistics.median(r["p50_ms"] for r in rows)
+    bound = statistics.median(r.get("created_p50_ms", r["p50_ms"]) for r in rows)
+    return [f"- postgres: commit → SSE p50 with one subscriber {_fmt(p50)} ms (from the "
+            f"event's creation {_fmt(bound)} ms); target under 10 ms: "
+            f"**{'met' if bound < 10 else 'missed'}**"]

@@ -3,8 +3,9 @@
 ``python -m bench.run [--quick]`` (what ``make bench`` runs) measures, on SQLite (a file on
 disk, WAL, ``synchronous=FULL``) and PostgreSQL (the local server, a database per system),
 every system's adapter in ``bench/peers/`` with each measure repeated in a fresh database,
-and writes ``bench/results/latest.json`` (every sample) and ``bench/results/latest.md``
-(median and min–max, and the ratio Ratchet/peer). Each measure runs in a process of its
+then ``ratchet server`` itself (:mod:`bench.server`), and writes
+``bench/results/latest.json`` (every sample) and ``bench/results/latest.md`` (median and
+min–max, and the ratio Ratchet/peer). Each measure runs in a process of its
 own, so one system's memory or threads never touch another's figures.
 """
 
@@ -27,13 +28,15 @@ from typing import Any
 
 import psycopg
 
+from bench import server
 from bench.peers import llm
 from bench.peers.common import last_json
-from bench.report import LLM_PREFIXES, llm_sections, write_reports
+from bench.report import LLM_PREFIXES, SERVER_PREFIX, llm_sections, server_section, write_reports
 from bench.report import claim_backlog_section as _claim_section
 
 PG_ADMIN = os.environ.get("RATCHET_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 RESULTS = Path(__file__).parent / "results"
+Record = Callable[[str, dict[str, Any]], None]  # records a sample under its key
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class Plan:
     claim_backlogs: tuple[int, ...] = (0, 10_000, 50_000, 100_000)
     # Calls of each kind (wrapped, bare) a repeat of the LLM per-call overhead measure.
     llm_overhead_n: int = 300
+    # Repeats of the server measures (bench/server.py), each about a minute a backend.
+    server_repeats: int = 3
 
 
 def plan(quick: bool) -> Plan:
@@ -89,7 +94,7 @@ def plan(quick: bool) -> Plan:
                     pickup_n=10, limit_seconds=0.5, timeout=60,
                     pickup_n_for={"dbos": 3, "absurd": 5},
                     recovery_options={"absurd": ["--lease", "3"]},
-                    claim_backlogs=(0, 10_000), llm_overhead_n=100)
+                    claim_backlogs=(0, 10_000), llm_overhead_n=100, server_repeats=1)
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
@@ -293,6 +298,8 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
                                adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
                                        "--n", str(backlog)))
         llm_measures(p, dbs, {s.name for s in systems}, record)
+        if only is None or "ratchet" in only:
+            server_measures(quick, p, dbs, record)
     finally:
         dbs.close()
     return {
@@ -327,8 +334,7 @@ def claim_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
             "plan": {"claim_backlogs": list(p.claim_backlogs)}}
 
 
-def llm_measures(p: Plan, dbs: Databases, names: set[str],
-                 record: Callable[[str, dict[str, Any]], None]) -> None:
+def llm_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
     """The crash bill of each system's agent (SQLite) and the wrapped client's overhead,
     ``p.repeats`` times each."""
     for _ in range(p.repeats):
@@ -342,8 +348,19 @@ def llm_measures(p: Plan, dbs: Databases, names: set[str],
                                      p.timeout))
 
 
-def llm_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
-    """Just the LLM measures (their report has only those sections)."""
+def server_measures(quick: bool, p: Plan, dbs: Databases, record: Record) -> None:
+    """``ratchet server`` on each backend (bench/server.py), ``p.server_repeats`` times."""
+    for _ in range(p.server_repeats):
+        for backend in ("sqlite", "postgres"):
+            db = dbs.fresh(System("server", backend))
+            url = f"sqlite:///{db}" if backend == "sqlite" else db
+            record(f"{SERVER_PREFIX}{backend}", server.measure(backend, url, quick))
+
+
+def family_only(quick: bool, log: Callable[[str], None],
+                measures: Callable[[Plan, Databases, Record], None], repeats: int
+                ) -> dict[str, Any]:
+    """Just one family of measures (its report has only its sections), each sample logged."""
     p = plan(quick)
     dbs = Databases()
     samples: dict[str, list[dict[str, Any]]] = {}
@@ -351,13 +368,13 @@ def llm_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
     def record(key: str, value: dict[str, Any]) -> None:
         samples.setdefault(key, []).append(value)
         shown = {k: v for k, v in value.items() if k not in ("requests", "peer", "measure")}
-        log(f"{key}: {json.dumps(shown)[:200]}")
+        log(f"{key}: {json.dumps(shown)[:300]}")
 
     try:
-        llm_measures(p, dbs, set(llm.SYSTEMS), record)
+        measures(p, dbs, record)
     finally:
         dbs.close()
-    return {"quick": quick, "repeats": p.repeats, "machine": machine(), "samples": samples}
+    return {"quick": quick, "repeats": repeats, "machine": machine(), "samples": samples}
 
 
 def machine() -> dict[str, Any]:
@@ -379,6 +396,21 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _merged(measured: dict[str, Any], prefixes: tuple[str, ...], run_key: str,
+            quick: bool) -> dict[str, Any]:
+    """The latest full results with one family of measures (samples keyed by
+    ``prefixes``) replaced by ``measured``, as --claim-only does; written back, both files."""
+    results = json.loads((RESULTS / "latest.json").read_text())
+    results["samples"] = {k: v for k, v in results["samples"].items()
+                          if not k.startswith(prefixes)} | measured["samples"]
+    results[run_key] = {"date": measured["machine"]["date"], "quick": quick,
+                        "repeats": measured["repeats"]}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    (RESULTS / "latest.md").write_text(write_reports(results))
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true",
@@ -388,6 +420,8 @@ def main() -> None:
                         help="measure only claim latency against backlog size (Ratchet)")
     parser.add_argument("--llm-only", action="store_true",
                         help="measure only the LLM crash bill and the wrapped client's overhead")
+    parser.add_argument("--server-only", action="store_true",
+                        help="measure only ratchet server: starts/s and SSE latency")
     parser.add_argument("--report-only", action="store_true",
                         help="re-write latest.md from latest.json without measuring")
     args = parser.parse_args()
@@ -418,17 +452,16 @@ def main() -> None:
         print("\n".join(_claim_section(results)))
         return
     if args.llm_only:
-        # Merged into the latest full results, as --claim-only is.
-        measured = llm_only(args.quick, log)
-        results = json.loads((RESULTS / "latest.json").read_text())
-        results["samples"] = {k: v for k, v in results["samples"].items()
-                              if not k.startswith(LLM_PREFIXES)} | measured["samples"]
-        results["llm_run"] = {"date": measured["machine"]["date"], "quick": args.quick,
-                              "repeats": measured["repeats"]}
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
-        (RESULTS / "latest.md").write_text(write_reports(results))
+        measured = family_only(args.quick, log, lambda p, dbs, record: llm_measures(
+            p, dbs, set(llm.SYSTEMS), record), plan(args.quick).repeats)
+        results = _merged(measured, LLM_PREFIXES, "llm_run", args.quick)
         print("\n".join(llm_sections(results)))
+        return
+    if args.server_only:
+        measured = family_only(args.quick, log, lambda p, dbs, record: server_measures(
+            args.quick, p, dbs, record), plan(args.quick).server_repeats)
+        results = _merged(measured, (SERVER_PREFIX,), "server_run", args.quick)
+        print("\n".join(server_section(results)))
         return
     results = run(args.quick, only, log)
     results["elapsed_s"] = round(time.monotonic() - started, 1)

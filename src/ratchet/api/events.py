@@ -32,7 +32,8 @@ def event_dict(ev: Event) -> dict[str, Any]:
             "attempt": ev.attempt, "payload": ev.payload, "at": ev.at}
 
 
-def _frame(ev: Event) -> bytes:
+def frame(ev: Event) -> bytes:
+    """The event as one Server-Sent Events frame."""
     data = json.dumps(event_dict(ev), separators=(",", ":"), ensure_ascii=False)
     return f"id: {ev.seq}\nevent: {ev.kind}\ndata: {data}\n\n".encode()
 
@@ -42,9 +43,9 @@ async def _stream(request: Request, run_id: str, after: int) -> AsyncIterator[by
     state.metrics.sse_subscribers.inc()
     try:
         with state.tails.subscribe(run_id) as tail:
-            async for ev in tail.follow(after, state.heartbeat_s):
+            async for frames in tail.follow(after, state.heartbeat_s):
                 # None: nothing happened for a heartbeat interval.
-                yield b": heartbeat\n\n" if ev is None else _frame(ev)
+                yield b": heartbeat\n\n" if frames is None else frames
     finally:
         state.metrics.sse_subscribers.dec()
 

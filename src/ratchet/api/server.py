@@ -35,7 +35,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         # starts on first use here (PostgreSQL's listener) lives on the serving loop.
         store = await asyncio.to_thread(lambda: ratchet.store)
         api.state.store = store
-        api.state.tails = Tails(store)
+        api.state.tails = Tails(store, events.frame)
         api.state.readiness = Readiness(store, ready_timeout_s)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(
