@@ -579,3 +579,50 @@ ORDER BY created_at DESC, run_id LIMIT %(limit)s
 SELECT d.run_id, r.workflow, d.reason, d.error, d.at
 FROM dead_letters d JOIN runs r ON r.run_id = d.run_id
 WHERE r.tenant_id = %(tenant_id)s ORDER BY d.at DESC LIMIT %(limit)s
+
+-- Dashboard (ratchet server's pages): browser sessions and the list page's reads.
+
+-- name: ui_session_insert
+-- Expired sessions go as new ones come, so the table holds only live ones and a few more.
+INSERT INTO ui_sessions (session_hash, token_id, created_at, expires_at)
+VALUES (%(session_hash)s, %(token_id)s, ratchet_now(),
+        ratchet_now() + make_interval(secs => %(ttl_s)s))
+
+-- name: ui_sessions_expire
+DELETE FROM ui_sessions WHERE expires_at <= ratchet_now()
+
+-- name: ui_session_token
+-- The live token behind a live session: an expired session or a revoked token is none.
+SELECT t.token_id, t.tenant_id, t.scopes, t.name, t.created_at, t.revoked_at
+FROM ui_sessions s JOIN api_tokens t ON t.token_id = s.token_id
+WHERE s.session_hash = %(session_hash)s AND s.expires_at > ratchet_now()
+  AND t.revoked_at IS NULL
+
+-- name: ui_session_delete
+DELETE FROM ui_sessions WHERE session_hash = %(session_hash)s
+
+-- name: ui_status_counts
+SELECT status, COUNT(*) AS n FROM runs WHERE tenant_id = %(tenant_id)s GROUP BY status
+
+-- name: ui_runs_changed
+-- What the live list compares between polls: a start adds a row, any status change moves
+-- updated_at.
+SELECT COUNT(*) AS n, MAX(updated_at) AS changed FROM runs WHERE tenant_id = %(tenant_id)s
+
+-- name: ui_step_counts
+SELECT run_id, COUNT(DISTINCT step_id) AS steps FROM journal_events
+WHERE run_id = ANY(%(ids)s::text[]) AND kind = 'step_started'
+GROUP BY run_id
+
+-- name: ui_runs_page
+-- runs_page with a text filter on the run id (strpos: no LIKE wildcards to escape).
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+FROM runs
+WHERE tenant_id = %(tenant_id)s
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(text)s::text IS NULL OR strpos(run_id, %(text)s::text) > 0)
+  AND (%(cursor_at)s::float8 IS NULL OR created_at < to_timestamp(%(cursor_at)s::float8)
+       OR (created_at = to_timestamp(%(cursor_at)s::float8) AND run_id > %(cursor_id)s::text))
+ORDER BY created_at DESC, run_id LIMIT %(limit)s

@@ -1,0 +1,42 @@
+"""The dashboard's list-page reads, each confined to one tenant like those of
+:mod:`ratchet.store.tokens`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ratchet.model import RunRecord
+
+if TYPE_CHECKING:
+    from ratchet.store.base import Store
+
+
+async def status_counts(store: Store, tenant: str) -> dict[str, int]:
+    rows = await store._read(lambda tx: tx.all("ui_status_counts", {"tenant_id": tenant}))
+    return {r["status"]: int(r["n"]) for r in rows}
+
+
+async def runs_changed(store: Store, tenant: str) -> tuple[int, float | None]:
+    """How many runs the tenant has and when one last changed: the live list's probe."""
+    row = await store._read(lambda tx: tx.one("ui_runs_changed", {"tenant_id": tenant}))
+    return int(row["n"]), None if row["changed"] is None else float(row["changed"])
+
+
+async def step_counts(store: Store, run_ids: Sequence[str]) -> dict[str, int]:
+    ids = {"ids": store._ids(list(run_ids))}
+    rows = await store._read(lambda tx: tx.all("ui_step_counts", ids))
+    return {r["run_id"]: int(r["steps"]) for r in rows}
+
+
+async def runs_page(store: Store, tenant: str, *, status: str | None, workflow: str | None,
+                    text: str | None, cursor: tuple[float, str] | None, limit: int
+                    ) -> list[RunRecord]:
+    """A tenant's runs, newest first, filtered, after ``cursor`` (created_at, run_id)."""
+    from ratchet.store.base import record_from_row
+
+    params = {"tenant_id": tenant, "status": status, "workflow": workflow, "text": text,
+              "cursor_at": cursor[0] if cursor else None,
+              "cursor_id": cursor[1] if cursor else None, "limit": limit}
+    rows = await store._read(lambda tx: tx.all("ui_runs_page", params))
+    return [record_from_row(r) for r in rows]
