@@ -117,11 +117,17 @@ async def signin_page(request: Request, next: str | None = None) -> Response:
     return _page(request, "signin.html", {"next": _next(next), "error": None, "user": None})
 
 
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form's fields (the first value of each)."""
+    fields = parse_qs((await request.body()).decode(errors="replace"))
+    return {name: values[0] for name, values in fields.items()}
+
+
 @router.post("/signin", response_class=HTMLResponse)
 async def signin(request: Request) -> Response:
-    form = parse_qs((await request.body()).decode(errors="replace"))
-    secret = (form.get("token") or [""])[0].strip()
-    target = _next((form.get("next") or [None])[0])
+    form = await _form(request)
+    secret = form.get("token", "").strip()
+    target = _next(form.get("next"))
     if not _same_origin(request):
         return _page(request, "signin.html", {"next": target, "user": None,
                                               "error": "sign-in from another site refused"},
@@ -142,9 +148,9 @@ async def signin(request: Request) -> Response:
 @router.post("/signout")
 async def signout(request: Request) -> Response:
     found = await _session(request)
-    form = parse_qs((await request.body()).decode(errors="replace"))
+    form = await _form(request)
     if found is not None:
-        if not sessions.csrf_matches(found[1], (form.get("csrf") or [None])[0]):
+        if not sessions.csrf_matches(found[1], form.get("csrf")):
             raise ApiError(403, "missing or wrong CSRF token: sign out from the dashboard")
         await sessions.close_session(_store(request), found[1])
     response = RedirectResponse("/signin", status_code=303)
