@@ -58,7 +58,8 @@ def test_a_takeover_interrupts_the_attempt_in_flight_and_is_a_marker() -> None:
                                         ("attempt", "completed", 5.1, 5.2)]}
     w = waterfall("r", events)
     assert [(m.kind, m.label) for m in w.markers] == [
-        ("run_resumed", "drive 2: sweep by b"), ("anomaly_detected", "anomaly_detected: retry_storm")]
+        ("run_resumed", "drive 2: sweep by b"),
+        ("anomaly_detected", "anomaly_detected: retry_storm")]
     assert w.rows[0].attempts == 1 and not w.terminal
 
 

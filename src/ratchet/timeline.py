@@ -179,7 +179,7 @@ def _merge(spans: list[tuple[float, float | None]]) -> list[tuple[float, float |
 
 
 def as_dict(w: Waterfall) -> dict[str, Any]:
-    """The JSON form the API serves."""
+    """The JSON form: what the API serves and a run page embeds."""
     return {
         "run_id": w.run_id, "last_seq": w.last_seq, "start": w.start, "end": w.end,
         "terminal": w.terminal,
@@ -192,5 +192,5 @@ def as_dict(w: Waterfall) -> dict[str, Any]:
                  for r in w.rows],
         "markers": [{"seq": m.seq, "at": m.at, "kind": m.kind, "step_id": m.step_id,
                      "label": m.label} for m in w.markers],
-        "parked": [{"start": s, "end": e} for s, e in w.parked],
+        "parked": [[start, end] for start, end in w.parked],
     }

@@ -4,7 +4,7 @@ the seq asked for: what the scrubber shows is what the engine would have compute
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
@@ -20,8 +20,8 @@ from ratchet.api.models import (
 )
 from ratchet.api.runs import ERRORS, Reader, owned
 from ratchet.model import EventKind, StepState, fold
-from ratchet.store import Store
-from ratchet.timeline import waterfall
+from ratchet.store import Store, dashboard
+from ratchet.timeline import as_dict, waterfall
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 AtSeq = Annotated[int | None, Query(ge=0, description="Fold the events up to this seq; "
@@ -59,17 +59,15 @@ async def run_waterfall(run_id: str, request: Request, token: Reader,
     """The run's steps as rows of attempts, backoffs and parked time, with its drive
     boundaries and guard events as markers; up to ``at_seq`` when given."""
     await owned(request, run_id, token)
-    return await waterfall_out(request.app.state.store, run_id, at_seq)
-
-
-async def waterfall_out(store: Store, run_id: str, at_seq: int | None) -> WaterfallOut:
-    """The waterfall of ``run_id``'s journal up to ``at_seq``, read in one query."""
-    events = await store.load_events(run_id, 0, -1 if at_seq is None else at_seq)
-    w = waterfall(run_id, events)
     return WaterfallOut.model_validate(
-        {"run_id": w.run_id, "last_seq": w.last_seq, "start": w.start, "end": w.end,
-         "terminal": w.terminal, "now": await store.now(), "rows": w.rows,
-         "markers": w.markers, "parked": w.parked}, from_attributes=True)
+        await waterfall_out(request.app.state.store, run_id, at_seq))
+
+
+async def waterfall_out(store: Store, run_id: str, at_seq: int | None) -> dict[str, Any]:
+    """The waterfall of ``run_id``'s journal up to ``at_seq`` as JSON data, read in one
+    query (the page embeds it as it is; the route checks it against its model)."""
+    events = await dashboard.timeline_events(store, run_id, at_seq)
+    return as_dict(waterfall(run_id, events)) | {"now": await store.now()}
 
 
 @router.get("/runs/{run_id:path}/step", response_model=StepDetail)

@@ -1,12 +1,13 @@
-"""The dashboard's list-page reads, each confined to one tenant like those of
-:mod:`ratchet.store.tokens`."""
+"""The dashboard's reads: the list page's, each confined to one tenant like those of
+:mod:`ratchet.store.tokens`, and a journal as the waterfall reads it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ratchet.model import RunRecord
+from ratchet.model import Event, RunRecord
 
 if TYPE_CHECKING:
     from ratchet.store.base import Store
@@ -40,3 +41,14 @@ async def runs_page(store: Store, tenant: str, *, status: str | None, workflow: 
               "cursor_id": cursor[1] if cursor else None, "limit": limit}
     rows = await store._read(lambda tx: tx.all("ui_runs_page", params))
     return [record_from_row(r) for r in rows]
+
+
+async def timeline_events(store: Store, run_id: str, upto: int | None = None) -> list[Event]:
+    """A run's events up to seq ``upto`` (all when None) in one query, with the payloads
+    :func:`ratchet.timeline.waterfall` reads and ``{}`` for the others; unhashed (a view,
+    never a journal to verify or replay)."""
+    params = {"run_id": run_id, "upto": 2**62 if upto is None else upto}
+    rows = await store._read(lambda tx: tx.all("ui_timeline_events", params))
+    return [Event(run_id, int(r["seq"]), r["kind"], r["step_id"], r["attempt"],
+                  json.loads(r["payload"]) if r["payload"] is not None else {},
+                  float(r["at"]), "", "") for r in rows]

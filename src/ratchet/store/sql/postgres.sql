@@ -626,3 +626,13 @@ WHERE tenant_id = %(tenant_id)s
   AND (%(cursor_at)s::float8 IS NULL OR created_at < to_timestamp(%(cursor_at)s::float8)
        OR (created_at = to_timestamp(%(cursor_at)s::float8) AND run_id > %(cursor_id)s::text))
 ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: ui_timeline_events
+-- A journal as the waterfall reads it: every event's time, kind and step, and the payload
+-- only of the kinds whose payload the waterfall reads (not the outputs of completed steps,
+-- most of a long journal's bytes).
+SELECT seq, kind, step_id, attempt, extract(epoch FROM at)::float8 AS at,
+       CASE WHEN kind IN ('step_started', 'step_waiting', 'run_resumed', 'anomaly_detected',
+                          'confidence_evaluated', 'confidence_gate_bypassed')
+            THEN payload::text END AS payload
+FROM journal_events WHERE run_id = %(run_id)s AND seq <= %(upto)s ORDER BY seq

@@ -478,3 +478,13 @@ WHERE tenant_id = :tenant_id
   AND (:cursor_at IS NULL OR created_at < :cursor_at
        OR (created_at = :cursor_at AND run_id > :cursor_id))
 ORDER BY created_at DESC, run_id LIMIT :limit
+
+-- name: ui_timeline_events
+-- A journal as the waterfall reads it: every event's time, kind and step, and the payload
+-- only of the kinds whose payload the waterfall reads (not the outputs of completed steps,
+-- most of a long journal's bytes).
+SELECT seq, kind, step_id, attempt, at,
+       CASE WHEN kind IN ('step_started', 'step_waiting', 'run_resumed', 'anomaly_detected',
+                          'confidence_evaluated', 'confidence_gate_bypassed')
+            THEN payload END AS payload
+FROM journal_events WHERE run_id = :run_id AND seq <= :upto ORDER BY seq

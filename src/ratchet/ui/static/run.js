@@ -69,24 +69,44 @@ function segment(s, x, end) {
     style="left:${left}%;width:${width}%"></span>${tick}`;
 }
 
+// Rows beyond the first screenful are added a chunk per task after the first paint, so a
+// run of thousands of steps shows its top at once and the rest follows.
+const FIRST_ROWS = 150;
+const MORE_ROWS = 1000;
+let drawing = 0; // the draw whose remaining rows are still being added
+
+function rowHtml(r, x, end, now) {
+  const key = `${r.step_id}|${r.status}`;
+  if (!since.has(key)) since.set(key, now);
+  const child = r.child_run_id
+    ? ` <a class="child" href="/runs/${esc(runPath(r.child_run_id))}">child run</a>` : "";
+  const tries = r.attempts > 1 ? ` <small>${r.attempts} attempts</small>` : "";
+  return `<li class="wf-row st-${esc(r.status)}" data-step="${esc(r.step_id)}"
+    data-status="${esc(r.status)}" data-since="${since.get(key)}">
+    <span class="wf-label"><button type="button" class="step" data-step="${esc(r.step_id)}"
+      title="${esc(r.step_id)}">${esc(r.step_id)}</button>${tries}${child}</span>
+    <span class="wf-track">${r.segments.map((s) => segment(s, x, end)).join("")}</span></li>`;
+}
+
 function draw(w) {
   shown = w;
   const live = !w.terminal && scrubbed === null;
   const end = live ? Math.max(serverNow(), w.end ?? 0) : (w.end ?? w.start ?? 0);
   const x = axis(w, end, compress.checked);
   const now = Date.now();
-  list.innerHTML = w.rows.map((r) => {
-    const key = `${r.step_id}|${r.status}`;
-    if (!since.has(key)) since.set(key, now);
-    const child = r.child_run_id
-      ? ` <a class="child" href="/runs/${esc(runPath(r.child_run_id))}">child run</a>` : "";
-    const tries = r.attempts > 1 ? ` <small>${r.attempts} attempts</small>` : "";
-    return `<li class="wf-row st-${esc(r.status)}" data-step="${esc(r.step_id)}"
-      data-status="${esc(r.status)}" data-since="${since.get(key)}">
-      <span class="wf-label"><button type="button" class="step" data-step="${esc(r.step_id)}"
-        title="${esc(r.step_id)}">${esc(r.step_id)}</button>${tries}${child}</span>
-      <span class="wf-track">${r.segments.map((s) => segment(s, x, end)).join("")}</span></li>`;
-  }).join("");
+  const mine = ++drawing;
+  const html = (from, to) => w.rows.slice(from, to).map((r) => rowHtml(r, x, end, now)).join("");
+  list.innerHTML = html(0, FIRST_ROWS);
+  const more = (from) => {
+    if (mine !== drawing || from >= w.rows.length) {
+      if (mine === drawing) performance.mark("ratchet:complete");
+      return;
+    }
+    list.insertAdjacentHTML("beforeend", html(from, from + MORE_ROWS));
+    setTimeout(() => more(from + MORE_ROWS));
+  };
+  if (w.rows.length > FIRST_ROWS) setTimeout(() => more(FIRST_ROWS));
+  else performance.mark("ratchet:complete");
   marks.innerHTML = w.markers.map((m) => `<span class="mk ${esc(m.kind)}" role="img"
     aria-label="${esc(m.label)}" title="${esc(`seq ${m.seq}: ${m.label}`)}"
     style="left:${x(m.at)}%"></span>`).join("");
@@ -244,4 +264,11 @@ for (const form of document.querySelectorAll("form.approval")) {
 }
 
 draw(latest);
-scrubTo(latest.last_seq);
+// For the bench (bench/dashboard.py): the waterfall is in the DOM, then on screen.
+performance.mark("ratchet:drawn");
+requestAnimationFrame(() => setTimeout(() => performance.mark("ratchet:painted")));
+// The state is folded on the server when first asked for (opening it, or scrubbing), not
+// with every page load: for a long journal that is a second read of every event.
+$("state-box").addEventListener("toggle", () => {
+  if ($("state-box").open && !stateBox.dataset.seq) scrubTo(Number(slider.value));
+});
