@@ -7,7 +7,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ratchet.model import Event, RunRecord
+from ratchet.model import Event
 
 if TYPE_CHECKING:
     from ratchet.store.base import Store
@@ -28,19 +28,6 @@ async def step_counts(store: Store, run_ids: Sequence[str]) -> dict[str, int]:
     ids = {"ids": store._ids(list(run_ids))}
     rows = await store._read(lambda tx: tx.all("ui_step_counts", ids))
     return {r["run_id"]: int(r["steps"]) for r in rows}
-
-
-async def runs_page(store: Store, tenant: str, *, status: str | None, workflow: str | None,
-                    text: str | None, cursor: tuple[float, str] | None, limit: int
-                    ) -> list[RunRecord]:
-    """A tenant's runs, newest first, filtered, after ``cursor`` (created_at, run_id)."""
-    from ratchet.store.base import record_from_row
-
-    params = {"tenant_id": tenant, "status": status, "workflow": workflow, "text": text,
-              "cursor_at": cursor[0] if cursor else None,
-              "cursor_id": cursor[1] if cursor else None, "limit": limit}
-    rows = await store._read(lambda tx: tx.all("ui_runs_page", params))
-    return [record_from_row(r) for r in rows]
 
 
 async def timeline_events(store: Store, run_id: str, upto: int | None = None) -> list[Event]:

@@ -179,9 +179,9 @@ async def _list(request: Request, token: Token, status: str | None, workflow: st
     store = _store(request)
     if status not in STATUSES:
         status = None
-    recs = await dashboard.runs_page(store, token.tenant_id, status=status,
-                                     workflow=workflow or None, text=q or None,
-                                     cursor=_cursor(cursor), limit=PAGE_SIZE + 1)
+    recs = await tokens.runs_page(store, token.tenant_id, status=status,
+                                  workflow=workflow or None, text=q or None,
+                                  cursor=_cursor(cursor), limit=PAGE_SIZE + 1)
     more, recs = len(recs) > PAGE_SIZE, recs[:PAGE_SIZE]
     ids = [r.run_id for r in recs]
     steps, totals, counts, now = await asyncio.gather(

@@ -559,7 +559,7 @@ WHERE token_id = %(token_id)s
 
 -- name: runs_page
 -- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
--- when given (NULL: any). Times travel as epoch seconds; microseconds survive the float.
+-- when given (NULL: any); text: a substring of the run id (strpos: no wildcards). Times travel as epoch seconds; microseconds survive the float.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs
@@ -567,6 +567,7 @@ WHERE tenant_id = %(tenant_id)s
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(parent)s::text IS NULL OR parent_run_id = %(parent)s::text)
+  AND (%(text)s::text IS NULL OR strpos(run_id, %(text)s::text) > 0)
   AND (%(created_after)s::float8 IS NULL
        OR created_at >= to_timestamp(%(created_after)s::float8))
   AND (%(created_before)s::float8 IS NULL
@@ -613,19 +614,6 @@ SELECT COUNT(*) AS n, MAX(updated_at) AS changed FROM runs WHERE tenant_id = %(t
 SELECT run_id, COUNT(DISTINCT step_id) AS steps FROM journal_events
 WHERE run_id = ANY(%(ids)s::text[]) AND kind = 'step_started'
 GROUP BY run_id
-
--- name: ui_runs_page
--- runs_page with a text filter on the run id (strpos: no LIKE wildcards to escape).
-SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
-FROM runs
-WHERE tenant_id = %(tenant_id)s
-  AND (%(status)s::text IS NULL OR status = %(status)s::text)
-  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
-  AND (%(text)s::text IS NULL OR strpos(run_id, %(text)s::text) > 0)
-  AND (%(cursor_at)s::float8 IS NULL OR created_at < to_timestamp(%(cursor_at)s::float8)
-       OR (created_at = to_timestamp(%(cursor_at)s::float8) AND run_id > %(cursor_id)s::text))
-ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
 -- name: ui_timeline_events
 -- A journal as the waterfall reads it: every event's time, kind and step, and the payload

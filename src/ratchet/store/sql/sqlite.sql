@@ -414,7 +414,7 @@ WHERE token_id = :token_id
 
 -- name: runs_page
 -- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
--- when given (NULL: any).
+-- when given (NULL: any); text: a substring of the run id (instr: no wildcards).
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs
@@ -422,6 +422,7 @@ WHERE tenant_id = :tenant_id
   AND (:status IS NULL OR status = :status)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:parent IS NULL OR parent_run_id = :parent)
+  AND (:text IS NULL OR instr(run_id, :text) > 0)
   AND (:created_after IS NULL OR created_at >= :created_after)
   AND (:created_before IS NULL OR created_at < :created_before)
   AND (:cursor_at IS NULL OR created_at < :cursor_at
@@ -465,19 +466,6 @@ SELECT COUNT(*) AS n, MAX(updated_at) AS changed FROM runs WHERE tenant_id = :te
 SELECT run_id, COUNT(DISTINCT step_id) AS steps FROM journal_events
 WHERE run_id IN (SELECT value FROM json_each(:ids)) AND kind = 'step_started'
 GROUP BY run_id
-
--- name: ui_runs_page
--- runs_page with a text filter on the run id (instr: no LIKE wildcards to escape).
-SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
-FROM runs
-WHERE tenant_id = :tenant_id
-  AND (:status IS NULL OR status = :status)
-  AND (:workflow IS NULL OR workflow = :workflow)
-  AND (:text IS NULL OR instr(run_id, :text) > 0)
-  AND (:cursor_at IS NULL OR created_at < :cursor_at
-       OR (created_at = :cursor_at AND run_id > :cursor_id))
-ORDER BY created_at DESC, run_id LIMIT :limit
 
 -- name: ui_timeline_events
 -- A journal as the waterfall reads it: every event's time, kind and step, and the payload

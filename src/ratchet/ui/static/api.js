@@ -36,3 +36,21 @@ export function wireRetries(root, report) {
     }
   });
 }
+
+// `fn` run once at a time: a call while it runs makes it run once more afterwards, so
+// a burst of events costs at most two fetches and the last one sees them all.
+export function coalesced(fn) {
+  let running = false;
+  let again = false;
+  const run = async () => {
+    if (running) { again = true; return; }
+    running = true;
+    try {
+      await fn();
+    } finally {
+      running = false;
+      if (again) { again = false; run(); }
+    }
+  };
+  return run;
+}

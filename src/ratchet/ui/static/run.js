@@ -2,7 +2,7 @@
 // the run over Server-Sent Events until its terminal event, and scrubs through the journal:
 // at each seq it shows the state the server's fold computes (GET .../state?at_seq=N) and the
 // waterfall cut there (GET .../waterfall?at_seq=N). Nothing here folds events.
-import { api, runPath, wireRetries } from "./api.js";
+import { api, coalesced, runPath, wireRetries } from "./api.js";
 
 const data = JSON.parse(document.getElementById("run-data").textContent);
 const base = `/v1/runs/${runPath(data.run_id)}`;
@@ -149,30 +149,21 @@ $("seq-live").addEventListener("click", () => scrubTo(latest.last_seq));
 compress.addEventListener("change", () => draw(shown));
 
 // -- following the run ------------------------------------------------------------------
-let refreshing = false;
-let again = false;
-async function refresh() {
-  if (refreshing) { again = true; return; }
-  refreshing = true;
-  try {
-    const [w, run] = await Promise.all([api(`${base}/waterfall`), api(base)]);
-    latest = w;
-    latestAt = performance.now();
-    const badge = $("run-status");
-    badge.textContent = run.status;
-    badge.className = `badge st-${run.status}`;
-    $("run-error").hidden = !run.error;
-    $("run-error").textContent = run.error ?? "";
-    if (scrubbed === null) {
-      draw(latest);
-      if (document.getElementById("state-box").open) scrubTo(latest.last_seq);
-      else showSeq();
-    } else showSeq();
-  } finally {
-    refreshing = false;
-    if (again) { again = false; refresh(); }
-  }
-}
+const refresh = coalesced(async () => {
+  const [w, run] = await Promise.all([api(`${base}/waterfall`), api(base)]);
+  latest = w;
+  latestAt = performance.now();
+  const badge = $("run-status");
+  badge.textContent = run.status;
+  badge.className = `badge st-${run.status}`;
+  $("run-error").hidden = !run.error;
+  $("run-error").textContent = run.error ?? "";
+  if (scrubbed === null) {
+    draw(latest);
+    if ($("state-box").open) scrubTo(latest.last_seq);
+    else showSeq();
+  } else showSeq();
+});
 
 function follow() {
   source = new EventSource(`${base}/events?after_seq=${latest.last_seq}`);

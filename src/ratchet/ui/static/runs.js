@@ -1,23 +1,13 @@
 // The runs list: the server renders it; this swaps in a fresh table whenever the server's
 // stream says the tenant's runs changed (a run started, changed status or ended).
-import { wireRetries } from "./api.js";
+import { coalesced, wireRetries } from "./api.js";
 
 const table = document.getElementById("runs-table");
 const live = document.getElementById("live");
-let fetching = false;
-let again = false;
-
-async function refresh() {
-  if (fetching) { again = true; return; }
-  fetching = true;
-  try {
-    const r = await fetch(`/ui/runs/rows?${table.dataset.query}`, { credentials: "same-origin" });
-    if (r.ok) table.innerHTML = await r.text();
-  } finally {
-    fetching = false;
-    if (again) { again = false; refresh(); }
-  }
-}
+const refresh = coalesced(async () => {
+  const r = await fetch(`/ui/runs/rows?${table.dataset.query}`, { credentials: "same-origin" });
+  if (r.ok) table.innerHTML = await r.text();
+});
 
 const source = new EventSource("/ui/runs/live");
 source.addEventListener("open", () => { live.textContent = "live"; });
