@@ -193,7 +193,8 @@ def test_the_list_shows_runs_and_follows_them_live(dash: Dash) -> None:
     page.get_by_label("Status", exact=True).select_option("failed")
     page.get_by_role("button", name="Filter").click()
     expect(listed).to_contain_text("No runs match these filters")
-    page.goto("/runs")
+    page.goto("/")  # the list is the dashboard's home
+    expect(listed.locator("tbody tr")).to_have_count(2)
     screenshot(dash, page, "dashboard-runs.png")
 
 
@@ -265,6 +266,30 @@ def test_a_retried_step_shows_each_attempt(dash: Dash) -> None:
         "attempt 1 retrying", "attempt 2 retrying", "attempt 3 completed"]
     expect(flaky.get_by_role("img", name=re.compile(r"^backoff"))).to_have_count(2)
     expect(flaky.locator(".tick")).to_have_count(2)  # the step_retrying markers
+
+
+def test_a_run_page_on_a_dark_phone_by_keyboard(dash: Dash) -> None:
+    h = dash.h
+    run_id = dash.start("chain", {"n": 2})
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_status(run_id, "succeeded")
+    phone = dash.signed_in(viewport={"width": 390, "height": 844}, color_scheme="dark",
+                           has_touch=True)
+    phone.goto(f"/runs/{run_id}")
+    expect(rows(phone)).to_have_count(2)
+    # Nothing wider than the screen; the system's dark scheme is followed.
+    assert phone.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+    assert phone.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(21, 22, 24)"
+    # A step's detail opens from the keyboard and closes with Escape.
+    phone.get_by_role("button", name="2:work").focus()
+    phone.keyboard.press("Enter")
+    detail = phone.get_by_role("region", name="Step 2:work")
+    expect(detail).to_be_focused()
+    phone.keyboard.press("Escape")
+    expect(detail).to_be_hidden()
+    # No page of the dashboard may be framed by another site.
+    response = phone.request.get(f"/runs/{run_id}")
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
 
 
 def test_a_running_runs_page_gains_a_bar_within_a_second_of_the_commit(dash: Dash) -> None:

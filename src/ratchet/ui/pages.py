@@ -93,10 +93,17 @@ def _same_origin(request: Request) -> bool:
         request.url.port or default.get(request.url.scheme))
 
 
+# Scripts and styles from this server only (segments are placed with style attributes),
+# and no framing: a page with Approve buttons must not be clickable through another site.
+HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+           "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                      "img-src 'self' data:; frame-ancestors 'none'"}
+
+
 def _page(request: Request, name: str, context: dict[str, Any],
           status_code: int = 200) -> HTMLResponse:
     return templates.TemplateResponse(request, name, context, status_code=status_code,
-                                      headers={"Cache-Control": "no-store"})
+                                      headers=HEADERS)
 
 
 def _user(token: Token, secret: str) -> dict[str, Any]:
