@@ -364,8 +364,15 @@ def test_approving_from_the_page_resumes_the_parked_run(dash: Dash) -> None:
     page.goto(f"/runs/{run_id}")
     expect(page.locator("#run-status")).to_have_text("waiting")
     expect(row(page, "2:approval:refund")).to_have_attribute("data-status", "waiting")
-    expect(row(page, "2:approval:refund").get_by_role(
-        "img", name=re.compile(r"^parked \(approval\)"))).to_have_count(1)
+    parked = row(page, "2:approval:refund").get_by_role(
+        "img", name=re.compile(r"^parked \(approval\)"))
+    expect(parked).to_have_count(1)
+    # Parked time is drawn compressed (at most 8% of the working time), and in full on demand.
+    width = "e => parseFloat(e.style.width)"
+    squeezed = parked.evaluate(width)
+    page.get_by_label("Compress parked time").uncheck()
+    assert parked.evaluate(width) > squeezed
+    page.get_by_label("Compress parked time").check()
     form = page.get_by_role("form", name="Approval refund")
     form.get_by_label("Comment").fill("looks right")
     form.get_by_role("button", name="Approve").click()

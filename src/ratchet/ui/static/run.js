@@ -42,11 +42,11 @@ function axis(w, end, squeeze) {
   const parkedTotal = pieces.reduce((n, [s, e]) => n + (e - s), 0);
   const active = Math.max(end - start - parkedTotal, 1e-3);
   const cap = active * 0.08;
-  const shown = pieces.map(([s, e]) => ({ s, e, k: Math.min(e - s, cap) / (e - s) }));
-  const total = Math.max(active + shown.reduce((n, p) => n + (p.e - p.s) * p.k, 0), 1e-3);
+  const squeezed = pieces.map(([s, e]) => ({ s, e, k: Math.min(e - s, cap) / (e - s) }));
+  const total = Math.max(active + squeezed.reduce((n, p) => n + (p.e - p.s) * p.k, 0), 1e-3);
   return (t) => {
     let x = t - start;
-    for (const p of shown) {
+    for (const p of squeezed) {
       if (t <= p.s) break;
       const inside = Math.min(t, p.e) - p.s;
       x -= inside * (1 - p.k);

@@ -10,7 +10,9 @@ const refresh = coalesced(async () => {
 });
 
 const source = new EventSource("/ui/runs/live");
-source.addEventListener("open", () => { live.textContent = "live"; });
+// The stream reports changes after it connects: whatever changed between the page's
+// rendering (or a lost connection) and now is fetched once on every (re)connect.
+source.addEventListener("open", () => { live.textContent = "live"; refresh(); });
 source.addEventListener("error", () => { live.textContent = "reconnecting…"; });
 source.addEventListener("changed", refresh);
 
