@@ -106,7 +106,8 @@ def measure(base: str, secret: str, run_id: str, repeats: int) -> dict[str, list
     out: dict[str, list[float]] = {"html": [], "run": [], "rows": [], "list": []}
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM)
-        page = browser.new_page(base_url=base)
+        # The pages forbid eval (CSP); Playwright's wait_for_function needs it.
+        page = browser.new_page(base_url=base, bypass_csp=True)
         page.set_default_timeout(60_000)
         page.goto("/signin")
         page.get_by_label("API token").fill(secret)
