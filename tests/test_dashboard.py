@@ -382,6 +382,30 @@ def test_approving_from_the_page_resumes_the_parked_run(dash: Dash) -> None:
     assert h.app.approvals(run_id) == []  # none pending any more
 
 
+def test_a_child_run_is_a_linked_row_and_its_approval_is_decided_from_the_parent(
+        dash: Dash) -> None:
+    h = dash.h
+    parent = dash.start("payout_parent", {"amount": 5})
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_parked(parent, "child:")
+    [child] = [r for r in h.app.runs() if r.parent_run_id == parent]
+    h.wait_parked(child.run_id, "approval:")
+    page = dash.signed_in()
+    page.goto(f"/runs/{parent}")
+    step_id = next(str(e.step_id) for e in h.app.events(parent)
+                   if e.kind == "step_started" and e.payload.get("child_run_id"))
+    expect(row(page, step_id).get_by_role("link", name="child run")).to_have_attribute(
+        "href", f"/runs/{child.run_id}")
+    form = page.get_by_role("form", name="Approval payout")
+    expect(form.get_by_role("link", name=child.run_id)).to_be_visible()
+    form.get_by_role("button", name="Reject").click()
+    expect(page.locator("#run-status")).to_have_text("succeeded")
+    assert h.app.get(child.run_id).output == {"approved": False, "by": "ana"}
+    row(page, step_id).get_by_role("link", name="child run").click()
+    expect(page.locator("h1 .runid")).to_have_text(child.run_id)
+    expect(rows(page)).to_have_count(1)
+
+
 def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     h = dash.h
     listening = dash.start("listener", {})
