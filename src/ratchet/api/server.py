@@ -58,6 +58,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
     api.state.ratchet = ratchet
     api.state.heartbeat_s = heartbeat_s
     api.state.live_poll_s = live_poll_s
+    api.state.runs_probe = pages.RunsProbe()
     api.state.metrics = Metrics()
     errors.install(api)
     api.include_router(runs.router)

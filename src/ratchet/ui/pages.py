@@ -9,8 +9,8 @@ Python (:mod:`ratchet.timeline`), so the browser draws rows rather than folding 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import math
 import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -239,15 +239,35 @@ async def runs_rows(request: Request, token: Annotated[Token, Depends(scope("run
     return _page(request, "_runs_table.html", context)
 
 
+class RunsProbe:
+    """The live lists' probe, shared: however many list pages of one tenant this process
+    serves, the tenant's runs are probed once per wake-up or interval, not once per page."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, tuple[int, float | None]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def probe(self, store: Store, tenant: str, max_age: float) -> tuple[int, float | None]:
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            at, value = self._seen.get(tenant, (-math.inf, (0, None)))
+            if time.monotonic() - at > max_age:
+                value = await dashboard.runs_changed(store, tenant)
+                self._seen[tenant] = (time.monotonic(), value)
+            return value
+
+
 async def _changes(request: Request, tenant: str, poll_s: float) -> AsyncIterator[bytes]:
     store = _store(request)
+    probe: RunsProbe = request.app.state.runs_probe
     seen: tuple[int, float | None] | None = None
     beat = time.monotonic()
+    woken = False
     while not await request.is_disconnected():
         # A finish in this process (or, on PostgreSQL, anywhere) wakes the probe at once;
         # starts and other processes' finishes are found by the poll.
         with store.watching(DONE) as finished:
-            now = await dashboard.runs_changed(store, tenant)
+            # After a wake-up every page probes again, bar those a moment behind another.
+            now = await probe.probe(store, tenant, 0.05 if woken else poll_s / 2)
             if now != seen:
                 if seen is not None:
                     yield f"event: changed\ndata: {json.dumps({'runs': now[0]})}\n\n".encode()
@@ -255,8 +275,11 @@ async def _changes(request: Request, tenant: str, poll_s: float) -> AsyncIterato
             elif time.monotonic() - beat > request.app.state.heartbeat_s:
                 yield b": heartbeat\n\n"
                 beat = time.monotonic()
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(finished.wait(), poll_s)
+                woken = True
+            except TimeoutError:
+                woken = False
 
 
 @router.get("/ui/runs/live")
