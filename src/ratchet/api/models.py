@@ -134,3 +134,94 @@ class WorkflowOut(BaseModel):
 
 class Health(BaseModel):
     status: str
+
+
+class StepStateOut(BaseModel):
+    """A step as the fold leaves it (:class:`ratchet.model.StepState`)."""
+
+    step_id: str
+    name: str
+    status: str
+    attempt: int
+    attempts_used: int
+    output: Any = None
+    error: str | None = None
+    error_type: str | None = None
+    waiting: dict[str, Any] | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    child_run_id: str | None = None
+    kind: str | None = None
+    llm: dict[str, Any] | None = None
+
+
+class RunStateOut(BaseModel):
+    """A run's state as the engine's fold computes it from its journal up to ``last_seq``."""
+
+    run_id: str
+    last_seq: int
+    status: str
+    output: Any = None
+    error: str | None = None
+    drives: int
+    steps: list[StepStateOut]
+    llm: LLMUsage
+
+
+class SegmentOut(BaseModel):
+    kind: str = Field(description="attempt, backoff or parked")
+    start: float
+    end: float | None = Field(description="null while it goes on")
+    outcome: str = Field(description="running, completed, failed, retrying, interrupted, "
+                                     "cancelled, waiting or over")
+    attempt: int | None
+    start_seq: int
+    end_seq: int | None
+    reason: str | None = Field(description="why a parked stretch waits")
+
+
+class RowOut(BaseModel):
+    step_id: str
+    name: str
+    kind: str | None
+    status: str
+    child_run_id: str | None
+    attempts: int
+    segments: list[SegmentOut]
+
+
+class MarkerOut(BaseModel):
+    seq: int
+    at: float
+    kind: str
+    step_id: str | None
+    label: str
+
+
+class WaterfallOut(BaseModel):
+    """A run's journal as rows of segments on a time axis, with markers."""
+
+    run_id: str
+    last_seq: int
+    start: float | None
+    end: float | None
+    terminal: bool
+    now: float = Field(description="The server's clock, to extend what still goes on.")
+    rows: list[RowOut]
+    markers: list[MarkerOut]
+    parked: list[tuple[float, float | None]] = Field(
+        description="Stretches when the run was parked, merged; a viewer may compress them.")
+
+
+class StepDetail(BaseModel):
+    """One step: its folded state, what its latest attempt was sent with, and its events."""
+
+    run_id: str
+    state: StepStateOut
+    idempotency_key: str | None
+    lease_epoch: int | None = Field(description="The fencing epoch of the drive that started "
+                                                "the latest attempt.")
+    input: dict[str, Any] | None = Field(description="The latest step_started payload.")
+    tokens: int | None
+    cost_usd: float | None
+    events: list[JournalEvent]

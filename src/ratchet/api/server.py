@@ -10,14 +10,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from ratchet import __version__
-from ratchet.api import admin, errors, events, runs
+from ratchet.api import admin, errors, events, replay, runs
 from ratchet.api.limits import MAX_BODY, BodyLimit
 from ratchet.api.metrics import Metrics
 from ratchet.api.readiness import READY_TIMEOUT_S, Readiness
 from ratchet.api.tails import Tails
 from ratchet.app import Ratchet
+from ratchet.ui import pages
 
 log = logging.getLogger("ratchet.api")
 HEARTBEAT_S = 15.0
@@ -25,9 +27,11 @@ HEARTBEAT_S = 15.0
 
 def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
                heartbeat_s: float = HEARTBEAT_S, max_body: int = MAX_BODY,
+               live_poll_s: float = pages.LIVE_POLL_S,
                worker_options: dict[str, Any] | None = None,
                ready_timeout_s: float = READY_TIMEOUT_S) -> FastAPI:
-    """The API for ``ratchet``'s workflows, with ``workers`` embedded workers."""
+    """The API for ``ratchet``'s workflows, with ``workers`` embedded workers, and the
+    dashboard (``live_poll_s``: how often its live runs list looks for changes)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
@@ -57,13 +61,19 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
                               "journals live, signal, cancel and approve.")
     api.state.ratchet = ratchet
     api.state.heartbeat_s = heartbeat_s
+    api.state.live_poll_s = live_poll_s
+    api.state.runs_probe = pages.RunsProbe()
     api.state.metrics = Metrics()
     errors.install(api)
     api.include_router(runs.router)
+    api.include_router(replay.router)
     api.include_router(events.router)
     api.include_router(admin.v1)
     api.include_router(admin.router)
     api.include_router(runs.last)
+    # The dashboard: its pages, and its scripts and stylesheet from the package.
+    api.include_router(pages.router)
+    api.mount("/ui/static", StaticFiles(directory=pages.HERE / "static"), name="ui-static")
     api.add_middleware(BodyLimit, limit=max_body)
     return api
 

@@ -112,14 +112,16 @@ async def revoke_token(store: Store, token_id: str) -> Token:
 
 async def runs_page(store: Store, tenant: str, *, status: str | None = None,
                     workflow: str | None = None, parent: str | None = None,
-                    created_after: float | None = None, created_before: float | None = None,
+                    text: str | None = None, created_after: float | None = None,
+                    created_before: float | None = None,
                     cursor: tuple[float, str] | None = None, limit: int = 50
                     ) -> list[RunRecord]:
-    """A tenant's runs, newest first, after ``cursor`` (the last one's created_at, run_id)."""
+    """A tenant's runs, newest first, after ``cursor`` (the last one's created_at, run_id);
+    ``text``: only those whose run id contains it."""
     from ratchet.store.base import record_from_row
 
     params = {"tenant_id": tenant, "status": status, "workflow": workflow, "parent": parent,
-              "created_after": created_after, "created_before": created_before,
+              "text": text, "created_after": created_after, "created_before": created_before,
               "cursor_at": cursor[0] if cursor else None,
               "cursor_id": cursor[1] if cursor else None, "limit": limit}
     rows = await store._read(lambda tx: tx.all("runs_page", params))

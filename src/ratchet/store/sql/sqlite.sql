@@ -414,7 +414,7 @@ WHERE token_id = :token_id
 
 -- name: runs_page
 -- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
--- when given (NULL: any).
+-- when given (NULL: any); text: a substring of the run id (instr: no wildcards).
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
 FROM runs
@@ -422,6 +422,7 @@ WHERE tenant_id = :tenant_id
   AND (:status IS NULL OR status = :status)
   AND (:workflow IS NULL OR workflow = :workflow)
   AND (:parent IS NULL OR parent_run_id = :parent)
+  AND (:text IS NULL OR instr(run_id, :text) > 0)
   AND (:created_after IS NULL OR created_at >= :created_after)
   AND (:created_before IS NULL OR created_at < :created_before)
   AND (:cursor_at IS NULL OR created_at < :cursor_at
@@ -437,3 +438,46 @@ WHERE r.tenant_id = :tenant_id ORDER BY d.at DESC LIMIT :limit
 
 -- name: migrations_applied
 SELECT version FROM schema_migrations
+
+-- Dashboard (ratchet server's pages): browser sessions and the list page's reads.
+
+-- name: ui_session_insert
+-- Expired sessions go as new ones come, so the table holds only live ones and a few more.
+INSERT INTO ui_sessions (session_hash, token_id, created_at, expires_at)
+VALUES (:session_hash, :token_id, ratchet_now(), ratchet_now() + :ttl_s)
+
+-- name: ui_sessions_expire
+DELETE FROM ui_sessions WHERE expires_at <= ratchet_now()
+
+-- name: ui_session_token
+-- The live token behind a live session: an expired session or a revoked token is none.
+SELECT t.token_id, t.tenant_id, t.scopes, t.name, t.created_at, t.revoked_at
+FROM ui_sessions s JOIN api_tokens t ON t.token_id = s.token_id
+WHERE s.session_hash = :session_hash AND s.expires_at > ratchet_now()
+  AND t.revoked_at IS NULL
+
+-- name: ui_session_delete
+DELETE FROM ui_sessions WHERE session_hash = :session_hash
+
+-- name: ui_status_counts
+SELECT status, COUNT(*) AS n FROM runs WHERE tenant_id = :tenant_id GROUP BY status
+
+-- name: ui_runs_changed
+-- What the live list compares between polls: a start adds a row, any status change moves
+-- updated_at.
+SELECT COUNT(*) AS n, MAX(updated_at) AS changed FROM runs WHERE tenant_id = :tenant_id
+
+-- name: ui_step_counts
+SELECT run_id, COUNT(DISTINCT step_id) AS steps FROM journal_events
+WHERE run_id IN (SELECT value FROM json_each(:ids)) AND kind = 'step_started'
+GROUP BY run_id
+
+-- name: ui_timeline_events
+-- A journal as the waterfall reads it: every event's time, kind and step, and the payload
+-- only of the kinds whose payload the waterfall reads (not the outputs of completed steps,
+-- most of a long journal's bytes).
+SELECT seq, kind, step_id, attempt, at,
+       CASE WHEN kind IN ('step_started', 'step_waiting', 'run_resumed', 'anomaly_detected',
+                          'confidence_evaluated', 'confidence_gate_bypassed')
+            THEN payload END AS payload
+FROM journal_events WHERE run_id = :run_id AND seq <= :upto ORDER BY seq

@@ -1,0 +1,101 @@
+"""A run's state at any seq (the dashboard's replay scrubber), its waterfall and a step's
+detail. The state is :func:`ratchet.model.fold`, the engine's own, over the journal cut at
+the seq asked for: what the scrubber shows is what the engine would have computed then."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+
+from ratchet.api.errors import ApiError
+from ratchet.api.events import event_dict
+from ratchet.api.models import (
+    JournalEvent,
+    LLMUsage,
+    RunStateOut,
+    StepDetail,
+    StepStateOut,
+    WaterfallOut,
+)
+from ratchet.api.runs import ERRORS, Reader, owned
+from ratchet.model import EventKind, StepState, fold
+from ratchet.store import Store, dashboard
+from ratchet.timeline import as_dict, waterfall
+
+router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
+AtSeq = Annotated[int | None, Query(ge=0, description="Fold the events up to this seq; "
+                                                      "the whole journal when absent.")]
+
+
+def _step(s: StepState) -> StepStateOut:
+    return StepStateOut(step_id=s.step_id, name=s.name, status=s.status, attempt=s.attempt,
+                        attempts_used=s.attempts_used, output=s.output, error=s.error,
+                        error_type=s.error_type, waiting=s.waiting, started_at=s.started_at,
+                        finished_at=s.finished_at, child_run_id=s.child_run_id, kind=s.kind,
+                        llm=s.llm)
+
+
+@router.get("/runs/{run_id:path}/state", response_model=RunStateOut)
+async def run_state(run_id: str, request: Request, token: Reader,
+                    at_seq: AtSeq = None) -> RunStateOut:
+    """The run's state as the engine's fold computes it from its events up to ``at_seq``."""
+    await owned(request, run_id, token)
+    store: Store = request.app.state.store
+    events = await store.load_events(run_id, 0, -1 if at_seq is None else at_seq)
+    state = fold(run_id, events)
+    llm = state.llm
+    return RunStateOut(
+        run_id=run_id, last_seq=state.last_seq, status=str(state.status), output=state.output,
+        error=state.error, drives=state.drives, steps=[_step(s) for s in state.steps.values()],
+        llm=LLMUsage(calls=llm.calls, input_tokens=llm.input_tokens,
+                     output_tokens=llm.output_tokens,
+                     cost_usd=None if llm.unpriced_calls else llm.cost_usd))
+
+
+@router.get("/runs/{run_id:path}/waterfall", response_model=WaterfallOut)
+async def run_waterfall(run_id: str, request: Request, token: Reader,
+                        at_seq: AtSeq = None) -> WaterfallOut:
+    """The run's steps as rows of attempts, backoffs and parked time, with its drive
+    boundaries and guard events as markers; up to ``at_seq`` when given."""
+    await owned(request, run_id, token)
+    return WaterfallOut.model_validate(
+        await waterfall_out(request.app.state.store, run_id, at_seq))
+
+
+async def waterfall_out(store: Store, run_id: str, at_seq: int | None) -> dict[str, Any]:
+    """The waterfall of ``run_id``'s journal up to ``at_seq`` as JSON data, read in one
+    query (the page embeds it as it is; the route checks it against its model)."""
+    events = await dashboard.timeline_events(store, run_id, at_seq)
+    return as_dict(waterfall(run_id, events)) | {"now": await store.now()}
+
+
+@router.get("/runs/{run_id:path}/step", response_model=StepDetail)
+async def step_detail(run_id: str, request: Request, token: Reader,
+                      step_id: Annotated[str, Query(min_length=1)]) -> StepDetail:
+    """One step: its state, idempotency key, lease epoch, tokens, cost and raw events."""
+    await owned(request, run_id, token)
+    store: Store = request.app.state.store
+    events = await store.load_events(run_id)
+    state = fold(run_id, events)
+    step = state.steps.get(step_id)
+    if step is None:
+        raise ApiError(404, f"run {run_id!r} has no step {step_id!r}")
+    epoch: int | None = None
+    started: dict[str, object] | None = None
+    started_epoch: int | None = None
+    for ev in events:
+        if ev.kind in (EventKind.RUN_STARTED, EventKind.RUN_RESUMED):
+            epoch = ev.payload.get("epoch")
+        elif ev.kind == EventKind.STEP_STARTED and ev.step_id == step_id:
+            started, started_epoch = ev.payload, epoch
+    usage = (step.llm or {}).get("usage") or {}
+    cost = (step.llm or {}).get("cost_usd")
+    key = started.get("idempotency_key") if started else None
+    return StepDetail(
+        run_id=run_id, state=_step(step), idempotency_key=str(key) if key else None,
+        lease_epoch=started_epoch, input=started,
+        tokens=(int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+                if step.llm else None),
+        cost_usd=float(cost) if isinstance(cost, int | float) else None,
+        events=[JournalEvent(**event_dict(e)) for e in events if e.step_id == step_id])

@@ -1,0 +1,320 @@
+"""The dashboard's pages: sign-in, the runs list and a run's waterfall.
+
+Pages are rendered here (Jinja2) from the same store reads the API makes; their scripts
+then talk to the API itself (``/v1/...``) on the session cookie, with the page's CSRF token
+on every state-changing request. A run page carries its waterfall as JSON computed in
+Python (:mod:`ratchet.timeline`), so the browser draws rows rather than folding events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from fastapi.templating import Jinja2Templates
+
+from ratchet.api.auth import SESSION_COOKIE, allows, scope
+from ratchet.api.errors import ApiError
+from ratchet.api.replay import waterfall_out
+from ratchet.api.runs import owned
+from ratchet.app import Ratchet
+from ratchet.model import RunRecord, RunStatus
+from ratchet.store import Store, dashboard, sessions, tokens
+from ratchet.store.base import DONE
+from ratchet.store.tokens import Token
+
+HERE = Path(__file__).parent
+templates = Jinja2Templates(directory=HERE / "templates")
+router = APIRouter(include_in_schema=False)
+PAGE_SIZE = 50
+LIVE_POLL_S = 1.0  # the live list's probe interval, when no wake-up comes sooner
+STATUSES = [str(s) for s in RunStatus]
+
+
+def _when(at: float | None) -> str:
+    if at is None:
+        return ""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+templates.env.filters["when"] = _when
+templates.env.filters["duration"] = _duration
+# A run page embeds its waterfall: for thousands of rows, sorting every object's keys
+# (Jinja's default for tojson) is time spent for nothing.
+templates.env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+async def _session(request: Request) -> tuple[Token, str] | None:
+    secret = request.cookies.get(SESSION_COOKIE)
+    if not secret:
+        return None
+    token = await sessions.session_token(_store(request), secret)
+    return (token, secret) if token is not None else None
+
+
+def _to_signin(request: Request) -> RedirectResponse:
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return RedirectResponse(f"/signin?{urlencode({'next': target})}", status_code=303)
+
+
+def _same_origin(request: Request) -> bool:
+    """A form post from another site (login CSRF) is refused: a browser sends Origin."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return True
+    parts = urlsplit(origin)
+    default = {"http": 80, "https": 443}
+    return (parts.scheme, parts.hostname, parts.port or default.get(parts.scheme)) == (
+        request.url.scheme, request.url.hostname,
+        request.url.port or default.get(request.url.scheme))
+
+
+# Scripts and styles from this server only (segments are placed with style attributes),
+# and no framing: a page with Approve buttons must not be clickable through another site.
+HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY",
+           "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                                      "img-src 'self' data:; frame-ancestors 'none'"}
+
+
+def _page(request: Request, name: str, context: dict[str, Any],
+          status_code: int = 200) -> HTMLResponse:
+    return templates.TemplateResponse(request, name, context, status_code=status_code,
+                                      headers=HEADERS)
+
+
+def _user(token: Token, secret: str) -> dict[str, Any]:
+    return {"tenant": token.tenant_id, "name": token.name or token.token_id,
+            "csrf": sessions.csrf_token(secret), "can_write": allows(token, "runs:write"),
+            "admin": allows(token, "admin")}
+
+
+# -- signing in and out ----------------------------------------------------------------------
+
+
+def _next(target: str | None) -> str:
+    # Only a path on this site: an absolute or scheme-relative URL would be an open redirect.
+    if target and target.startswith("/") and not target.startswith("//"):
+        return target
+    return "/runs"
+
+
+@router.get("/signin", response_class=HTMLResponse)
+async def signin_page(request: Request, next: str | None = None) -> Response:
+    """The sign-in form; ``next``: the dashboard page to go to afterwards."""
+    return _page(request, "signin.html", {"next": _next(next), "error": None, "user": None})
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A urlencoded form's fields (the first value of each)."""
+    fields = parse_qs((await request.body()).decode(errors="replace"))
+    return {name: values[0] for name, values in fields.items()}
+
+
+@router.post("/signin", response_class=HTMLResponse)
+async def signin(request: Request) -> Response:
+    """Trade an API token for a session cookie, then go to ``next``."""
+    form = await _form(request)
+    secret = form.get("token", "").strip()
+    target = _next(form.get("next"))
+    if not _same_origin(request):
+        return _page(request, "signin.html", {"next": target, "user": None,
+                                              "error": "sign-in from another site refused"},
+                     403)
+    token = await tokens.authenticate(_store(request), secret) if secret else None
+    if token is None:
+        # The form again, with the reason (a 200: a page, not an API refusal).
+        return _page(request, "signin.html", {"next": target, "user": None,
+                                              "error": "invalid or revoked token"})
+    session = await sessions.open_session(_store(request), token)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(SESSION_COOKIE, session, max_age=int(sessions.SESSION_TTL_S),
+                        httponly=True, samesite="strict", path="/",
+                        secure=request.url.scheme == "https")
+    return response
+
+
+@router.post("/signout")
+async def signout(request: Request) -> Response:
+    """End the session (its row is deleted) and drop the cookie."""
+    found = await _session(request)
+    form = await _form(request)
+    if found is not None:
+        if not sessions.csrf_matches(found[1], form.get("csrf")):
+            raise ApiError(403, "missing or wrong CSRF token: sign out from the dashboard")
+        await sessions.close_session(_store(request), found[1])
+    response = RedirectResponse("/signin", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+# -- the runs list ---------------------------------------------------------------------------
+
+
+def _cursor(text: str | None) -> tuple[float, str] | None:
+    if not text:
+        return None
+    at, _, run_id = text.partition("~")
+    try:
+        return float(at), run_id
+    except ValueError:
+        return None
+
+
+async def _list(request: Request, token: Token, status: str | None, workflow: str | None,
+                q: str | None, cursor: str | None) -> dict[str, Any]:
+    store = _store(request)
+    if status not in STATUSES:
+        status = None
+    recs = await tokens.runs_page(store, token.tenant_id, status=status,
+                                  workflow=workflow or None, text=q or None,
+                                  cursor=_cursor(cursor), limit=PAGE_SIZE + 1)
+    more, recs = len(recs) > PAGE_SIZE, recs[:PAGE_SIZE]
+    ids = [r.run_id for r in recs]
+    steps, totals, counts, now = await asyncio.gather(
+        dashboard.step_counts(store, ids), store.llm_totals(ids),
+        dashboard.status_counts(store, token.tenant_id), store.now())
+    filters = {k: v for k, v in {"status": status, "workflow": workflow, "q": q}.items() if v}
+    rows = []
+    for r in recs:
+        t = totals.get(r.run_id)
+        end = r.updated_at if r.status.terminal else now
+        rows.append({"run": r, "duration": max(0.0, end - r.created_at),
+                     "steps": steps.get(r.run_id, 0), "tokens": t.tokens if t else 0,
+                     "cost": None if t is None else (None if t.unpriced_calls else t.cost_usd)})
+    next_cursor = f"{recs[-1].created_at!r}~{recs[-1].run_id}" if more else None
+    return {"rows": rows, "counts": counts, "total": sum(counts.values()),
+            "statuses": STATUSES, "filters": filters,
+            "next_url": f"/runs?{urlencode(filters | {'cursor': next_cursor})}"
+            if next_cursor else None,
+            "first_url": f"/runs?{urlencode(filters)}" if cursor else None,
+            "query": urlencode(filters | ({"cursor": cursor} if cursor else {}))}
+
+
+@router.get("/", response_class=HTMLResponse)
+@router.get("/runs", response_class=HTMLResponse)
+async def runs_page(request: Request, status: str | None = None, workflow: str | None = None,
+                    q: str | None = None, cursor: str | None = None) -> Response:
+    """The runs list: counts by status, filters, a page of runs, the dead letters."""
+    found = await _session(request)
+    if found is None:
+        return _to_signin(request)
+    token, secret = found
+    context = await _list(request, token, status, workflow, q, cursor)
+    letters = (await tokens.dead_letters(_store(request), token.tenant_id, 100)
+               if allows(token, "admin") else [])
+    return _page(request, "runs.html", context | {"user": _user(token, secret),
+                                                  "dead_letters": letters})
+
+
+@router.get("/ui/runs/rows", response_class=HTMLResponse)
+async def runs_rows(request: Request, token: Annotated[Token, Depends(scope("runs:read"))],
+                    status: str | None = None, workflow: str | None = None,
+                    q: str | None = None, cursor: str | None = None) -> Response:
+    """The list's table and counts alone, for the live page to swap in."""
+    context = await _list(request, token, status, workflow, q, cursor)
+    return _page(request, "_runs_table.html", context)
+
+
+class RunsProbe:
+    """The live lists' probe, shared: however many list pages of one tenant this process
+    serves, the tenant's runs are probed once per wake-up or interval, not once per page."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[float, tuple[int, float | None]]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    async def probe(self, store: Store, tenant: str, max_age: float) -> tuple[int, float | None]:
+        async with self._locks.setdefault(tenant, asyncio.Lock()):
+            at, value = self._seen.get(tenant, (-math.inf, (0, None)))
+            if time.monotonic() - at > max_age:
+                value = await dashboard.runs_changed(store, tenant)
+                self._seen[tenant] = (time.monotonic(), value)
+            return value
+
+
+async def _changes(request: Request, tenant: str, poll_s: float) -> AsyncIterator[bytes]:
+    store = _store(request)
+    probe: RunsProbe = request.app.state.runs_probe
+    seen: tuple[int, float | None] | None = None
+    beat = time.monotonic()
+    woken = False
+    while not await request.is_disconnected():
+        # A finish in this process (or, on PostgreSQL, anywhere) wakes the probe at once;
+        # starts and other processes' finishes are found by the poll.
+        with store.watching(DONE) as finished:
+            # After a wake-up every page probes again, bar those a moment behind another.
+            now = await probe.probe(store, tenant, 0.05 if woken else poll_s / 2)
+            if now != seen:
+                if seen is not None:
+                    yield f"event: changed\ndata: {json.dumps({'runs': now[0]})}\n\n".encode()
+                seen, beat = now, time.monotonic()
+            elif time.monotonic() - beat > request.app.state.heartbeat_s:
+                yield b": heartbeat\n\n"
+                beat = time.monotonic()
+            try:
+                await asyncio.wait_for(finished.wait(), poll_s)
+                woken = True
+            except TimeoutError:
+                woken = False
+
+
+@router.get("/ui/runs/live")
+async def runs_live(request: Request,
+                    token: Annotated[Token, Depends(scope("runs:read"))]) -> Response:
+    """Server-Sent Events: ``changed`` whenever the tenant's runs change."""
+    poll_s = float(request.app.state.live_poll_s)
+    return StreamingResponse(_changes(request, token.tenant_id, poll_s),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+# -- a run -----------------------------------------------------------------------------------
+
+
+@router.get("/runs/{run_id:path}", response_class=HTMLResponse)
+async def run_page(request: Request, run_id: str) -> Response:
+    """A run: its waterfall, the replay scrubber, its pending approvals and actions."""
+    found = await _session(request)
+    if found is None:
+        return _to_signin(request)
+    token, secret = found
+    user = _user(token, secret)
+    try:
+        rec: RunRecord = await owned(request, run_id, token)
+    except ApiError as e:
+        return _page(request, "missing.html", {"user": user, "message": e.message}, e.status)
+    app: Ratchet = request.app.state.ratchet
+    store = _store(request)
+    wf, approvals, children = await asyncio.gather(
+        waterfall_out(store, run_id, None), app.approvals_async(run_id),
+        tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500))
+    # A failed run is offered a retry without a second query for its dead letter: the
+    # retry route refuses (409) a run that has none, and the page says so.
+    return _page(request, "run.html", {
+        "user": user, "run": rec, "waterfall": wf, "approvals": approvals,
+        "children": children, "dead_lettered": rec.status == RunStatus.FAILED})
+
