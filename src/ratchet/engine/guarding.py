@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import statistics
 import time
 from collections.abc import Mapping
@@ -47,6 +48,7 @@ STORM_WINDOW_S = 60.0
 # The approval a pause asks: "guard:<kind>".
 PAUSE_PREFIX = "guard:"
 
+_ITERATION = re.compile(r"#\d+")
 _HISTORY: dict[tuple[int, str, int], tuple[float, History]] = {}
 
 
@@ -173,6 +175,8 @@ class RunGuards:
         except (TypeError, ValueError):
             self._last, self._streak = None, 0  # arguments that are not data: no streak
             return
+        if "#" in name:  # a graph loop's node: the same node in every iteration
+            name = _ITERATION.sub("", name)
         current = (name, called, output)
         if current == self._last:
             self._streak += 1
@@ -215,7 +219,9 @@ class RunGuards:
             return cached[1]
         history = History(await store.llm_history(self.ctx.record.workflow,
                                                   self.g.spike_history))
-        _HISTORY[key] = (now + HISTORY_TTL_S, history)
+        if len(history.run_costs) >= self.g.spike_history:
+            # Kept only once complete: until M runs exist, the next finished run counts.
+            _HISTORY[key] = (now + HISTORY_TTL_S, history)
         return history
 
     async def after_retry(self, step_id: str) -> None:
