@@ -356,3 +356,27 @@ def no_anomalies(db: Path) -> None:
     with sqlite3.connect(db) as conn:
         kinds = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM journal_events")}
     assert "step_completed" in kinds and "anomaly_detected" not in kinds
+
+
+def test_ratchet_start_takes_guard_overrides(db_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from ratchet.cli import cli
+
+    app = ratchet.Ratchet(db_url)
+    try:
+        app.graph({"name": "tiny", "nodes": [{"id": "start", "type": "trigger"}]})
+        runner = CliRunner()
+        ok = runner.invoke(cli, ["start", "tiny", "--input", "{}", "--db", db_url,
+                                 "--guards", '{"max_steps": 9, "budget_usd": 0.5}'])
+        assert ok.exit_code == 0, ok.output
+        run_id = ok.stdout.strip()
+        assert app.events(run_id)[0].payload["guards"] == {"budget_usd": 0.5, "max_steps": 9}
+        bad = runner.invoke(cli, ["start", "tiny", "--db", db_url, "--guards",
+                                  '{"budget_usd": "free"}'])
+        assert bad.exit_code == 2 and "budget_usd must be a positive number" in bad.stderr
+        assert runner.invoke(cli, ["start", "tiny", "--db", db_url,
+                                   "--guards", "{"]).exit_code == 2
+        assert app.count_runs() == 1
+    finally:
+        app.shutdown()
