@@ -7,7 +7,6 @@ thresholds, and bad ones are refused before anything is written."""
 from __future__ import annotations
 
 import gc
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -347,15 +346,6 @@ def test_graph_guards_and_a_loop_past_its_max_iterations(
     assert found[1]["max_iterations"] == 5
     with pytest.raises(ratchet.InvalidInput, match="guards: max_steps must be"):
         app.graph({**graph, "guards": {"max_steps": -1}})
-
-
-# -- the examples and the demo trip no guard ------------------------------------------------
-
-
-def no_anomalies(db: Path) -> None:
-    with sqlite3.connect(db) as conn:
-        kinds = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM journal_events")}
-    assert "step_completed" in kinds and "anomaly_detected" not in kinds
 
 
 def test_ratchet_start_takes_guard_overrides(db_url: str) -> None:
