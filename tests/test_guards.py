@@ -79,7 +79,13 @@ def test_runaway_loop_is_recorded_once_and_the_run_goes_on(
     assert (found["key"], found["repeats"], found["step"]) == ("runaway_loop:1:poll", 4, "poll")
     at = next(e for e in app.events(run_id) if e.kind == EventKind.ANOMALY_DETECTED)
     assert at.step_id == "4:poll"  # the fourth identical call in a row
-    assert STATS.anomalies["runaway_loop"] == before + 1  # what /metrics exports
+    assert STATS.anomalies["runaway_loop"] == before + 1
+    from prometheus_client.exposition import generate_latest
+
+    from ratchet.api.metrics import Metrics
+
+    scraped = generate_latest(Metrics().registry).decode()  # what /metrics serves
+    assert f'ratchet_anomalies_total{{kind="runaway_loop"}} {before + 1}.0' in scraped
 
 
 def test_different_arguments_or_results_are_no_runaway_loop(

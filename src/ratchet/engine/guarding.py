@@ -25,6 +25,7 @@ import logging
 import re
 import statistics
 import time
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from ratchet.model import EventKind, dumps
 
 if TYPE_CHECKING:
     from ratchet.engine.driver import RunContext
+    from ratchet.store.base import Store
 
 log = logging.getLogger("ratchet.guards")
 
@@ -49,7 +51,9 @@ STORM_WINDOW_S = 60.0
 PAUSE_PREFIX = "guard:"
 
 _ITERATION = re.compile(r"#\d+")
-_HISTORY: dict[tuple[int, str, int], tuple[float, History]] = {}
+# Per store (an app's database), by (workflow, runs): when it expires, and the history.
+_HISTORY: weakref.WeakKeyDictionary[Store, dict[tuple[str, int], tuple[float, History]]] = (
+    weakref.WeakKeyDictionary())
 
 
 class History:
@@ -212,8 +216,9 @@ class RunGuards:
 
     async def _history(self) -> History:
         store = self.ctx.store.raw
-        key = (id(store), self.ctx.record.workflow, self.g.spike_history)
-        cached = _HISTORY.get(key)
+        cache = _HISTORY.setdefault(store, {})
+        key = (self.ctx.record.workflow, self.g.spike_history)
+        cached = cache.get(key)
         now = time.monotonic()
         if cached is not None and cached[0] > now:
             return cached[1]
@@ -221,7 +226,7 @@ class RunGuards:
                                                   self.g.spike_history))
         if len(history.run_costs) >= self.g.spike_history:
             # Kept only once complete: until M runs exist, the next finished run counts.
-            _HISTORY[key] = (now + HISTORY_TTL_S, history)
+            cache[key] = (now + HISTORY_TTL_S, history)
         return history
 
     async def after_retry(self, step_id: str) -> None:

@@ -84,10 +84,6 @@ class Guards:
         """What ``kind`` does when it trips."""
         return self.actions.get(kind) or DEFAULT_ACTIONS.get(kind, "record")
 
-    def as_json(self) -> dict[str, Any]:
-        return {f.name: (dict(v) if isinstance(v := getattr(self, f.name), Mapping) else v)
-                for f in dataclasses.fields(self)}
-
     def override(self, changes: Mapping[str, Any] | None) -> Guards:
         """These guards with ``changes`` (the JSON form, validated) applied; actions merge."""
         if not changes:
@@ -112,7 +108,9 @@ def check_overrides(data: Any, what: str = "guards") -> dict[str, Any]:
         raise InvalidInput(f"invalid {what}: expected an object of guard fields, got {data!r}")
     unknown = sorted(set(data) - _FIELDS)
     problems = [f"unknown field {k!r} (known: {', '.join(sorted(_FIELDS))})" for k in unknown]
-    if not unknown:
+    if not isinstance(data.get("actions", {}), Mapping):
+        problems.append(f"actions must be an object of kind: action, got {data['actions']!r}")
+    elif not unknown:
         try:
             merged = dataclasses.replace(DEFAULT, **{k: v for k, v in data.items()
                                                      if k != "actions"})
