@@ -166,14 +166,15 @@ class RunGuards:
                          kwargs: dict[str, Any], output: Any,
                          meta: dict[str, Any] | None, fresh: bool) -> None:
         """After a step completed (``fresh``) or was replayed: the runaway-loop streak and,
-        for an LLM call that ran now, the token and cost spikes."""
+        for an LLM call that ran now, the token and cost spikes. A replayed step only
+        counts in the streak: what it tripped was committed with it, and is in the journal."""
         if self.g.runaway_repeats is not None:
-            await self._streak_check(sd.name, step_id, args, kwargs, output)
+            await self._streak_check(sd.name, step_id, args, kwargs, output, fresh)
         if fresh and meta is not None and self.g.spike_factor is not None:
             await self._spikes(step_id, meta)
 
     async def _streak_check(self, name: str, step_id: str, args: tuple[Any, ...],
-                            kwargs: dict[str, Any], output: Any) -> None:
+                            kwargs: dict[str, Any], output: Any, fresh: bool) -> None:
         try:
             called = dumps([args, kwargs])
         except (TypeError, ValueError):
@@ -187,7 +188,7 @@ class RunGuards:
         else:
             self._last, self._streak, self._streak_from = current, 1, step_id
         limit = self.g.runaway_repeats
-        if limit is not None and self._streak == limit:
+        if fresh and limit is not None and self._streak == limit:
             digest = hashlib.sha256(called.encode()).hexdigest()[:16]
             await self.trip("runaway_loop", f"runaway_loop:{self._streak_from}", step_id, {
                 "step": name, "repeats": limit, "first_step_id": self._streak_from,
