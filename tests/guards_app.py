@@ -31,6 +31,12 @@ def build(url: str, *, lease_ttl: float | None = None,
             await poll("job-1")
         return n
 
+    @app.workflow(guards=ratchet.Guards(max_steps=3, actions={"excessive_steps": "pause"}))
+    async def long_run(n: int) -> int:
+        for i in range(1, n + 1):
+            await poll(f"job-{i}")
+        return n
+
     return app
 
 

@@ -63,3 +63,19 @@ def test_a_pause_survives_a_killed_worker_and_is_decided_once(h: Harness) -> Non
     assert [e.step_id for e in events if e.kind == EventKind.APPROVAL_DECIDED] == [
         "4:approval:guard:runaway_loop"]
     assert h.calls() == {f"{i}:poll": 1 for i in (1, 2, 3, 5, 6)}
+
+
+def test_a_pause_before_a_step_is_asked_again_in_its_place_after_a_kill(h: Harness) -> None:
+    run_id = h.app.start("long_run", 5)
+    a = h.spawn("a", worker_id=WORKER)
+    h.wait_parked(run_id, "approval:")
+    a.kill()
+    # Step 4 was allocated and never started: the pause came first, as step 5.
+    [asked] = h.app.approvals(run_id)
+    assert (asked.name, asked.step_id) == ("guard:excessive_steps", "5:approval:guard:"
+                                                                    "excessive_steps")
+    h.app.approve(run_id, asked.step_id, by="ops")
+    h.spawn("b", worker_id=WORKER)
+    h.wait_status(run_id, "succeeded")
+    assert anomalies(h, run_id) == ["excessive_steps"]
+    assert h.calls() == {f"{i}:poll": 1 for i in (1, 2, 3, 4, 6)}
