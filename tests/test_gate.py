@@ -6,7 +6,6 @@ bypass; the score comes from a field, the judge (an LLM step of its own) or logp
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +19,8 @@ from ratchet.llm.gate import Gate, logprob_score
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import EventKind
 
-pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
+pytestmark = [pytest.mark.usefixtures("collect_clients"),
+              pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
 CALL = "1:openai.chat.completions.create"
 # The cheap model is unsure, the big one sure; the judge (asked to rate) says 0.85.
@@ -29,12 +29,6 @@ SCRIPT = {"rules": [
     {"match": {"model": "gpt-4.1"}, "reply": {"json": {"answer": "42", "confidence": 0.95}}},
     {"match": {}, "reply": {"json": {"answer": "41?", "confidence": 0.3}}},
 ]}
-
-
-@pytest.fixture(autouse=True)
-def _collect_clients() -> Iterator[None]:
-    yield
-    gc.collect()
 
 
 @pytest.fixture

@@ -6,8 +6,7 @@ thresholds, and bad ones are refused before anything is written."""
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,25 +17,13 @@ from waiting import wait_for
 
 import ratchet
 from ratchet.engine.stats import STATS
-from ratchet.llm.server import LocalProvider, serve
+from ratchet.llm.server import LocalProvider
 from ratchet.model import EventKind
 
-pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
+pytestmark = [pytest.mark.usefixtures("collect_clients"),
+              pytest.mark.filterwarnings("ignore::ResourceWarning"),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
 MODEL = "gpt-4.1-mini"
-
-
-@pytest.fixture(autouse=True)
-def _collect_clients() -> Iterator[None]:
-    yield
-    gc.collect()
-
-
-@pytest.fixture
-def provider() -> Iterator[tuple[LocalProvider, str]]:
-    p = LocalProvider()
-    with serve(p) as base:
-        yield p, base
 
 
 def anomalies(app: ratchet.Ratchet, run_id: str) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ import guards_app
 import pytest
 from proc import Harness
 
+import ratchet
 from ratchet.model import EventKind
 
 pytestmark = pytest.mark.crash
@@ -48,16 +49,23 @@ def test_an_anomaly_journaled_before_a_crash_is_not_raised_again(h: Harness) -> 
     assert h.calls() == {f"{i}:poll": 1 for i in range(1, 7)}
 
 
-def test_a_pause_survives_a_killed_worker_and_is_decided_once(h: Harness) -> None:
-    run_id = h.app.start("careful", 5)
+def paused_killed_approved(h: Harness, workflow: str, n: int) -> tuple[str, ratchet.Approval]:
+    """Start the run; once it parks on a guard's approval, SIGKILL its worker, approve, and
+    let a new worker finish it."""
+    run_id = h.app.start(workflow, n)
     a = h.spawn("a", worker_id=WORKER)
     h.wait_parked(run_id, "approval:")
     a.kill()
     [asked] = h.app.approvals(run_id)
-    assert asked.name == "guard:runaway_loop"
     h.app.approve(run_id, asked.step_id, by="ops")
     h.spawn("b", worker_id=WORKER)
     h.wait_status(run_id, "succeeded")
+    return run_id, asked
+
+
+def test_a_pause_survives_a_killed_worker_and_is_decided_once(h: Harness) -> None:
+    run_id, asked = paused_killed_approved(h, "careful", 5)
+    assert asked.name == "guard:runaway_loop"
     events = h.app.events(run_id)
     assert anomalies(h, run_id) == ["runaway_loop:1:poll"]
     assert [e.step_id for e in events if e.kind == EventKind.APPROVAL_DECIDED] == [
@@ -66,16 +74,9 @@ def test_a_pause_survives_a_killed_worker_and_is_decided_once(h: Harness) -> Non
 
 
 def test_a_pause_before_a_step_is_asked_again_in_its_place_after_a_kill(h: Harness) -> None:
-    run_id = h.app.start("long_run", 5)
-    a = h.spawn("a", worker_id=WORKER)
-    h.wait_parked(run_id, "approval:")
-    a.kill()
+    run_id, asked = paused_killed_approved(h, "long_run", 5)
     # Step 4 was allocated and never started: the pause came first, as step 5.
-    [asked] = h.app.approvals(run_id)
     assert (asked.name, asked.step_id) == ("guard:excessive_steps", "5:approval:guard:"
                                                                     "excessive_steps")
-    h.app.approve(run_id, asked.step_id, by="ops")
-    h.spawn("b", worker_id=WORKER)
-    h.wait_status(run_id, "succeeded")
     assert anomalies(h, run_id) == ["excessive_steps"]
     assert h.calls() == {f"{i}:poll": 1 for i in (1, 2, 3, 4, 6)}

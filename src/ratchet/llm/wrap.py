@@ -33,6 +33,7 @@ from ratchet.llm.worst_case import worst_case
 
 if TYPE_CHECKING:
     from ratchet.engine.driver import RunContext
+    from ratchet.model import StepState
 
 C = TypeVar("C")
 
@@ -157,7 +158,10 @@ class DurableCall:
                                "SDK does")
         started = {"provider": self.endpoint.provider, "model": kwargs.get("model")}
         if gate is not None:
-            return self._gated(ctx, check_gate(gate, self.endpoint, kwargs), kwargs, started)
+            checked = check_gate(gate, self.endpoint, kwargs)
+            # The call's ordinal is taken now, at call time, as for an ungated call.
+            return self._gated(ctx, checked, kwargs, started,
+                               ctx.next_step(self.endpoint.name))
         if kwargs.get("stream") and self.endpoint.streams:
             step_id, journaled = ctx.next_step(self.endpoint.name)
             stream = DurableStream(ctx, self.stream_step, self.endpoint, kwargs, step_id,
@@ -166,9 +170,10 @@ class DurableCall:
         return ctx.call_step(self.step, (), kwargs, started)
 
     async def _gated(self, ctx: RunContext, gate: Gate, kwargs: dict[str, Any],
-                     started: dict[str, Any]) -> Any:
-        async def call(kw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-            step_id, journaled = ctx.next_step(self.endpoint.name)
+                     started: dict[str, Any], first: tuple[str, StepState | None]) -> Any:
+        async def call(kw: dict[str, Any], taken: tuple[str, StepState | None] | None = None
+                       ) -> tuple[str, dict[str, Any]]:
+            step_id, journaled = taken or ctx.next_step(self.endpoint.name)
             body = await ctx.run_step(self.body_step, (), kw, step_id, journaled,
                                       {**started, "model": kw.get("model")})
             return step_id, body
@@ -176,7 +181,7 @@ class DurableCall:
         async def judge(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
             return await call(judge_call(self.endpoint, model, prompt))
 
-        step_id, body = await call(kwargs)
+        step_id, body = await call(kwargs, first)
         verdict = await gate_apply(ctx, gate, step_id, body, kwargs, call, judge)
         return self.endpoint.revive(verdict.body)
 
