@@ -19,6 +19,7 @@ and the judge, the approval and the retry are steps of their own, so nothing is 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Awaitable, Callable
@@ -111,8 +112,7 @@ def answer_text(body: dict[str, Any]) -> str:
 
 
 def field_score(body: dict[str, Any], path: str) -> float | None:
-    import json
-
+    """The number at ``path`` in the answer's JSON, if it is one from 0 to 1."""
     try:
         value: Any = json.loads(answer_text(body))
     except ValueError:
@@ -140,6 +140,7 @@ def logprob_score(body: dict[str, Any]) -> float | None:
 
 
 def judge_score(text: str) -> float | None:
+    """The first number in the judge's answer, if it is one from 0 to 1."""
     found = _NUMBER.search(text)
     return _unit(float(found.group())) if found else None
 
@@ -207,8 +208,6 @@ async def _score(gate: Gate, body: dict[str, Any], kwargs: dict[str, Any],
     if gate.source == "logprobs":
         return logprob_score(body)
     if gate.source == "judge":
-        import json
-
         request = json.dumps({k: kwargs[k] for k in ("messages", "input", "system")
                               if k in kwargs}, ensure_ascii=False)
         prompt = (gate.judge_prompt or JUDGE_PROMPT).format(request=request,
