@@ -8,6 +8,7 @@ that fails the run.
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,6 +23,7 @@ import ratchet
 from ratchet.store import Clock, Store, make_store
 
 if TYPE_CHECKING:
+    from ratchet.llm.server import LocalProvider
     from tests.proc import Harness
 
 PG_URL = os.environ.get("RATCHET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -114,3 +116,21 @@ def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
         yield harness
     finally:
         harness.close()
+
+
+@pytest.fixture
+def provider() -> Iterator[tuple[LocalProvider, str]]:
+    """A local model provider served over real HTTP for this test: it and its base URL."""
+    from ratchet.llm.server import LocalProvider, serve
+
+    p = LocalProvider()
+    with serve(p) as base:
+        yield p, base
+
+
+@pytest.fixture
+def collect_clients() -> Iterator[None]:
+    """Collect, inside the test, the SDK clients its apps leave behind: their connection
+    pools live on the loops of apps that are gone when it ends."""
+    yield
+    gc.collect()

@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -375,7 +376,9 @@ def test_the_demo_kills_a_worker_mid_step_and_the_run_resumes(tmp_path: Path) ->
     assert "✓ run_succeeded written 1 time" in out
     assert '"approved":true' in out and "✗" not in out
     assert elapsed < 30
-    assert (tmp_path / ".ratchet" / "demo.db").exists()
+    with sqlite3.connect(tmp_path / ".ratchet" / "demo.db") as conn:  # no guard tripped
+        kinds = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM journal_events")}
+    assert "step_completed" in kinds and "anomaly_detected" not in kinds
 
 
 # -- user data is printed as typed ---------------------------------------------------------

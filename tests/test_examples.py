@@ -3,6 +3,7 @@ the local model provider), the graph and its code twin giving the same journal s
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,10 @@ def test_the_account_example_runs(script: str, tmp_path: Path) -> None:
         assert [s for _, s in journal[:4]] == ["1:load", "2:each#0/enrich",
                                                 "3:each#1/enrich", "4:each#2/enrich"]
     assert lines[-1] == "webhook: 1 delivery, 1 send(s)"
+    # An ordinary run trips no guard (the defaults are on).
+    with sqlite3.connect(tmp_path / ".ratchet" / "examples.db") as conn:
+        kinds = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM journal_events")}
+    assert "step_completed" in kinds and "anomaly_detected" not in kinds
 
 
 def test_the_example_graph_is_valid() -> None:

@@ -15,7 +15,7 @@ import pytest
 from proc import Harness, wait_for
 from receivers import HttpReceiver
 
-from ratchet.llm.server import LocalProvider, serve
+from ratchet.llm.server import LocalProvider
 from ratchet.model import EventKind, RunStatus
 
 pytestmark = [pytest.mark.crash,
@@ -33,13 +33,6 @@ def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
     finally:
         harness.close()
         gc.collect()
-
-
-@pytest.fixture
-def provider() -> Iterator[tuple[LocalProvider, str]]:
-    p = LocalProvider()
-    with serve(p) as base:
-        yield p, base
 
 
 def completed(h: Harness, run_id: str) -> Counter[str]:

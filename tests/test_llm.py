@@ -38,13 +38,6 @@ def _collect_clients() -> Iterator[None]:
     gc.collect()
 
 
-@pytest.fixture
-def provider() -> Iterator[tuple[LocalProvider, str]]:
-    p = LocalProvider()
-    with serve(p) as base:
-        yield p, base
-
-
 def clients(base: str) -> tuple[Any, Any]:
     return (ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET)),
             ratchet.llm.wrap(anthropic.AsyncAnthropic(base_url=base, api_key=LLM_SECRET)))

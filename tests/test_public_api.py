@@ -18,6 +18,7 @@ EXPECTED = {
     "approval", "Approval", "Decision", "ApprovalTimeout", "ApprovalRejected",
     "ApprovalAlreadyDecided", "ApprovalNotPending", "UnknownApproval",
     "MissingExtra",
+    "Guards", "GuardTripped", "GateRejected", "Gate",
 }
 
 

@@ -127,9 +127,16 @@ def test_start_is_idempotent_by_run_id_and_by_key_and_refuses_bad_input(api: Api
     assert "'n'" in bad["message"] or " n" in bad["message"], bad
     missing = problem(api.acme.post("/v1/runs", json={"input": {}}), 422, "invalid_input")
     assert missing["details"][0]["field"] == "workflow"
+    guarded = problem(api.acme.post("/v1/runs", json={"workflow": "chain", "input": {},
+                                                      "guards": {"max_steps": "lots"}}),
+                      422, "invalid_input")
+    assert "max_steps must be an integer" in guarded["message"]
     # None of the refusals wrote a run.
     assert {r.run_id for r in api.h.app.runs()} == {"r-1", a.json()["run_id"],
                                                     c.json()["run_id"]}
+    # Guard overrides go to the run's first event, where every drive reads them.
+    run_id = api.start("chain", {"n": 1}, guards={"max_steps": 50})
+    assert api.h.app.events(run_id)[0].payload["guards"] == {"max_steps": 50}
 
 
 def test_auth_statuses_and_the_body_limit(api: Api) -> None:

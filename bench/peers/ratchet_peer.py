@@ -64,7 +64,8 @@ def _app(args: argparse.Namespace, probe: Probe | None = None, *,
             await asyncio.sleep(3600)
         return i
 
-    @app.workflow(name="bench")
+    # The replay bench builds runs of 10,000 steps on purpose: no step limit for them.
+    @app.workflow(name="bench", guards=ratchet.Guards(max_steps=None))
     async def bench() -> int:
         for i in range(1, steps + 1):
             await noop(i)

@@ -12,6 +12,7 @@ from ratchet.app import Ratchet
 from ratchet.effects.deliver import deliver, deliver_sync
 from ratchet.engine.context import StepInfo, current_step, require_run
 from ratchet.engine.definitions import StepKey, WorkflowDef, check_name
+from ratchet.engine.guards import Guards
 from ratchet.engine.retry import Retry
 from ratchet.errors import (
     ApprovalAlreadyDecided,
@@ -22,6 +23,8 @@ from ratchet.errors import (
     ConfigError,
     ConnectorError,
     DeliveryFailed,
+    GateRejected,
+    GuardTripped,
     InvalidInput,
     InvalidRetryPolicy,
     LeaseLost,
@@ -59,6 +62,7 @@ __version__ = "0.1.0"
 if TYPE_CHECKING:
     from ratchet import llm  # noqa: F401  (ratchet.llm, loaded on first use)
     from ratchet.llm.agent import Agent, AgentMaxTurns, AgentResult
+    from ratchet.llm.gate import Gate
 
 __all__ = [
     "Agent",
@@ -75,6 +79,10 @@ __all__ = [
     "Decision",
     "DeliveryFailed",
     "Event",
+    "Gate",
+    "GateRejected",
+    "GuardTripped",
+    "Guards",
     "InvalidInput",
     "InvalidRetryPolicy",
     "LLMError",
@@ -123,7 +131,7 @@ __all__ = [
 # The LLM layer (ratchet.llm, the agent loop) loads on first use: a worker of plain
 # workflows never imports the SDKs, pydantic or the price table for it.
 _LAZY = {"Agent": "ratchet.llm.agent", "AgentResult": "ratchet.llm.agent",
-         "AgentMaxTurns": "ratchet.llm.agent"}
+         "AgentMaxTurns": "ratchet.llm.agent", "Gate": "ratchet.llm.gate"}
 
 
 def __getattr__(name: str) -> Any:

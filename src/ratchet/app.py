@@ -17,6 +17,7 @@ from ratchet.config import DatabaseURL, database_url_from_env
 from ratchet.engine import faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
+from ratchet.engine.guards import Guards, check_overrides
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.engine.worker import Worker
 from ratchet.errors import (
@@ -156,21 +157,26 @@ class Ratchet:
     @overload
     def workflow(self, fn: Callable[..., Any], /) -> WorkflowDef: ...
     @overload
-    def workflow(self, name: str | None = None, version: str = "1"
+    def workflow(self, name: str | None = None, version: str = "1", *,
+                 guards: Guards | None = None
                  ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
-    def workflow(self, name: Any = None, version: str = "1") -> Any:
+    def workflow(self, name: Any = None, version: str = "1", *,
+                 guards: Guards | None = None) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
         Its name (default: the function's) and version are stored with each run; a worker
-        drives runs of the workflows it has."""
+        drives runs of the workflows it has. ``guards`` are its :class:`ratchet.Guards`
+        (default: ``ratchet.Guards()``)."""
         fn = None
         if callable(name):  # used bare: @app.workflow
             fn, name = name, None
         if name is not None and not isinstance(name, str):
             raise InvalidInput(f"invalid workflow name {name!r}: expected a string")
+        if guards is not None and not isinstance(guards, Guards):
+            raise InvalidInput(f"guards must be a ratchet.Guards, got {guards!r}")
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
-            wd = WorkflowDef(fn, name or fn.__name__, str(version))
+            wd = WorkflowDef(fn, name or fn.__name__, str(version), guards)
             if wd.name in self.workflows and self.workflows[wd.name].fn is not fn:
                 raise InvalidInput(f"workflow {wd.name!r} is already registered")
             self.workflows[wd.name] = wd
@@ -308,19 +314,24 @@ class Ratchet:
     # -- client calls (async) --------------------------------------------------------------
 
     async def start_async(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
-                          queue: str = "default", priority: int = 0, **kwargs: Any) -> str:
+                          queue: str = "default", priority: int = 0,
+                          guards: Mapping[str, Any] | None = None, **kwargs: Any) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
-        explicit ``run_id`` the call is idempotent: the existing run's id comes back."""
+        explicit ``run_id`` the call is idempotent: the existing run's id comes back.
+        ``guards`` overrides some of the workflow's guard fields for this run (their JSON
+        form: ``{"max_steps": 5000, "actions": {"runaway_loop": "pause"}}``)."""
         rec, _ = await self.start_run_async(wf, args, kwargs, run_id=run_id, queue=queue,
-                                      priority=priority)
+                                      priority=priority, guards=guards)
         return rec.run_id
 
     async def start_run_async(self, wf: WorkflowDef | str, args: Sequence[Any],
                         kwargs: Mapping[str, Any], *, run_id: str | None = None,
                         queue: str = "default", priority: int = 0,
-                        tenant: str = "default") -> tuple[RunRecord, bool]:
+                        tenant: str = "default", guards: Mapping[str, Any] | None = None
+                        ) -> tuple[RunRecord, bool]:
         """:meth:`start_async` for callers that need the record and whether it was created
         (the HTTP API): a run of ``tenant``, its arguments given as a sequence and a mapping."""
+        overrides = check_overrides(guards) if guards is not None else None
         if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
             raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of letters, "
                                "digits and . _ : @ -, starting with a letter or digit")
@@ -336,7 +347,7 @@ class Ratchet:
             new = await new_graph_run(await self._astore(), wf, tuple(args), dict(kwargs),
                                       run_id or uuid.uuid4().hex, queue, priority,
                                       known=self.workflows)
-            new = dataclasses.replace(new, tenant_id=tenant)
+            new = dataclasses.replace(new, tenant_id=tenant, guards=overrides)
             rec, created = await (await self._astore()).create_run(new)
             if not created and (rec.workflow, rec.workflow_version) != (new.workflow,
                                                                         new.workflow_version):
@@ -346,7 +357,7 @@ class Ratchet:
         wd = self._resolve(wf)
         data = wd.bind(tuple(args), dict(kwargs))
         new = NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority,
-                     tenant_id=tenant)
+                     tenant_id=tenant, guards=overrides)
         rec, created = await (await self._astore()).create_run(new)
         if not created and rec.workflow != wd.name:
             raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
@@ -493,10 +504,11 @@ class Ratchet:
     # -- client calls (blocking) -----------------------------------------------------------
 
     def start(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
-              queue: str = "default", priority: int = 0, **kwargs: Any) -> str:
+              queue: str = "default", priority: int = 0,
+              guards: Mapping[str, Any] | None = None, **kwargs: Any) -> str:
         """Blocking :meth:`start_async`."""
         return self._portal.call(self.start_async(wf, *args, run_id=run_id, queue=queue,
-                                                  priority=priority, **kwargs))
+                                                  priority=priority, guards=guards, **kwargs))
 
     def get(self, run_id: str) -> RunRecord:
         """Blocking :meth:`get_async`."""

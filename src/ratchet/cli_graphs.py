@@ -117,6 +117,9 @@ def start_cmd(
     run_id: Annotated[str | None, typer.Option("--run-id", metavar="RUN",
                                                help="Choose the run's id.")] = None,
     queue: Annotated[str, typer.Option(help="The queue to run it on.")] = "default",
+    guards: Annotated[str | None, typer.Option(
+        "--guards", metavar="JSON", help='Guard overrides for this run, e.g. '
+        '\'{"max_steps": 50, "actions": {"runaway_loop": "pause"}}\'.')] = None,
     db: DbOption = None,
 ) -> None:
     """Start a run of the graph's latest version; print its id. A worker of any app
@@ -125,5 +128,9 @@ def start_cmd(
         value = json.loads(input)
     except ValueError as e:
         _die(f"--input is not JSON: {e}")
+    try:
+        overrides = json.loads(guards) if guards is not None else None
+    except ValueError as e:
+        _die(f"--guards is not JSON: {e}")
     with _client(ctx, db) as app:
-        typer.echo(app.start(name, value, run_id=run_id, queue=queue))
+        typer.echo(app.start(name, value, run_id=run_id, queue=queue, guards=overrides))

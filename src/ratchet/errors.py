@@ -267,3 +267,19 @@ class DriveRefused(BaseException):
 
 class Parked(BaseException):
     """The run is parked (sleep, signal, child run, backoff); the worker lets it go."""
+
+
+class GuardTripped(BaseException):
+    """A guard stopped the run (its action is ``fail``, or a person declined to go on).
+    Like :class:`Parked`, user code catching ``Exception`` cannot turn it into a step's
+    error: the run fails with ``code`` (the guard's kind) as its dead-letter reason."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class GateRejected(RatchetError):
+    """A confidence gate's score was below its threshold and its path is ``fail``."""
+
+    retry_class = "never"

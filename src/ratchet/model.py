@@ -47,6 +47,9 @@ class EventKind(StrEnum):
     SIGNAL_RECEIVED = "signal_received"
     APPROVAL_DECIDED = "approval_decided"
     TOOL_CALLED = "tool_called"
+    ANOMALY_DETECTED = "anomaly_detected"
+    CONFIDENCE_EVALUATED = "confidence_evaluated"
+    CONFIDENCE_GATE_BYPASSED = "confidence_gate_bypassed"
     RUN_SUCCEEDED = "run_succeeded"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"
@@ -258,6 +261,16 @@ class RunState:
     last_hash: str = GENESIS_HASH
     drives: int = 0
     llm: LLMTotals = field(default_factory=LLMTotals)
+    started_at: float | None = None  # the first run_started: the wall-time budget's origin
+    guards: dict[str, Any] | None = None  # the guard overrides the run was started with
+    # Guards: the anomalies journaled (by occurrence key, so none is raised twice), those
+    # that paused the run by the step they were raised at (a replay asks again, in order),
+    # and when each retry was journaled (the run's retry-storm window).
+    anomalies: set[str] = field(default_factory=set)
+    paused_at: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    retried_at: list[float] = field(default_factory=list)
+    # The confidence gates evaluated or bypassed, by key: a replay takes the journaled verdict.
+    gates: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def split_step_id(step_id: str) -> tuple[int, str]:
@@ -313,6 +326,7 @@ def apply(state: RunState, ev: Event) -> None:
             step.error_type = ev.payload.get("error_type")
             step.finished_at = ev.at
         elif kind == EventKind.STEP_RETRYING:
+            state.retried_at.append(ev.at)
             step.status = "retrying"
             step.error = ev.payload.get("error")
             step.waiting = ev.payload
@@ -326,6 +340,8 @@ def apply(state: RunState, ev: Event) -> None:
         return
     if kind == EventKind.RUN_QUEUED:
         state.status = RunStatus.QUEUED
+        if ev.seq == 1:
+            state.guards = ev.payload.get("guards")
         if ev.payload.get("reason") == "retry":
             # A dead-lettered run was re-queued: its failed steps get a fresh budget of
             # attempts, numbered on from the last one so their keys stay distinct.
@@ -340,6 +356,7 @@ def apply(state: RunState, ev: Event) -> None:
     elif kind == EventKind.RUN_STARTED:
         state.status = RunStatus.RUNNING
         state.started = True
+        state.started_at = ev.at
         state.drives += 1
     elif kind == EventKind.RUN_RESUMED:
         state.status = RunStatus.RUNNING
@@ -348,6 +365,12 @@ def apply(state: RunState, ev: Event) -> None:
             for step in state.steps.values():
                 if step.status == "started":
                     step.interrupted += 1
+    elif kind == EventKind.ANOMALY_DETECTED:
+        state.anomalies.add(ev.payload["key"])
+        if ev.payload.get("action") == "pause" and ev.step_id is not None:
+            state.paused_at.setdefault(ev.step_id, []).append(ev.payload)
+    elif kind in (EventKind.CONFIDENCE_EVALUATED, EventKind.CONFIDENCE_GATE_BYPASSED):
+        state.gates[ev.payload["key"]] = ev.payload
     elif kind in TERMINAL_EVENTS:
         state.status = TERMINAL_EVENTS[EventKind(kind)]
         state.output = ev.payload.get("output")
@@ -409,6 +432,8 @@ class NewRun:
     parent_step_id: str | None = None
     # A child run takes its parent's tenant whatever this says (the insert reads it).
     tenant_id: str = "default"
+    # Guard overrides for this run (their JSON form, checked), journaled in run_queued.
+    guards: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

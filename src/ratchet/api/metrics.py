@@ -69,4 +69,9 @@ class EngineCollector(Collector):
             bounds = [*(str(b) for b in STEP_BUCKETS), "+Inf"]
             cumulative = list(itertools.accumulate(h.buckets))
             steps.add_metric([outcome], list(zip(bounds, cumulative, strict=True)), h.total)
-        yield from (claimed, finished, steals, reclaimed, steps)
+        anomalies = CounterMetricFamily("ratchet_anomalies", "Anomalies this process's "
+                                        "workers journaled (each once per occurrence), by "
+                                        "kind.", labels=["kind"])
+        for kind, n in sorted(s.anomalies.items()):
+            anomalies.add_metric([kind], n)
+        yield from (claimed, finished, steals, reclaimed, steps, anomalies)

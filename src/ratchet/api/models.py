@@ -25,6 +25,9 @@ class StartRun(BaseModel):
         description="The workflow's arguments by parameter name; for a graph, its input.")
     run_id: str | None = Field(default=None, description="Makes the start idempotent.")
     queue: str = "default"
+    guards: dict[str, Any] | None = Field(
+        default=None, description='Guard overrides for this run (ratchet.Guards fields), '
+                                  'e.g. {"max_steps": 50, "budget_usd": 0.5}.')
 
 
 class RunAccepted(BaseModel):

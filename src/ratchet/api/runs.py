@@ -107,7 +107,8 @@ async def start_run(body: StartRun, request: Request, response: Response, token:
     kwargs: dict[str, Any] = {} if graph else body.input
     try:
         rec, created = await app.start_run_async(body.workflow, args, kwargs, run_id=run_id,
-                                           queue=body.queue, tenant=token.tenant_id)
+                                           queue=body.queue, tenant=token.tenant_id,
+                                           guards=body.guards)
     except InvalidInput as e:
         raise ApiError(422, str(e), details={"workflow": body.workflow}) from e
     if rec.tenant_id != token.tenant_id:

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ratchet.engine.guards import Guards
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.errors import InvalidInput, NotSerializable
 from ratchet.model import dumps
@@ -207,6 +208,9 @@ class StepDef:
     # An event to journal before each attempt starts: (kind, payload) from the call's
     # arguments (a tool's ``tool_called``); None: none.
     announce: Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, dict[str, Any]]] | None = None
+    # The most a call may spend, from its arguments: (tokens, USD or None when unpriced),
+    # which the budgets check before it is sent; None: the step spends nothing they count.
+    worst_case: Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float | None]] | None = None
     _returns: _Codec | None = None
 
     def __post_init__(self) -> None:
@@ -243,6 +247,7 @@ class WorkflowDef:
     fn: Callable[..., Any]
     name: str
     version: str = "1"
+    guards: Guards | None = None  # None: the defaults
     signature: inspect.Signature = field(init=False)
     _returns: _Codec | None = None
     _params: dict[str, _Codec] = field(default_factory=dict)

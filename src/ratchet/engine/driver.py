@@ -29,6 +29,8 @@ from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, to_json
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
+from ratchet.engine.guarding import RunGuards
+from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import PARK_MIN_S, Waits
@@ -38,6 +40,7 @@ from ratchet.errors import (
     ChildRunFailed,
     DriveAborted,
     DriveRefused,
+    GuardTripped,
     InvalidInput,
     LeaseLost,
     NonDeterminismError,
@@ -132,6 +135,7 @@ class RunContext:
         self._closing = False
         self._stepping: set[asyncio.Task[Any]] = set()  # branches inside step code
         self._abandoned: list[StepJob] = []  # threads of `def` steps nobody waits for
+        self.guards = RunGuards(self)
 
     # -- progress and stops ----------------------------------------------------------------
 
@@ -304,8 +308,12 @@ class RunContext:
                        started: dict[str, Any] | None = None) -> Any:
         """Run one journaled step: its saved outcome if the journal has one, else its code,
         under its retry policy. ``started`` adds fields to its ``step_started`` events."""
+        guards = self.guards
+        if self.state.paused_at:
+            await guards.replay_pauses(step_id)
         if step is not None:
             if step.status == "completed":
+                await guards.after_step(sd, step_id, args, kwargs, step.output, None, False)
                 return sd.revive(step.output)
             if step.status == "failed":
                 raise self.replayed_failure(step)
@@ -324,6 +332,7 @@ class RunContext:
                 await self._wait_until(f"backoff:{step_id}", until)
         while True:
             self.check_stop()
+            await guards.before_attempt(sd, step_id, args, kwargs)
             key = (idempotency_key(self.run_id, step_id, attempt) if sd.key is None
                    else self._own_key(sd, step_id, attempt))
             if sd.announce is not None and not resumed:
@@ -371,11 +380,13 @@ class RunContext:
                         until = await self.store.now() + delay
                         retry["retry_at"] = until
                         self.emit(EventKind.STEP_RETRYING, step_id, attempt, retry)
+                        await guards.after_retry(step_id)
                         self.emit(EventKind.STEP_WAITING, step_id, attempt,
                                   {"reason": "backoff", "retry_at": until})
                         await self._wait_until(f"backoff:{step_id}", until)
                     else:
                         self.emit(EventKind.STEP_RETRYING, step_id, attempt, retry)
+                        await guards.after_retry(step_id)
                         await self.flush()
                         await self._wait_until(f"backoff:{step_id}",
                                                await self.store.now() + delay)
@@ -392,6 +403,8 @@ class RunContext:
                 # The canonical form of {"output": output}, without encoding the output again.
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
                           f'{{"output":{text}}}')
+            await guards.after_step(sd, step_id, args, kwargs, output,
+                                    extra.get("llm") if extra else None, True)
             return sd.revive(output)
 
     def _own_key(self, sd: StepDef, step_id: str, attempt: int) -> str:
@@ -606,6 +619,7 @@ class RunContext:
                 if wf is None:
                     raise RatchetError(
                         f"workflow {rec.workflow!r} is not registered with this worker")
+                self.guards.configure(wf.guards or DEFAULT_GUARDS, self.state.guards)
                 args, kwargs = wf.call_args(rec.input)
                 result = await wf.fn(*args, **kwargs)
                 self.check_complete_replay()
@@ -742,6 +756,8 @@ def _retry_after(e: BaseException) -> float:
 
 
 def _dead_letter_reason(e: BaseException) -> str:
+    if isinstance(e, GuardTripped):
+        return e.code
     if isinstance(e, NonDeterminismError):
         return "non_determinism"
     if isinstance(e, StepCrashLoop):

@@ -40,6 +40,7 @@ class EngineStats:
         self.lease_steals = 0
         self.runs_reclaimed = 0  # a restarted worker's own runs, taken back at once
         self.step_seconds: dict[str, Histogram] = {}  # by outcome: completed, failed
+        self.anomalies: Counter[str] = Counter()  # journaled by a guard, by kind
 
     def claimed(self, n: int) -> None:
         with self._lock:
@@ -56,6 +57,10 @@ class EngineStats:
     def reclaimed(self, n: int) -> None:
         with self._lock:
             self.runs_reclaimed += n
+
+    def anomaly(self, kind: str) -> None:
+        with self._lock:
+            self.anomalies[kind] += 1
 
     def step(self, outcome: str, seconds: float) -> None:
         with self._lock:

@@ -160,6 +160,13 @@ class Interpreter:
             if items is not None and index >= len(items):
                 return results
             if index >= d.max_iterations:
+                # A loop that never converged: journaled as a runaway loop, and the run
+                # fails as it always did (or as the guard's fail says).
+                action = "fail" if self.ctx.guards.g.action("runaway_loop") == "fail" else (
+                    "record")
+                await self.ctx.guards.trip("runaway_loop", f"runaway_loop:{prefix}{node.id}",
+                                           None, {"loop": prefix + node.id,
+                                                  "max_iterations": d.max_iterations}, action)
                 raise GraphFailed(f"loop {node.id}: its until condition {d.until!r} was still "
                                   f"false after max_iterations ({d.max_iterations})")
             loop = {"index": index, "item": items[index] if items is not None else None,
@@ -185,4 +192,5 @@ async def interpret(app: Ratchet, input: Any) -> Any:
     from ratchet.graphs.registry import graph_for_run
 
     graph = await graph_for_run(app, ctx)
+    ctx.guards.configure(graph.guards, ctx.state.guards)
     return await Interpreter(app, ctx, graph).run(input)

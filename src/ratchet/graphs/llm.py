@@ -63,12 +63,45 @@ def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     sd = dataclasses.replace(call.step, name=name, retry=retry,
                              timeout_s=node.timeout_s or call.step.timeout_s,
                              decode=lambda body: body)
+    if node.gate is not None:
+        return _gated(interp, node, call, sd, kwargs, provider)
     step = interp.ctx.call_step(sd, (), kwargs, {"provider": provider, "model": d.model})
 
     async def answer() -> Any:
         return _parse(node, _text(provider, await step))
 
     return answer()
+
+
+async def _gated(interp: Interpreter, node: Node, call: Any, sd: Any, kwargs: dict[str, Any],
+                 provider: str) -> Any:
+    """The ai-step under its confidence gate; with ``on_below: branch`` its output is
+    ``{"answer": ..., "confidence": {"score", "threshold", "passed"}}`` for its edges."""
+    from ratchet.llm.gate import apply
+    from ratchet.llm.wrap import judge_call
+
+    ctx = interp.ctx
+    gate = node.gate
+    judge_sd = dataclasses.replace(sd, name=f"{sd.name}.judge")
+
+    async def step(kw: dict[str, Any], what: Any) -> tuple[str, dict[str, Any]]:
+        step_id, journaled = ctx.next_step(what.name)
+        body = await ctx.run_step(what, (), kw, step_id, journaled,
+                                  {"provider": provider, "model": kw.get("model")})
+        return step_id, body
+
+    async def retry(kw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        return await step(kw, sd)
+
+    async def judge(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
+        return await step(judge_call(call.endpoint, model, prompt), judge_sd)
+
+    step_id, body = await step(kwargs, sd)
+    verdict = await apply(ctx, gate, step_id, body, kwargs, retry, judge)
+    answer = _parse(node, _text(provider, verdict.body))
+    if gate.on_below == "branch":
+        return {"answer": answer, "confidence": verdict.as_json(gate)}
+    return answer
 
 
 async def _agent(interp: Interpreter, node: Node, client: Any, prompt: str,

@@ -43,6 +43,11 @@ class AiStepData(_Data):
         None, description="A JSON Schema: the answer is parsed as JSON of this shape.")
     max_tokens: int = Field(1024, ge=1)
     max_turns: int = Field(10, ge=1, description="With tools: model turns at most.")
+    gate: dict[str, Any] | None = Field(
+        None, description='A confidence gate: {"threshold": 0.8, "source": '
+                          '"field:confidence" | "logprobs" | "judge", "on_below": "approval" '
+                          '| "retry" | "fail" | "branch", "retry_model", "judge_model", '
+                          '"judge_prompt"}.')
 
 
 class ToolData(_Data):
@@ -146,6 +151,9 @@ class RawGraph(BaseModel):
     nodes: list[RawNode] = Field(min_length=1)
     edges: list[Edge] = Field(default_factory=list)
     output: Any = None
+    guards: dict[str, Any] | None = Field(
+        None, description="The graph's guards (ratchet.Guards fields): thresholds, budgets, "
+                          "actions.")
 
 
 def _typed_node(kind: str, data: type[_Data]) -> type[BaseModel]:
@@ -180,7 +188,8 @@ def json_schema() -> dict[str, Any]:
         version=(str | None, None), description=(str | None, None),
         inputs=(dict[str, Any], Field(default_factory=lambda: {"type": "object"})),
         nodes=(node_list, Field(min_length=1)),
-        edges=(list[Edge], Field(default_factory=list)), output=(Any, None))
+        edges=(list[Edge], Field(default_factory=list)), output=(Any, None),
+        guards=(dict[str, Any] | None, None))
     schema: dict[str, Any] = graph.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Ratchet graph"

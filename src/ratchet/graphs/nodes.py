@@ -31,7 +31,8 @@ def single_step(node: Node) -> bool:
     of one wave run together (see the interpreter's docstring)."""
     if node.type in ("loop", "subagent"):
         return False
-    return not (node.type == "ai-step" and node.data.tools)
+    # An ai-step with a gate may take more (a judge, an approval, a retry) once it answered.
+    return not (node.type == "ai-step" and (node.data.tools or node.gate is not None))
 
 
 def _json(value: Any, what: str) -> Any:

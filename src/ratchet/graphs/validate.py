@@ -20,6 +20,8 @@ from typing import Any
 import pydantic
 import yaml
 
+from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
+from ratchet.engine.guards import Guards
 from ratchet.engine.retry import NO_RETRY, Retry, as_policy
 from ratchet.errors import InvalidInput, RatchetError
 from ratchet.graphs import templates
@@ -60,6 +62,7 @@ class Node:
     raw: dict[str, Any]
     retry: Retry = NO_RETRY
     timeout_s: float | None = None
+    gate: Any = None  # an ai-step's ratchet.Gate
 
 
 @dataclass(slots=True)
@@ -77,6 +80,7 @@ class Graph:
     out_edges: dict[str, list[Edge]] = field(default_factory=dict)
     in_edges: dict[str, list[Edge]] = field(default_factory=dict)
     loop_of: dict[str, str] = field(default_factory=dict)  # body node -> its loop
+    guards: Guards = DEFAULT_GUARDS
 
 
 def content_version(definition: Mapping[str, Any]) -> str:
@@ -155,6 +159,11 @@ def validate(doc: Mapping[str, Any], tools: Collection[str] | None = None,
     _templates(raw.output, "output", None, known, problems)
     graph = Graph(raw.name, "", doc if isinstance(doc, dict) else dict(doc), nodes,
                   raw.edges, raw.output, raw.inputs)
+    if raw.guards is not None:
+        try:
+            graph.guards = Guards.from_json(raw.guards)
+        except InvalidInput as e:
+            problems.append(Problem("guards", str(e).removeprefix("invalid guards: ")))
     _structure(graph, raw, known, problems, workflows)
     if problems:
         return None, problems
@@ -180,6 +189,15 @@ def _node(rn: RawNode, where: str, problems: list[Problem],
             node.retry = as_policy(data.retry)
         except RatchetError as e:
             problems.append(Problem(f"{where}.data.retry", str(e), rn.id))
+    gate = getattr(data, "gate", None)
+    if gate is not None:
+        from ratchet.llm.gate import Gate
+
+        try:
+            node.gate = Gate.from_json(gate)
+        except InvalidInput as e:
+            problems.append(Problem(f"{where}.data.gate", str(e).removeprefix("invalid gate: "),
+                                    rn.id))
     names = [getattr(data, "tool", "")] if rn.type == "tool" else list(getattr(data, "tools", []))
     if tools is not None:
         for k, name in enumerate(names):

@@ -10,12 +10,13 @@ Called anywhere else, and for everything else on the client, it is the plain SDK
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from ratchet.engine.context import current_step, workflow_run
 from ratchet.engine.definitions import StepDef
@@ -23,9 +24,16 @@ from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput
 from ratchet.extras import require
 from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
+from ratchet.llm.gate import Gate
+from ratchet.llm.gate import apply as gate_apply
 from ratchet.llm.prices import cost_usd
 from ratchet.llm.sdk_errors import as_llm_error
 from ratchet.llm.stream import DurableStream
+from ratchet.llm.worst_case import worst_case
+
+if TYPE_CHECKING:
+    from ratchet.engine.driver import RunContext
+    from ratchet.model import StepState
 
 C = TypeVar("C")
 
@@ -134,24 +142,48 @@ class DurableCall:
         self._raw = bare.with_raw_response.create
         self._bare = bare.create
         self.step = StepDef(self._send, endpoint.name, retry, timeout_s, kind="llm",
-                            encode=_encode, decode=endpoint.revive)
+                            encode=_encode, decode=endpoint.revive, worst_case=worst_case)
         self.stream_step = StepDef(self._send_stream, endpoint.name, retry, timeout_s,
-                                   kind="llm", encode=_encode, decode=lambda body: body)
+                                   kind="llm", encode=_encode, decode=lambda body: body,
+                                   worst_case=worst_case)
+        self.body_step = dataclasses.replace(self.step, decode=lambda body: body)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        gate = kwargs.pop("ratchet_gate", None)
         ctx = workflow_run()
-        if ctx is None:
+        if ctx is None:  # the plain SDK call: nothing is journaled, nothing to gate
             return cast(Awaitable[Any], self._plain(*args, **kwargs))
         if args:
             raise InvalidInput(f"{self.endpoint.name}: pass its arguments by keyword, as the "
                                "SDK does")
         started = {"provider": self.endpoint.provider, "model": kwargs.get("model")}
+        if gate is not None:
+            checked = check_gate(gate, self.endpoint, kwargs)
+            # The call's ordinal is taken now, at call time, as for an ungated call.
+            return self._gated(ctx, checked, kwargs, started,
+                               ctx.next_step(self.endpoint.name))
         if kwargs.get("stream") and self.endpoint.streams:
             step_id, journaled = ctx.next_step(self.endpoint.name)
             stream = DurableStream(ctx, self.stream_step, self.endpoint, kwargs, step_id,
                                    journaled, started)
             return _ready(stream)
         return ctx.call_step(self.step, (), kwargs, started)
+
+    async def _gated(self, ctx: RunContext, gate: Gate, kwargs: dict[str, Any],
+                     started: dict[str, Any], first: tuple[str, StepState | None]) -> Any:
+        async def call(kw: dict[str, Any], taken: tuple[str, StepState | None] | None = None
+                       ) -> tuple[str, dict[str, Any]]:
+            step_id, journaled = taken or ctx.next_step(self.endpoint.name)
+            body = await ctx.run_step(self.body_step, (), kw, step_id, journaled,
+                                      {**started, "model": kw.get("model")})
+            return step_id, body
+
+        async def judge(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
+            return await call(judge_call(self.endpoint, model, prompt))
+
+        step_id, body = await call(kwargs, first)
+        verdict = await gate_apply(ctx, gate, step_id, body, kwargs, call, judge)
+        return self.endpoint.revive(verdict.body)
 
     def _headers(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         headers = dict(kwargs.pop("extra_headers", None) or {})
@@ -198,6 +230,31 @@ class DurableCall:
                 "usage": usage.as_json(), "cost_usd": cost_usd(model, usage),
                 "latency_ms": round((time.perf_counter() - began) * 1000, 3),
                 "request_id": request_id}
+
+
+def check_gate(gate: Any, endpoint: Endpoint, kwargs: dict[str, Any]) -> Gate:
+    """``gate`` if it can gate this call, else :class:`InvalidInput` saying why."""
+    if not isinstance(gate, Gate):
+        raise InvalidInput(f"{endpoint.name}: ratchet_gate must be a ratchet.Gate, got "
+                           f"{gate!r}")
+    if not endpoint.streams or kwargs.get("stream"):
+        raise InvalidInput(f"{endpoint.name}: a confidence gate needs a whole answer: not "
+                           "an embedding, nor a stream")
+    if gate.on_below == "branch":
+        raise InvalidInput(f"{endpoint.name}: on_below='branch' is for graph ai-steps; in "
+                           "code, use on_below='fail' and catch ratchet.GateRejected")
+    return gate
+
+
+def judge_call(endpoint: Endpoint, model: str, prompt: str) -> dict[str, Any]:
+    """The arguments of a judge's call on ``endpoint``: ``prompt`` as the user's message,
+    a short answer."""
+    if endpoint.provider == "anthropic":
+        return {"model": model, "max_tokens": 16,
+                "messages": [{"role": "user", "content": prompt}]}
+    if endpoint.path == ("responses",):
+        return {"model": model, "input": prompt, "max_output_tokens": 16}
+    return {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]}
 
 
 async def _ready(value: Any) -> Any:

@@ -434,7 +434,9 @@ class Store(ABC):
         }
         created = tx.run("run_insert", params) == 1
         if created:
-            payload = {"workflow": new.workflow, "version": new.workflow_version}
+            payload: dict[str, Any] = {"workflow": new.workflow, "version": new.workflow_version}
+            if new.guards:
+                payload["guards"] = new.guards
             ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload,
                              time.time(), "0" * 64)
             tx.send("event_insert", event_params(ev))
@@ -721,6 +723,24 @@ class Store(ABC):
         code workflows."""
         rows = await self._read(lambda tx: tx.all("graph_versions", {}))
         return frozenset((r["name"], r["version"]) for r in rows)
+
+    # -- guards ----------------------------------------------------------------------------
+
+    async def recent_retries(self, workflow: str, window_s: float) -> int:
+        """How many retries the runs of ``workflow`` journaled within the last ``window_s``
+        seconds, whichever worker drove them."""
+        params = {"workflow": workflow, "window_s": window_s}
+        row = await self._read(lambda tx: tx.one("guard_retries_recent", params))
+        return int(row["n"]) if row else 0
+
+    async def llm_history(self, workflow: str, limit: int
+                          ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
+        """The LLM calls (run, step, usage and cost) of the last ``limit`` finished runs of
+        ``workflow``; a run without any has one row with step and call None."""
+        params = {"workflow": workflow, "limit": limit}
+        rows = await self._read(lambda tx: tx.all("guard_llm_history", params))
+        return [(r["run_id"], r["step_id"], json.loads(r["llm"]) if r["llm"] else None)
+                for r in rows]
 
     # -- approvals (see ratchet.store.approvals) --------------------------------------------
 

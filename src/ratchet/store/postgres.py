@@ -285,7 +285,9 @@ class PostgresStore(Store):
         return await self._loop_run(read)
 
     async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
-        payload = {"workflow": new.workflow, "version": new.workflow_version}
+        payload: dict[str, Any] = {"workflow": new.workflow, "version": new.workflow_version}
+        if new.guards:
+            payload["guards"] = new.guards
         ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(),
                          GENESIS_HASH)
         params = {

@@ -481,3 +481,21 @@ SELECT seq, kind, step_id, attempt, at,
                           'confidence_evaluated', 'confidence_gate_bypassed')
             THEN payload END AS payload
 FROM journal_events WHERE run_id = :run_id AND seq <= :upto ORDER BY seq
+
+-- Guards (issue 12) -------------------------------------------------------------------------
+
+-- name: guard_retries_recent
+-- A workflow's retries within the last window_s seconds, across its runs and workers.
+SELECT count(*) AS n FROM journal_events e JOIN runs r ON r.run_id = e.run_id
+WHERE e.kind = 'step_retrying' AND e.at >= ratchet_now() - :window_s
+  AND r.workflow = :workflow
+
+-- name: guard_llm_history
+-- The LLM calls of a workflow's last `limit` finished runs (a run without any: one row
+-- whose llm is NULL), for the spike guards' medians.
+SELECT r.run_id, e.step_id, json_extract(e.payload, '$.llm') AS llm
+FROM (SELECT run_id FROM runs
+      WHERE workflow = :workflow AND status IN ('succeeded', 'failed')
+      ORDER BY updated_at DESC LIMIT :limit) r
+LEFT JOIN journal_events e ON e.run_id = r.run_id AND e.kind = 'step_completed'
+     AND json_extract(e.payload, '$.llm') IS NOT NULL

@@ -1,0 +1,276 @@
+"""Guards at work in a drive: each step boundary checks the run's guards
+(:mod:`ratchet.engine.guards`) against what the journal says of the run, and a guard that
+trips journals ``anomaly_detected`` and applies its action.
+
+Once per occurrence, whatever crashes and re-drives happen: every anomaly has a key naming
+its occurrence (``excessive_steps``, ``runaway_loop:<first step of the streak>``,
+``token_spike:<step>``...), the fold collects the keys journaled, and a key already in the
+journal is never raised again. An anomaly is journaled in the same commit as the step
+boundary it was found at (with the step's ``step_completed``, the next ``step_started``, the
+approval that asks, or the run's failure), so it lands with the facts it was found from.
+Facts that change with time (the medians of other runs, the clock) are only read for steps
+that run now; a replayed step takes what the journal holds: a pause is asked again (its
+approval step returns the journaled decision), in the order it was journaled.
+
+Costs on the hot path: a few comparisons per step, and the JSON form of a step's arguments
+(the runaway-loop check) when ``runaway_repeats`` is on. The spike guards query the
+database after LLM steps only (cached per workflow for :data:`HISTORY_TTL_S`); the
+workflow-wide retry-storm guard after retries only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import statistics
+import time
+import weakref
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from ratchet.engine import approvals
+from ratchet.engine.definitions import StepDef
+from ratchet.engine.guards import BUDGET, DEFAULT, Guards
+from ratchet.engine.stats import STATS
+from ratchet.errors import GuardTripped
+from ratchet.model import EventKind, dumps
+
+if TYPE_CHECKING:
+    from ratchet.engine.driver import RunContext
+    from ratchet.store.base import Store
+
+log = logging.getLogger("ratchet.guards")
+
+# How long a workflow's run history (for the spike medians) is reused before it is read
+# again: the medians of the last 50 runs hardly move in that time.
+HISTORY_TTL_S = 30.0
+# A workflow-wide retry storm is counted per minute.
+STORM_WINDOW_S = 60.0
+# The approval a pause asks: "guard:<kind>".
+PAUSE_PREFIX = "guard:"
+
+_ITERATION = re.compile(r"#\d+")
+# Per store (an app's database), by (workflow, runs): when it expires, and the history.
+_HISTORY: weakref.WeakKeyDictionary[Store, dict[tuple[str, int], tuple[float, History]]] = (
+    weakref.WeakKeyDictionary())
+
+
+class History:
+    """The last finished runs of a workflow: each run's cost, and each LLM step's tokens."""
+
+    def __init__(self, rows: list[tuple[str, str | None, dict[str, Any] | None]]) -> None:
+        costs: dict[str, float] = {}
+        self.step_tokens: dict[str, list[int]] = {}
+        for run_id, step_id, llm in rows:
+            costs.setdefault(run_id, 0.0)
+            if llm is None or step_id is None:
+                continue
+            cost = llm.get("cost_usd")
+            if isinstance(cost, int | float):
+                costs[run_id] += cost
+            usage = llm.get("usage") or {}
+            tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+            self.step_tokens.setdefault(step_id, []).append(tokens)
+        self.run_costs = list(costs.values())
+
+
+class RunGuards:
+    """One drive's guards."""
+
+    def __init__(self, ctx: RunContext, guards: Guards = DEFAULT) -> None:
+        self.ctx = ctx
+        self.g = guards
+        # The runaway-loop streak: the last step's (name, arguments, output), how many
+        # times in a row it came, and the step id that began the streak.
+        self._last: tuple[str, str, Any] | None = None
+        self._streak = 0
+        self._streak_from = ""
+
+    def configure(self, guards: Guards, overrides: Mapping[str, Any] | None) -> None:
+        """Apply the workflow's guards and the run's journaled overrides."""
+        self.g = guards.override(overrides)
+
+    # -- tripping ------------------------------------------------------------------------
+
+    async def trip(self, kind: str, key: str, step_id: str | None,
+                   evidence: dict[str, Any], action: str | None = None) -> None:
+        """Journal anomaly ``key`` (unless the journal has it) and apply its action."""
+        ctx = self.ctx
+        if key in ctx.state.anomalies:
+            return
+        action = action or self.g.action(kind)
+        payload = {"kind": kind, "key": key, "action": action, **evidence}
+        ctx.emit(EventKind.ANOMALY_DETECTED, step_id, None, payload)
+        STATS.anomaly(kind)
+        log.warning("action=anomaly_detected run_id=%s kind=%s key=%s guard_action=%s",
+                    ctx.run_id, kind, key, action)
+        await self._act(payload)
+
+    async def _act(self, payload: dict[str, Any]) -> None:
+        kind, action = payload["kind"], payload["action"]
+        what = _describe(payload)
+        if action == "fail":
+            raise GuardTripped(kind, f"guard {kind}: {what}")
+        if action == "pause":
+            question = {"question": "continue?", "anomaly": payload}
+            decision = await approvals.approval(self.ctx, PAUSE_PREFIX + kind, question, None)
+            if not decision.approved:
+                comment = f": {decision.comment}" if decision.comment else ""
+                raise GuardTripped(kind, f"guard {kind}: {what}; {decision.by} declined to "
+                                         f"continue{comment}")
+
+    async def replay_pauses(self, step_id: str) -> None:
+        """Ask again, in journal order, the pauses journaled at this step: each approval
+        step returns its journaled decision (or waits on, if none came yet)."""
+        for payload in self.ctx.state.paused_at.get(step_id, ()):
+            await self._act(payload)
+
+    # -- step boundaries -----------------------------------------------------------------
+
+    async def before_attempt(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
+                             kwargs: dict[str, Any]) -> None:
+        """Before an attempt of a step runs: the step count, the wall time and, before an
+        LLM call, the token and money budgets with the call's worst case."""
+        g, state = self.g, self.ctx.state
+        count = len(state.steps) + (step_id not in state.steps)
+        if g.max_steps is not None and count > g.max_steps:
+            await self.trip("excessive_steps", "excessive_steps", step_id,
+                            {"steps": count, "max_steps": g.max_steps})
+        if g.budget_steps is not None and count > g.budget_steps:
+            await self._over("steps", step_id, count, g.budget_steps)
+        if g.budget_wall_s is not None and state.started_at is not None:
+            elapsed = round(time.time() - state.started_at, 3)
+            if elapsed > g.budget_wall_s:
+                await self._over("wall_s", step_id, elapsed, g.budget_wall_s)
+        if sd.worst_case is not None and (g.budget_tokens is not None or
+                                          g.budget_usd is not None):
+            tokens, usd = sd.worst_case(args, kwargs)
+            spent = state.llm
+            if g.budget_tokens is not None and spent.tokens + tokens > g.budget_tokens:
+                await self._over("tokens", step_id, spent.tokens, g.budget_tokens,
+                                 worst_case=tokens)
+            if g.budget_usd is not None and usd is not None and (
+                    spent.cost_usd + usd > g.budget_usd):
+                await self._over("usd", step_id, round(spent.cost_usd, 6), g.budget_usd,
+                                 worst_case=round(usd, 6))
+
+    async def _over(self, budget: str, step_id: str, used: float, limit: float,
+                    worst_case: float | None = None) -> None:
+        evidence: dict[str, Any] = {"budget": budget, "used": used, "limit": limit}
+        if worst_case is not None:
+            evidence["worst_case"] = worst_case
+        await self.trip(BUDGET, f"{BUDGET}:{budget}", step_id, evidence)
+
+    async def after_step(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
+                         kwargs: dict[str, Any], output: Any,
+                         meta: dict[str, Any] | None, fresh: bool) -> None:
+        """After a step completed (``fresh``) or was replayed: the runaway-loop streak and,
+        for an LLM call that ran now, the token and cost spikes. A replayed step only
+        counts in the streak: what it tripped was committed with it, and is in the journal."""
+        if self.g.runaway_repeats is not None:
+            await self._streak_check(sd.name, step_id, args, kwargs, output, fresh)
+        if fresh and meta is not None and self.g.spike_factor is not None:
+            await self._spikes(step_id, meta)
+
+    async def _streak_check(self, name: str, step_id: str, args: tuple[Any, ...],
+                            kwargs: dict[str, Any], output: Any, fresh: bool) -> None:
+        try:
+            called = dumps([args, kwargs])
+        except (TypeError, ValueError):
+            self._last, self._streak = None, 0  # arguments that are not data: no streak
+            return
+        if "#" in name:  # a graph loop's node: the same node in every iteration
+            name = _ITERATION.sub("", name)
+        current = (name, called, output)
+        if current == self._last:
+            self._streak += 1
+        else:
+            self._last, self._streak, self._streak_from = current, 1, step_id
+        limit = self.g.runaway_repeats
+        if fresh and limit is not None and self._streak == limit:
+            digest = hashlib.sha256(called.encode()).hexdigest()[:16]
+            await self.trip("runaway_loop", f"runaway_loop:{self._streak_from}", step_id, {
+                "step": name, "repeats": limit, "first_step_id": self._streak_from,
+                "arguments_sha256": digest})
+
+    async def _spikes(self, step_id: str, meta: dict[str, Any]) -> None:
+        g = self.g
+        assert g.spike_factor is not None
+        history = await self._history()
+        usage = meta.get("usage") or {}
+        tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+        samples = history.step_tokens.get(step_id, [])
+        if len(samples) >= g.spike_history:
+            median = statistics.median(samples)
+            if median > 0 and tokens > g.spike_factor * median:
+                await self.trip("token_spike", f"token_spike:{step_id}", step_id, {
+                    "tokens": tokens, "median": median, "factor": g.spike_factor,
+                    "runs": len(samples)})
+        if len(history.run_costs) >= g.spike_history:
+            median = statistics.median(history.run_costs)
+            cost = self.ctx.state.llm.cost_usd
+            if median > 0 and cost > g.spike_factor * median:
+                await self.trip("cost_spike", "cost_spike", step_id, {
+                    "cost_usd": round(cost, 6), "median": median, "factor": g.spike_factor,
+                    "runs": len(history.run_costs)})
+
+    async def _history(self) -> History:
+        store = self.ctx.store.raw
+        cache = _HISTORY.setdefault(store, {})
+        key = (self.ctx.record.workflow, self.g.spike_history)
+        cached = cache.get(key)
+        now = time.monotonic()
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        history = History(await store.llm_history(self.ctx.record.workflow,
+                                                  self.g.spike_history))
+        if len(history.run_costs) >= self.g.spike_history:
+            # Kept only once complete: until M runs exist, the next finished run counts.
+            cache[key] = (now + HISTORY_TTL_S, history)
+        return history
+
+    async def after_retry(self, step_id: str) -> None:
+        """A step's attempt failed and will be retried (its step_retrying is emitted)."""
+        g, ctx = self.g, self.ctx
+        if g.retry_storm_run is not None:
+            since = time.time() - g.retry_window_s
+            recent = sum(1 for at in ctx.state.retried_at if at >= since)
+            if recent > g.retry_storm_run:
+                await self.trip("retry_storm", "retry_storm:run", step_id, {
+                    "scope": "run", "retries": recent, "limit": g.retry_storm_run,
+                    "window_s": g.retry_window_s})
+        if g.retry_storm_workflow is not None and "retry_storm:workflow" not in (
+                ctx.state.anomalies):
+            # This retry is not committed yet: the database counts the others.
+            recent = await ctx.store.raw.recent_retries(ctx.record.workflow,
+                                                        STORM_WINDOW_S) + 1
+            if recent > g.retry_storm_workflow:
+                await self.trip("retry_storm", "retry_storm:workflow", step_id, {
+                    "scope": "workflow", "workflow": ctx.record.workflow,
+                    "retries": recent, "limit": g.retry_storm_workflow,
+                    "window_s": STORM_WINDOW_S})
+
+
+def _describe(payload: Mapping[str, Any]) -> str:
+    kind = payload["kind"]
+    if kind == BUDGET:
+        worst = payload.get("worst_case")
+        extra = f" + {worst} for the next call" if worst is not None else ""
+        return (f"the run's {payload['budget']} budget of {payload['limit']} would be "
+                f"crossed ({payload['used']} used{extra})")
+    if kind == "excessive_steps":
+        return f"{payload['steps']} steps, more than max_steps {payload['max_steps']}"
+    if kind == "runaway_loop" and "repeats" in payload:
+        return (f"step {payload['step']} ran {payload['repeats']} times in a row with the "
+                "same arguments and the same result")
+    if kind == "runaway_loop":
+        return f"loop {payload['loop']} reached its max_iterations ({payload['max_iterations']})"
+    if kind == "retry_storm":
+        return (f"{payload['retries']} retries in {payload['window_s']:g}s in this "
+                f"{payload['scope']}, more than {payload['limit']}")
+    if kind == "token_spike":
+        return (f"{payload['tokens']} tokens, more than {payload['factor']:g}x the median "
+                f"{payload['median']:g} of the last {payload['runs']} runs")
+    return (f"cost {payload['cost_usd']} USD, more than {payload['factor']:g}x the median "
+            f"{payload['median']:g} of the last {payload['runs']} runs")

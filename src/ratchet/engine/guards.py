@@ -1,0 +1,162 @@
+"""Guards: the thresholds that catch a pathological run, the budgets that stop its spend,
+and what to do when one trips.
+
+A workflow declares its :class:`Guards` (``@app.workflow(guards=ratchet.Guards(...))``, or
+``guards:`` in a graph file); a run may override any field at start (``app.start(...,
+guards={...})``, ``ratchet start --guards``, ``"guards"`` in ``POST /v1/runs``). The
+overrides are journaled in the run's ``run_queued`` event, so every drive of the run, on
+any worker, applies the same guards. The JSON form uses the field names below; ``null``
+switches a threshold or budget off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ratchet.errors import InvalidInput
+
+# The anomalies a guard journals (``anomaly_detected {kind, ...}``), and the budget kind.
+ANOMALIES = ("runaway_loop", "excessive_steps", "retry_storm", "cost_spike", "token_spike")
+BUDGET = "budget_exceeded"
+ACTIONS = ("record", "pause", "fail")
+# A run past its step limit is failed: such a run is a loop nobody will stop otherwise.
+# Everything else is journaled and the run goes on, unless a workflow says otherwise.
+DEFAULT_ACTIONS: Mapping[str, str] = {"excessive_steps": "fail", BUDGET: "fail"}
+
+_INTS = ("runaway_repeats", "max_steps", "retry_storm_run", "retry_storm_workflow",
+         "spike_history", "budget_tokens", "budget_steps")
+_FLOATS = ("retry_window_s", "spike_factor", "budget_usd", "budget_wall_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Guards:
+    """A workflow's guards. Each threshold may be ``None`` (off).
+
+    * ``runaway_repeats``: the same step or tool, with the same arguments and the same
+      result, this many times in a row is a ``runaway_loop`` (a graph loop that reaches its
+      ``max_iterations`` is one too);
+    * ``max_steps``: a run with more steps is ``excessive_steps``;
+    * ``retry_storm_run``: more retries than this in one run within ``retry_window_s``, or
+      ``retry_storm_workflow``: more than this a minute across all runs of the workflow
+      (counted in the database, across workers), is a ``retry_storm``;
+    * ``spike_factor`` / ``spike_history``: a run's cost, or one LLM step's tokens, more
+      than ``spike_factor`` times the median of the last ``spike_history`` finished runs of
+      the workflow (of the same step) is a ``cost_spike`` / ``token_spike``; none is
+      declared before that many runs exist;
+    * ``budget_tokens``, ``budget_usd``, ``budget_steps``, ``budget_wall_s``: hard limits
+      per run, checked before each step and, for tokens and money, before each LLM call
+      with its ``max_tokens`` as the worst case, so a call that would cross is never sent;
+    * ``actions``: what each kind does when it trips: ``record`` (journal it and go on),
+      ``pause`` (park on an approval "continue?"), ``fail`` (the run fails with the kind as
+      its code). Defaults: ``fail`` for ``excessive_steps`` and ``budget_exceeded``,
+      ``record`` for the others;
+    * ``gate``: ``False`` runs the workflow's confidence gates as passed, journaling
+      ``confidence_gate_bypassed`` with ``gate_bypass_by`` and ``gate_bypass_reason``.
+    """
+
+    runaway_repeats: int | None = 4
+    max_steps: int | None = 1000
+    retry_storm_run: int | None = 10
+    retry_window_s: float = 60.0
+    retry_storm_workflow: int | None = 100
+    spike_factor: float | None = 5.0
+    spike_history: int = 50
+    budget_tokens: int | None = None
+    budget_usd: float | None = None
+    budget_steps: int | None = None
+    budget_wall_s: float | None = None
+    actions: Mapping[str, str] = field(default_factory=dict)
+    gate: bool = True
+    gate_bypass_by: str | None = None
+    gate_bypass_reason: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = _problems(self)
+        if problems:
+            raise InvalidInput("invalid guards: " + "; ".join(problems))
+        object.__setattr__(self, "actions", dict(self.actions))
+
+    def action(self, kind: str) -> str:
+        """What ``kind`` does when it trips."""
+        return self.actions.get(kind) or DEFAULT_ACTIONS.get(kind, "record")
+
+    def override(self, changes: Mapping[str, Any] | None) -> Guards:
+        """These guards with ``changes`` (the JSON form, validated) applied; actions merge."""
+        if not changes:
+            return self
+        checked = check_overrides(changes)
+        actions = {**self.actions, **checked.pop("actions", {})}
+        return dataclasses.replace(self, **checked, actions=actions)
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any] | None, what: str = "guards") -> Guards:
+        """Guards from their JSON form (a graph file's ``guards:``)."""
+        return DEFAULT.override(check_overrides(data or {}, what))
+
+
+_FIELDS = frozenset(f.name for f in dataclasses.fields(Guards))
+
+
+def check_overrides(data: Any, what: str = "guards") -> dict[str, Any]:
+    """``data`` if it is a valid JSON form of (some) guard fields, else :class:`InvalidInput`
+    naming every problem. Nothing is applied here."""
+    if not isinstance(data, Mapping):
+        raise InvalidInput(f"invalid {what}: expected an object of guard fields, got {data!r}")
+    unknown = sorted(set(data) - _FIELDS)
+    problems = [f"unknown field {k!r} (known: {', '.join(sorted(_FIELDS))})" for k in unknown]
+    if not isinstance(data.get("actions", {}), Mapping):
+        problems.append(f"actions must be an object of kind: action, got {data['actions']!r}")
+    elif not unknown:
+        try:
+            merged = dataclasses.replace(DEFAULT, **{k: v for k, v in data.items()
+                                                     if k != "actions"})
+            problems += _problems(merged, data.get("actions", {}))
+        except InvalidInput as e:
+            problems.append(str(e).removeprefix("invalid guards: "))
+    if problems:
+        raise InvalidInput(f"invalid {what}: " + "; ".join(problems))
+    return {k: (dict(v) if k == "actions" else v) for k, v in data.items()}
+
+
+def _problems(g: Guards, actions: Any = None) -> list[str]:
+    problems = []
+    for name in _INTS:
+        v = getattr(g, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            problems.append(f"{name} must be an integer >= 1 or null, got {v!r}")
+    for name in _FLOATS:
+        v = getattr(g, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not math.isfinite(v) or v <= 0):
+            problems.append(f"{name} must be a positive number or null, got {v!r}")
+    if g.retry_window_s is None:
+        problems.append("retry_window_s must be a positive number, got None")
+    if g.spike_history is None:
+        problems.append("spike_history must be an integer >= 1, got None")
+    actions = g.actions if actions is None else actions
+    if not isinstance(actions, Mapping):
+        problems.append(f"actions must be an object of kind: action, got {actions!r}")
+    else:
+        for kind, action in actions.items():
+            if kind not in (*ANOMALIES, BUDGET):
+                problems.append(f"actions: unknown kind {kind!r} (known: "
+                                f"{', '.join((*ANOMALIES, BUDGET))})")
+            elif action not in ACTIONS:
+                problems.append(f"actions.{kind} must be one of {', '.join(ACTIONS)}, "
+                                f"got {action!r}")
+    if not isinstance(g.gate, bool):
+        problems.append(f"gate must be true or false, got {g.gate!r}")
+    for name in ("gate_bypass_by", "gate_bypass_reason"):
+        v = getattr(g, name)
+        if v is not None and (not isinstance(v, str) or not v or "\x00" in v):
+            problems.append(f"{name} must be a non-empty string or null, got {v!r}")
+    if g.gate is False and g.gate_bypass_by is None:
+        problems.append("gate: false needs gate_bypass_by (who switched the gate off)")
+    return problems
+
+
+DEFAULT = Guards()

@@ -1,0 +1,44 @@
+"""The workflows the guard crash tests drive (tests/test_guards_crash.py), in worker
+processes run as ``python tests/guards_app.py`` (the worker of tests/crash_app.py)."""
+
+from __future__ import annotations
+
+import crash_app
+from crash_app import record
+
+import ratchet
+
+
+def build(url: str, *, lease_ttl: float | None = None,
+          recovery_interval: float | None = None) -> ratchet.Ratchet:
+    """An app whose workflows poll the same job, with the same answer, n times."""
+    app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
+
+    @app.step
+    async def poll(job: str) -> str:
+        record("invoke")
+        return "pending"
+
+    @app.workflow(guards=ratchet.Guards(runaway_repeats=3))
+    async def watcher(n: int) -> int:
+        for _ in range(n):
+            await poll("job-1")
+        return n
+
+    @app.workflow(guards=ratchet.Guards(runaway_repeats=3, actions={"runaway_loop": "pause"}))
+    async def careful(n: int) -> int:
+        for _ in range(n):
+            await poll("job-1")
+        return n
+
+    @app.workflow(guards=ratchet.Guards(max_steps=3, actions={"excessive_steps": "pause"}))
+    async def long_run(n: int) -> int:
+        for i in range(1, n + 1):
+            await poll(f"job-{i}")
+        return n
+
+    return app
+
+
+if __name__ == "__main__":
+    crash_app.main(build)
