@@ -678,7 +678,8 @@ class _ReceiptsGroup(TyperGroup):
 receipts_cli = typer.Typer(
     cls=_ReceiptsGroup,
     no_args_is_help=True,
-    help="A run's delivery receipts, and settling one by hand.\n\n"
+    help="A run's delivery receipts (one per side effect it sent), and settling one by "
+         "hand. For the signed receipt over a run's journal, see `ratchet receipt`.\n\n"
          "`ratchet receipts RUN` lists them (same as `ratchet receipts list RUN`); "
          "`ratchet receipts settle KEY --response JSON | --failed` resolves one a crash "
          "left claimed.",
@@ -804,7 +805,13 @@ def llm_server(
 
 
 # Command groups kept in modules of their own register themselves on `cli`.
-from ratchet import cli_approvals, cli_graphs, cli_server, cli_tokens  # noqa: E402, F401
+from ratchet import (  # noqa: E402, F401
+    cli_approvals,
+    cli_graphs,
+    cli_receipts,
+    cli_server,
+    cli_tokens,
+)
 
 
 def main() -> None:

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from ratchet.errors import ConfigError
@@ -20,18 +21,18 @@ DEFAULT_RECOVERY_INTERVAL = 30.0
 MIN_LEASE_TTL = 1.0
 
 # The sign is part of the grammar so that "-5s" is told "must be positive", not "malformed".
-_DURATION = re.compile(r"\s*([-+]?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_DURATION = re.compile(r"\s*([-+]?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
 def parse_duration(text: str) -> float:
-    """``"500ms"``, ``"30s"``, ``"2m"``, ``"1h"`` or bare seconds → seconds.
+    """``"500ms"``, ``"30s"``, ``"2m"``, ``"1h"``, ``"30d"`` or bare seconds → seconds.
 
     Raises :class:`ConfigError` for anything else, including zero or negative values.
     """
     match = _DURATION.fullmatch(text)
     if match is None:
-        raise ConfigError(f"invalid duration {text!r}: expected a number with ms, s, m or h")
+        raise ConfigError(f"invalid duration {text!r}: expected a number with ms, s, m, h or d")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if seconds <= 0:
         raise ConfigError(f"invalid duration {text!r}: must be positive")
@@ -91,6 +92,18 @@ class DatabaseURL:
         raise ConfigError(
             f"malformed database URL {url!r}: scheme {parts.scheme!r} is not sqlite or postgresql"
         )
+
+
+def data_dir(database_url: str) -> Path:
+    """Where Ratchet keeps its own files (the receipt signing key): ``RATCHET_DATA_DIR``,
+    else the SQLite database's folder, else ``./.ratchet``."""
+    configured = os.environ.get("RATCHET_DATA_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    parsed = DatabaseURL.parse(database_url)
+    if parsed.scheme == "sqlite":
+        return Path(parsed.path).parent
+    return Path(".ratchet")
 
 
 def database_url_from_env() -> str:

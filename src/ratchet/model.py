@@ -182,6 +182,11 @@ class Event:
             "hash": self.hash,
         }
 
+    def export_dict(self) -> dict[str, Any]:
+        """The event as ``ratchet export`` writes it: everything its hash covers, with the
+        hash it links to, so the chain can be checked from the export alone."""
+        return {**self.as_dict(), "prev_hash": self.prev_hash}
+
 
 @dataclass(slots=True)
 class StepState:
@@ -258,6 +263,8 @@ class RunState:
     last_hash: str = GENESIS_HASH
     drives: int = 0
     llm: LLMTotals = field(default_factory=LLMTotals)
+    first_at: float | None = None  # the first event's time
+    last_at: float | None = None  # the last event's time
 
 
 def split_step_id(step_id: str) -> tuple[int, str]:
@@ -278,6 +285,9 @@ def apply(state: RunState, ev: Event) -> None:
     """Fold one event into ``state``."""
     state.last_seq = ev.seq
     state.last_hash = ev.hash
+    if state.first_at is None:
+        state.first_at = ev.at
+    state.last_at = ev.at
     kind = ev.kind
     if ev.step_id is not None and kind.startswith("step_"):
         step = state.steps.get(ev.step_id)

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from ratchet import __version__
-from ratchet.api import admin, errors, events, runs
+from ratchet.api import admin, errors, events, receipts, runs
 from ratchet.api.limits import MAX_BODY, BodyLimit
 from ratchet.api.metrics import Metrics
 from ratchet.api.tails import Tails
@@ -20,12 +20,30 @@ from ratchet.app import Ratchet
 
 log = logging.getLogger("ratchet.api")
 HEARTBEAT_S = 15.0
+PRUNE_INTERVAL_S = 3600.0
+
+
+async def _prune_every(ratchet: Ratchet, finished_before: float, interval: float,
+                       stop: asyncio.Event) -> None:
+    """Prune at start and then every ``interval`` until ``stop``; a failed pass is logged
+    and the next one tries again (a prune interrupted midway is finished by the next)."""
+    while not stop.is_set():
+        try:
+            await ratchet.prune_async(finished_before)
+        except Exception as e:
+            log.warning("action=prune_failed error=%s: %s", type(e).__name__, e)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
 
 
 def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
                heartbeat_s: float = HEARTBEAT_S, max_body: int = MAX_BODY,
-               worker_options: dict[str, Any] | None = None) -> FastAPI:
-    """The API for ``ratchet``'s workflows, with ``workers`` embedded workers."""
+               worker_options: dict[str, Any] | None = None,
+               prune_finished_before: float | None = None,
+               prune_interval: float = PRUNE_INTERVAL_S) -> FastAPI:
+    """The API for ``ratchet``'s workflows, with ``workers`` embedded workers. With
+    ``prune_finished_before`` (seconds), every ``prune_interval`` seconds the journals of
+    runs that finished longer ago than that are pruned (their receipts stay)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
@@ -38,6 +56,10 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         tasks = [asyncio.create_task(
             ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
             name=f"ratchet-embedded-worker-{i}") for i in range(workers)]
+        if prune_finished_before is not None:
+            tasks.append(asyncio.create_task(
+                _prune_every(ratchet, prune_finished_before, prune_interval, stop),
+                name="ratchet-prune"))
         log.info("action=server_ready workers=%d workflows=%s", workers,
                  ",".join(sorted(ratchet.workflows)) or "-")
         try:
@@ -57,6 +79,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
     errors.install(api)
     api.include_router(runs.router)
     api.include_router(events.router)
+    api.include_router(receipts.router)
     api.include_router(admin.v1)
     api.include_router(admin.router)
     api.include_router(runs.last)

@@ -57,6 +57,7 @@ from ratchet.model import (
     EventKind,
     Lease,
     NewRun,
+    RunRecord,
     RunState,
     RunStatus,
     StepState,
@@ -64,7 +65,9 @@ from ratchet.model import (
     fold,
     idempotency_key,
 )
+from ratchet.receipts import Signer, sign
 from ratchet.store.base import Store
+from ratchet.store.retention import receipt_params
 
 log = logging.getLogger("ratchet.engine")
 T = TypeVar("T")
@@ -111,8 +114,9 @@ class RunContext:
 
     def __init__(self, store: Store, claimed: ClaimedRun, state: RunState,
                  workflows: Mapping[str, WorkflowDef], control: Control,
-                 threads: StepThreads) -> None:
+                 threads: StepThreads, signer: Signer | None = None) -> None:
         self.control = control
+        self.signer = signer
         self.loop = asyncio.get_running_loop()
         self.lease = claimed.lease
         self.run_id = claimed.record.run_id
@@ -245,7 +249,10 @@ class RunContext:
 
         async def op(events: list[Event]) -> None:
             crash_point("before_terminal")
-            await self.store.finish(self.lease, events, status, output, error, dead_letter)
+            # Signed here, with the terminal event folded in, and stored in the commit that
+            # ends the run: no extra transaction, and no run ends unsigned.
+            await self.store.finish(self.lease, events, status, output, error, dead_letter,
+                                    _receipt(self.signer, self.record, self.state))
 
         # The terminal event goes out only with the terminal status: were it emitted before
         # the lock, a branch's append waiting for the lock could commit it with the run
@@ -691,9 +698,10 @@ class RunContext:
 
 
 async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, WorkflowDef],
-                control: Control, threads: StepThreads | None = None) -> DriveOutcome:
+                control: Control, threads: StepThreads | None = None,
+                signer: Signer | None = None) -> DriveOutcome:
     """Drive one claimed run until it finishes, parks, stops or loses its lease; return how
-    the drive ended."""
+    the drive ended. With ``signer``, a run that ends gets its signed receipt."""
     rec = claimed.record
     try:
         events = await store.load_events(rec.run_id)
@@ -701,14 +709,16 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         if state.status.terminal:
             # Re-driving a finished run changes nothing. A claim found it unfinished, so
             # its row is behind its journal (the journal is the truth): settle the row.
-            await _settle_from_journal(store, claimed.lease, state, events[-1])
+            await _settle_from_journal(store, claimed.lease, state, events[-1],
+                                       _receipt(signer, rec, state))
             return DriveOutcome.NOOP
     except (LeaseLost, RunFinished):
         return DriveOutcome.NOOP
     except RatchetError as e:
         log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
         return DriveOutcome.ABORTED
-    ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads())
+    ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads(),
+                     signer)
     control.listen(ctx.interrupt)
     token = current_run.set(ctx)
     try:
@@ -718,14 +728,23 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         current_run.reset(token)
 
 
-async def _settle_from_journal(store: Store, lease: Lease, state: RunState, last: Event
-                               ) -> None:
+async def _settle_from_journal(store: Store, lease: Lease, state: RunState, last: Event,
+                               receipt: dict[str, Any] | None) -> None:
     """Give the run's row the end its journal already holds, writing no event."""
     log.warning("action=run_settled_from_journal run_id=%s status=%s", state.run_id,
                 state.status)
     reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
     await store.finish(lease, [], state.status, state.output, state.error,
-                       dead_letter=reason)
+                       dead_letter=reason, receipt=receipt)
+
+
+def _receipt(signer: Signer | None, record: RunRecord, state: RunState
+             ) -> dict[str, Any] | None:
+    """The stored form of the run's signed receipt over ``state`` (None without a key)."""
+    if signer is None:
+        return None
+    return receipt_params(record.run_id, state.last_seq, signer.key_id,
+                          sign(signer, record, state))
 
 
 def _default_threads() -> StepThreads:
