@@ -174,7 +174,7 @@ def test_the_prune_command(app: ratchet.Ratchet, db_url: str, tmp_path: Path) ->
     settle(app, run_id)
     app.shutdown()
     n = len(app.events(run_id))
-    assert "invalid duration 'soon'" in refused("prune", "--finished-before", "soon",
+    assert "invalid age 'soon'" in refused("prune", "--finished-before", "soon",
                                                 "--db", db_url)
     assert "invalid status 'queued'" in refused("prune", "--finished-before", "1d",
                                                 "--status", "succeeded,queued", "--db", db_url)

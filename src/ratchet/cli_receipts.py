@@ -17,7 +17,7 @@ from typing import IO, Annotated
 import typer
 
 from ratchet.cli import DbOption, RunArg, _client, _db_url, _echo_json, _errors, _Fail, cli
-from ratchet.config import data_dir, parse_duration
+from ratchet.config import data_dir, parse_age
 from ratchet.engine.retention import DEFAULT_STATUSES, parse_statuses
 from ratchet.errors import JournalPruned
 from ratchet.model import dumps
@@ -137,7 +137,7 @@ def prune_cmd(
     """Delete the journals of runs that finished before AGE ago, in small batches. Their
     signed receipts stay (one is signed first where missing), as do the runs themselves."""
     with _errors():
-        age = parse_duration(finished_before)
+        age = parse_age(finished_before)
         statuses = parse_statuses(status)
     with _client(ctx, db) as app:
         report = app.prune(age, statuses=statuses, dry_run=dry_run)

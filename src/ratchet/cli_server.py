@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from ratchet.cli import DbOption, _errors, _Fail, _given_db, cli, load_app
-from ratchet.config import DatabaseURL, parse_duration
+from ratchet.config import DatabaseURL, parse_age, parse_duration
 
 
 @cli.command()
@@ -53,7 +53,7 @@ def server(
 
         from ratchet.api import create_app
 
-        prune_age = (parse_duration(prune_finished_before)
+        prune_age = (parse_age(prune_finished_before)
                      if prune_finished_before is not None else None)
         prune_every = parse_duration(prune_interval)
         app = load_app(app_spec)

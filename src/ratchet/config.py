@@ -21,18 +21,18 @@ DEFAULT_RECOVERY_INTERVAL = 30.0
 MIN_LEASE_TTL = 1.0
 
 # The sign is part of the grammar so that "-5s" is told "must be positive", not "malformed".
-_DURATION = re.compile(r"\s*([-+]?\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+_DURATION = re.compile(r"\s*([-+]?\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
 
 
 def parse_duration(text: str) -> float:
-    """``"500ms"``, ``"30s"``, ``"2m"``, ``"1h"``, ``"30d"`` or bare seconds → seconds.
+    """``"500ms"``, ``"30s"``, ``"2m"``, ``"1h"`` or bare seconds → seconds.
 
     Raises :class:`ConfigError` for anything else, including zero or negative values.
     """
     match = _DURATION.fullmatch(text)
     if match is None:
-        raise ConfigError(f"invalid duration {text!r}: expected a number with ms, s, m, h or d")
+        raise ConfigError(f"invalid duration {text!r}: expected a number with ms, s, m or h")
     seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if seconds <= 0:
         raise ConfigError(f"invalid duration {text!r}: must be positive")
@@ -92,6 +92,24 @@ class DatabaseURL:
         raise ConfigError(
             f"malformed database URL {url!r}: scheme {parts.scheme!r} is not sqlite or postgresql"
         )
+
+
+_DAYS = re.compile(r"\s*(\d+(?:\.\d+)?)\s*d\s*")
+
+
+def parse_age(text: str) -> float:
+    """An age for retention: ``"30d"`` (days), or any :func:`parse_duration` form."""
+    match = _DAYS.fullmatch(text)
+    if match is None:
+        try:
+            return parse_duration(text)
+        except ConfigError:
+            raise ConfigError(f"invalid age {text!r}: expected a number with d, h, m, s or "
+                              "ms, e.g. 30d") from None
+    days = float(match.group(1))
+    if days <= 0:
+        raise ConfigError(f"invalid age {text!r}: must be positive")
+    return days * 86400.0
 
 
 def data_dir(database_url: str) -> Path:
