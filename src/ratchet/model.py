@@ -265,6 +265,7 @@ class RunState:
     llm: LLMTotals = field(default_factory=LLMTotals)
     first_at: float | None = None  # the first event's time
     last_at: float | None = None  # the last event's time
+    trace: Any = None  # the latest drive's trace context, if it was traced
 
 
 def split_step_id(step_id: str) -> tuple[int, str]:
@@ -351,9 +352,11 @@ def apply(state: RunState, ev: Event) -> None:
         state.status = RunStatus.RUNNING
         state.started = True
         state.drives += 1
+        state.trace = ev.payload.get("trace")
     elif kind == EventKind.RUN_RESUMED:
         state.status = RunStatus.RUNNING
         state.drives += 1
+        state.trace = ev.payload.get("trace")
         if ev.payload.get("reason") in TAKEOVERS:
             for step in state.steps.values():
                 if step.status == "started":

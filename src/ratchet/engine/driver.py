@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
+from ratchet.engine import tracing
 from ratchet.engine.context import StepInfo, current_run, current_step_info
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, to_json
@@ -117,6 +118,7 @@ class RunContext:
                  threads: StepThreads, signer: Signer | None = None) -> None:
         self.control = control
         self.signer = signer
+        self.trace: tracing.DriveTrace | None = None
         self.loop = asyncio.get_running_loop()
         self.lease = claimed.lease
         self.run_id = claimed.record.run_id
@@ -349,18 +351,27 @@ class RunContext:
                           {**payload, "kind": sd.kind, **(started or {})})
             await self.flush()
             crash_point("after_step_started")
+            span = (self.trace.step(step_id, attempt, key, sd.kind, started)
+                    if self.trace is not None else None)
             began = time.monotonic()
             try:
-                result = await self._call(sd, step_id, attempt, key, args, kwargs)
+                if span is None:
+                    result = await self._call(sd, step_id, attempt, key, args, kwargs)
+                else:
+                    with tracing.active(span):
+                        result = await self._call(sd, step_id, attempt, key, args, kwargs)
                 extra: dict[str, Any] | None = None
                 if sd.encode is not None:
                     result, extra = sd.encode(result)
                 text = to_json(result, f"the output of step {step_id}")
             except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused):
+                tracing.end_step(span, "interrupted")
                 raise
             except asyncio.CancelledError:
                 if self._ours():
+                    tracing.end_step(span, "interrupted")
                     raise
+                tracing.end_step(span, "abandoned")
                 self.emit(EventKind.STEP_FAILED, step_id, attempt, {
                     "error": f"step {step_id} was abandoned by its workflow (cancelled while "
                              "running, e.g. by asyncio.wait_for)", "error_type": ABANDONED})
@@ -370,6 +381,7 @@ class RunContext:
                 error = error_text(e)
                 used = attempt - base
                 if sd.retry.retryable(e) and used < sd.retry.max_attempts:
+                    tracing.end_step(span, "retrying", error)
                     # A provider that says when to come back (429 retry-after) is believed.
                     delay = max(sd.retry.delay_s(used), _retry_after(e))
                     retry = {"attempt": attempt, "of": base + sd.retry.max_attempts,
@@ -388,10 +400,12 @@ class RunContext:
                                                await self.store.now() + delay)
                     attempt, resumed = attempt + 1, False
                     continue
+                tracing.end_step(span, "failed", error)
                 self.emit(EventKind.STEP_FAILED, step_id, attempt,
                           {"error": error, "error_type": type(e).__name__})
                 raise StepFailed(step_id, error) from e
             STATS.step("completed", time.monotonic() - began)
+            tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
             output = json.loads(text)
             if extra:
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output, **extra})
@@ -603,10 +617,27 @@ class RunContext:
     # -- the drive -------------------------------------------------------------------------
 
     async def drive(self) -> DriveOutcome:
-        rec, lease = self.record, self.lease
-        kind = EventKind.RUN_RESUMED if self.state.started else EventKind.RUN_STARTED
-        self.emit(kind, payload={"worker_id": lease.worker_id, "epoch": lease.epoch,
-                                 "reason": self.claim_reason, "drive": self.state.drives + 1})
+        rec, lease, state = self.record, self.lease, self.state
+        kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
+        payload: dict[str, Any] = {"worker_id": lease.worker_id, "epoch": lease.epoch,
+                                   "reason": self.claim_reason, "drive": state.drives + 1}
+        reason = self.claim_reason if state.started else "start"
+        self.trace = tracing.start_drive(
+            rec.run_id, rec.workflow, rec.workflow_version, state.drives + 1,
+            "resume" if reason == "claim" else reason, lease.worker_id, state.trace)
+        if self.trace is None:
+            self.emit(kind, payload=payload)
+            return await self._drive()
+        self.emit(kind, payload={**payload, "trace": self.trace.ids()})
+        outcome = "error"
+        try:
+            outcome = await self._drive()
+            return outcome
+        finally:
+            self.trace.end(str(outcome))
+
+    async def _drive(self) -> DriveOutcome:
+        rec = self.record
         try:
             try:
                 wf = self.workflows.get(rec.workflow)
