@@ -193,3 +193,20 @@ def test_the_prune_command(app: ratchet.Ratchet, db_url: str, tmp_path: Path) ->
     assert app.events(run_id) == []
     assert json.loads(ok("receipt", run_id, "--db", db_url).stdout) == receipt
     assert "was pruned; its receipt was kept" in refused("export", run_id, "--db", db_url)
+
+
+def test_the_server_prunes_periodically(app: ratchet.Ratchet) -> None:
+    from serving import serving
+    from waiting import wait_for
+
+    app.launch()
+    run_id = app.start("many", 2, run_id="served")
+    settle(app, run_id)
+    app.shutdown()
+    assert app.events(run_id)
+    with serving(app, workers=0, prune_finished_before=0.001, prune_interval=0.2):
+        wait_for(lambda: app.events(run_id) == [], what="the server's prune")
+        again = app.start("many", 1, run_id="served-later")
+        app.cancel(again)  # finished after the first pass: the next one takes it
+        wait_for(lambda: app.events(again) == [], what="the next prune")
+        assert app.run_receipt(run_id) and app.run_receipt(again)
