@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -42,14 +42,14 @@ class Signer:
 
     private: Ed25519PrivateKey
     path: Path
+    key_id: str = field(init=False)  # computed once: every receipt names it
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key_id", key_id(self.private.public_key()))
 
     @property
     def public(self) -> Ed25519PublicKey:
         return self.private.public_key()
-
-    @property
-    def key_id(self) -> str:
-        return key_id(self.public)
 
     @property
     def public_pem(self) -> str:
