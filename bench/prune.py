@@ -6,8 +6,10 @@ events that finished 40 days ago; run one worker at concurrency 64 under 64 clos
 clients (start a run of 10 no-op steps, wait for its result, again), as the concurrent
 benchmark does; measure its throughput for ``--window`` seconds, then run ``ratchet prune
 --finished-before 30d`` in a process of its own and measure the worker's throughput until
-the prune ends. Reported: steps/s without and with the prune (and the drop), and the
-longest stall: the longest time in each phase during which no step ran at all. Writes
+the prune ends, and again for ``--window`` seconds after it. Reported: steps/s before,
+during and after the prune (the drop is against the mean of before and after), and the
+longest stall: the longest time in each phase during which no step ran at all, and when
+in the phase it began (the prune's phase includes starting its process). Writes
 ``bench/results/prune.json``.
 """
 
@@ -88,10 +90,13 @@ def _app(url: str, stamps: list[float]) -> tuple[ratchet.Ratchet, ratchet.Workfl
 
 def _phase(stamps: list[float], start: float, end: float) -> dict[str, float]:
     inside = [t for t in stamps if start <= t <= end]
-    gaps = [b - a for a, b in zip([start, *inside], [*inside, end], strict=True)]
+    gaps = [(b - a, a) for a, b in zip([start, *inside], [*inside, end], strict=True)]
+    longest, at = max(gaps)
     return {"seconds": round(end - start, 2), "steps": len(inside),
             "steps_per_s": round(len(inside) / (end - start), 1),
-            "longest_stall_ms": round(1000 * max(gaps), 1)}
+            "longest_stall_ms": round(1000 * longest, 1),
+            "longest_stall_at_s": round(at - start, 2),
+            "stalls_over_100ms": sum(1 for g, _ in gaps if g > 0.1)}
 
 
 async def _measure(url: str, window: float, log: Any) -> dict[str, Any]:
@@ -119,15 +124,19 @@ async def _measure(url: str, window: float, log: Any) -> dict[str, Any]:
         if proc.returncode != 0:
             raise SystemExit(f"ratchet prune failed: {err.decode()}")
         log(out.decode().strip())
+        await asyncio.sleep(window)  # a second baseline, after: the machine's drift
+        after_end = time.monotonic()
     finally:
         stop.set()
         await asyncio.gather(*clients, return_exceptions=True)
         await app.shutdown_async()
-    base = _phase(stamps, base_start, base_end)
+    before = _phase(stamps, base_start, base_end)
     during = _phase(stamps, prune_start, prune_end)
-    drop = 100 * (1 - during["steps_per_s"] / base["steps_per_s"])
-    return {"baseline": base, "during_prune": during, "prune": out.decode().strip(),
-            "throughput_drop_pct": round(drop, 1)}
+    after = _phase(stamps, prune_end, after_end)
+    baseline = (before["steps_per_s"] + after["steps_per_s"]) / 2
+    drop = 100 * (1 - during["steps_per_s"] / baseline)
+    return {"before": before, "during_prune": during, "after": after,
+            "prune": out.decode().strip(), "throughput_drop_pct": round(drop, 1)}
 
 
 def main() -> None:

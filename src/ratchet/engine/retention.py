@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,9 @@ log = logging.getLogger("ratchet.retention")
 
 RUN_BATCH = 100  # runs marked per transaction
 EVENT_BATCH = 500  # events deleted per transaction
-# A short rest between delete transactions: the writes a worker waits to make get in.
+# After each delete, a rest as long as the delete took (and at least PAUSE_S): pruning
+# takes at most half the database's time for writes, and the workers' commits, which
+# wait on the same WAL flushes, get in between.
 PAUSE_S = 0.002
 DEFAULT_STATUSES = ("succeeded", "failed", "cancelled")
 
@@ -90,10 +93,11 @@ async def _delete_journals(store: Store, run_ids: list[str], event_batch: int,
                            pause_s: float) -> int:
     deleted = 0
     while True:
+        began = time.monotonic()
         n = await retention.delete_events(store, run_ids, event_batch)
         deleted += n
         if n < event_batch:
             break
-        await asyncio.sleep(pause_s)
+        await asyncio.sleep(max(pause_s, time.monotonic() - began))
     await retention.journals_gone(store, run_ids)
     return deleted
