@@ -193,6 +193,8 @@ def test_the_prune_command(app: ratchet.Ratchet, db_url: str, tmp_path: Path) ->
     assert app.events(run_id) == []
     assert json.loads(ok("receipt", run_id, "--db", db_url).stdout) == receipt
     assert "was pruned; its receipt was kept" in refused("export", run_id, "--db", db_url)
+    shown = ok("show", run_id, "--db", db_url).stdout
+    assert "0 (journal pruned; signed receipt kept)" in shown and "succeeded" in shown
 
 
 def test_the_server_prunes_periodically(app: ratchet.Ratchet) -> None:
