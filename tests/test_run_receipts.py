@@ -9,6 +9,7 @@ import base64
 import hashlib
 import json
 import os
+import signal
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,13 +18,14 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from proc import Harness
 from typer.testing import CliRunner, Result
 
 import ratchet
 from ratchet.cli import cli
 from ratchet.errors import ConfigError, RunNotFinished
 from ratchet.model import Event, dumps
-from ratchet.receipts import PAYLOAD_TYPE, PREDICATE_TYPE, load_signer
+from ratchet.receipts import PAYLOAD_TYPE, PREDICATE_TYPE, load_signer, verify
 from ratchet.store import retention
 
 fail_step = {"on": True}
@@ -439,3 +441,21 @@ def test_the_documented_encoding_recomputes_every_hash_and_the_signature(
     assert stmt["predicate"]["event_count"] == len(lines)
     app.signer.public.verify(base64.b64decode(envelope["signatures"][0]["sig"]),
                              _doc_pae(body))
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("crash_at", ["before_terminal:1", "after_terminal:1"])
+def test_a_worker_killed_at_the_end_still_leaves_a_receipt_over_the_whole_journal(
+        h: Harness, crash_at: str, data_dir: Path) -> None:
+    env = {"RATCHET_DATA_DIR": str(data_dir)}  # the workers sign with the test's key
+    run_id = h.app.start("chain", n=3)
+    first = h.spawn("a", worker_id="w-end", crash_at=crash_at, env_extra=env)
+    assert first.wait_exit() == -signal.SIGKILL
+    h.spawn("a-again", worker_id="w-end", env_extra=env)
+    h.wait_status(run_id, "succeeded")
+    events = h.app.events(run_id)
+    # Stored by the worker that ended the run, in the same commit: nobody asked for it.
+    stored = h.app._portal.call(retention.get_receipt(h.app.store, run_id))
+    assert stored is not None and stored.seq == len(events)
+    lines = [dumps(e.export_dict()) for e in events]
+    assert verify(stored.envelope, lines, h.app.signer.public).event_count == len(events)
