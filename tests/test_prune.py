@@ -11,38 +11,24 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import clirun
 import pytest
-from typer.testing import CliRunner, Result
+from clirun import data_dir as data_dir
+from clirun import ok
 
 import ratchet
-from ratchet.cli import cli
 from ratchet.engine.retention import prune
 from ratchet.errors import NotDeadLettered
 from ratchet.store import Store, retention
 
 
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def ok(*args: str) -> Result:
-    result = invoke(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    return result
+@pytest.fixture(autouse=True)
+def _own_key(data_dir: Path) -> None:
+    """Every test here signs with a key of its own."""
 
 
 def refused(*args: str) -> str:
-    result = invoke(*args)
-    assert result.exit_code == 2, (result.stdout, result.stderr, result.exception)
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
-
-
-@pytest.fixture(autouse=True)
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RATCHET_SIGNING_KEY", raising=False)
-    monkeypatch.setenv("RATCHET_DATA_DIR", str(tmp_path / "data"))
+    return clirun.refused(2, *args)
 
 
 @pytest.fixture

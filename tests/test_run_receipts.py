@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clirun import data_dir as data_dir
+from clirun import ok, refused
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from proc import Harness
-from typer.testing import CliRunner, Result
 
 import ratchet
-from ratchet.cli import cli
 from ratchet.errors import ConfigError, RunNotFinished
 from ratchet.model import Event, dumps
 from ratchet.receipts import PAYLOAD_TYPE, PREDICATE_TYPE, load_signer, verify
@@ -31,31 +31,9 @@ from ratchet.store import retention
 fail_step = {"on": True}
 
 
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def ok(*args: str) -> Result:
-    result = invoke(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    return result
-
-
-def refused(code: int, *args: str) -> str:
-    """A command that must fail with ``code`` and one clean line on stderr."""
-    result = invoke(*args)
-    assert result.exit_code == code, (result.stdout, result.stderr, result.exception)
-    assert "Traceback" not in result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
-
-
 @pytest.fixture(autouse=True)
-def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.delenv("RATCHET_SIGNING_KEY", raising=False)
-    monkeypatch.setenv("RATCHET_DATA_DIR", str(tmp_path / "data"))
-    return tmp_path / "data"
+def _own_key(data_dir: Path) -> None:
+    """Every test here signs with a key of its own."""
 
 
 @pytest.fixture
