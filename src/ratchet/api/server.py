@@ -56,16 +56,20 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         tasks = [asyncio.create_task(
             ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
             name=f"ratchet-embedded-worker-{i}") for i in range(workers)]
-        if prune_finished_before is not None:
-            tasks.append(asyncio.create_task(
-                _prune_every(ratchet, prune_finished_before, prune_interval, stop),
-                name="ratchet-prune"))
+        pruning = None if prune_finished_before is None else asyncio.create_task(
+            _prune_every(ratchet, prune_finished_before, prune_interval, stop),
+            name="ratchet-prune")
         log.info("action=server_ready workers=%d workflows=%s", workers,
                  ",".join(sorted(ratchet.workflows)) or "-")
         try:
             yield
         finally:
             stop.set()  # workers hand their runs back, as on a worker's SIGTERM
+            if pruning is not None:
+                # A prune can take minutes; stopped between two of its transactions, it is
+                # finished by the next one.
+                pruning.cancel()
+                tasks.append(pruning)
             await asyncio.gather(*tasks, return_exceptions=True)
             await api.state.tails.close()
             await store.close()

@@ -68,7 +68,8 @@ async def prune(store: Store, signer: Signer, before: float,
     # First the runs an interrupted prune left half done.
     while leftover := await retention.pruning_runs(store, RUN_BATCH):
         events += await _delete_journals(store, leftover, event_batch, pause_s)
-    skipped: set[str] = set()  # stay candidates: asked past, not again
+    # Runs left alone stay candidates: each pass asks past them rather than for them again.
+    skipped: set[str] = set()
     while True:
         batch = [c for c in await retention.prune_candidates(
             store, before, statuses, RUN_BATCH + len(skipped)) if c.run_id not in skipped]
@@ -81,7 +82,7 @@ async def prune(store: Store, signer: Signer, before: float,
                 except RatchetError as e:
                     log.warning("action=prune_skipped run_id=%s error=%s", c.run_id, e)
         marked = await retention.mark_pruned(store, [c.run_id for c in batch])
-        skipped.update(c.run_id for c in batch if c.run_id not in set(marked))
+        skipped.update({c.run_id for c in batch} - set(marked))
         if marked:
             runs += len(marked)
             events += await _delete_journals(store, marked, event_batch, pause_s)
