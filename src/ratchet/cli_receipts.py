@@ -134,7 +134,7 @@ def prune_cmd(
         "--dry-run", help="Count what would be pruned; change nothing.")] = False,
     db: DbOption = None,
 ) -> None:
-    """Delete the journals of runs that finished before AGE ago, in small batches. Their
+    """Delete the journals of runs that finished more than AGE ago, in small batches. Their
     signed receipts stay (one is signed first where missing), as do the runs themselves."""
     with _errors():
         age = parse_age(finished_before)
