@@ -221,8 +221,11 @@ def test_every_kind_of_tampering_fails_naming_the_first_bad_seq_or_the_reason(
     assert "bad signature" in verdict(lines, rec=forged_receipt)
     # not a receipt, not an event
     assert "not a receipt" in verdict(lines, rec=_write(tmp_path / "x.json", ['{"a": 1}']))
-    assert "line 2 of the events is not a journal event" in verdict(
+    assert "line 2 of the events is not a journal event (no run_id)" in verdict(
         [lines[0], "{}", *lines[2:]])
+    assert "line 3 of the events is not a journal event (step_id is int)" in verdict(
+        [*lines[:2], _edit(lines[2], step_id=5), *lines[3:]])
+    assert "line 1 of the events is not JSON" in verdict(["{", *lines[1:]])
     # and the untouched export still holds
     ok("verify", str(receipt), "--events", str(tmp_path / "events.jsonl"), "--public-key",
        str(key))

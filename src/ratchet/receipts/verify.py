@@ -101,15 +101,29 @@ def _claims(stmt: dict[str, Any]) -> tuple[str, str, int, dict[str, Any]]:
     return run_id, head, count, predicate
 
 
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "run_id": (str,), "seq": (int,), "kind": (str,), "step_id": (str, type(None)),
+    "attempt": (int, type(None)), "payload": (dict,), "at": (int, float),
+    "prev_hash": (str,), "hash": (str,)}
+
+
 def _event(line: str, number: int) -> Event:
     try:
         d = json.loads(line)
-        return Event(str(d["run_id"]), int(d["seq"]), str(d["kind"]), d["step_id"],
-                     d["attempt"], d["payload"], float(d["at"]), str(d["prev_hash"]),
-                     str(d["hash"]), dumps(d["payload"]))
-    except (ValueError, KeyError, TypeError) as e:
-        raise VerificationFailed(f"line {number} of the events is not a journal event ({e})"
-                                 ) from e
+    except ValueError as e:
+        raise VerificationFailed(f"line {number} of the events is not JSON ({e})") from e
+    if not isinstance(d, dict):
+        raise VerificationFailed(f"line {number} of the events is not a journal event")
+    for name, types in _FIELDS.items():
+        if name not in d:
+            raise VerificationFailed(f"line {number} of the events is not a journal event "
+                                     f"(no {name})")
+        # bool is an int to Python, never a seq, attempt or time here
+        if not isinstance(d[name], types) or isinstance(d[name], bool):
+            raise VerificationFailed(f"line {number} of the events is not a journal event "
+                                     f"({name} is {type(d[name]).__name__})")
+    return Event(d["run_id"], d["seq"], d["kind"], d["step_id"], d["attempt"], d["payload"],
+                 float(d["at"]), d["prev_hash"], d["hash"], dumps(d["payload"]))
 
 
 def verify(envelope: Any, lines: Iterable[str], public: Ed25519PublicKey) -> Verified:
