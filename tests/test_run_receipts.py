@@ -95,8 +95,9 @@ def test_a_run_is_signed_as_it_ends_and_verifies_offline(
     app.shutdown()
 
     receipt = tmp_path / "receipt.json"
-    receipt.write_text(ok("receipt", run_id, "--db", db_url).stdout)
+    ok("receipt", run_id, "--db", db_url, "-o", str(receipt))
     envelope = json.loads(receipt.read_text())
+    assert json.loads(ok("receipt", run_id, "--db", db_url).stdout) == envelope
     assert envelope == stored.envelope  # nothing re-signed
     assert envelope["payloadType"] == PAYLOAD_TYPE
     stmt = statement(envelope)
@@ -115,7 +116,8 @@ def test_a_run_is_signed_as_it_ends_and_verifies_offline(
 
     key = tmp_path / "key.pem"
     shown = ok("keys", "show", "--db", db_url).stdout
-    key.write_text(shown)
+    ok("keys", "show", "--db", db_url, "-o", str(key))
+    assert key.read_text() == shown
     assert pred["key_id"] == envelope["signatures"][0]["keyid"] and pred["key_id"] in shown
     lines = export(db_url, run_id, tmp_path / "events.jsonl")
     assert len(lines) == len(events)

@@ -16,7 +16,7 @@ from typing import IO, Annotated
 
 import typer
 
-from ratchet.cli import DbOption, RunArg, _client, _db_url, _echo_json, _errors, _Fail, cli
+from ratchet.cli import DbOption, RunArg, _client, _db_url, _errors, _Fail, cli
 from ratchet.config import data_dir, parse_age
 from ratchet.engine.retention import DEFAULT_STATUSES, parse_statuses
 from ratchet.errors import JournalPruned
@@ -28,28 +28,6 @@ EXPORT_PAGE = 1000
 
 keys_cli = typer.Typer(help="The key that signs run receipts.", no_args_is_help=True)
 cli.add_typer(keys_cli, name="keys")
-
-
-@keys_cli.command("show")
-def keys_show(ctx: typer.Context, db: DbOption = None) -> None:
-    """Print the receipt signing key's public half (PEM) and its id.
-
-    The key is RATCHET_SIGNING_KEY (a PEM file), else signing_key.pem in the data
-    directory (RATCHET_DATA_DIR, else the SQLite database's folder, else ./.ratchet),
-    made there the first time."""
-    with _errors():
-        signer = load_signer(data_dir(_db_url(ctx, db)))
-    typer.echo(f"# key id {signer.key_id} ({signer.path})")
-    typer.echo(signer.public_pem, nl=False)
-
-
-@cli.command()
-def receipt(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
-    """A finished run's signed receipt (a DSSE envelope over its journal's hash chain),
-    as JSON; signed now if it has none. For delivery receipts, see `ratchet receipts`."""
-    with _client(ctx, db) as app:
-        envelope = app.run_receipt(run_id)
-    _echo_json(envelope)
 
 
 @contextlib.contextmanager
@@ -65,12 +43,39 @@ def _output(path: Path | None) -> Iterator[IO[str]]:
         yield f
 
 
+OutputOption = Annotated[Path | None, typer.Option(
+    "--output", "-o", metavar="FILE", help="Write here instead of to stdout.")]
+
+
+@keys_cli.command("show")
+def keys_show(ctx: typer.Context, output: OutputOption = None, db: DbOption = None) -> None:
+    """Print the receipt signing key's public half (PEM) after a line with its id.
+
+    The key is RATCHET_SIGNING_KEY (a PEM file), else signing_key.pem in the data
+    directory (RATCHET_DATA_DIR, else the SQLite database's folder, else ./.ratchet),
+    made there the first time."""
+    with _errors():
+        signer = load_signer(data_dir(_db_url(ctx, db)))
+        with _output(output) as out:
+            out.write(f"# key id {signer.key_id} ({signer.path})\n{signer.public_pem}")
+
+
+@cli.command()
+def receipt(ctx: typer.Context, run_id: RunArg, output: OutputOption = None,
+            db: DbOption = None) -> None:
+    """A finished run's signed receipt (a DSSE envelope over its journal's hash chain),
+    as JSON; signed now if it has none. For delivery receipts, see `ratchet receipts`."""
+    with _client(ctx, db) as app:
+        envelope = app.run_receipt(run_id)
+        with _output(output) as out:
+            out.write(json.dumps(envelope) + "\n")
+
+
 @cli.command()
 def export(
     ctx: typer.Context,
     run_id: RunArg,
-    output: Annotated[Path | None, typer.Option(
-        "--output", "-o", metavar="FILE", help="Write here instead of to stdout.")] = None,
+    output: OutputOption = None,
     db: DbOption = None,
 ) -> None:
     """Write a run's journal as JSON lines, one event per line with its hashes: what
