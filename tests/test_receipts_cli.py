@@ -7,34 +7,19 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import clirun
 import pytest
-from typer.testing import CliRunner, Result
+from clirun import ok
 
 import ratchet
-from ratchet.cli import cli
 from ratchet.model import idempotency_key
 
 dispatched: list[str] = []
 
 
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args))
-
-
-def ok(*args: str) -> Result:
-    result = invoke(*args)
-    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
-    return result
-
-
 def refused(*args: str) -> str:
     """A command that must fail with exit 2 and one clean line on stderr."""
-    result = invoke(*args)
-    assert result.exit_code == 2, (result.stdout, result.stderr, result.exception)
-    assert "Traceback" not in result.output
-    lines = result.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+    return clirun.refused(2, *args)
 
 
 def dispatch(key: str) -> Any:

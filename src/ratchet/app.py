@@ -13,11 +13,12 @@ import uuid
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
-from ratchet.config import DatabaseURL, database_url_from_env
+from ratchet.config import DatabaseURL, data_dir, database_url_from_env
 from ratchet.engine import faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
 from ratchet.engine.guards import Guards, check_overrides
+from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport, prune
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.engine.worker import Worker
 from ratchet.errors import (
@@ -41,6 +42,8 @@ from ratchet.model import (
     RunRecord,
     RunStatus,
 )
+from ratchet.receipts.keys import Signer, load_signer
+from ratchet.receipts.service import ensure_receipt
 from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
 
@@ -151,6 +154,7 @@ class Ratchet:
         self._store_lock = threading.Lock()
         self._portal = _Portal()
         self._embedded: tuple[asyncio.Event, Any] | None = None
+        self._signer: Signer | None = None
 
     # -- definitions -----------------------------------------------------------------------
 
@@ -469,6 +473,32 @@ class Ratchet:
         return await (await self._astore()).resolve_receipt(
             key, None if failed else response, failed)
 
+    @property
+    def signer(self) -> Signer:
+        """The key that signs run receipts: ``RATCHET_SIGNING_KEY`` (a PEM file), else
+        ``signing_key.pem`` in the data directory, made there the first time."""
+        if self._signer is None:
+            self._signer = load_signer(data_dir(self.database_url))
+        return self._signer
+
+    async def run_receipt_async(self, run_id: str) -> dict[str, Any]:
+        """The finished run's signed receipt (a DSSE envelope), signed now if it has none
+        over its whole journal. Not to be confused with :meth:`receipts_async`, the
+        delivery receipts of its side effects."""
+        return (await ensure_receipt(await self._astore(), self.signer, run_id)).envelope
+
+    async def prune_async(self, finished_before_s: float, *,
+                          statuses: Sequence[str] = DEFAULT_STATUSES,
+                          dry_run: bool = False) -> PruneReport:
+        """Delete the journals (keeping the signed receipts) of runs that finished more than
+        ``finished_before_s`` seconds ago, with one of ``statuses``."""
+        if not isinstance(finished_before_s, int | float) or finished_before_s <= 0:
+            raise InvalidInput(f"finished_before_s must be a positive number of seconds, "
+                               f"got {finished_before_s!r}")
+        store = await self._astore()
+        before = await store.now() - finished_before_s
+        return await prune(store, self.signer, before, statuses, dry_run=dry_run)
+
     async def events_async(self, run_id: str, after: int = 0) -> list[Event]:
         """The run's journal after sequence number ``after``."""
         await self.get_async(run_id)
@@ -574,6 +604,16 @@ class Ratchet:
         """Blocking :meth:`receipts_async`."""
         return self._portal.call(self.receipts_async(run_id))
 
+    def run_receipt(self, run_id: str) -> dict[str, Any]:
+        """Blocking :meth:`run_receipt_async`."""
+        return self._portal.call(self.run_receipt_async(run_id))
+
+    def prune(self, finished_before_s: float, *, statuses: Sequence[str] = DEFAULT_STATUSES,
+              dry_run: bool = False) -> PruneReport:
+        """Blocking :meth:`prune_async`."""
+        return self._portal.call(self.prune_async(finished_before_s, statuses=statuses,
+                                                  dry_run=dry_run))
+
     def live_workers(self) -> list[WorkerInfo]:
         """Blocking :meth:`live_workers_async`."""
         return self._portal.call(self.live_workers_async())
@@ -594,6 +634,7 @@ class Ratchet:
         from ratchet.graphs.registry import AppWorkflows
 
         options.setdefault("serve_graphs", True)
+        options.setdefault("signer", self.signer)
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:

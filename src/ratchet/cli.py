@@ -470,7 +470,10 @@ def show(
         rows.append(("error", Text(_shorten(rec.error, head_limit), style="red")))
     if rec.waiting_for:
         rows.append(("waiting for", Text(rec.waiting_for)))
-    rows += [("drives", Text(str(state.drives))), ("events", Text(str(state.last_seq)))]
+    # Every run journals run_queued: a finished run with no events was pruned.
+    pruned = state.last_seq == 0 and rec.status.terminal
+    rows += [("drives", Text(str(state.drives))), ("events", Text(
+        "0 (journal pruned; signed receipt kept)" if pruned else str(state.last_seq)))]
     t = state.llm
     if t.calls:
         rows += [("llm calls", Text(str(t.calls))),
@@ -488,7 +491,7 @@ def show(
         head.add_row(key, value)
     console.print(head)
     if not steps:
-        console.print("no steps yet")
+        console.print("no steps: the journal was pruned" if pruned else "no steps yet")
         return
     table = Table("step", "status", "attempts", "duration", "output / error")
     table.columns[0].no_wrap = True
@@ -678,7 +681,8 @@ class _ReceiptsGroup(TyperGroup):
 receipts_cli = typer.Typer(
     cls=_ReceiptsGroup,
     no_args_is_help=True,
-    help="A run's delivery receipts, and settling one by hand.\n\n"
+    help="A run's delivery receipts (one per side effect it sent), and settling one by "
+         "hand. For the signed receipt over a run's journal, see `ratchet receipt`.\n\n"
          "`ratchet receipts RUN` lists them (same as `ratchet receipts list RUN`); "
          "`ratchet receipts settle KEY --response JSON | --failed` resolves one a crash "
          "left claimed.",
@@ -819,7 +823,13 @@ def llm_server(
 
 
 # Command groups kept in modules of their own register themselves on `cli`.
-from ratchet import cli_approvals, cli_graphs, cli_server, cli_tokens  # noqa: E402, F401
+from ratchet import (  # noqa: E402, F401
+    cli_approvals,
+    cli_graphs,
+    cli_receipts,
+    cli_server,
+    cli_tokens,
+)
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from ratchet.cli import DbOption, _errors, _Fail, _given_db, cli, load_app
-from ratchet.config import DatabaseURL
+from ratchet.config import DatabaseURL, parse_age, parse_duration
 
 
 @cli.command()
@@ -27,6 +27,13 @@ def server(
         min=0, help="Embedded workers driving runs in this process; 0 for an API-only node."
     )] = 1,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    prune_finished_before: Annotated[str | None, typer.Option(
+        "--prune-finished-before", metavar="AGE", envvar="RATCHET_PRUNE_FINISHED_BEFORE",
+        help="Prune, periodically, the journals of runs that finished longer ago than AGE "
+             "(30d); their signed receipts stay. Off unless set.")] = None,
+    prune_interval: Annotated[str, typer.Option(
+        "--prune-interval", metavar="DURATION", envvar="RATCHET_PRUNE_INTERVAL",
+        help="How often to prune with --prune-finished-before.")] = "1h",
     db: DbOption = None,
 ) -> None:
     """Serve APP's HTTP API (under /v1, bearer tokens from `ratchet tokens create`).
@@ -47,12 +54,16 @@ def server(
         from ratchet.api import create_app, drain
         from ratchet.asgi import Server
 
+        prune_age = (parse_age(prune_finished_before)
+                     if prune_finished_before is not None else None)
+        prune_every = parse_duration(prune_interval)
         app = load_app(app_spec)
         url = _given_db(ctx, db)
         if url is not None:
             DatabaseURL.parse(url)
             app.database_url = url
-        api = create_app(app, workers=workers)
+        api = create_app(app, workers=workers, prune_finished_before=prune_age,
+                         prune_interval=prune_every)
         # Access logs are off: they would print query strings, and tokens never belong in
         # a log (they travel in headers, but a client may misplace one).
         config = uvicorn.Config(api, host=host, port=port, log_level=log_level.lower(),

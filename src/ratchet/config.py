@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from ratchet.errors import ConfigError
@@ -91,6 +92,36 @@ class DatabaseURL:
         raise ConfigError(
             f"malformed database URL {url!r}: scheme {parts.scheme!r} is not sqlite or postgresql"
         )
+
+
+_DAYS = re.compile(r"\s*(\d+(?:\.\d+)?)\s*d\s*")
+
+
+def parse_age(text: str) -> float:
+    """An age for retention: ``"30d"`` (days), or any :func:`parse_duration` form."""
+    match = _DAYS.fullmatch(text)
+    if match is None:
+        try:
+            return parse_duration(text)
+        except ConfigError:
+            raise ConfigError(f"invalid age {text!r}: expected a number with d, h, m, s or "
+                              "ms, e.g. 30d") from None
+    days = float(match.group(1))
+    if days <= 0:
+        raise ConfigError(f"invalid age {text!r}: must be positive")
+    return days * 86400.0
+
+
+def data_dir(database_url: str) -> Path:
+    """Where Ratchet keeps its own files (the receipt signing key): ``RATCHET_DATA_DIR``,
+    else the SQLite database's folder, else ``./.ratchet``."""
+    configured = os.environ.get("RATCHET_DATA_DIR")
+    if configured:
+        return Path(configured).expanduser()
+    parsed = DatabaseURL.parse(database_url)
+    if parsed.scheme == "sqlite":
+        return Path(parsed.path).parent
+    return Path(".ratchet")
 
 
 def database_url_from_env() -> str:

@@ -245,6 +245,18 @@ class RunFinished(RatchetError):
     """The run has already finished."""
 
 
+class RunNotFinished(RatchetError):
+    """The run has not finished: a receipt is signed when it ends."""
+
+
+class JournalPruned(RatchetError):
+    """The run's journal was pruned; its receipt was kept."""
+
+
+class ChainBroken(StoreConflict):
+    """A stored journal fails its own hash chain: nothing is signed over it."""
+
+
 class LeaseLost(BaseException):
     """This worker no longer holds the run's lease; nothing it writes will land."""
 

@@ -22,6 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "openai": ("openai",),
     "anthropic": ("anthropic",),
     "pydantic-ai": ("pydantic_ai",),
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),
 }
 
 

@@ -185,6 +185,11 @@ class Event:
             "hash": self.hash,
         }
 
+    def export_dict(self) -> dict[str, Any]:
+        """The event as ``ratchet export`` writes it: everything its hash covers, with the
+        hash it links to, so the chain can be checked from the export alone."""
+        return {**self.as_dict(), "prev_hash": self.prev_hash}
+
 
 @dataclass(slots=True)
 class StepState:
@@ -272,6 +277,10 @@ class RunState:
     # The confidence gates evaluated or bypassed, by key: a replay takes the journaled verdict.
     gates: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    first_at: float | None = None  # the first event's time
+    last_at: float | None = None  # the last event's time
+    trace: Any = None  # the latest drive's trace context, if it was traced
+
 
 def split_step_id(step_id: str) -> tuple[int, str]:
     """``"3:fetch_page"`` → ``(3, "fetch_page")``."""
@@ -291,6 +300,9 @@ def apply(state: RunState, ev: Event) -> None:
     """Fold one event into ``state``."""
     state.last_seq = ev.seq
     state.last_hash = ev.hash
+    if state.first_at is None:
+        state.first_at = ev.at
+    state.last_at = ev.at
     kind = ev.kind
     if ev.step_id is not None and kind.startswith("step_"):
         step = state.steps.get(ev.step_id)
@@ -358,9 +370,11 @@ def apply(state: RunState, ev: Event) -> None:
         state.started = True
         state.started_at = ev.at
         state.drives += 1
+        state.trace = ev.payload.get("trace")
     elif kind == EventKind.RUN_RESUMED:
         state.status = RunStatus.RUNNING
         state.drives += 1
+        state.trace = ev.payload.get("trace")
         if ev.payload.get("reason") in TAKEOVERS:
             for step in state.steps.values():
                 if step.status == "started":

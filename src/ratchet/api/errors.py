@@ -15,9 +15,11 @@ from starlette.exceptions import HTTPException
 from ratchet.errors import (
     ApprovalNotPending,
     InvalidInput,
+    JournalPruned,
     NotDeadLettered,
     RatchetError,
     RunFinished,
+    RunNotFinished,
     SignalAlreadyConsumed,
     UnknownApproval,
     UnknownRun,
@@ -58,7 +60,7 @@ def _status_of(e: Exception) -> int:
     if isinstance(e, UnknownRun | UnknownApproval):
         return 404
     if isinstance(e, RunFinished | ApprovalNotPending | NotDeadLettered
-                  | SignalAlreadyConsumed):
+                  | SignalAlreadyConsumed | RunNotFinished | JournalPruned):
         return 409
     if isinstance(e, InvalidInput):
         return 422

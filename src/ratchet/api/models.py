@@ -228,3 +228,15 @@ class StepDetail(BaseModel):
     tokens: int | None
     cost_usd: float | None
     events: list[JournalEvent]
+
+class ReceiptSignature(BaseModel):
+    keyid: str = Field(description="sha256 (hex) of the raw Ed25519 public key.")
+    sig: str = Field(description="Base64 Ed25519 signature over the DSSE PAE of the payload.")
+
+
+class RunReceipt(BaseModel):
+    """A DSSE envelope whose payload is an in-toto Statement v1 about the run."""
+
+    payloadType: str = Field(description="application/vnd.in-toto+json")
+    payload: str = Field(description="The statement, base64.")
+    signatures: list[ReceiptSignature]

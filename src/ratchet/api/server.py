@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from ratchet import __version__
-from ratchet.api import admin, errors, events, replay, runs
+from ratchet.api import admin, errors, events, receipts, replay, runs
 from ratchet.api.limits import MAX_BODY, BodyLimit
 from ratchet.api.metrics import Metrics
 from ratchet.api.readiness import READY_TIMEOUT_S, Readiness
@@ -23,15 +23,33 @@ from ratchet.ui import pages
 
 log = logging.getLogger("ratchet.api")
 HEARTBEAT_S = 15.0
+PRUNE_INTERVAL_S = 3600.0
+
+
+async def _prune_every(ratchet: Ratchet, finished_before: float, interval: float,
+                       stop: asyncio.Event) -> None:
+    """Prune at start and then every ``interval`` until ``stop``; a failed pass is logged
+    and the next one tries again (a prune interrupted midway is finished by the next)."""
+    while not stop.is_set():
+        try:
+            await ratchet.prune_async(finished_before)
+        except Exception as e:
+            log.warning("action=prune_failed error=%s: %s", type(e).__name__, e)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), interval)
 
 
 def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
                heartbeat_s: float = HEARTBEAT_S, max_body: int = MAX_BODY,
                live_poll_s: float = pages.LIVE_POLL_S,
                worker_options: dict[str, Any] | None = None,
-               ready_timeout_s: float = READY_TIMEOUT_S) -> FastAPI:
+               ready_timeout_s: float = READY_TIMEOUT_S,
+               prune_finished_before: float | None = None,
+               prune_interval: float = PRUNE_INTERVAL_S) -> FastAPI:
     """The API for ``ratchet``'s workflows, with ``workers`` embedded workers, and the
-    dashboard (``live_poll_s``: how often its live runs list looks for changes)."""
+    dashboard (``live_poll_s``: how often its live runs list looks for changes). With
+    ``prune_finished_before`` (seconds), every ``prune_interval`` seconds the journals of
+    runs that finished longer ago than that are pruned (their receipts stay)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
@@ -45,12 +63,20 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         tasks = [asyncio.create_task(
             ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
             name=f"ratchet-embedded-worker-{i}") for i in range(workers)]
+        pruning = None if prune_finished_before is None else asyncio.create_task(
+            _prune_every(ratchet, prune_finished_before, prune_interval, stop),
+            name="ratchet-prune")
         log.info("action=server_ready workers=%d workflows=%s", workers,
                  ",".join(sorted(ratchet.workflows)) or "-")
         try:
             yield
         finally:
             stop.set()  # workers hand their runs back, as on a worker's SIGTERM
+            if pruning is not None:
+                # A prune can take minutes; stopped between two of its transactions, it is
+                # finished by the next one.
+                pruning.cancel()
+                tasks.append(pruning)
             await asyncio.gather(*tasks, return_exceptions=True)
             await api.state.tails.close()
             api.state.readiness.close()
@@ -68,6 +94,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
     api.include_router(runs.router)
     api.include_router(replay.router)
     api.include_router(events.router)
+    api.include_router(receipts.router)
     api.include_router(admin.v1)
     api.include_router(admin.router)
     api.include_router(runs.last)

@@ -102,8 +102,10 @@ class DriveStore:
 
     async def finish(self, lease: Lease, events: Sequence[Event], status: RunStatus,
                      output: Any = None, error: str | None = None,
-                     dead_letter: str | None = None) -> None:
-        await self._guard(self.raw.finish(lease, events, status, output, error, dead_letter))
+                     dead_letter: str | None = None,
+                     receipt: dict[str, Any] | None = None) -> None:
+        await self._guard(self.raw.finish(lease, events, status, output, error, dead_letter,
+                                          receipt))
 
     # -- receipts (deliveries inside a step) ------------------------------------------------
 

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
+from ratchet.engine import tracing
 from ratchet.engine.context import StepInfo, current_run, current_step_info
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, to_json
@@ -60,6 +61,7 @@ from ratchet.model import (
     EventKind,
     Lease,
     NewRun,
+    RunRecord,
     RunState,
     RunStatus,
     StepState,
@@ -67,7 +69,9 @@ from ratchet.model import (
     fold,
     idempotency_key,
 )
+from ratchet.receipts import Signer, sign
 from ratchet.store.base import Store
+from ratchet.store.retention import receipt_params
 
 log = logging.getLogger("ratchet.engine")
 T = TypeVar("T")
@@ -114,8 +118,10 @@ class RunContext:
 
     def __init__(self, store: Store, claimed: ClaimedRun, state: RunState,
                  workflows: Mapping[str, WorkflowDef], control: Control,
-                 threads: StepThreads) -> None:
+                 threads: StepThreads, signer: Signer | None = None) -> None:
         self.control = control
+        self.signer = signer
+        self.trace: tracing.DriveTrace | None = None
         self.loop = asyncio.get_running_loop()
         self.lease = claimed.lease
         self.run_id = claimed.record.run_id
@@ -249,7 +255,10 @@ class RunContext:
 
         async def op(events: list[Event]) -> None:
             crash_point("before_terminal")
-            await self.store.finish(self.lease, events, status, output, error, dead_letter)
+            # Signed here, with the terminal event folded in, and stored in the commit that
+            # ends the run: no extra transaction, and no run ends unsigned.
+            await self.store.finish(self.lease, events, status, output, error, dead_letter,
+                                    _receipt(self.signer, self.record, self.state))
 
         # The terminal event goes out only with the terminal status: were it emitted before
         # the lock, a branch's append waiting for the lock could commit it with the run
@@ -351,18 +360,27 @@ class RunContext:
                           {**payload, "kind": sd.kind, **(started or {})})
             await self.flush()
             crash_point("after_step_started")
+            span = (self.trace.step(step_id, attempt, key, sd.kind, started)
+                    if self.trace is not None else None)
             began = time.monotonic()
             try:
-                result = await self._call(sd, step_id, attempt, key, args, kwargs)
+                if span is None:
+                    result = await self._call(sd, step_id, attempt, key, args, kwargs)
+                else:
+                    with tracing.active(span):
+                        result = await self._call(sd, step_id, attempt, key, args, kwargs)
                 extra: dict[str, Any] | None = None
                 if sd.encode is not None:
                     result, extra = sd.encode(result)
                 text = to_json(result, f"the output of step {step_id}")
             except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused):
+                tracing.end_step(span, "interrupted")
                 raise
             except asyncio.CancelledError:
                 if self._ours():
+                    tracing.end_step(span, "interrupted")
                     raise
+                tracing.end_step(span, "abandoned")
                 self.emit(EventKind.STEP_FAILED, step_id, attempt, {
                     "error": f"step {step_id} was abandoned by its workflow (cancelled while "
                              "running, e.g. by asyncio.wait_for)", "error_type": ABANDONED})
@@ -372,6 +390,7 @@ class RunContext:
                 error = error_text(e)
                 used = attempt - base
                 if sd.retry.retryable(e) and used < sd.retry.max_attempts:
+                    tracing.end_step(span, "retrying", error)
                     # A provider that says when to come back (429 retry-after) is believed.
                     delay = max(sd.retry.delay_s(used), _retry_after(e))
                     retry = {"attempt": attempt, "of": base + sd.retry.max_attempts,
@@ -392,10 +411,12 @@ class RunContext:
                                                await self.store.now() + delay)
                     attempt, resumed = attempt + 1, False
                     continue
+                tracing.end_step(span, "failed", error)
                 self.emit(EventKind.STEP_FAILED, step_id, attempt,
                           {"error": error, "error_type": type(e).__name__})
                 raise StepFailed(step_id, error) from e
             STATS.step("completed", time.monotonic() - began)
+            tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
             output = json.loads(text)
             if extra:
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output, **extra})
@@ -609,10 +630,27 @@ class RunContext:
     # -- the drive -------------------------------------------------------------------------
 
     async def drive(self) -> DriveOutcome:
-        rec, lease = self.record, self.lease
-        kind = EventKind.RUN_RESUMED if self.state.started else EventKind.RUN_STARTED
-        self.emit(kind, payload={"worker_id": lease.worker_id, "epoch": lease.epoch,
-                                 "reason": self.claim_reason, "drive": self.state.drives + 1})
+        rec, lease, state = self.record, self.lease, self.state
+        kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
+        payload: dict[str, Any] = {"worker_id": lease.worker_id, "epoch": lease.epoch,
+                                   "reason": self.claim_reason, "drive": state.drives + 1}
+        reason = self.claim_reason if state.started else "start"
+        self.trace = tracing.start_drive(
+            rec.run_id, rec.workflow, rec.workflow_version, state.drives + 1,
+            "resume" if reason == "claim" else reason, lease.worker_id, state.trace)
+        if self.trace is None:
+            self.emit(kind, payload=payload)
+            return await self._drive()
+        self.emit(kind, payload={**payload, "trace": self.trace.ids()})
+        outcome = "error"
+        try:
+            outcome = await self._drive()
+            return outcome
+        finally:
+            self.trace.end(str(outcome))
+
+    async def _drive(self) -> DriveOutcome:
+        rec = self.record
         try:
             try:
                 wf = self.workflows.get(rec.workflow)
@@ -705,9 +743,10 @@ class RunContext:
 
 
 async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, WorkflowDef],
-                control: Control, threads: StepThreads | None = None) -> DriveOutcome:
+                control: Control, threads: StepThreads | None = None,
+                signer: Signer | None = None) -> DriveOutcome:
     """Drive one claimed run until it finishes, parks, stops or loses its lease; return how
-    the drive ended."""
+    the drive ended. With ``signer``, a run that ends gets its signed receipt."""
     rec = claimed.record
     try:
         events = await store.load_events(rec.run_id)
@@ -715,14 +754,16 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         if state.status.terminal:
             # Re-driving a finished run changes nothing. A claim found it unfinished, so
             # its row is behind its journal (the journal is the truth): settle the row.
-            await _settle_from_journal(store, claimed.lease, state, events[-1])
+            await _settle_from_journal(store, claimed.lease, state, events[-1],
+                                       _receipt(signer, rec, state))
             return DriveOutcome.NOOP
     except (LeaseLost, RunFinished):
         return DriveOutcome.NOOP
     except RatchetError as e:
         log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
         return DriveOutcome.ABORTED
-    ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads())
+    ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads(),
+                     signer)
     control.listen(ctx.interrupt)
     token = current_run.set(ctx)
     try:
@@ -732,14 +773,23 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         current_run.reset(token)
 
 
-async def _settle_from_journal(store: Store, lease: Lease, state: RunState, last: Event
-                               ) -> None:
+async def _settle_from_journal(store: Store, lease: Lease, state: RunState, last: Event,
+                               receipt: dict[str, Any] | None) -> None:
     """Give the run's row the end its journal already holds, writing no event."""
     log.warning("action=run_settled_from_journal run_id=%s status=%s", state.run_id,
                 state.status)
     reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
     await store.finish(lease, [], state.status, state.output, state.error,
-                       dead_letter=reason)
+                       dead_letter=reason, receipt=receipt)
+
+
+def _receipt(signer: Signer | None, record: RunRecord, state: RunState
+             ) -> dict[str, Any] | None:
+    """The stored form of the run's signed receipt over ``state`` (None without a key)."""
+    if signer is None:
+        return None
+    return receipt_params(record.run_id, state.last_seq, signer.key_id,
+                          sign(signer, record, state))
 
 
 def _default_threads() -> StepThreads:

@@ -36,6 +36,7 @@ from ratchet.engine.faults import crash_point
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
 from ratchet.model import ClaimedRun
+from ratchet.receipts import Signer
 from ratchet.store.base import CANCEL, READY, Store
 
 log = logging.getLogger("ratchet.worker")
@@ -70,13 +71,15 @@ class Worker:
                  worker_id: str | None = None, concurrency: int = 16,
                  lease_ttl: float | None = None, recovery_interval: float | None = None,
                  queues: Sequence[str] = ("default",), poll_interval: float | None = None,
-                 grace: float = DEFAULT_GRACE_S, serve_graphs: bool = False) -> None:
+                 grace: float = DEFAULT_GRACE_S, serve_graphs: bool = False,
+                 signer: Signer | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
             raise ValueError(f"grace must be >= 0, got {grace}")
         self.store = store
         self.workflows = workflows
+        self.signer = signer  # signs the receipt of each run this worker ends
         self.worker_id = worker_id or default_worker_id()
         self.concurrency = concurrency
         self.lease_ttl = lease_ttl or lease_ttl_from_env()
@@ -192,7 +195,7 @@ class Worker:
         try:
             for backoff in (*RETRY_DRIVE_S, None):
                 outcome = await drive(self.store, claimed, self.workflows, control,
-                                      self.threads)
+                                      self.threads, self.signer)
                 if outcome != DriveOutcome.ABORTED or backoff is None:
                     break
                 # A storage failure: drive it again here while the lease holds, rather than

@@ -44,7 +44,7 @@ from ratchet.model import (
     RunStatus,
     dumps,
 )
-from ratchet.store import approvals
+from ratchet.store import approvals, retention
 from ratchet.store.bus import CANCEL, DONE, EVENTS, READY, Bus
 from ratchet.store.queries import load_migrations
 
@@ -838,10 +838,13 @@ class Store(ABC):
 
     async def finish(self, lease: Lease, events: Sequence[Event], status: RunStatus,
                      output: Any = None, error: str | None = None,
-                     dead_letter: str | None = None) -> None:
+                     dead_letter: str | None = None,
+                     receipt: dict[str, Any] | None = None) -> None:
         """Append the terminal events and set the terminal status, once: the guarded
         update lets exactly one finisher through; any other gets RunFinished and its
-        events roll back. A child's end wakes its waiting parent in the same commit."""
+        events roll back. A child's end wakes its waiting parent in the same commit.
+        ``receipt`` (:func:`ratchet.store.retention.receipt_params`): the run's signed
+        receipt, stored in the same commit, so a run never ends without one."""
 
         def body(tx: Tx) -> None:
             # Runs rows first (the lock order every transaction follows: a parent's, then
@@ -859,6 +862,8 @@ class Store(ABC):
             if tx.run("run_finish", params) != 1:
                 raise RunFinished(f"run {lease.run_id} has already finished")
             self._insert_events(tx, events)
+            if receipt is not None:
+                retention.put_receipt_in(tx, receipt)
             if dead_letter:
                 tx.send("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
                                            "error": error or ""})

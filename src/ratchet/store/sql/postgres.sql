@@ -648,3 +648,65 @@ FROM (SELECT run_id FROM runs
       ORDER BY updated_at DESC LIMIT %(limit)s) r
 LEFT JOIN journal_events e ON e.run_id = r.run_id AND e.kind = 'step_completed'
      AND e.payload ? 'llm'
+
+-- Signed run receipts and retention (migration 010). A receipt covers the journal up to
+-- its seq; a newer one (the run ended again after a retry) replaces an older one, never the
+-- reverse. Pruning deletes a finished run's journal in small transactions, after checking
+-- that its receipt covers the whole journal; the receipt, the runs row and its delivery
+-- receipts stay. The runs rows are locked while marked, so a retry of a dead-lettered run
+-- waits for the mark and then finds no dead letter.
+
+-- name: run_receipt_put
+INSERT INTO run_receipts (run_id, seq, key_id, envelope, signed_at)
+VALUES (%(run_id)s, %(seq)s, %(key_id)s, %(envelope)s::jsonb, ratchet_now())
+ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, key_id = excluded.key_id,
+    envelope = excluded.envelope, signed_at = excluded.signed_at
+WHERE run_receipts.seq < excluded.seq
+
+-- name: run_receipt_get
+SELECT run_id, seq, key_id, envelope::text AS envelope, signed_at
+FROM run_receipts WHERE run_id = %(run_id)s
+
+-- name: run_pruned_at
+SELECT pruned_at FROM runs WHERE run_id = %(run_id)s
+
+-- name: prune_candidates
+-- Finished runs past the cutoff, oldest first, with the seq their receipt covers (NULL: no
+-- receipt yet) and their journal's last seq.
+SELECT r.run_id, k.seq AS receipt_seq,
+       (SELECT max(seq) FROM journal_events j WHERE j.run_id = r.run_id) AS last_seq
+FROM runs r LEFT JOIN run_receipts k ON k.run_id = r.run_id
+WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.pruned_at IS NULL
+  AND r.status = ANY(%(statuses)s::text[]) AND r.updated_at < to_timestamp(%(before)s)
+ORDER BY r.updated_at LIMIT %(limit)s
+
+-- name: prune_count
+SELECT count(*) AS runs,
+       sum((SELECT max(seq) FROM journal_events j WHERE j.run_id = r.run_id)) AS events
+FROM runs r
+WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.pruned_at IS NULL
+  AND r.status = ANY(%(statuses)s::text[]) AND r.updated_at < to_timestamp(%(before)s)
+
+-- name: prune_mark
+-- Only a run whose receipt covers its whole journal; a run re-queued meanwhile is no longer
+-- finished and is left alone.
+UPDATE runs SET pruned_at = ratchet_now()
+WHERE run_id = ANY(%(ids)s::text[])
+  AND status IN ('succeeded', 'failed', 'cancelled') AND pruned_at IS NULL
+  AND EXISTS (SELECT 1 FROM run_receipts k WHERE k.run_id = runs.run_id
+              AND k.seq = (SELECT max(seq) FROM journal_events j WHERE j.run_id = runs.run_id))
+RETURNING run_id
+
+-- name: prune_dead_letters
+DELETE FROM dead_letters WHERE run_id = ANY(%(ids)s::text[])
+
+-- name: prune_in_progress
+SELECT run_id FROM runs WHERE pruned_at IS NOT NULL AND NOT journal_pruned LIMIT %(limit)s
+
+-- name: prune_events
+DELETE FROM journal_events WHERE (run_id, seq) IN (
+    SELECT run_id, seq FROM journal_events WHERE run_id = ANY(%(ids)s::text[])
+    LIMIT %(limit)s)
+
+-- name: prune_done
+UPDATE runs SET journal_pruned = true WHERE run_id = ANY(%(ids)s::text[])

@@ -499,3 +499,63 @@ FROM (SELECT run_id FROM runs
       ORDER BY updated_at DESC LIMIT :limit) r
 LEFT JOIN journal_events e ON e.run_id = r.run_id AND e.kind = 'step_completed'
      AND json_extract(e.payload, '$.llm') IS NOT NULL
+
+-- Signed run receipts and retention (migration 009). A receipt covers the journal up to
+-- its seq; a newer one (the run ended again after a retry) replaces an older one, never the
+-- reverse. Pruning deletes a finished run's journal in small transactions, after checking
+-- that its receipt covers the whole journal; the receipt, the runs row and its delivery
+-- receipts stay.
+
+-- name: run_receipt_put
+INSERT INTO run_receipts (run_id, seq, key_id, envelope, signed_at)
+VALUES (:run_id, :seq, :key_id, :envelope, ratchet_now())
+ON CONFLICT (run_id) DO UPDATE SET seq = excluded.seq, key_id = excluded.key_id,
+    envelope = excluded.envelope, signed_at = excluded.signed_at
+WHERE run_receipts.seq < excluded.seq
+
+-- name: run_receipt_get
+SELECT run_id, seq, key_id, envelope, signed_at FROM run_receipts WHERE run_id = :run_id
+
+-- name: run_pruned_at
+SELECT pruned_at FROM runs WHERE run_id = :run_id
+
+-- name: prune_candidates
+-- Finished runs past the cutoff, oldest first, with the seq their receipt covers (NULL: no
+-- receipt yet) and their journal's last seq.
+SELECT r.run_id, k.seq AS receipt_seq,
+       (SELECT max(seq) FROM journal_events j WHERE j.run_id = r.run_id) AS last_seq
+FROM runs r LEFT JOIN run_receipts k ON k.run_id = r.run_id
+WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.pruned_at IS NULL
+  AND r.status IN (SELECT value FROM json_each(:statuses)) AND r.updated_at < :before
+ORDER BY r.updated_at LIMIT :limit
+
+-- name: prune_count
+SELECT count(*) AS runs,
+       sum((SELECT max(seq) FROM journal_events j WHERE j.run_id = r.run_id)) AS events
+FROM runs r
+WHERE r.status IN ('succeeded', 'failed', 'cancelled') AND r.pruned_at IS NULL
+  AND r.status IN (SELECT value FROM json_each(:statuses)) AND r.updated_at < :before
+
+-- name: prune_mark
+-- Only a run whose receipt covers its whole journal; a run re-queued meanwhile is no longer
+-- finished and is left alone.
+UPDATE runs SET pruned_at = ratchet_now()
+WHERE run_id IN (SELECT value FROM json_each(:ids))
+  AND status IN ('succeeded', 'failed', 'cancelled') AND pruned_at IS NULL
+  AND EXISTS (SELECT 1 FROM run_receipts k WHERE k.run_id = runs.run_id
+              AND k.seq = (SELECT max(seq) FROM journal_events j WHERE j.run_id = runs.run_id))
+RETURNING run_id
+
+-- name: prune_dead_letters
+DELETE FROM dead_letters WHERE run_id IN (SELECT value FROM json_each(:ids))
+
+-- name: prune_in_progress
+SELECT run_id FROM runs WHERE pruned_at IS NOT NULL AND journal_pruned = 0 LIMIT :limit
+
+-- name: prune_events
+DELETE FROM journal_events WHERE (run_id, seq) IN (
+    SELECT run_id, seq FROM journal_events
+    WHERE run_id IN (SELECT value FROM json_each(:ids)) LIMIT :limit)
+
+-- name: prune_done
+UPDATE runs SET journal_pruned = 1 WHERE run_id IN (SELECT value FROM json_each(:ids))

@@ -1,0 +1,23 @@
+"""``GET /v1/runs/{id}/receipt``: a finished run's signed receipt, signed now if it has none
+over its whole journal. Another tenant's run is a 404, as everywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from ratchet.api.models import RunReceipt
+from ratchet.api.runs import ERRORS, Reader, _app, _store, owned
+from ratchet.receipts.service import ensure_receipt
+
+router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
+
+
+@router.get("/runs/{run_id:path}/receipt", response_model=RunReceipt)
+async def run_receipt(run_id: str, request: Request, token: Reader) -> Any:
+    """The run's signed receipt (DSSE, in-toto statement); 409 while it has not finished.
+    Verify it offline with ``ratchet verify`` and the journal from ``ratchet export``."""
+    await owned(request, run_id, token)
+    stored = await ensure_receipt(_store(request), _app(request).signer, run_id)
+    return stored.envelope
