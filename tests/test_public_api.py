@@ -12,6 +12,7 @@ EXPECTED = {
     "StepFailed", "StepInfo", "StepTimeout", "StorageError", "ToolError", "UnknownRun",
     "UnknownWorkflow", "WorkflowDef", "child", "current_step", "deliver", "deliver_sync",
     "sleep", "wait_for_signal",
+    "Sandbox",
     "RunIdConflict",
     "DeliveryFailed", "ReceiptBusy", "ReceiptSettled", "UnknownReceipt",
     "LLMTimeout", "LLMRequestError", "Agent", "AgentResult", "AgentMaxTurns", "StepKey",

@@ -40,6 +40,7 @@ from ratchet.model import (
     RunRecord,
     RunStatus,
 )
+from ratchet.sandbox.spec import Sandbox, check_tier
 from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
 
@@ -156,13 +157,16 @@ class Ratchet:
     @overload
     def workflow(self, fn: Callable[..., Any], /) -> WorkflowDef: ...
     @overload
-    def workflow(self, name: str | None = None, version: str = "1"
+    def workflow(self, name: str | None = None, version: str = "1", *, tier: str = "process",
+                 sandbox: Sandbox | None = None
                  ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
-    def workflow(self, name: Any = None, version: str = "1") -> Any:
+    def workflow(self, name: Any = None, version: str = "1", *, tier: str = "process",
+                 sandbox: Sandbox | None = None) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
         Its name (default: the function's) and version are stored with each run; a worker
-        drives runs of the workflows it has."""
+        drives runs of the workflows it has. ``tier="isolated"`` runs each attempt in a
+        sandbox of its own (``sandbox=ratchet.Sandbox(...)``; see ratchet.sandbox)."""
         fn = None
         if callable(name):  # used bare: @app.workflow
             fn, name = name, None
@@ -170,7 +174,8 @@ class Ratchet:
             raise InvalidInput(f"invalid workflow name {name!r}: expected a string")
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
-            wd = WorkflowDef(fn, name or fn.__name__, str(version))
+            wf_name = name or fn.__name__
+            wd = WorkflowDef(fn, wf_name, str(version), check_tier(tier, sandbox, wf_name))
             if wd.name in self.workflows and self.workflows[wd.name].fn is not fn:
                 raise InvalidInput(f"workflow {wd.name!r} is already registered")
             self.workflows[wd.name] = wd
@@ -582,6 +587,11 @@ class Ratchet:
         from ratchet.graphs.registry import AppWorkflows
 
         options.setdefault("serve_graphs", True)
+        if "isolation" not in options and any(
+                wd.sandbox is not None for wd in self.workflows.values()):
+            from ratchet.sandbox.isolated import IsolatedRunner
+
+            options["isolation"] = IsolatedRunner(self.store)
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:

@@ -240,6 +240,16 @@ class RunFinished(RatchetError):
     """The run has already finished."""
 
 
+class SandboxUnavailable(RatchetError):
+    """The isolated tier cannot start a sandbox on this machine (bubblewrap missing, or
+    user namespaces refused)."""
+
+
+class NotIsolatable(RatchetError):
+    """This call is not available inside a sandbox (the isolated tier reports journal
+    writes only: no parks, child runs, approvals or signals)."""
+
+
 class LeaseLost(BaseException):
     """This worker no longer holds the run's lease; nothing it writes will land."""
 

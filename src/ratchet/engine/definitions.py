@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.errors import InvalidInput, NotSerializable
 from ratchet.model import dumps
+from ratchet.sandbox.spec import Sandbox
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter, ValidationError
@@ -243,6 +244,8 @@ class WorkflowDef:
     fn: Callable[..., Any]
     name: str
     version: str = "1"
+    # Set for the isolated tier: each attempt runs in a sandbox of this shape.
+    sandbox: Sandbox | None = None
     signature: inspect.Signature = field(init=False)
     _returns: _Codec | None = None
     _params: dict[str, _Codec] = field(default_factory=dict)

@@ -27,6 +27,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ratchet.config import lease_ttl_from_env, recovery_interval_from_env
 from ratchet.engine.control import Control, DriveOutcome, StopReason
@@ -53,6 +54,16 @@ def default_worker_id() -> str:
         f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
 
+class Isolation(Protocol):
+    """Drives isolated runs (``tier="isolated"``) for a worker: see ratchet.sandbox.isolated.
+    Given by the app, so the engine knows nothing of sandboxes."""
+
+    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef,
+                    control: Control) -> DriveOutcome: ...
+
+    async def close(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Active:
     task: asyncio.Task[str]
@@ -70,7 +81,8 @@ class Worker:
                  worker_id: str | None = None, concurrency: int = 16,
                  lease_ttl: float | None = None, recovery_interval: float | None = None,
                  queues: Sequence[str] = ("default",), poll_interval: float | None = None,
-                 grace: float = DEFAULT_GRACE_S, serve_graphs: bool = False) -> None:
+                 grace: float = DEFAULT_GRACE_S, serve_graphs: bool = False,
+                 isolation: Isolation | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
@@ -91,6 +103,7 @@ class Worker:
         self.serve_graphs = serve_graphs
         self.poll_interval = poll_interval or (0.05 if store.dialect == "sqlite" else 1.0)
         self.grace = grace
+        self.isolation = isolation
         # Plain `def` steps run on threads of the worker's own, sized from its concurrency
         # (a run's parallel branches may each hold one).
         self.threads = StepThreads(2 * concurrency)
@@ -146,6 +159,8 @@ class Worker:
             if not held:
                 with contextlib.suppress(Exception):
                     await self.store.release_worker(self.worker_id)
+            if self.isolation is not None:
+                await self.isolation.close()
             log.info("action=worker_stopped worker_id=%s outcomes=%s", self.worker_id,
                      ",".join(f"{k}:{v}" for k, v in sorted(self.outcomes.items())) or "-")
 
@@ -191,8 +206,7 @@ class Worker:
         outcome: str = "error"
         try:
             for backoff in (*RETRY_DRIVE_S, None):
-                outcome = await drive(self.store, claimed, self.workflows, control,
-                                      self.threads)
+                outcome = await self._drive_once(claimed, control)
                 if outcome != DriveOutcome.ABORTED or backoff is None:
                     break
                 # A storage failure: drive it again here while the lease holds, rather than
@@ -215,6 +229,17 @@ class Worker:
             if current is not None and current.control is control:
                 del self.active[run_id]
             self._slot_freed.set()
+
+    async def _drive_once(self, claimed: ClaimedRun, control: Control) -> str:
+        wd = self.workflows.get(claimed.record.workflow)
+        if wd is None or wd.sandbox is None:
+            return await drive(self.store, claimed, self.workflows, control, self.threads)
+        if self.isolation is None:
+            # Never in this process instead: the tier is the workflow's security boundary.
+            log.error("action=isolation_missing run_id=%s workflow=%s",
+                      claimed.record.run_id, wd.name)
+            return DriveOutcome.STOPPED
+        return await self.isolation.drive(claimed, wd, control)
 
     async def _retake(self, claimed: ClaimedRun, control: Control, backoff: float
                       ) -> ClaimedRun | None:

@@ -1,0 +1,253 @@
+"""The worker's side of an isolated run: spawn its sandbox, own it through the run's
+lease, and decide what follows when it ends.
+
+The worker that holds a run's lease (by claim, by the sweep, by reclaiming its own) is the
+only one that spawns its sandbox, and its lease is renewed like any drive's while the
+sandbox lives. A sandbox lives no longer than its owner holds the lease: bubblewrap's
+``--die-with-parent`` takes it down with a worker that dies, and a worker that loses the
+lease, or cannot renew it, kills it. So the sweep never races an owner with a live
+sandbox: it only takes runs whose lease expired, and then none of their sandboxes runs.
+
+Each pass: if the journal holds the run's end, it is over. Otherwise the next sandbox is
+opened in the store (under the lease; the rows a dead owner left are closed as orphaned),
+unless three were already spawned for the run, in which case the run fails with
+``{code: sandbox_resume_exhausted, attempts}``. From the second sandbox on it starts with
+``RATCHET_RESUME=1``: the harness replays the completed steps and runs the rest. A crash,
+an OOM kill or a timeout ends the sandbox without the run's end, and the next pass spawns
+again. A cancel kills the sandbox and ends the run as cancelled; a shutdown lets the
+sandbox run through the grace period, then kills it and hands the run back (that sandbox
+is not counted against the three).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+from ratchet.engine.control import Control, DriveOutcome, StopReason
+from ratchet.engine.definitions import WorkflowDef
+from ratchet.errors import LeaseLost, RatchetError, RunFinished, SandboxUnavailable
+from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunState, RunStatus, fold
+from ratchet.sandbox import harness
+from ratchet.sandbox.backend import (
+    REPORT_SOCKET,
+    Exit,
+    SandboxBackend,
+    SandboxProcess,
+    SpawnRequest,
+)
+from ratchet.sandbox.bwrap import code_paths, default_backend
+from ratchet.sandbox.channel import ReportChannel
+from ratchet.sandbox.grants import Grant
+from ratchet.store import sandboxes as rows
+from ratchet.store.base import Store
+
+log = logging.getLogger("ratchet.sandbox")
+
+MAX_SANDBOXES = 3
+EXHAUSTED = "sandbox_resume_exhausted"
+
+
+class IsolatedRunner:
+    """Drives isolated runs for one worker: its report channel and its backend."""
+
+    def __init__(self, store: Store, backend: SandboxBackend | None = None) -> None:
+        self.store = store
+        self._backend = backend
+        self.channel = ReportChannel(store)
+        # The sandbox alive per run on this worker: a drive that takes a run over from an
+        # older drive here (a retake) waits for the older one's sandbox to be gone.
+        self._live: dict[str, tuple[SandboxProcess, asyncio.Future[Exit]]] = {}
+
+    @property
+    def backend(self) -> SandboxBackend:
+        if self._backend is None:
+            self._backend = default_backend()
+        return self._backend
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef,
+                    control: Control) -> DriveOutcome:
+        """Drive one claimed isolated run until it ends, stops or loses its lease."""
+        try:
+            return await self._drive(claimed, wd, control)
+        except LeaseLost:
+            log.warning("action=lease_lost run_id=%s", claimed.record.run_id)
+            return DriveOutcome.LEASE_LOST
+        except RunFinished:
+            return DriveOutcome.NOOP
+        except RatchetError as e:
+            log.warning("action=drive_aborted run_id=%s error=%s", claimed.record.run_id, e)
+            return DriveOutcome.ABORTED
+
+    async def _drive(self, claimed: ClaimedRun, wd: WorkflowDef,
+                     control: Control) -> DriveOutcome:
+        run_id, lease = claimed.record.run_id, claimed.lease
+        assert wd.sandbox is not None
+        while True:
+            events = await self.store.load_events(run_id)
+            state = fold(run_id, events)
+            if state.status.terminal:
+                return await self._settled(lease, state, events[-1])
+            if control.reason is not None:
+                return await self._stopped(lease, events[-1], control.reason)
+            sandbox_id = f"sbx-{uuid.uuid4().hex[:16]}"
+            row, counted = await self.store.open_sandbox(lease, sandbox_id, self.backend.name,
+                                                        MAX_SANDBOXES)
+            if row is None:
+                return await self._exhausted(lease, events[-1], counted)
+            grant, token = self.channel.grants.issue(run_id, sandbox_id, lease,
+                                                     events[-1].seq, events[-1].hash,
+                                                     wd.sandbox.timeout_s)
+            try:
+                exit, why = await self._run_sandbox(row, wd, token, control)
+            finally:
+                self.channel.grants.revoke(grant)
+            await self._ended(row, grant, exit, why)
+            if why.startswith("unavailable"):
+                # Not the workload's fault, and no other attempt would fare better here.
+                error = f"run {run_id}: no sandbox could be started: {why[13:]}"
+                await self._finish(lease, events[-1], RunStatus.FAILED,
+                                   {"error": error, "reason": "sandbox_unavailable"}, error,
+                                   "sandbox_unavailable")
+                return DriveOutcome.FAILED
+            if grant.finished is not None:
+                return (DriveOutcome.SUCCEEDED if grant.finished == "succeeded"
+                        else DriveOutcome.FAILED)
+
+    async def _run_sandbox(self, row: rows.SandboxRecord, wd: WorkflowDef, token: str,
+                           control: Control) -> tuple[Exit, str]:
+        """Spawn the sandbox and wait until it is gone: its exit, and why it ended
+        (``exited``, ``timeout``, or the stop that killed it)."""
+        assert wd.sandbox is not None
+        socket = await self.channel.start()
+        env = {
+            "RATCHET_RUN_ID": row.run_id, "RATCHET_SANDBOX_ID": row.sandbox_id,
+            "RATCHET_REPORT_TOKEN": token, "RATCHET_WORKER_ID": row.worker_id,
+            "RATCHET_LEASE_EPOCH": str(row.epoch), "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
+            "RATCHET_NETWORK": wd.sandbox.network, "PYTHONPATH": os.pathsep.join(code_paths()),
+            "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "LANG": "C.UTF-8",
+        }
+        if row.attempt > 1:
+            env["RATCHET_RESUME"] = "1"
+        began = time.monotonic()
+        try:
+            argv = [sys.executable, "-m", harness.__name__, workflow_ref(wd)]
+            request = SpawnRequest(row.sandbox_id, wd.sandbox, argv, env, socket)
+            previous = self._live.get(row.run_id)
+            if previous is not None:
+                previous[0].kill()
+                await asyncio.shield(previous[1])
+            proc = await self.backend.spawn(request)
+        except SandboxUnavailable as e:
+            log.error("action=sandbox_unavailable run_id=%s error=%s", row.run_id, e)
+            return Exit(None, None), f"unavailable: {e}"
+        await self.store.sandbox_running(row.sandbox_id)
+        log.info("action=sandbox_started run_id=%s sandbox_id=%s attempt=%s pid=%s",
+                 row.run_id, row.sandbox_id, row.attempt, proc.pid)
+        stopped = asyncio.Event()
+
+        def on_stop() -> None:
+            # A shutdown lets the sandbox run through the grace period.
+            if control.reason is not StopReason.SHUTDOWN or control.interrupt_steps:
+                stopped.set()
+
+        control.listen(on_stop)
+        waiting = asyncio.ensure_future(proc.wait())
+        self._live[row.run_id] = (proc, waiting)
+        stopping = asyncio.ensure_future(stopped.wait())
+        why = "exited"
+        try:
+            timeout = wd.sandbox.timeout_s
+            done, _ = await asyncio.wait({waiting, stopping}, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if waiting not in done:
+                why = str(control.reason) if stopping in done else "timeout"
+                proc.kill()
+            exit = await asyncio.shield(waiting)
+        finally:
+            control.listen(None)
+            stopping.cancel()
+            if self._live.get(row.run_id, (None, None))[1] is waiting:
+                del self._live[row.run_id]
+            if not waiting.done():  # the drive itself is being cancelled
+                proc.kill()
+        log.info("action=sandbox_ended run_id=%s sandbox_id=%s why=%s exit=%s signal=%s "
+                 "oom=%s seconds=%.3f", row.run_id, row.sandbox_id, why, exit.exit_code,
+                 exit.signal, exit.oom, time.monotonic() - began)
+        return exit, why
+
+    async def _ended(self, row: rows.SandboxRecord, grant: Grant, exit: Exit,
+                     why: str) -> None:
+        if grant.finished is not None:
+            reason = rows.FINISHED
+        elif why == str(StopReason.SHUTDOWN):
+            reason = rows.SHUTDOWN
+        elif why in (str(StopReason.CANCEL), str(StopReason.LEASE_LOST)):
+            reason = rows.KILLED
+        elif exit.oom:
+            reason = rows.OOM
+        elif why == "timeout":
+            reason = rows.TIMEOUT
+        else:
+            reason = rows.CRASHED
+        await self.store.end_sandbox(row.sandbox_id, reason=reason, exit_code=exit.exit_code,
+                                     signal=exit.signal, peak_memory=exit.peak_memory)
+
+    # -- ends the worker writes itself -----------------------------------------------------
+
+    async def _finish(self, lease: Lease, last: Event, status: RunStatus,
+                      payload: dict[str, Any], error: str | None,
+                      dead_letter: str | None = None) -> None:
+        kind = {RunStatus.FAILED: EventKind.RUN_FAILED,
+                RunStatus.CANCELLED: EventKind.RUN_CANCELLED}[status]
+        ev = Event.chain(lease.run_id, last.seq + 1, kind, None, None, payload, time.time(),
+                         last.hash)
+        await self.store.finish(lease, [ev], status, None, error, dead_letter)
+
+    async def _exhausted(self, lease: Lease, last: Event, attempts: int) -> DriveOutcome:
+        error = (f"run {lease.run_id}: {attempts} sandboxes ended without finishing it "
+                 f"(crashes, out-of-memory kills or timeouts); not spawning another")
+        await self._finish(lease, last, RunStatus.FAILED,
+                           {"error": error, "reason": EXHAUSTED, "code": EXHAUSTED,
+                            "attempts": attempts}, error, EXHAUSTED)
+        log.info("action=run_failed run_id=%s reason=%s attempts=%s", lease.run_id,
+                 EXHAUSTED, attempts)
+        return DriveOutcome.FAILED
+
+    async def _stopped(self, lease: Lease, last: Event, reason: StopReason) -> DriveOutcome:
+        if reason is StopReason.LEASE_LOST:
+            return DriveOutcome.LEASE_LOST
+        if reason is StopReason.CANCEL:
+            await self._finish(lease, last, RunStatus.CANCELLED, {"error": "cancelled"},
+                               "cancelled")
+            return DriveOutcome.CANCELLED
+        await self.store.hand_back(lease, [])
+        return DriveOutcome.HANDED_BACK
+
+    async def _settled(self, lease: Lease, state: RunState, last: Event) -> DriveOutcome:
+        """Claimed with its end already journaled: give the run's row that end."""
+        reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
+        try:
+            await self.store.finish(lease, [], state.status, state.output, state.error, reason)
+        except RunFinished:
+            pass
+        return DriveOutcome.NOOP
+
+
+def workflow_ref(wd: WorkflowDef) -> str:
+    """``module:name`` of the workflow, for the harness to import it inside the sandbox."""
+    module = sys.modules.get(wd.fn.__module__)
+    name = next((k for k, v in vars(module).items() if v is wd), None) if module else None
+    if module is None or name is None or wd.fn.__module__ == "__main__":
+        raise SandboxUnavailable(
+            f"workflow {wd.name}: an isolated workflow must be a module-level name of an "
+            f"importable module (not __main__), so its sandbox can import it")
+    return f"{wd.fn.__module__}:{name}"
