@@ -43,6 +43,7 @@ from ratchet.model import (
 from ratchet.sandbox.spec import Sandbox, check_tier
 from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
+from ratchet.store.sandboxes import SandboxRecord
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -473,6 +474,15 @@ class Ratchet:
         _check_status(status)
         return await (await self._astore()).list_runs(status, limit)
 
+    async def sandboxes_async(self, run_id: str | None = None,
+                              limit: int = 100) -> list[SandboxRecord]:
+        """The sandboxes of an isolated run, by attempt (with ``run_id``), else the most
+        recent ones of every run: status, times, exit code or signal, peak memory, and
+        why each ended."""
+        if run_id is not None:
+            await self.get_async(run_id)
+        return await (await self._astore()).list_sandboxes(run_id, limit)
+
     async def live_workers_async(self) -> list[WorkerInfo]:
         """The workers seen within their lease TTL, with the workflows and queues each
         serves."""
@@ -566,6 +576,10 @@ class Ratchet:
     def receipts(self, run_id: str) -> list[Receipt]:
         """Blocking :meth:`receipts_async`."""
         return self._portal.call(self.receipts_async(run_id))
+
+    def sandboxes(self, run_id: str | None = None, limit: int = 100) -> list[SandboxRecord]:
+        """Blocking :meth:`sandboxes_async`."""
+        return self._portal.call(self.sandboxes_async(run_id, limit))
 
     def live_workers(self) -> list[WorkerInfo]:
         """Blocking :meth:`live_workers_async`."""

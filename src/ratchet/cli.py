@@ -804,7 +804,13 @@ def llm_server(
 
 
 # Command groups kept in modules of their own register themselves on `cli`.
-from ratchet import cli_approvals, cli_graphs, cli_server, cli_tokens  # noqa: E402, F401
+from ratchet import (  # noqa: E402, F401
+    cli_approvals,
+    cli_graphs,
+    cli_sandboxes,
+    cli_server,
+    cli_tokens,
+)
 
 
 def main() -> None:

@@ -1,0 +1,211 @@
+"""The isolated tier end to end, with real bubblewrap sandboxes: a sandbox killed
+mid-step resumes, a workload that always crashes fails after exactly three sandboxes, an
+out-of-memory kill counts as a crash, the escape attempts fail from inside, and an owner
+worker killed is taken over by the sweep without a second live sandbox."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import isolated_app as iso
+import pytest
+from sandboxes import kill_sandbox, live_sandboxes
+
+import ratchet
+from ratchet.errors import InvalidInput
+from ratchet.model import Event
+from ratchet.store.sandboxes import SandboxRecord
+from tests.proc import wait_for
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
+                                reason="bubblewrap (bwrap) is not installed")
+RESULT_S = 90.0
+
+
+def _app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
+    app = make_app()
+    # The isolated workflows of the module the harness imports inside each sandbox.
+    app.workflows.update(iso.app.workflows)
+    return app
+
+
+def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]:
+    """The run's sandboxes once ``count`` of them have ended (the run's end is journaled
+    before its last sandbox's process is gone)."""
+    return wait_for(f"{count} ended sandboxes of {run_id}", lambda: (
+        rows if len(rows := app.sandboxes(run_id)) == count
+        and all(r.status == "terminated" for r in rows) else None), timeout=30,
+        detail=lambda: str(app.sandboxes(run_id)))
+
+
+def _started(events: list[Event], step_id: str) -> list[Event]:
+    return [e for e in events if e.kind == "step_started" and e.step_id == step_id]
+
+
+def test_a_sandbox_killed_mid_step_resumes_and_the_run_succeeds_once(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.pipeline, 1)
+    wait_for("step 2 to start in the first sandbox",
+             lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    [(first, pids)] = live_sandboxes(run_id).items()
+    kill_sandbox(pids)
+    out = app.result(run_id, timeout_s=RESULT_S)
+    events = app.events(run_id)
+    assert out["n"] == 20
+    assert len(_started(events, "1:first")) == 1  # completed before the kill: skipped
+    again = _started(events, "2:slow")
+    assert len(again) == 2  # interrupted: run again, same attempt, same key
+    assert again[0].payload["idempotency_key"] == again[1].payload["idempotency_key"]
+    assert again[1].payload.get("resumed") is True and again[0].attempt == again[1].attempt
+    assert [e.kind for e in events].count("run_succeeded") == 1
+    resumed = [e for e in events if e.kind == "run_resumed"]
+    assert [e.payload["reason"] for e in resumed] == ["resume"]  # RATCHET_RESUME=1
+    rows = _ended(app, run_id, 2)
+    assert [(r.attempt, r.end_reason) for r in rows] == [(1, "crashed"), (2, "finished")]
+    assert rows[0].sandbox_id == first and rows[0].signal == 9
+    assert not live_sandboxes(run_id)
+
+
+def test_a_workload_that_always_crashes_fails_after_exactly_three_sandboxes(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.always_crashes)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    end = app.events(run_id)[-1]
+    assert end.kind == "run_failed"
+    assert end.payload["code"] == "sandbox_resume_exhausted"
+    assert end.payload["attempts"] == 3
+    rows = _ended(app, run_id, 3)
+    assert [(r.attempt, r.end_reason) for r in rows] == [
+        (1, "crashed"), (2, "crashed"), (3, "crashed")]
+    assert len(_started(app.events(run_id), "1:crash")) == 3
+    [dead] = app.dead_letters()
+    assert dead.run_id == run_id and dead.reason == "sandbox_resume_exhausted"
+
+
+def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratchet],
+                                         tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    code = Path(iso.__file__).read_bytes()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.escape, str(secret), [5432, port])
+    out = app.result(run_id, timeout_s=RESULT_S)
+    assert out["read"] == "denied FileNotFoundError"  # not mounted: not there at all
+    assert out["etc"] == "denied FileNotFoundError"
+    assert out["write"] == "denied OSError"  # read-only (EROFS)
+    assert all(t.startswith("denied") for t in out["tcp"]), out["tcp"]
+    assert out["fork"].startswith("denied BlockingIOError after ")
+    assert int(out["fork"].rsplit(" ", 1)[1]) < 48  # the process limit, not the loop's end
+    # The host is unharmed: the file, the code, the listener that nothing reached.
+    assert secret.read_text() == "host secret"
+    assert Path(iso.__file__).read_bytes() == code
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    listener.close()
+    _ended(app, run_id, 1)
+    assert not live_sandboxes(run_id)  # the fork bomb's children went with their sandbox
+
+
+def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.hungry)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    rows = _ended(app, run_id, 3)
+    assert [r.end_reason for r in rows] == ["oom", "oom", "oom"], rows
+    limit = 128 * 1024 * 1024
+    assert all(r.peak_memory is not None and r.peak_memory <= limit for r in rows)
+    assert app.events(run_id)[-1].payload["code"] == "sandbox_resume_exhausted"
+
+
+def test_sandbox_settings_are_checked_when_declared() -> None:
+    app = ratchet.Ratchet("sqlite:///unused.db")
+    bad = [dict(memory_mb=0), dict(cpus=-1), dict(timeout_s=0), dict(network="host"),
+           dict(mounts=["relative/path"]), dict(mounts="/one/path"), dict(max_processes=1)]
+    for kwargs in bad:
+        with pytest.raises(InvalidInput, match="Sandbox"):
+            ratchet.Sandbox(**kwargs)  # type: ignore[arg-type]
+
+    async def wf() -> None:
+        return None
+
+    with pytest.raises(InvalidInput, match="tier must be one of"):
+        app.workflow(tier="vm")(wf)
+    with pytest.raises(InvalidInput, match='needs tier="isolated"'):
+        app.workflow(sandbox=ratchet.Sandbox())(wf)
+    assert app.workflow("iso", tier="isolated")(wf).sandbox == ratchet.Sandbox()
+    assert app.workflow("plain")(wf).sandbox is None
+
+
+# -- the owner worker killed -------------------------------------------------------------
+
+
+@pytest.fixture
+def worker_procs(db_url: str, tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "ISO_DB_URL": db_url, "ISO_WORKER_ID": name,
+               "ISO_LEASE_TTL": "3", "ISO_RECOVERY_INTERVAL": "0.5"}
+        with (tmp_path / f"{name}.log").open("wb") as out:  # the child keeps its own fd
+            proc = subprocess.Popen([sys.executable, str(Path(iso.__file__))], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.crash
+def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
+        make_app: Callable[..., ratchet.Ratchet],
+        worker_procs: Callable[[str], subprocess.Popen[bytes]]) -> None:
+    app = _app(make_app)  # starts runs and reads them; drives nothing
+    owner = worker_procs("owner")
+    run_id = app.start(iso.pipeline, 2)
+    wait_for("step 2 to start under the owner",
+             lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    [first] = live_sandboxes(run_id)
+    owner.kill()
+    owner.wait()
+    # bwrap --die-with-parent: the owner's sandbox goes with it.
+    wait_for("the owner's sandbox to die", lambda: not live_sandboxes(run_id), timeout=10)
+    worker_procs("heir")
+    most = 0
+    deadline = time.monotonic() + RESULT_S
+    while app.get(run_id).status != "succeeded":
+        most = max(most, len(live_sandboxes(run_id)))
+        assert time.monotonic() < deadline, "the heir did not finish the run"
+        time.sleep(0.02)
+    assert most <= 1
+    rows = _ended(app, run_id, 2)
+    assert [(r.attempt, r.end_reason, r.worker_id) for r in rows] == [
+        (1, "orphaned", "owner"), (2, "finished", "heir")]
+    assert rows[0].sandbox_id == first
+    events = app.events(run_id)
+    assert len(_started(events, "1:first")) == 1 and len(_started(events, "2:slow")) == 2
+    assert app.result(run_id)["n"] == 30
