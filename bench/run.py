@@ -81,6 +81,9 @@ class Plan:
     claim_backlogs: tuple[int, ...] = (0, 10_000, 50_000, 100_000)
     # Calls of each kind (wrapped, bare) a repeat of the LLM per-call overhead measure.
     llm_overhead_n: int = 300
+    # The isolated tier (bench.sandbox): sandboxes spawned, and steps per workflow.
+    sandbox_runs: int = 30
+    sandbox_steps: int = 200
 
 
 def plan(quick: bool) -> Plan:
@@ -89,7 +92,8 @@ def plan(quick: bool) -> Plan:
                     pickup_n=10, limit_seconds=0.5, timeout=60,
                     pickup_n_for={"dbos": 3, "absurd": 5},
                     recovery_options={"absurd": ["--lease", "3"]},
-                    claim_backlogs=(0, 10_000), llm_overhead_n=100)
+                    claim_backlogs=(0, 10_000), llm_overhead_n=100,
+                    sandbox_runs=10, sandbox_steps=50)
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
@@ -156,6 +160,17 @@ def adapter(system: System, measure: str, db: str, timeout: float, *extra: str) 
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 15)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {timeout + 15:g} s"}
+    return last_json(done.stdout, done.stderr)
+
+
+def sandbox_measure(p: Plan) -> dict[str, Any]:
+    """The isolated tier's spawn-to-first-step latency and per-step overhead (SQLite)."""
+    argv = [sys.executable, "-m", "bench.sandbox", "--json", "--runs", str(p.sandbox_runs),
+            "--steps", str(p.sandbox_steps)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=p.timeout * 5)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no answer within {p.timeout * 5:g} s"}
     return last_json(done.stdout, done.stderr)
 
 
@@ -293,6 +308,8 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
                                adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
                                        "--n", str(backlog)))
         llm_measures(p, dbs, {s.name for s in systems}, record)
+        if only is None or "ratchet" in only:
+            record("sandbox|sqlite", sandbox_measure(p))
     finally:
         dbs.close()
     return {

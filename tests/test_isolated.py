@@ -24,8 +24,15 @@ from ratchet.model import Event
 from ratchet.store.sandboxes import SandboxRecord
 from tests.proc import wait_for
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None,
-                                reason="bubblewrap (bwrap) is not installed")
+
+
+@pytest.fixture(autouse=True)
+def _bwrap() -> None:
+    if shutil.which("bwrap") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("bubblewrap (bwrap) is not installed (CI=true requires it)")
+        pytest.skip("bubblewrap (bwrap) is not installed")
+
 RESULT_S = 90.0
 
 
