@@ -79,6 +79,7 @@ def test_a_sandbox_killed_mid_step_resumes_and_the_run_succeeds_once(
     rows = _ended(app, run_id, 2)
     assert [(r.attempt, r.end_reason) for r in rows] == [(1, "crashed"), (2, "finished")]
     assert rows[0].sandbox_id == first and rows[0].signal == 9
+    assert rows[0].epoch < rows[1].epoch  # each sandbox writes under an epoch of its own
     assert not live_sandboxes(run_id)
 
 
@@ -214,5 +215,6 @@ def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
         (1, "orphaned", "owner"), (2, "finished", "heir")]
     assert rows[0].sandbox_id == first
     events = app.events(run_id)
+    assert [e.payload["reason"] for e in events if e.kind == "run_resumed"] == ["sweep"]
     assert len(_started(events, "1:first")) == 1 and len(_started(events, "2:slow")) == 2
     assert app.result(run_id)["n"] == 30

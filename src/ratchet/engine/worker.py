@@ -25,7 +25,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -54,12 +54,17 @@ def default_worker_id() -> str:
         f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
 
+# Takes the run's lease again under a new epoch for the drive (None: the run is no longer
+# this drive's), so that whatever wrote under the old epoch is fenced off.
+Relet = Callable[[], Awaitable[ClaimedRun | None]]
+
+
 class Isolation(Protocol):
     """Drives isolated runs (``tier="isolated"``) for a worker: see ratchet.sandbox.isolated.
     Given by the app, so the engine knows nothing of sandboxes."""
 
-    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef,
-                    control: Control) -> DriveOutcome: ...
+    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
+                    relet: Relet) -> DriveOutcome: ...
 
     async def close(self) -> None: ...
 
@@ -239,7 +244,21 @@ class Worker:
             log.error("action=isolation_missing run_id=%s workflow=%s",
                       claimed.record.run_id, wd.name)
             return DriveOutcome.STOPPED
-        return await self.isolation.drive(claimed, wd, control)
+        return await self.isolation.drive(claimed, wd, control,
+                                          lambda: self._relet(claimed.record.run_id, control))
+
+    async def _relet(self, run_id: str, control: Control) -> ClaimedRun | None:
+        """The run's lease one epoch up, for the same drive (see :data:`Relet`)."""
+        active = self.active.get(run_id)
+        if control.reason is not None or active is None or active.control is not control:
+            return None
+        sent_at = time.monotonic()
+        lease = await self.store.retake_lease(active.claimed.lease, self.lease_ttl)
+        if lease is None:
+            return None
+        relet = ClaimedRun(active.claimed.record, lease, active.claimed.reason)
+        active.claimed, active.deadline = relet, sent_at + self.lease_ttl
+        return relet
 
     async def _retake(self, claimed: ClaimedRun, control: Control, backoff: float
                       ) -> ClaimedRun | None:

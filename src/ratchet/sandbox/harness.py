@@ -9,8 +9,8 @@ process only reports. Its exit code tells the worker what happened: 0 the run en
 3 the sandbox was fenced off (another owns the run), anything else a crash.
 
 Environment (set by the worker): RATCHET_RUN_ID, RATCHET_SANDBOX_ID, RATCHET_REPORT_TOKEN,
-RATCHET_WORKER_ID, RATCHET_LEASE_EPOCH, RATCHET_REPORT_SOCKET, RATCHET_NETWORK, and
-RATCHET_RESUME=1 from the second sandbox of a run on.
+RATCHET_WORKER_ID, RATCHET_LEASE_EPOCH, RATCHET_DRIVE_REASON, RATCHET_REPORT_SOCKET,
+RATCHET_NETWORK, and RATCHET_RESUME=1 from the second sandbox of a run on.
 """
 
 from __future__ import annotations
@@ -88,7 +88,10 @@ async def run(wd: WorkflowDef) -> int:
                       record.workflow, wd.name)
             return EXIT_USAGE
         lease = Lease(run_id, env["RATCHET_WORKER_ID"], int(env["RATCHET_LEASE_EPOCH"]))
-        reason = "resume" if env.get("RATCHET_RESUME") == "1" else "claim"
+        # Why the worker holds the run (claim, sweep, reclaim), or "resume" when it spawns
+        # again after a sandbox of this drive ended unfinished; the drive marker says so.
+        reason = env.get("RATCHET_DRIVE_REASON") or (
+            "resume" if env.get("RATCHET_RESUME") == "1" else "claim")
         store = cast(Store, RemoteStore(reporter, events))  # the calls a drive makes
         outcome = await drive(store, ClaimedRun(record, lease, reason), {wd.name: wd},
                               Control(), StepThreads(8))

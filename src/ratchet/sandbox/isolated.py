@@ -31,6 +31,7 @@ from typing import Any
 
 from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.worker import Relet
 from ratchet.errors import LeaseLost, RatchetError, RunFinished, SandboxUnavailable
 from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunState, RunStatus, fold
 from ratchet.sandbox import harness
@@ -51,6 +52,8 @@ log = logging.getLogger("ratchet.sandbox")
 
 MAX_SANDBOXES = 3
 EXHAUSTED = "sandbox_resume_exhausted"
+# The drive reason of a sandbox spawned again by the same drive after one ended unfinished.
+RESPAWN = "resume"
 
 
 class IsolatedRunner:
@@ -73,11 +76,11 @@ class IsolatedRunner:
     async def close(self) -> None:
         await self.channel.close()
 
-    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef,
-                    control: Control) -> DriveOutcome:
+    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
+                    relet: Relet) -> DriveOutcome:
         """Drive one claimed isolated run until it ends, stops or loses its lease."""
         try:
-            return await self._drive(claimed, wd, control)
+            return await self._drive(claimed, wd, control, relet)
         except LeaseLost:
             log.warning("action=lease_lost run_id=%s", claimed.record.run_id)
             return DriveOutcome.LEASE_LOST
@@ -87,11 +90,19 @@ class IsolatedRunner:
             log.warning("action=drive_aborted run_id=%s error=%s", claimed.record.run_id, e)
             return DriveOutcome.ABORTED
 
-    async def _drive(self, claimed: ClaimedRun, wd: WorkflowDef,
-                     control: Control) -> DriveOutcome:
+    async def _drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
+                     relet: Relet) -> DriveOutcome:
         run_id, lease = claimed.record.run_id, claimed.lease
         assert wd.sandbox is not None
+        reason = claimed.reason
         while True:
+            if reason == RESPAWN:
+                # Each sandbox writes under an epoch of its own: one the run has moved on
+                # from is refused by the store's fence, whatever it still tries.
+                again = await relet()
+                if again is None:
+                    return DriveOutcome.LEASE_LOST
+                lease = again.lease
             events = await self.store.load_events(run_id)
             state = fold(run_id, events)
             if state.status.terminal:
@@ -107,7 +118,7 @@ class IsolatedRunner:
                                                      events[-1].seq, events[-1].hash,
                                                      wd.sandbox.timeout_s)
             try:
-                exit, why = await self._run_sandbox(row, wd, token, control)
+                exit, why = await self._run_sandbox(row, wd, token, control, reason)
             finally:
                 self.channel.grants.revoke(grant)
             await self._ended(row, grant, exit, why)
@@ -121,9 +132,10 @@ class IsolatedRunner:
             if grant.finished is not None:
                 return (DriveOutcome.SUCCEEDED if grant.finished == "succeeded"
                         else DriveOutcome.FAILED)
+            reason = RESPAWN
 
     async def _run_sandbox(self, row: rows.SandboxRecord, wd: WorkflowDef, token: str,
-                           control: Control) -> tuple[Exit, str]:
+                           control: Control, reason: str) -> tuple[Exit, str]:
         """Spawn the sandbox and wait until it is gone: its exit, and why it ended
         (``exited``, ``timeout``, or the stop that killed it)."""
         assert wd.sandbox is not None
@@ -131,7 +143,8 @@ class IsolatedRunner:
         env = {
             "RATCHET_RUN_ID": row.run_id, "RATCHET_SANDBOX_ID": row.sandbox_id,
             "RATCHET_REPORT_TOKEN": token, "RATCHET_WORKER_ID": row.worker_id,
-            "RATCHET_LEASE_EPOCH": str(row.epoch), "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
+            "RATCHET_LEASE_EPOCH": str(row.epoch), "RATCHET_DRIVE_REASON": reason,
+            "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
             "RATCHET_NETWORK": wd.sandbox.network, "PYTHONPATH": os.pathsep.join(code_paths()),
             "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "LANG": "C.UTF-8",
         }
