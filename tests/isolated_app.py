@@ -15,6 +15,8 @@ import os
 import signal
 import socket
 import time
+import urllib.error
+import urllib.request
 
 import ratchet
 
@@ -116,6 +118,22 @@ async def escape(secret_path: str, ports: list[int]) -> dict[str, object]:
     return {"read": await read_host(secret_path), "etc": await read_host("/etc/hostname"),
             "write": await write_code(),
             "tcp": [await connect(p) for p in ports], "fork": await fork_bomb()}
+
+
+@app.step
+def call_report_url() -> str:
+    """What the report endpoint on the sandbox's loopback answers without a token."""
+    url = os.environ["RATCHET_REPORT_URL"]
+    try:
+        urllib.request.urlopen(url + "/v1/runtime/journal", timeout=5)
+        return "200"
+    except urllib.error.HTTPError as e:
+        return str(e.code)
+
+
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(network="report-only", timeout_s=120))
+async def reporting(port: int) -> list[str]:
+    return [await call_report_url(), await connect(port)]
 
 
 @app.step

@@ -25,7 +25,6 @@ from ratchet.store.sandboxes import SandboxRecord
 from tests.proc import wait_for
 
 
-
 @pytest.fixture(autouse=True)
 def _bwrap() -> None:
     if shutil.which("bwrap") is None:
@@ -130,6 +129,15 @@ def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratche
     listener.close()
     _ended(app, run_id, 1)
     assert not live_sandboxes(run_id)  # the fork bomb's children went with their sandbox
+
+
+def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.reporting, 5432)
+    # 401: the endpoint answered (a token is needed); the database port stays shut.
+    assert app.result(run_id, timeout_s=RESULT_S) == ["401", "denied ConnectionRefusedError"]
 
 
 def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -42,12 +43,23 @@ log = logging.getLogger("ratchet.sandbox.harness")
 
 
 def load(ref: str) -> WorkflowDef:
-    """The workflow ``module:name`` names."""
-    module, _, name = ref.partition(":")
+    """The workflow ``module:name`` (or ``/path/script.py:name``) names."""
+    module, _, name = ref.rpartition(":")
     if not module or not name:
         raise SystemExit(f"usage: python -m ratchet.sandbox.harness module:workflow "
                          f"(got {ref!r})")
-    wd = getattr(importlib.import_module(module), name, None)
+    if module.endswith(".py"):
+        # A script's workflow: run the script as a module of another name, so its
+        # ``if __name__ == "__main__":`` part (starting runs, a worker) stays out.
+        spec = importlib.util.spec_from_file_location("ratchet_sandboxed_script", module)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"cannot load {module}")
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = loaded
+        spec.loader.exec_module(loaded)
+    else:
+        loaded = importlib.import_module(module)
+    wd = getattr(loaded, name, None)
     if not isinstance(wd, WorkflowDef):
         raise SystemExit(f"{ref} is not a Ratchet workflow")
     return wd

@@ -256,11 +256,18 @@ class IsolatedRunner:
 
 
 def workflow_ref(wd: WorkflowDef) -> str:
-    """``module:name`` of the workflow, for the harness to import it inside the sandbox."""
+    """``module:name`` of the workflow, for the harness to import it inside the sandbox;
+    for a workflow of the script being run (``__main__``), ``/path/of/script.py:name``."""
     module = sys.modules.get(wd.fn.__module__)
     name = next((k for k, v in vars(module).items() if v is wd), None) if module else None
-    if module is None or name is None or wd.fn.__module__ == "__main__":
+    if module is None or name is None:
         raise SandboxUnavailable(
-            f"workflow {wd.name}: an isolated workflow must be a module-level name of an "
-            f"importable module (not __main__), so its sandbox can import it")
+            f"workflow {wd.name}: an isolated workflow must be a module-level name, so its "
+            f"sandbox can import it")
+    if wd.fn.__module__ == "__main__":
+        path = getattr(module, "__file__", None)
+        if path is None:
+            raise SandboxUnavailable(f"workflow {wd.name}: an isolated workflow cannot be "
+                                     "defined in an interactive session")
+        return f"{os.path.abspath(path)}:{name}"
     return f"{wd.fn.__module__}:{name}"
