@@ -5,6 +5,7 @@ worker killed is taken over by the sweep without a second live sandbox."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -17,8 +18,10 @@ from pathlib import Path
 import isolated_app as iso
 import pytest
 from sandboxes import kill_sandbox, live_sandboxes
+from typer.testing import CliRunner
 
 import ratchet
+from ratchet.cli import cli
 from ratchet.errors import InvalidInput
 from ratchet.model import Event
 from ratchet.store.sandboxes import SandboxRecord
@@ -129,6 +132,29 @@ def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratche
     listener.close()
     _ended(app, run_id, 1)
     assert not live_sandboxes(run_id)  # the fork bomb's children went with their sandbox
+
+
+def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
+        make_app: Callable[..., ratchet.Ratchet], db_url: str) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.pipeline, 3)
+    wait_for("step 2 to start", lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    app.cancel(run_id)
+    with pytest.raises(ratchet.RunCancelled):
+        app.result(run_id, timeout_s=RESULT_S)
+    [row] = _ended(app, run_id, 1)
+    assert row.end_reason == "killed" and row.signal == 9
+    assert not live_sandboxes(run_id)
+    assert [e.kind for e in app.events(run_id)][-1] == "run_cancelled"
+    listed = CliRunner().invoke(cli, ["--db", db_url, "sandboxes", run_id, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [(r["sandbox_id"], r["end_reason"]) for r in json.loads(listed.output)] == [
+        (row.sandbox_id, "killed")]
+    table = CliRunner().invoke(cli, ["--db", db_url, "sandboxes"])
+    assert table.exit_code == 0 and row.sandbox_id in table.output
+    unknown = CliRunner().invoke(cli, ["--db", db_url, "sandboxes", "no-such-run"])
+    assert unknown.exit_code != 0 and "no-such-run" in unknown.output
 
 
 def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(

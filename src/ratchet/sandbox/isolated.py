@@ -96,19 +96,20 @@ class IsolatedRunner:
         assert wd.sandbox is not None
         reason = claimed.reason
         while True:
-            if reason == RESPAWN:
-                # Each sandbox writes under an epoch of its own: one the run has moved on
-                # from is refused by the store's fence, whatever it still tries.
-                again = await relet()
-                if again is None:
-                    return DriveOutcome.LEASE_LOST
-                lease = again.lease
             events = await self.store.load_events(run_id)
             state = fold(run_id, events)
             if state.status.terminal:
                 return await self._settled(lease, state, events[-1])
             if control.reason is not None:
                 return await self._stopped(lease, events[-1], control.reason)
+            if reason == RESPAWN:
+                # Each sandbox writes under an epoch of its own: one the run has moved on
+                # from is refused by the store's fence, whatever it still tries.
+                again = await relet()
+                if again is None:
+                    return await self._stopped(lease, events[-1], control.reason
+                                               or StopReason.LEASE_LOST)
+                lease = again.lease
             sandbox_id = f"sbx-{uuid.uuid4().hex[:16]}"
             row, counted = await self.store.open_sandbox(lease, sandbox_id, self.backend.name,
                                                         MAX_SANDBOXES)
