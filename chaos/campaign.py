@@ -576,11 +576,15 @@ class Campaign:
                     self.skipped[kind] += 1
             self.disk.start_checkpointer(self.workdir)
         elif kind == "sandbox_kill":
-            if kill_a_sandbox(Random(p["pick"])):
-                self.count(kind)
-                self.log("killed a sandbox")
-            else:
-                self.skipped[kind] += 1
+            # Isolated runs are few and their sandboxes short-lived: wait a while for one.
+            pick, deadline = Random(p["pick"]), time.monotonic() + 2 * TTL
+            while not kill_a_sandbox(pick):
+                if time.monotonic() > deadline:
+                    self.skipped[kind] += 1
+                    return
+                time.sleep(0.05)
+            self.count(kind)
+            self.log("killed a sandbox")
         elif kind == "disk_full":
             assert self.disk is not None
             written = self.disk.fill()

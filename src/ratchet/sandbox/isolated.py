@@ -163,7 +163,11 @@ class IsolatedRunner:
         except SandboxUnavailable as e:
             log.error("action=sandbox_unavailable run_id=%s error=%s", row.run_id, e)
             return Exit(None, None), f"unavailable: {e}"
-        await self.store.sandbox_running(row.sandbox_id)
+        try:
+            await self.store.sandbox_running(row.sandbox_id)
+        except RatchetError as e:  # the row's status only: the sandbox runs on, owned
+            log.warning("action=sandbox_status_failed sandbox_id=%s error=%s",
+                        row.sandbox_id, e)
         log.info("action=sandbox_started run_id=%s sandbox_id=%s attempt=%s pid=%s",
                  row.run_id, row.sandbox_id, row.attempt, proc.pid)
         stopped = asyncio.Event()
