@@ -66,6 +66,9 @@ def test_a_sandbox_killed_mid_step_resumes_and_the_run_succeeds_once(
     wait_for("step 2 to start in the first sandbox",
              lambda: _started(app.events(run_id), "2:slow"), timeout=60)
     [(first, pids)] = live_sandboxes(run_id).items()
+    # The sandbox's token reaches it through the environment, not a readable command line.
+    assert all(b"RATCHET_REPORT_TOKEN" not in Path(f"/proc/{p}/cmdline").read_bytes()
+               for p in pids)
     kill_sandbox(pids)
     out = app.result(run_id, timeout_s=RESULT_S)
     events = app.events(run_id)

@@ -28,6 +28,8 @@ from ratchet.sandbox.backend import (
 from ratchet.sandbox.limits import Cell, Limits
 
 NOBODY = 65534
+# Passed through bwrap's environment rather than its command line.
+SECRET_ENV = frozenset({"RATCHET_REPORT_TOKEN"})
 # The system's shared libraries and the loader; /bin and /sbin are left out (a workload
 # gets the interpreter, not a shell).
 SYSTEM_PATHS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32")
@@ -118,10 +120,13 @@ class BubblewrapBackend(SandboxBackend):
         for p in _minimal([os.path.realpath(p) for p in readable if os.path.exists(p)]):
             if not _covered(p, [s for s in SYSTEM_PATHS if os.path.isdir(s)]):
                 args += ["--ro-bind", p, p]
-        args += ["--ro-bind", request.report_socket, REPORT_SOCKET, "--chdir", "/tmp",
-                 "--clearenv"]
+        args += ["--ro-bind", request.report_socket, REPORT_SOCKET, "--chdir", "/tmp"]
+        # The sandbox's environment is bwrap's own (see spawn: the secrets, nothing of
+        # the worker's) plus these; secrets never go on a command line, which any process
+        # of the host may read.
         for key, value in sorted(request.env.items()):
-            args += ["--setenv", key, value]
+            if key not in SECRET_ENV:
+                args += ["--setenv", key, value]
         return [*args, "--", *request.argv]
 
     async def spawn(self, request: SpawnRequest) -> SandboxProcess:
@@ -129,7 +134,8 @@ class BubblewrapBackend(SandboxBackend):
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cell.wrap(self.argv(request)), stdin=asyncio.subprocess.DEVNULL,
-                start_new_session=True)
+                start_new_session=True,
+                env={k: v for k, v in request.env.items() if k in SECRET_ENV})
         except OSError as e:
             cell.remove()
             raise SandboxUnavailable(f"could not start bubblewrap: {e}") from e
