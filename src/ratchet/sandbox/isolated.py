@@ -101,20 +101,20 @@ class IsolatedRunner:
             if state.status.terminal:
                 return await self._settled(lease, state, events[-1])
             if control.reason is not None:
-                return await self._stopped(lease, events[-1], control.reason)
+                return await self._stopped(lease, events, reason, control.reason)
             if reason == RESPAWN:
                 # Each sandbox writes under an epoch of its own: one the run has moved on
                 # from is refused by the store's fence, whatever it still tries.
                 again = await relet()
                 if again is None:
-                    return await self._stopped(lease, events[-1], control.reason
+                    return await self._stopped(lease, events, reason, control.reason
                                                or StopReason.LEASE_LOST)
                 lease = again.lease
             sandbox_id = f"sbx-{uuid.uuid4().hex[:16]}"
             row, counted = await self.store.open_sandbox(lease, sandbox_id, self.backend.name,
                                                         MAX_SANDBOXES)
             if row is None:
-                return await self._exhausted(lease, events[-1], counted)
+                return await self._exhausted(lease, events, reason, counted)
             grant, token = self.channel.grants.issue(run_id, sandbox_id, lease,
                                                      events[-1].seq, events[-1].hash,
                                                      wd.sandbox.timeout_s)
@@ -126,7 +126,7 @@ class IsolatedRunner:
             if why.startswith("unavailable"):
                 # Not the workload's fault, and no other attempt would fare better here.
                 error = f"run {run_id}: no sandbox could be started: {why[13:]}"
-                await self._finish(lease, events[-1], RunStatus.FAILED,
+                await self._finish(lease, events, reason, RunStatus.FAILED,
                                    {"error": error, "reason": "sandbox_unavailable"}, error,
                                    "sandbox_unavailable")
                 return DriveOutcome.FAILED
@@ -221,30 +221,45 @@ class IsolatedRunner:
 
     # -- ends the worker writes itself -----------------------------------------------------
 
-    async def _finish(self, lease: Lease, last: Event, status: RunStatus,
-                      payload: dict[str, Any], error: str | None,
+    async def _finish(self, lease: Lease, events: list[Event], reason: str,
+                      status: RunStatus, payload: dict[str, Any], error: str | None,
                       dead_letter: str | None = None) -> None:
-        kind = {RunStatus.FAILED: EventKind.RUN_FAILED,
-                RunStatus.CANCELLED: EventKind.RUN_CANCELLED}[status]
-        ev = Event.chain(lease.run_id, last.seq + 1, kind, None, None, payload, time.time(),
-                         last.hash)
-        await self.store.finish(lease, [ev], status, None, error, dead_letter)
+        """End the run from the worker (no sandbox of this epoch reported a drive marker,
+        or none could): a drive marker of its own first, unless a sandbox wrote one under
+        this very lease, so the journal's drives read as any run's do."""
+        markers = [e for e in events if e.kind in (EventKind.RUN_STARTED,
+                                                    EventKind.RUN_RESUMED)]
+        ended: list[Event] = []
+        last = events[-1]
+        if not markers or markers[-1].payload.get("epoch") != lease.epoch:
+            kind = EventKind.RUN_RESUMED if markers else EventKind.RUN_STARTED
+            last = Event.chain(lease.run_id, last.seq + 1, kind, None, None, {
+                "worker_id": lease.worker_id, "epoch": lease.epoch, "reason": reason,
+                "drive": len(markers) + 1}, time.time(), last.hash)
+            ended.append(last)
+        terminal = {RunStatus.FAILED: EventKind.RUN_FAILED,
+                    RunStatus.CANCELLED: EventKind.RUN_CANCELLED}[status]
+        ended.append(Event.chain(lease.run_id, last.seq + 1, terminal, None, None, payload,
+                                 time.time(), last.hash))
+        await self.store.finish(lease, ended, status, None, error, dead_letter)
 
-    async def _exhausted(self, lease: Lease, last: Event, attempts: int) -> DriveOutcome:
+    async def _exhausted(self, lease: Lease, events: list[Event], reason: str,
+                         attempts: int) -> DriveOutcome:
         error = (f"run {lease.run_id}: {attempts} sandboxes ended without finishing it "
                  f"(crashes, out-of-memory kills or timeouts); not spawning another")
-        await self._finish(lease, last, RunStatus.FAILED,
+        await self._finish(lease, events, reason, RunStatus.FAILED,
                            {"error": error, "reason": EXHAUSTED, "code": EXHAUSTED,
                             "attempts": attempts}, error, EXHAUSTED)
         log.info("action=run_failed run_id=%s reason=%s attempts=%s", lease.run_id,
                  EXHAUSTED, attempts)
         return DriveOutcome.FAILED
 
-    async def _stopped(self, lease: Lease, last: Event, reason: StopReason) -> DriveOutcome:
-        if reason is StopReason.LEASE_LOST:
+    async def _stopped(self, lease: Lease, events: list[Event], reason: str,
+                       stop: StopReason) -> DriveOutcome:
+        if stop is StopReason.LEASE_LOST:
             return DriveOutcome.LEASE_LOST
-        if reason is StopReason.CANCEL:
-            await self._finish(lease, last, RunStatus.CANCELLED, {"error": "cancelled"},
+        if stop is StopReason.CANCEL:
+            await self._finish(lease, events, reason, RunStatus.CANCELLED, {"error": "cancelled"},
                                "cancelled")
             return DriveOutcome.CANCELLED
         await self.store.hand_back(lease, [])
