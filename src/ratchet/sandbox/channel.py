@@ -16,6 +16,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Generator
+from typing import Any
 
 from ratchet.extras import require
 from ratchet.sandbox.grants import Grants
@@ -43,7 +44,10 @@ class ReportChannel:
                 await self._serve()
             return self.path
 
-    async def _serve(self) -> None:
+    def _build(self) -> Any:
+        """The uvicorn server of the channel, built off the event loop: importing FastAPI
+        and uvicorn takes long enough on a busy machine to hold up the loop's lease
+        renewals past their TTL."""
         require("the isolated tier's report channel", "server")
         import uvicorn
         from fastapi import FastAPI
@@ -65,8 +69,11 @@ class ReportChannel:
         api.include_router(runtime.router)
         self._dir = tempfile.mkdtemp(prefix="ratchet-report-")
         self.path = os.path.join(self._dir, "report.sock")
-        server = _Server(uvicorn.Config(api, uds=self.path, log_level="warning",
-                                        lifespan="off", access_log=False))
+        return _Server(uvicorn.Config(api, uds=self.path, log_level="warning",
+                                      lifespan="off", access_log=False))
+
+    async def _serve(self) -> None:
+        server = await asyncio.to_thread(self._build)
         self._server = server
         self._task = asyncio.create_task(server.serve(), name="ratchet-report-channel")
         while not server.started:

@@ -67,10 +67,10 @@ class IsolatedRunner:
         # older drive here (a retake) waits for the older one's sandbox to be gone.
         self._live: dict[str, tuple[SandboxProcess, asyncio.Future[Exit]]] = {}
 
-    @property
-    def backend(self) -> SandboxBackend:
+    async def backend(self) -> SandboxBackend:
         if self._backend is None:
-            self._backend = default_backend()
+            # Off the event loop: finding the cgroups touches the file system.
+            self._backend = await asyncio.to_thread(default_backend)
         return self._backend
 
     async def close(self) -> None:
@@ -111,7 +111,8 @@ class IsolatedRunner:
                                                or StopReason.LEASE_LOST)
                 lease = again.lease
             sandbox_id = f"sbx-{uuid.uuid4().hex[:16]}"
-            row, counted = await self.store.open_sandbox(lease, sandbox_id, self.backend.name,
+            backend = await self.backend()
+            row, counted = await self.store.open_sandbox(lease, sandbox_id, backend.name,
                                                         MAX_SANDBOXES)
             if row is None:
                 return await self._exhausted(lease, events, reason, counted)
@@ -159,7 +160,7 @@ class IsolatedRunner:
             if previous is not None:
                 previous[0].kill()
                 await asyncio.shield(previous[1])
-            proc = await self.backend.spawn(request)
+            proc = await (await self.backend()).spawn(request)
         except SandboxUnavailable as e:
             log.error("action=sandbox_unavailable run_id=%s error=%s", row.run_id, e)
             return Exit(None, None), f"unavailable: {e}"
