@@ -105,6 +105,12 @@ def test_a_workload_that_always_crashes_fails_after_exactly_three_sandboxes(
     assert len(_started(app.events(run_id), "1:crash")) == 3
     [dead] = app.dead_letters()
     assert dead.run_id == run_id and dead.reason == "sandbox_resume_exhausted"
+    # A retry gives the run three sandboxes more, no more.
+    app.retry(run_id)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    assert [r.attempt for r in _ended(app, run_id, 6)] == [1, 2, 3, 4, 5, 6]
+    assert app.events(run_id)[-1].payload["attempts"] == 3
 
 
 def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratchet],
@@ -181,6 +187,21 @@ def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(
     limit = 128 * 1024 * 1024
     assert all(r.peak_memory is not None and r.peak_memory <= limit for r in rows)
     assert app.events(run_id)[-1].payload["code"] == "sandbox_resume_exhausted"
+
+
+def test_a_workflow_the_sandbox_cannot_import_fails_its_run_saying_why(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+
+    async def nested() -> int:  # not a module-level name: no sandbox can import it
+        return 1
+
+    app.workflow("nested", tier="isolated")(nested)
+    app.launch()
+    run_id = app.start("nested")
+    with pytest.raises(ratchet.RunFailed, match="no sandbox could be started.*module-level"):
+        app.result(run_id, timeout_s=RESULT_S)
+    assert app.events(run_id)[-1].payload["reason"] == "sandbox_unavailable"
 
 
 def test_sandbox_settings_are_checked_when_declared() -> None:

@@ -32,7 +32,13 @@ from typing import Any
 from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.worker import Relet
-from ratchet.errors import LeaseLost, RatchetError, RunFinished, SandboxUnavailable
+from ratchet.errors import (
+    LeaseLost,
+    MissingExtra,
+    RatchetError,
+    RunFinished,
+    SandboxUnavailable,
+)
 from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunState, RunStatus, fold
 from ratchet.sandbox import harness
 from ratchet.sandbox.backend import (
@@ -52,6 +58,7 @@ log = logging.getLogger("ratchet.sandbox")
 
 MAX_SANDBOXES = 3
 EXHAUSTED = "sandbox_resume_exhausted"
+UNAVAILABLE = "sandbox_unavailable"
 # The drive reason of a sandbox spawned again by the same drive after one ended unfinished.
 RESPAWN = "resume"
 
@@ -95,6 +102,7 @@ class IsolatedRunner:
         run_id, lease = claimed.record.run_id, claimed.lease
         assert wd.sandbox is not None
         reason = claimed.reason
+        ready: tuple[SandboxBackend, str] | None = None
         while True:
             events = await self.store.load_events(run_id)
             state = fold(run_id, events)
@@ -110,38 +118,42 @@ class IsolatedRunner:
                     return await self._stopped(lease, events, reason, control.reason
                                                or StopReason.LEASE_LOST)
                 lease = again.lease
+            if ready is None:
+                # Ready before a sandbox's row is written, so that between the row (the
+                # attempt counted) and the process there is no more than the spawn.
+                try:
+                    ready = (await self.backend(), await self.channel.start())
+                except (SandboxUnavailable, MissingExtra) as e:
+                    return await self._unavailable(lease, events, reason, str(e))
+            backend, socket = ready
             sandbox_id = f"sbx-{uuid.uuid4().hex[:16]}"
-            backend = await self.backend()
             row, counted = await self.store.open_sandbox(lease, sandbox_id, backend.name,
-                                                        MAX_SANDBOXES)
+                                                        MAX_SANDBOXES,
+                                                        counted_since(events, claimed.lease))
             if row is None:
                 return await self._exhausted(lease, events, reason, counted)
             grant, token = self.channel.grants.issue(run_id, sandbox_id, lease,
                                                      events[-1].seq, events[-1].hash,
                                                      wd.sandbox.timeout_s)
             try:
-                exit, why = await self._run_sandbox(row, wd, token, control, reason)
+                exit, why = await self._run_sandbox(backend, socket, row, wd, token, control,
+                                                    reason)
             finally:
                 self.channel.grants.revoke(grant)
             await self._ended(row, grant, exit, why)
             if why.startswith("unavailable"):
-                # Not the workload's fault, and no other attempt would fare better here.
-                error = f"run {run_id}: no sandbox could be started: {why[13:]}"
-                await self._finish(lease, events, reason, RunStatus.FAILED,
-                                   {"error": error, "reason": "sandbox_unavailable"}, error,
-                                   "sandbox_unavailable")
-                return DriveOutcome.FAILED
+                return await self._unavailable(lease, events, reason, why[13:])
             if grant.finished is not None:
                 return (DriveOutcome.SUCCEEDED if grant.finished == "succeeded"
                         else DriveOutcome.FAILED)
             reason = RESPAWN
 
-    async def _run_sandbox(self, row: rows.SandboxRecord, wd: WorkflowDef, token: str,
+    async def _run_sandbox(self, backend: SandboxBackend, socket: str,
+                           row: rows.SandboxRecord, wd: WorkflowDef, token: str,
                            control: Control, reason: str) -> tuple[Exit, str]:
         """Spawn the sandbox and wait until it is gone: its exit, and why it ended
         (``exited``, ``timeout``, or the stop that killed it)."""
         assert wd.sandbox is not None
-        socket = await self.channel.start()
         env = {
             "RATCHET_RUN_ID": row.run_id, "RATCHET_SANDBOX_ID": row.sandbox_id,
             "RATCHET_REPORT_TOKEN": token, "RATCHET_WORKER_ID": row.worker_id,
@@ -160,9 +172,8 @@ class IsolatedRunner:
             if previous is not None:
                 previous[0].kill()
                 await asyncio.shield(previous[1])
-            proc = await (await self.backend()).spawn(request)
+            proc = await backend.spawn(request)
         except SandboxUnavailable as e:
-            log.error("action=sandbox_unavailable run_id=%s error=%s", row.run_id, e)
             return Exit(None, None), f"unavailable: {e}"
         try:
             await self.store.sandbox_running(row.sandbox_id)
@@ -244,6 +255,17 @@ class IsolatedRunner:
                                  time.time(), last.hash))
         await self.store.finish(lease, ended, status, None, error, dead_letter)
 
+    async def _unavailable(self, lease: Lease, events: list[Event], reason: str,
+                           why: str) -> DriveOutcome:
+        """No sandbox can be made here (bubblewrap or the server extra missing, a workflow
+        the sandbox cannot import): fail the run saying so; another attempt would fare
+        no better."""
+        error = f"run {lease.run_id}: no sandbox could be started: {why}"
+        log.error("action=sandbox_unavailable run_id=%s error=%s", lease.run_id, why)
+        await self._finish(lease, events, reason, RunStatus.FAILED,
+                           {"error": error, "reason": UNAVAILABLE}, error, UNAVAILABLE)
+        return DriveOutcome.FAILED
+
     async def _exhausted(self, lease: Lease, events: list[Event], reason: str,
                          attempts: int) -> DriveOutcome:
         error = (f"run {lease.run_id}: {attempts} sandboxes ended without finishing it "
@@ -274,6 +296,20 @@ class IsolatedRunner:
         except RunFinished:
             pass
         return DriveOutcome.NOOP
+
+
+def counted_since(events: list[Event], claimed: Lease) -> int:
+    """The lowest lease epoch whose sandboxes count against the limit: after a manual
+    retry of the run (``run_queued {reason: retry}``), only those of the drives since."""
+    retried = [i for i, e in enumerate(events)
+               if e.kind == EventKind.RUN_QUEUED and e.payload.get("reason") == "retry"]
+    if not retried:
+        return 0
+    markers = [e for e in events[retried[-1]:] if e.kind in (EventKind.RUN_STARTED,
+                                                             EventKind.RUN_RESUMED)]
+    # No drive since the retry has reported yet: count from this drive's claim, newer
+    # than any lease before the retry.
+    return int(markers[0].payload.get("epoch", 0)) if markers else claimed.epoch
 
 
 def workflow_ref(wd: WorkflowDef) -> str:

@@ -707,14 +707,14 @@ class Store(ABC):
 
     # -- sandboxes (see ratchet.store.sandboxes) --------------------------------------------
 
-    async def open_sandbox(self, lease: Lease, sandbox_id: str, backend: str,
-                           limit: int) -> tuple[sandboxes.SandboxRecord | None, int]:
+    async def open_sandbox(self, lease: Lease, sandbox_id: str, backend: str, limit: int,
+                           since_epoch: int = 0) -> tuple[sandboxes.SandboxRecord | None, int]:
         """Under the lease: the row of the run's next sandbox, or None once ``limit``
-        attempts were counted; and how many were counted before it."""
+        attempts (of epoch ``since_epoch`` on) were counted; and how many were."""
 
         def body(tx: Tx) -> tuple[sandboxes.SandboxRecord | None, int]:
             self._check_lease(tx, lease)
-            return sandboxes.open_sandbox(tx, lease, sandbox_id, backend, limit)
+            return sandboxes.open_sandbox(tx, lease, sandbox_id, backend, limit, since_epoch)
 
         return await self._run(body)
 

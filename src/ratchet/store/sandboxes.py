@@ -61,13 +61,14 @@ def record(row: Any) -> SandboxRecord:
         end_reason=row["end_reason"])
 
 
-def open_sandbox(tx: Tx, lease: Lease, sandbox_id: str, backend: str,
-                 limit: int) -> tuple[SandboxRecord | None, int]:
+def open_sandbox(tx: Tx, lease: Lease, sandbox_id: str, backend: str, limit: int,
+                 since_epoch: int = 0) -> tuple[SandboxRecord | None, int]:
     """Under the lease (the caller checked it in ``tx``): close stale rows, then write the
-    next attempt's row unless ``limit`` attempts were already counted. Returns the new row
-    (None at the limit) and the attempts counted before it."""
+    next attempt's row unless ``limit`` attempts (of lease epoch ``since_epoch`` on: those
+    since a manual retry) were already counted. Returns the new row (None at the limit)
+    and the attempts counted before it."""
     tx.send("sandboxes_end_stale", {"run_id": lease.run_id})
-    row = tx.one("sandbox_attempts", {"run_id": lease.run_id})
+    row = tx.one("sandbox_attempts", {"run_id": lease.run_id, "since": since_epoch})
     counted, last = int(row["counted"]), int(row["last"])
     if counted >= limit:
         return None, counted

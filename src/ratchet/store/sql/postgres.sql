@@ -588,9 +588,11 @@ UPDATE sandboxes SET status = 'terminated', ended_at = ratchet_now(), end_reason
 WHERE run_id = %(run_id)s AND status <> 'terminated'
 
 -- name: sandbox_attempts
--- Sandboxes that count against the run's resume limit: all but those a worker's clean
--- shutdown stopped; and the highest attempt number so far.
-SELECT count(*) FILTER (WHERE coalesce(end_reason, '') <> 'shutdown') AS counted,
+-- Sandboxes that count against the run's resume limit: those of lease epochs from :since
+-- on (after a manual retry, the drives since), but for those a worker's clean shutdown
+-- stopped; and the highest attempt number so far.
+SELECT count(*) FILTER (WHERE coalesce(end_reason, '') <> 'shutdown'
+                        AND epoch >= %(since)s) AS counted,
        coalesce(max(attempt), 0) AS last
 FROM sandboxes WHERE run_id = %(run_id)s
 
