@@ -45,7 +45,7 @@ def test_every_public_name_has_a_docstring() -> None:
 BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
             "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
             "launch", "shutdown", "settle_receipt", "llm_totals", "approve", "reject",
-            "approvals", "graph"]
+            "approvals", "graph", "sandboxes"]
 
 
 def test_every_blocking_call_has_an_async_twin() -> None:
