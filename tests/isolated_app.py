@@ -136,6 +136,26 @@ async def reporting(port: int) -> list[str]:
     return [await call_report_url(), await connect(port)]
 
 
+FLAKY = ratchet.Retry(max_attempts=2, backoff_ms=50, retry_on=["connector"])
+
+
+@app.step(retry=FLAKY)
+def flaky() -> int:
+    """Fails its first attempt; the retry (a short backoff, in the sandbox) succeeds."""
+    if ratchet.current_step().attempt == 1:
+        raise ratchet.ConnectorError("first attempt fails")
+    return 2
+
+
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(timeout_s=120))
+async def napping(long_sleep: bool) -> int:
+    await ratchet.sleep(0.2)  # short: waited in the sandbox
+    value = await flaky()
+    if long_sleep:
+        await ratchet.sleep(5)  # long enough to park the run: not in a sandbox
+    return value
+
+
 @app.step
 def hog() -> int:
     blocks = [bytearray(16 * 1024 * 1024) for _ in range(64)]  # 1 GiB, touched

@@ -166,6 +166,19 @@ def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
     assert unknown.exit_code != 0 and "no-such-run" in unknown.output
 
 
+def test_short_sleeps_and_retries_run_in_the_sandbox_and_a_park_is_refused(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    quick = app.start(iso.napping, False)
+    assert app.result(quick, timeout_s=RESULT_S) == 2
+    kinds = [e.kind for e in app.events(quick)]
+    assert "step_waiting" in kinds and "step_retrying" in kinds
+    parked = app.start(iso.napping, True)
+    with pytest.raises(ratchet.RunFailed, match="not available in the isolated tier"):
+        app.result(parked, timeout_s=RESULT_S)
+
+
 def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = _app(make_app)

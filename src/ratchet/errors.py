@@ -245,9 +245,10 @@ class SandboxUnavailable(RatchetError):
     user namespaces refused)."""
 
 
-class NotIsolatable(RatchetError):
+class NotIsolatable(ValueRefused):
     """This call is not available inside a sandbox (the isolated tier reports journal
-    writes only: no parks, child runs, approvals or signals)."""
+    writes only: no parks, child runs, approvals or signals). A write refused for good,
+    as a value the database cannot store is: the run fails with it."""
 
 
 class LeaseLost(BaseException):

@@ -23,6 +23,9 @@ from ratchet.sandbox.grants import Grants
 from ratchet.store.base import Store
 
 log = logging.getLogger("ratchet.sandbox")
+# A report carries step outputs whole; past this, a sandbox's report is refused (413)
+# rather than held in the worker's memory.
+MAX_REPORT = 64 << 20
 
 
 class ReportChannel:
@@ -53,6 +56,7 @@ class ReportChannel:
         from fastapi import FastAPI
 
         from ratchet.api import errors, runtime
+        from ratchet.api.limits import BodyLimit
 
         class _Server(uvicorn.Server):
             # The worker's process owns its signals (SIGTERM hands runs back); the
@@ -67,6 +71,7 @@ class ReportChannel:
         api.state.grants = self.grants
         errors.install(api)
         api.include_router(runtime.router)
+        api.add_middleware(BodyLimit, limit=MAX_REPORT)
         self._dir = tempfile.mkdtemp(prefix="ratchet-report-")
         self.path = os.path.join(self._dir, "report.sock")
         return _Server(uvicorn.Config(api, uds=self.path, log_level="warning",
