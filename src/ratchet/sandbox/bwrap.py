@@ -130,7 +130,12 @@ class BubblewrapBackend(SandboxBackend):
         return [*args, "--", *request.argv]
 
     async def spawn(self, request: SpawnRequest) -> SandboxProcess:
-        cell = await asyncio.to_thread(self._limits.cell, request.sandbox_id, request.spec)
+        try:
+            cell = await asyncio.to_thread(self._limits.cell, request.sandbox_id,
+                                           request.spec)
+        except OSError as e:
+            raise SandboxUnavailable(f"could not set the sandbox's limits up "
+                                     f"({self.limits}): {e}") from e
         try:
             proc = await asyncio.create_subprocess_exec(
                 *cell.wrap(self.argv(request)), stdin=asyncio.subprocess.DEVNULL,
