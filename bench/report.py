@@ -40,7 +40,8 @@ def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
     """{system key: {field: stats or note}} with derived figures."""
     out: dict[str, dict[str, Any]] = {}
     systems = {k.split("|", 1)[1] for k in samples
-               if not k.startswith(("limit|", "claimbacklog|", SERVER_PREFIX, *LLM_PREFIXES))}
+               if not k.startswith(("limit|", "claimbacklog|", "sandbox|", SERVER_PREFIX,
+                                    *LLM_PREFIXES))}
     for system in sorted(systems):
         figs: dict[str, Any] = {}
         zero = samples.get(f"sequential0|{system}", [])
@@ -209,9 +210,33 @@ def write_reports(results: dict[str, Any]) -> str:
     out += claim_backlog_section(results)
     out += llm_sections(results)
     out += server_section(results)
+    out += sandbox_section(results)
     out += ["", "## Targets", "", *_targets(figs), *_llm_targets(results),
             *_server_targets(results), ""]
     return "\n".join(out)
+
+
+def sandbox_section(results: dict[str, Any]) -> list[str]:
+    """The isolated tier (bench.sandbox): sandbox spawn to first step, per-step overhead."""
+    rows = [r for r in results["samples"].get("sandbox|sqlite", []) if "step_us" in r]
+    notes = [r.get("skipped") or r.get("error") for r in results["samples"].get(
+        "sandbox|sqlite", []) if "skipped" in r or "error" in r]
+    if not rows:
+        return ["", "## The isolated tier", "", f"Not measured: {notes[0]}"] if notes else []
+    first = _stats([r["spawn_to_first_step_ms"]["p50"] for r in rows])
+    tail = _stats([r["spawn_to_first_step_ms"]["p99"] for r in rows])
+    return [
+        "", "## The isolated tier (bubblewrap, SQLite)", "",
+        f"{rows[0]['runs']} sandboxes, then {rows[0]['steps']} trivial steps isolated and "
+        "in-process, per repeat.", "",
+        "| measure | value |", "|---|---|",
+        f"| sandbox spawn → first step reported, p50 (ms) | {_cell(first)} |",
+        f"| sandbox spawn → first step reported, p99 (ms) | {_cell(tail)} |",
+        f"| in-process step (µs) | {_cell(_stats([r['step_us']['process'] for r in rows]))} |",
+        f"| reported step (µs) | {_cell(_stats([r['step_us']['isolated'] for r in rows]))} |",
+        f"| overhead per reported step (µs) | "
+        f"{_cell(_stats([r['step_overhead_us'] for r in rows]))} |",
+    ]
 
 
 def claim_backlog_section(results: dict[str, Any]) -> list[str]:

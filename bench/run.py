@@ -86,6 +86,9 @@ class Plan:
     llm_overhead_n: int = 300
     # Repeats of the server measures (bench/server.py), each about a minute a backend.
     server_repeats: int = 3
+    # The isolated tier (bench.sandbox): sandboxes spawned, and steps per workflow.
+    sandbox_runs: int = 30
+    sandbox_steps: int = 200
 
 
 def plan(quick: bool) -> Plan:
@@ -94,7 +97,8 @@ def plan(quick: bool) -> Plan:
                     pickup_n=10, limit_seconds=0.5, timeout=60,
                     pickup_n_for={"dbos": 3, "absurd": 5},
                     recovery_options={"absurd": ["--lease", "3"]},
-                    claim_backlogs=(0, 10_000), llm_overhead_n=100, server_repeats=1)
+                    claim_backlogs=(0, 10_000), llm_overhead_n=100, server_repeats=1,
+                    sandbox_runs=10, sandbox_steps=50)
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
@@ -161,6 +165,17 @@ def adapter(system: System, measure: str, db: str, timeout: float, *extra: str) 
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 15)
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {timeout + 15:g} s"}
+    return last_json(done.stdout, done.stderr)
+
+
+def sandbox_measure(p: Plan) -> dict[str, Any]:
+    """The isolated tier's spawn-to-first-step latency and per-step overhead (SQLite)."""
+    argv = [sys.executable, "-m", "bench.sandbox", "--json", "--runs", str(p.sandbox_runs),
+            "--steps", str(p.sandbox_steps)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=p.timeout * 5)
+    except subprocess.TimeoutExpired:
+        return {"error": f"no answer within {p.timeout * 5:g} s"}
     return last_json(done.stdout, done.stderr)
 
 
@@ -300,6 +315,7 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
         llm_measures(p, dbs, {s.name for s in systems}, record)
         if only is None or "ratchet" in only:
             server_measures(quick, p, dbs, record)
+            record("sandbox|sqlite", sandbox_measure(p))
     finally:
         dbs.close()
     return {

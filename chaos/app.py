@@ -80,6 +80,32 @@ def _post(url: str, key: str, info: ratchet.StepInfo, delivery: str) -> Any:
         raise ratchet.ConnectorError(f"receiver: {e}") from e
 
 
+# The isolated workflow: module-level, so the harness can import it inside each sandbox.
+# Its steps are computations only (a sandbox has no network and cannot park a run).
+_boxed_steps = ratchet.Ratchet("sqlite:///:memory:")
+
+
+@_boxed_steps.step
+async def boxed_work(i: int) -> str:
+    """A computation inside the sandbox; one in five is slow, so kills land mid-step."""
+    slow = random.random() < 0.2
+    await asyncio.sleep(random.uniform(0.3, 1.2) if slow else random.uniform(0.005, 0.03))
+    return f"b{i}"
+
+
+@_boxed_steps.workflow(tier="isolated", sandbox=ratchet.Sandbox(memory_mb=256, timeout_s=60))
+async def boxed(plan: list[str]) -> list[Any]:
+    """An isolated run: each ``work`` or ``spin:<n>`` entry of its plan, in a sandbox."""
+    out: list[Any] = []
+    for i, entry in enumerate(plan):
+        kind, _, arg = entry.partition(":")
+        if kind == "spin":
+            out.append([await boxed_work(100 * i + j) for j in range(int(arg))])
+        else:
+            out.append(await boxed_work(i))
+    return out
+
+
 def build(url: str, receiver_url: str | None = None, version: str = "1") -> ratchet.Ratchet:
     """The campaign's application on database ``url``, delivering to ``receiver_url``;
     ``version`` "2" adds the workflows of :data:`V2_ONLY`."""
@@ -170,6 +196,11 @@ def build(url: str, receiver_url: str | None = None, version: str = "1") -> ratc
     async def flow(plan: list[str]) -> list[Any]:
         """Follow ``plan``, one entry after the other."""
         return await follow(plan)
+
+    # As chaos.app, not __main__: the harness imports the module by that name.
+    from chaos.app import boxed as isolated
+
+    app.workflows[isolated.name] = isolated
 
     if version == "2":
         @app.workflow(version="2")

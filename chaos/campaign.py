@@ -28,7 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 from chaos import app as chaos_app
 from chaos import collect
 from chaos.check import DupStart, check_all, recovery_times
-from chaos.faults import Partition, Postgres, SqliteDisk
+from chaos.faults import Partition, Postgres, SqliteDisk, kill_a_sandbox
 from chaos.plan import DUP_CALLERS, Fault, RunSpec, fault_schedule, run_specs
 from chaos.procs import CRASH_POINT_TARGET, ROOT, Arming, Exit, Fleet, Slot
 from chaos.receiver import read_log
@@ -575,6 +575,16 @@ class Campaign:
                 else:
                     self.skipped[kind] += 1
             self.disk.start_checkpointer(self.workdir)
+        elif kind == "sandbox_kill":
+            # Isolated runs are few and their sandboxes short-lived: wait a while for one.
+            pick, deadline = Random(p["pick"]), time.monotonic() + 2 * TTL
+            while not kill_a_sandbox(pick):
+                if time.monotonic() > deadline:
+                    self.skipped[kind] += 1
+                    return
+                time.sleep(0.05)
+            self.count(kind)
+            self.log("killed a sandbox")
         elif kind == "disk_full":
             assert self.disk is not None
             written = self.disk.fill()

@@ -270,6 +270,15 @@ def crash_loop(events: Sequence[Event], starts: int) -> str | None:
     return ""
 
 
+def sandboxes_exhausted(events: Sequence[Event]) -> bool:
+    """An isolated run failed after its three sandboxes all ended unfinished (the fleet's
+    kills and the campaign's sandbox kills took them)."""
+    last = events[-1] if events else None
+    return (last is not None and last.kind == EventKind.RUN_FAILED
+            and last.payload.get("code") == "sandbox_resume_exhausted"
+            and last.payload.get("attempts") == 3)
+
+
 def _ancestry(ev: Evidence, run_id: str) -> list[str]:
     """``run_id`` and its ancestors, nearest first."""
     out = [run_id]
@@ -296,6 +305,8 @@ def _failure_explained(ev: Evidence, row: RunRow, depth: int = 0) -> bool:
     verdict is reported on the child itself)."""
     error = row.error or ""
     if any(x in error for x in ev.expected_failures):
+        return True
+    if sandboxes_exhausted(ev.events.get(row.run_id, [])):
         return True
     if depth > 16:
         return False

@@ -330,3 +330,35 @@ def checkpoint_loop(path: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["checkpoint"]:
         checkpoint_loop(sys.argv[2])
+
+
+def live_sandboxes() -> list[int]:
+    """The pids of the bubblewrap processes of live sandboxes (each isolated attempt's
+    outermost process; its environment is on its command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent_args = Path(f"/proc/{parent}/cmdline").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        # bwrap forks its namespace's init with the same command line: the outer one only.
+        if b"--die-with-parent" in args and b"RATCHET_SANDBOX_ID" in args and (
+                b"--die-with-parent" not in parent_args):
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def kill_a_sandbox(rng: Random) -> bool:
+    """SIGKILL one live sandbox (its worker spawns the next attempt); whether one was."""
+    pids = live_sandboxes()
+    if not pids:
+        return False
+    try:
+        os.kill(rng.choice(pids), signal.SIGKILL)
+    except ProcessLookupError:
+        return False
+    return True

@@ -34,6 +34,7 @@ class RunSpec:
 
 
 DUP_CALLERS = 4  # callers of a duplicate start, each on a connection of its own
+BOXED_SHARE = 0.06  # runs of the isolated workflow (see chaos.app.boxed)
 
 
 def run_plans(rng: Random, n: int) -> list[list[str]]:
@@ -85,6 +86,10 @@ def run_specs(rng: Random, n: int) -> list[RunSpec]:
             plan = [head, *plan[:3]]
             cancel_after_s = round(rng.uniform(0.0, 1.0), 3)
         callers = DUP_CALLERS if rng.random() < 0.05 else 1
+        if rng.random() < BOXED_SHARE:
+            # An isolated run (a sandbox per attempt): computations only.
+            workflow = "boxed"
+            plan = [p if p.startswith("spin:") else "work" for p in plan]
         specs.append(RunSpec(workflow, plan, cancel_after_s, callers))
     return specs
 
@@ -104,6 +109,7 @@ def fault_schedule(rng: Random, backend: str, n: int, workers: int,
         kinds += ["checkpoint_kill"] * max(8, n // 8)
         kinds += ["disk_full"] * max(4, n // 25)
         rest = n - len(kinds)
+    kinds += ["sandbox_kill"] * max(3, n // 20)
     rest = n - len(kinds)
     kinds += ["worker_pause"] * (rest * 35 // 100)
     kinds += ["worker_kill"] * (n - len(kinds))
@@ -131,5 +137,7 @@ def fault_schedule(rng: Random, backend: str, n: int, workers: int,
             params["with_worker"] = rng.randrange(workers) if rng.random() < 0.5 else None
         elif kind == "disk_full":
             params["hold_s"] = round(rng.uniform(0.5, 2.0), 2)
+        elif kind == "sandbox_kill":
+            params["pick"] = rng.randrange(2**32)
         out.append(Fault(kind, round(rng.uniform(*gap), 3), params))
     return out

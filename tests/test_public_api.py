@@ -12,6 +12,7 @@ EXPECTED = {
     "StepFailed", "StepInfo", "StepTimeout", "StorageError", "ToolError", "UnknownRun",
     "UnknownWorkflow", "WorkflowDef", "child", "current_step", "deliver", "deliver_sync",
     "sleep", "wait_for_signal",
+    "Sandbox",
     "RunIdConflict",
     "DeliveryFailed", "ReceiptBusy", "ReceiptSettled", "UnknownReceipt",
     "LLMTimeout", "LLMRequestError", "Agent", "AgentResult", "AgentMaxTurns", "StepKey",
@@ -47,7 +48,7 @@ def test_every_public_name_has_a_docstring() -> None:
 BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
             "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
             "launch", "shutdown", "settle_receipt", "llm_totals", "approve", "reject",
-            "approvals", "graph", "run_receipt", "prune"]
+            "approvals", "graph", "run_receipt", "prune", "sandboxes"]
 
 
 def test_every_blocking_call_has_an_async_twin() -> None:

@@ -57,6 +57,7 @@ from ratchet.errors import (
     UnknownWorkflow,
 )
 from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
+from ratchet.sandbox.spec import Sandbox
 
 __version__ = "0.1.0"
 """The release; pyproject.toml reads it from here (the one place it is written)."""
@@ -110,6 +111,7 @@ __all__ = [
     "RunNotFinished",
     "RunRecord",
     "RunStatus",
+    "Sandbox",
     "SignalTimeout",
     "StepFailed",
     "StepInfo",

@@ -44,8 +44,10 @@ from ratchet.model import (
 )
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.receipts.service import ensure_receipt
+from ratchet.sandbox.spec import Sandbox, check_tier
 from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
+from ratchet.store.sandboxes import SandboxRecord
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -162,15 +164,18 @@ class Ratchet:
     def workflow(self, fn: Callable[..., Any], /) -> WorkflowDef: ...
     @overload
     def workflow(self, name: str | None = None, version: str = "1", *,
-                 guards: Guards | None = None
+                 guards: Guards | None = None, tier: str = "process",
+                 sandbox: Sandbox | None = None
                  ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
     def workflow(self, name: Any = None, version: str = "1", *,
-                 guards: Guards | None = None) -> Any:
+                 guards: Guards | None = None, tier: str = "process",
+                 sandbox: Sandbox | None = None) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
         Its name (default: the function's) and version are stored with each run; a worker
         drives runs of the workflows it has. ``guards`` are its :class:`ratchet.Guards`
-        (default: ``ratchet.Guards()``)."""
+        (default: ``ratchet.Guards()``). ``tier="isolated"`` runs each attempt in a sandbox
+        of its own (``sandbox=ratchet.Sandbox(...)``; see ratchet.sandbox)."""
         fn = None
         if callable(name):  # used bare: @app.workflow
             fn, name = name, None
@@ -180,7 +185,9 @@ class Ratchet:
             raise InvalidInput(f"guards must be a ratchet.Guards, got {guards!r}")
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
-            wd = WorkflowDef(fn, name or fn.__name__, str(version), guards)
+            wf_name = name or fn.__name__
+            wd = WorkflowDef(fn, wf_name, str(version), guards,
+                             check_tier(tier, sandbox, wf_name))
             if wd.name in self.workflows and self.workflows[wd.name].fn is not fn:
                 raise InvalidInput(f"workflow {wd.name!r} is already registered")
             self.workflows[wd.name] = wd
@@ -509,6 +516,15 @@ class Ratchet:
         _check_status(status)
         return await (await self._astore()).list_runs(status, limit)
 
+    async def sandboxes_async(self, run_id: str | None = None,
+                              limit: int = 100) -> list[SandboxRecord]:
+        """The sandboxes of an isolated run, by attempt (with ``run_id``), else the most
+        recent ones of every run: status, times, exit code or signal, peak memory, and
+        why each ended."""
+        if run_id is not None:
+            await self.get_async(run_id)
+        return await (await self._astore()).list_sandboxes(run_id, limit)
+
     async def live_workers_async(self) -> list[WorkerInfo]:
         """The workers seen within their lease TTL, with the workflows and queues each
         serves."""
@@ -614,6 +630,10 @@ class Ratchet:
         return self._portal.call(self.prune_async(finished_before_s, statuses=statuses,
                                                   dry_run=dry_run))
 
+    def sandboxes(self, run_id: str | None = None, limit: int = 100) -> list[SandboxRecord]:
+        """Blocking :meth:`sandboxes_async`."""
+        return self._portal.call(self.sandboxes_async(run_id, limit))
+
     def live_workers(self) -> list[WorkerInfo]:
         """Blocking :meth:`live_workers_async`."""
         return self._portal.call(self.live_workers_async())
@@ -635,6 +655,11 @@ class Ratchet:
 
         options.setdefault("serve_graphs", True)
         options.setdefault("signer", self.signer)
+        if "isolation" not in options and any(
+                wd.sandbox is not None for wd in self.workflows.values()):
+            from ratchet.sandbox.isolated import IsolatedRunner
+
+            options["isolation"] = IsolatedRunner(self.store)
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:

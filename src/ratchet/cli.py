@@ -827,6 +827,7 @@ from ratchet import (  # noqa: E402, F401
     cli_approvals,
     cli_graphs,
     cli_receipts,
+    cli_sandboxes,
     cli_server,
     cli_tokens,
 )

@@ -257,6 +257,17 @@ class ChainBroken(StoreConflict):
     """A stored journal fails its own hash chain: nothing is signed over it."""
 
 
+class SandboxUnavailable(RatchetError):
+    """The isolated tier cannot start a sandbox on this machine (bubblewrap missing, or
+    user namespaces refused)."""
+
+
+class NotIsolatable(ValueRefused):
+    """This call is not available inside a sandbox (the isolated tier reports journal
+    writes only: no parks, child runs, approvals or signals). A write refused for good,
+    as a value the database cannot store is: the run fails with it."""
+
+
 class LeaseLost(BaseException):
     """This worker no longer holds the run's lease; nothing it writes will land."""
 

@@ -20,6 +20,7 @@ from ratchet.engine.guards import Guards
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.errors import InvalidInput, NotSerializable
 from ratchet.model import dumps
+from ratchet.sandbox.spec import Sandbox
 
 if TYPE_CHECKING:
     from pydantic import TypeAdapter, ValidationError
@@ -248,6 +249,8 @@ class WorkflowDef:
     name: str
     version: str = "1"
     guards: Guards | None = None  # None: the defaults
+    # Set for the isolated tier: each attempt runs in a sandbox of this shape.
+    sandbox: Sandbox | None = None
     signature: inspect.Signature = field(init=False)
     _returns: _Codec | None = None
     _params: dict[str, _Codec] = field(default_factory=dict)

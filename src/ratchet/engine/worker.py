@@ -25,8 +25,9 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ratchet.config import lease_ttl_from_env, recovery_interval_from_env
 from ratchet.engine.control import Control, DriveOutcome, StopReason
@@ -54,6 +55,21 @@ def default_worker_id() -> str:
         f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
 
 
+# Takes the run's lease again under a new epoch for the drive (None: the run is no longer
+# this drive's), so that whatever wrote under the old epoch is fenced off.
+Relet = Callable[[], Awaitable[ClaimedRun | None]]
+
+
+class Isolation(Protocol):
+    """Drives isolated runs (``tier="isolated"``) for a worker: see ratchet.sandbox.isolated.
+    Given by the app, so the engine knows nothing of sandboxes."""
+
+    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
+                    relet: Relet) -> DriveOutcome: ...
+
+    async def close(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Active:
     task: asyncio.Task[str]
@@ -72,7 +88,8 @@ class Worker:
                  lease_ttl: float | None = None, recovery_interval: float | None = None,
                  queues: Sequence[str] = ("default",), poll_interval: float | None = None,
                  grace: float = DEFAULT_GRACE_S, serve_graphs: bool = False,
-                 signer: Signer | None = None) -> None:
+                 signer: Signer | None = None,
+                 isolation: Isolation | None = None) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
@@ -94,6 +111,7 @@ class Worker:
         self.serve_graphs = serve_graphs
         self.poll_interval = poll_interval or (0.05 if store.dialect == "sqlite" else 1.0)
         self.grace = grace
+        self.isolation = isolation
         # Plain `def` steps run on threads of the worker's own, sized from its concurrency
         # (a run's parallel branches may each hold one).
         self.threads = StepThreads(2 * concurrency)
@@ -149,6 +167,8 @@ class Worker:
             if not held:
                 with contextlib.suppress(Exception):
                     await self.store.release_worker(self.worker_id)
+            if self.isolation is not None:
+                await self.isolation.close()
             log.info("action=worker_stopped worker_id=%s outcomes=%s", self.worker_id,
                      ",".join(f"{k}:{v}" for k, v in sorted(self.outcomes.items())) or "-")
 
@@ -194,8 +214,7 @@ class Worker:
         outcome: str = "error"
         try:
             for backoff in (*RETRY_DRIVE_S, None):
-                outcome = await drive(self.store, claimed, self.workflows, control,
-                                      self.threads, self.signer)
+                outcome = await self._drive_once(claimed, control)
                 if outcome != DriveOutcome.ABORTED or backoff is None:
                     break
                 # A storage failure: drive it again here while the lease holds, rather than
@@ -218,6 +237,32 @@ class Worker:
             if current is not None and current.control is control:
                 del self.active[run_id]
             self._slot_freed.set()
+
+    async def _drive_once(self, claimed: ClaimedRun, control: Control) -> str:
+        wd = self.workflows.get(claimed.record.workflow)
+        if wd is None or wd.sandbox is None:
+            return await drive(self.store, claimed, self.workflows, control, self.threads,
+                               self.signer)
+        if self.isolation is None:
+            # Never in this process instead: the tier is the workflow's security boundary.
+            log.error("action=isolation_missing run_id=%s workflow=%s",
+                      claimed.record.run_id, wd.name)
+            return DriveOutcome.STOPPED
+        return await self.isolation.drive(claimed, wd, control,
+                                          lambda: self._relet(claimed.record.run_id, control))
+
+    async def _relet(self, run_id: str, control: Control) -> ClaimedRun | None:
+        """The run's lease one epoch up, for the same drive (see :data:`Relet`)."""
+        active = self.active.get(run_id)
+        if control.reason is not None or active is None or active.control is not control:
+            return None
+        sent_at = time.monotonic()
+        lease = await self.store.retake_lease(active.claimed.lease, self.lease_ttl)
+        if lease is None:
+            return None
+        relet = ClaimedRun(active.claimed.record, lease, active.claimed.reason)
+        active.claimed, active.deadline = relet, sent_at + self.lease_ttl
+        return relet
 
     async def _retake(self, claimed: ClaimedRun, control: Control, backoff: float
                       ) -> ClaimedRun | None:

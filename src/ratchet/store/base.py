@@ -44,7 +44,7 @@ from ratchet.model import (
     RunStatus,
     dumps,
 )
-from ratchet.store import approvals, retention
+from ratchet.store import approvals, retention, sandboxes
 from ratchet.store.bus import CANCEL, DONE, EVENTS, READY, Bus
 from ratchet.store.queries import load_migrations
 
@@ -741,6 +741,39 @@ class Store(ABC):
         rows = await self._read(lambda tx: tx.all("guard_llm_history", params))
         return [(r["run_id"], r["step_id"], json.loads(r["llm"]) if r["llm"] else None)
                 for r in rows]
+
+    # -- sandboxes (see ratchet.store.sandboxes) --------------------------------------------
+
+    async def open_sandbox(self, lease: Lease, sandbox_id: str, backend: str, limit: int,
+                           since_epoch: int = 0) -> tuple[sandboxes.SandboxRecord | None, int]:
+        """Under the lease: the row of the run's next sandbox, or None once ``limit``
+        attempts (of epoch ``since_epoch`` on) were counted; and how many were."""
+
+        def body(tx: Tx) -> tuple[sandboxes.SandboxRecord | None, int]:
+            self._check_lease(tx, lease)
+            return sandboxes.open_sandbox(tx, lease, sandbox_id, backend, limit, since_epoch)
+
+        return await self._run(body)
+
+    async def sandbox_running(self, sandbox_id: str) -> None:
+        """The sandbox's process started."""
+        await self._run(lambda tx: tx.send("sandbox_running", {"sandbox_id": sandbox_id}))
+
+    async def end_sandbox(self, sandbox_id: str, *, reason: str, exit_code: int | None,
+                          signal: int | None, peak_memory: int | None) -> None:
+        """The sandbox's process is gone: how it ended."""
+        params = {"sandbox_id": sandbox_id, "end_reason": reason, "exit_code": exit_code,
+                  "signal": signal, "peak_memory": peak_memory}
+        await self._run(lambda tx: tx.send("sandbox_end", params))
+
+    async def list_sandboxes(self, run_id: str | None = None,
+                             limit: int = 100) -> list[sandboxes.SandboxRecord]:
+        """A run's sandboxes by attempt, or the most recent ones of every run."""
+        if run_id is not None:
+            rows = await self._read(lambda tx: tx.all("sandboxes_of_run", {"run_id": run_id}))
+        else:
+            rows = await self._read(lambda tx: tx.all("sandboxes_recent", {"limit": limit}))
+        return [sandboxes.record(r) for r in rows]
 
     # -- approvals (see ratchet.store.approvals) --------------------------------------------
 

@@ -710,3 +710,49 @@ DELETE FROM journal_events WHERE (run_id, seq) IN (
 
 -- name: prune_done
 UPDATE runs SET journal_pruned = true WHERE run_id = ANY(%(ids)s::text[])
+
+-- Sandboxes (the isolated tier, migration 011): one row per sandbox spawned for a run.
+-- name: sandboxes_end_stale
+-- Rows a dead owner left open: a sandbox lives only while its owner holds the lease, so
+-- once another holder runs the run, no earlier sandbox of it is alive.
+UPDATE sandboxes SET status = 'terminated', ended_at = ratchet_now(), end_reason = 'orphaned'
+WHERE run_id = %(run_id)s AND status <> 'terminated'
+
+-- name: sandbox_attempts
+-- Sandboxes that count against the run's resume limit: those of lease epochs from :since
+-- on (after a manual retry, the drives since), but for those a worker's clean shutdown
+-- stopped; and the highest attempt number so far.
+SELECT count(*) FILTER (WHERE coalesce(end_reason, '') <> 'shutdown'
+                        AND epoch >= %(since)s) AS counted,
+       coalesce(max(attempt), 0) AS last
+FROM sandboxes WHERE run_id = %(run_id)s
+
+-- name: sandbox_insert
+INSERT INTO sandboxes (sandbox_id, run_id, attempt, backend, worker_id, epoch, started_at)
+VALUES (%(sandbox_id)s, %(run_id)s, %(attempt)s, %(backend)s, %(worker_id)s, %(epoch)s,
+        ratchet_now())
+
+-- name: sandbox_running
+UPDATE sandboxes SET status = 'running'
+WHERE sandbox_id = %(sandbox_id)s AND status = 'starting'
+
+-- name: sandbox_end
+UPDATE sandboxes SET status = 'terminated', ended_at = ratchet_now(),
+       exit_code = %(exit_code)s, signal = %(signal)s, peak_memory = %(peak_memory)s,
+       end_reason = %(end_reason)s
+WHERE sandbox_id = %(sandbox_id)s AND status <> 'terminated'
+
+-- name: sandboxes_of_run
+SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
+       exit_code, signal, peak_memory, end_reason
+FROM sandboxes WHERE run_id = %(run_id)s ORDER BY attempt
+
+-- name: sandboxes_recent
+SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
+       exit_code, signal, peak_memory, end_reason
+FROM sandboxes ORDER BY started_at DESC, sandbox_id LIMIT %(limit)s
+
+-- name: sandboxes_of_run_attempt
+SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
+       exit_code, signal, peak_memory, end_reason
+FROM sandboxes WHERE run_id = %(run_id)s AND attempt = %(attempt)s

@@ -559,3 +559,46 @@ DELETE FROM journal_events WHERE (run_id, seq) IN (
 
 -- name: prune_done
 UPDATE runs SET journal_pruned = 1 WHERE run_id IN (SELECT value FROM json_each(:ids))
+
+-- Sandboxes (the isolated tier, migration 010): one row per sandbox spawned for a run.
+-- name: sandboxes_end_stale
+-- Rows a dead owner left open: a sandbox lives only while its owner holds the lease, so
+-- once another holder runs the run, no earlier sandbox of it is alive.
+UPDATE sandboxes SET status = 'terminated', ended_at = ratchet_now(), end_reason = 'orphaned'
+WHERE run_id = :run_id AND status <> 'terminated'
+
+-- name: sandbox_attempts
+-- Sandboxes that count against the run's resume limit: those of lease epochs from :since
+-- on (after a manual retry, the drives since), but for those a worker's clean shutdown
+-- stopped; and the highest attempt number so far.
+SELECT count(CASE WHEN coalesce(end_reason, '') <> 'shutdown' AND epoch >= :since
+                   THEN 1 END) AS counted,
+       coalesce(max(attempt), 0) AS last
+FROM sandboxes WHERE run_id = :run_id
+
+-- name: sandbox_insert
+INSERT INTO sandboxes (sandbox_id, run_id, attempt, backend, worker_id, epoch, started_at)
+VALUES (:sandbox_id, :run_id, :attempt, :backend, :worker_id, :epoch, ratchet_now())
+
+-- name: sandbox_running
+UPDATE sandboxes SET status = 'running' WHERE sandbox_id = :sandbox_id AND status = 'starting'
+
+-- name: sandbox_end
+UPDATE sandboxes SET status = 'terminated', ended_at = ratchet_now(), exit_code = :exit_code,
+       signal = :signal, peak_memory = :peak_memory, end_reason = :end_reason
+WHERE sandbox_id = :sandbox_id AND status <> 'terminated'
+
+-- name: sandboxes_of_run
+SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
+       exit_code, signal, peak_memory, end_reason
+FROM sandboxes WHERE run_id = :run_id ORDER BY attempt
+
+-- name: sandboxes_recent
+SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
+       exit_code, signal, peak_memory, end_reason
+FROM sandboxes ORDER BY started_at DESC, sandbox_id LIMIT :limit
+
+-- name: sandboxes_of_run_attempt
+SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
+       exit_code, signal, peak_memory, end_reason
+FROM sandboxes WHERE run_id = :run_id AND attempt = :attempt

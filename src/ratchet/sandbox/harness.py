@@ -1,0 +1,125 @@
+"""Inside a sandbox: ``python -m ratchet.sandbox.harness module:workflow``.
+
+Runs the workflow with the engine's own driver, so its ``@app.step`` code is the same as
+in-process: the journal is read from the report channel (with ``RATCHET_RESUME=1``, the
+completed steps it holds are replayed from their saved outputs, not run again; a step an
+earlier sandbox left in flight runs again under the same attempt and idempotency key),
+and every journal write goes back as a report. The worker outside owns the run; this
+process only reports. Its exit code tells the worker what happened: 0 the run ended,
+3 the sandbox was fenced off (another owns the run), anything else a crash.
+
+Environment (set by the worker): RATCHET_RUN_ID, RATCHET_SANDBOX_ID, RATCHET_REPORT_TOKEN,
+RATCHET_WORKER_ID, RATCHET_LEASE_EPOCH, RATCHET_DRIVE_REASON, RATCHET_REPORT_SOCKET,
+RATCHET_NETWORK, and RATCHET_RESUME=1 from the second sandbox of a run on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import importlib.util
+import logging
+import os
+import sys
+from typing import cast
+
+from ratchet.engine.control import Control, DriveOutcome
+from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.driver import drive
+from ratchet.engine.threads import StepThreads
+from ratchet.model import ClaimedRun, Lease
+from ratchet.sandbox.backend import REPORT_SOCKET
+from ratchet.sandbox.remote import RemoteStore, Reporter
+from ratchet.store.base import Store
+
+EXIT_ENDED = 0
+EXIT_CRASHED = 1
+EXIT_USAGE = 2
+EXIT_FENCED = 3
+_OUTCOME_EXIT = {DriveOutcome.SUCCEEDED: EXIT_ENDED, DriveOutcome.FAILED: EXIT_ENDED,
+                 DriveOutcome.NOOP: EXIT_ENDED, DriveOutcome.LEASE_LOST: EXIT_FENCED}
+
+log = logging.getLogger("ratchet.sandbox.harness")
+
+
+def load(ref: str) -> WorkflowDef:
+    """The workflow ``module:name`` (or ``/path/script.py:name``) names."""
+    module, _, name = ref.rpartition(":")
+    if not module or not name:
+        raise SystemExit(f"usage: python -m ratchet.sandbox.harness module:workflow "
+                         f"(got {ref!r})")
+    if module.endswith(".py"):
+        # A script's workflow: run the script as a module of another name, so its
+        # ``if __name__ == "__main__":`` part (starting runs, a worker) stays out.
+        spec = importlib.util.spec_from_file_location("ratchet_sandboxed_script", module)
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"cannot load {module}")
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = loaded
+        spec.loader.exec_module(loaded)
+    else:
+        loaded = importlib.import_module(module)
+    wd = getattr(loaded, name, None)
+    if not isinstance(wd, WorkflowDef):
+        raise SystemExit(f"{ref} is not a Ratchet workflow")
+    return wd
+
+
+async def _relay(socket_path: str) -> str:
+    """Serve the report channel on the sandbox's own loopback too (report-only); its URL."""
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_unix_connection(socket_path)
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer),
+                             return_exceptions=True)
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+async def run(wd: WorkflowDef) -> int:
+    env = os.environ
+    run_id, sandbox_id = env["RATCHET_RUN_ID"], env["RATCHET_SANDBOX_ID"]
+    socket_path = env.get("RATCHET_REPORT_SOCKET", REPORT_SOCKET)
+    if env.get("RATCHET_NETWORK") == "report-only":
+        env["RATCHET_REPORT_URL"] = await _relay(socket_path)
+    reporter = Reporter(socket_path, env.pop("RATCHET_REPORT_TOKEN"), run_id, sandbox_id)
+    try:
+        record, events = await reporter.journal()
+        if record.workflow != wd.name:
+            log.error("action=harness_mismatch run_id=%s workflow=%s harness=%s", run_id,
+                      record.workflow, wd.name)
+            return EXIT_USAGE
+        lease = Lease(run_id, env["RATCHET_WORKER_ID"], int(env["RATCHET_LEASE_EPOCH"]))
+        # Why the worker holds the run (claim, sweep, reclaim), or "resume" when it spawns
+        # again after a sandbox of this drive ended unfinished; the drive marker says so.
+        reason = env.get("RATCHET_DRIVE_REASON") or (
+            "resume" if env.get("RATCHET_RESUME") == "1" else "claim")
+        store = cast(Store, RemoteStore(reporter, events))  # the calls a drive makes
+        outcome = await drive(store, ClaimedRun(record, lease, reason), {wd.name: wd},
+                              Control(), StepThreads(8))
+    finally:
+        await reporter.close()
+    return _OUTCOME_EXIT.get(outcome, EXIT_CRASHED)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    logging.basicConfig(level=logging.WARNING, format="sandbox: %(message)s")
+    if len(args) != 1:
+        print("usage: python -m ratchet.sandbox.harness module:workflow", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(run(load(args[0])))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Sandboxes in the store: the transaction bodies behind :class:`ratchet.store.base.Store`'s
+sandbox methods (the isolated tier).
+
+A row per sandbox ever spawned for a run, written by the run's lease holder (checked in
+the same transaction) before the sandbox process starts, so every attempt is counted even
+if its worker dies right after spawning it. Opening a sandbox first closes the rows an
+earlier holder left open: a sandbox only lives while its owner holds the run's lease
+(``bwrap --die-with-parent``, and an owner that cannot renew kills its sandboxes), so a
+new holder knows none of them is alive.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from ratchet.model import Lease
+
+if TYPE_CHECKING:
+    from ratchet.store.base import Tx
+
+# How a sandbox ended (``end_reason``).
+FINISHED = "finished"  # the harness reported the run's end
+CRASHED = "crashed"  # exited or died before the run ended
+OOM = "oom"  # killed by its memory limit
+TIMEOUT = "timeout"  # ran past Sandbox.timeout_s
+KILLED = "killed"  # stopped by its owner: a cancel, a lost lease
+SHUTDOWN = "shutdown"  # stopped by its owner's clean shutdown (not counted as an attempt)
+ORPHANED = "orphaned"  # its owner died; closed by the next holder
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxRecord:
+    """A row of ``sandboxes``."""
+
+    sandbox_id: str
+    run_id: str
+    attempt: int
+    status: str  # starting | running | terminated
+    backend: str
+    worker_id: str
+    epoch: int
+    started_at: float
+    ended_at: float | None
+    exit_code: int | None
+    signal: int | None
+    peak_memory: int | None
+    end_reason: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def record(row: Any) -> SandboxRecord:
+    return SandboxRecord(
+        sandbox_id=row["sandbox_id"], run_id=row["run_id"], attempt=int(row["attempt"]),
+        status=row["status"], backend=row["backend"], worker_id=row["worker_id"],
+        epoch=int(row["epoch"]), started_at=float(row["started_at"]),
+        ended_at=None if row["ended_at"] is None else float(row["ended_at"]),
+        exit_code=row["exit_code"], signal=row["signal"], peak_memory=row["peak_memory"],
+        end_reason=row["end_reason"])
+
+
+def open_sandbox(tx: Tx, lease: Lease, sandbox_id: str, backend: str, limit: int,
+                 since_epoch: int = 0) -> tuple[SandboxRecord | None, int]:
+    """Under the lease (the caller checked it in ``tx``): close stale rows, then write the
+    next attempt's row unless ``limit`` attempts (of lease epoch ``since_epoch`` on: those
+    since a manual retry) were already counted. Returns the new row (None at the limit)
+    and the attempts counted before it."""
+    tx.send("sandboxes_end_stale", {"run_id": lease.run_id})
+    row = tx.one("sandbox_attempts", {"run_id": lease.run_id, "since": since_epoch})
+    counted, last = int(row["counted"]), int(row["last"])
+    if counted >= limit:
+        return None, counted
+    tx.send("sandbox_insert", {"sandbox_id": sandbox_id, "run_id": lease.run_id,
+                               "attempt": last + 1, "backend": backend,
+                               "worker_id": lease.worker_id, "epoch": lease.epoch})
+    return record(tx.one("sandboxes_of_run_attempt", {"run_id": lease.run_id,
+                                                       "attempt": last + 1})), counted

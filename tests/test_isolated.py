@@ -1,0 +1,291 @@
+"""The isolated tier end to end, with real bubblewrap sandboxes: a sandbox killed
+mid-step resumes, a workload that always crashes fails after exactly three sandboxes, an
+out-of-memory kill counts as a crash, the escape attempts fail from inside, and an owner
+worker killed is taken over by the sweep without a second live sandbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import isolated_app as iso
+import pytest
+from sandboxes import kill_sandbox, live_sandboxes
+from typer.testing import CliRunner
+
+import ratchet
+from ratchet.cli import cli
+from ratchet.errors import InvalidInput
+from ratchet.model import Event
+from ratchet.store.sandboxes import SandboxRecord
+from tests.proc import wait_for
+
+
+@pytest.fixture(autouse=True)
+def _bwrap() -> None:
+    if shutil.which("bwrap") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("bubblewrap (bwrap) is not installed (CI=true requires it)")
+        pytest.skip("bubblewrap (bwrap) is not installed")
+
+RESULT_S = 90.0
+
+
+def _app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
+    app = make_app()
+    # The isolated workflows of the module the harness imports inside each sandbox.
+    app.workflows.update(iso.app.workflows)
+    return app
+
+
+def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]:
+    """The run's sandboxes once ``count`` of them have ended (the run's end is journaled
+    before its last sandbox's process is gone)."""
+    return wait_for(f"{count} ended sandboxes of {run_id}", lambda: (
+        rows if len(rows := app.sandboxes(run_id)) == count
+        and all(r.status == "terminated" for r in rows) else None), timeout=30,
+        detail=lambda: str(app.sandboxes(run_id)))
+
+
+def _started(events: list[Event], step_id: str) -> list[Event]:
+    return [e for e in events if e.kind == "step_started" and e.step_id == step_id]
+
+
+def test_a_sandbox_killed_mid_step_resumes_and_the_run_succeeds_once(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.pipeline, 1)
+    wait_for("step 2 to start in the first sandbox",
+             lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    [(first, pids)] = live_sandboxes(run_id).items()
+    # The sandbox's token reaches it through the environment, not a readable command line.
+    assert all(b"RATCHET_REPORT_TOKEN" not in Path(f"/proc/{p}/cmdline").read_bytes()
+               for p in pids)
+    kill_sandbox(pids)
+    out = app.result(run_id, timeout_s=RESULT_S)
+    events = app.events(run_id)
+    assert out["n"] == 20
+    assert len(_started(events, "1:first")) == 1  # completed before the kill: skipped
+    again = _started(events, "2:slow")
+    assert len(again) == 2  # interrupted: run again, same attempt, same key
+    assert again[0].payload["idempotency_key"] == again[1].payload["idempotency_key"]
+    assert again[1].payload.get("resumed") is True and again[0].attempt == again[1].attempt
+    assert [e.kind for e in events].count("run_succeeded") == 1
+    resumed = [e for e in events if e.kind == "run_resumed"]
+    assert [e.payload["reason"] for e in resumed] == ["resume"]  # RATCHET_RESUME=1
+    rows = _ended(app, run_id, 2)
+    assert [(r.attempt, r.end_reason) for r in rows] == [(1, "crashed"), (2, "finished")]
+    assert rows[0].sandbox_id == first and rows[0].signal == 9
+    assert rows[0].epoch < rows[1].epoch  # each sandbox writes under an epoch of its own
+    assert not live_sandboxes(run_id)
+
+
+def test_a_workload_that_always_crashes_fails_after_exactly_three_sandboxes(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.always_crashes)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    end = app.events(run_id)[-1]
+    assert end.kind == "run_failed"
+    assert end.payload["code"] == "sandbox_resume_exhausted"
+    assert end.payload["attempts"] == 3
+    rows = _ended(app, run_id, 3)
+    assert [(r.attempt, r.end_reason) for r in rows] == [
+        (1, "crashed"), (2, "crashed"), (3, "crashed")]
+    assert len(_started(app.events(run_id), "1:crash")) == 3
+    [dead] = app.dead_letters()
+    assert dead.run_id == run_id and dead.reason == "sandbox_resume_exhausted"
+    # A retry gives the run three sandboxes more, no more.
+    app.retry(run_id)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    assert [r.attempt for r in _ended(app, run_id, 6)] == [1, 2, 3, 4, 5, 6]
+    assert app.events(run_id)[-1].payload["attempts"] == 3
+
+
+def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratchet],
+                                         tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    code = Path(iso.__file__).read_bytes()
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.escape, str(secret), [5432, port])
+    out = app.result(run_id, timeout_s=RESULT_S)
+    assert out["read"] == "denied FileNotFoundError"  # not mounted: not there at all
+    assert out["etc"] == "denied FileNotFoundError"
+    assert out["write"] == "denied OSError"  # read-only (EROFS)
+    assert all(t.startswith("denied") for t in out["tcp"]), out["tcp"]
+    assert out["fork"].startswith("denied BlockingIOError after ")
+    assert int(out["fork"].rsplit(" ", 1)[1]) < 48  # the process limit, not the loop's end
+    # The host is unharmed: the file, the code, the listener that nothing reached.
+    assert secret.read_text() == "host secret"
+    assert Path(iso.__file__).read_bytes() == code
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    listener.close()
+    _ended(app, run_id, 1)
+    assert not live_sandboxes(run_id)  # the fork bomb's children went with their sandbox
+
+
+def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
+        make_app: Callable[..., ratchet.Ratchet], db_url: str) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.pipeline, 3)
+    wait_for("step 2 to start", lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    app.cancel(run_id)
+    with pytest.raises(ratchet.RunCancelled):
+        app.result(run_id, timeout_s=RESULT_S)
+    [row] = _ended(app, run_id, 1)
+    assert row.end_reason == "killed" and row.signal == 9
+    assert not live_sandboxes(run_id)
+    assert [e.kind for e in app.events(run_id)][-1] == "run_cancelled"
+    listed = CliRunner().invoke(cli, ["--db", db_url, "sandboxes", run_id, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [(r["sandbox_id"], r["end_reason"]) for r in json.loads(listed.output)] == [
+        (row.sandbox_id, "killed")]
+    table = CliRunner().invoke(cli, ["--db", db_url, "sandboxes"])
+    assert table.exit_code == 0 and row.sandbox_id in table.output
+    unknown = CliRunner().invoke(cli, ["--db", db_url, "sandboxes", "no-such-run"])
+    assert unknown.exit_code != 0 and "no-such-run" in unknown.output
+
+
+def test_short_sleeps_and_retries_run_in_the_sandbox_and_a_park_is_refused(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    quick = app.start(iso.napping, False)
+    assert app.result(quick, timeout_s=RESULT_S) == 2
+    kinds = [e.kind for e in app.events(quick)]
+    assert "step_waiting" in kinds and "step_retrying" in kinds
+    parked = app.start(iso.napping, True)
+    with pytest.raises(ratchet.RunFailed, match="not available in the isolated tier"):
+        app.result(parked, timeout_s=RESULT_S)
+
+
+def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.reporting, 5432)
+    # 401: the endpoint answered (a token is needed); the database port stays shut.
+    assert app.result(run_id, timeout_s=RESULT_S) == ["401", "denied ConnectionRefusedError"]
+
+
+def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.hungry)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    rows = _ended(app, run_id, 3)
+    assert [r.end_reason for r in rows] == ["oom", "oom", "oom"], rows
+    limit = 128 * 1024 * 1024
+    assert all(r.peak_memory is not None and r.peak_memory <= limit for r in rows)
+    assert app.events(run_id)[-1].payload["code"] == "sandbox_resume_exhausted"
+
+
+def test_a_workflow_the_sandbox_cannot_import_fails_its_run_saying_why(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+
+    async def nested() -> int:  # not a module-level name: no sandbox can import it
+        return 1
+
+    app.workflow("nested", tier="isolated")(nested)
+    app.launch()
+    run_id = app.start("nested")
+    with pytest.raises(ratchet.RunFailed, match="no sandbox could be started.*module-level"):
+        app.result(run_id, timeout_s=RESULT_S)
+    assert app.events(run_id)[-1].payload["reason"] == "sandbox_unavailable"
+
+
+def test_sandbox_settings_are_checked_when_declared() -> None:
+    app = ratchet.Ratchet("sqlite:///unused.db")
+    bad = [dict(memory_mb=0), dict(cpus=-1), dict(timeout_s=0), dict(network="host"),
+           dict(mounts=["relative/path"]), dict(mounts="/one/path"), dict(max_processes=1)]
+    for kwargs in bad:
+        with pytest.raises(InvalidInput, match="Sandbox"):
+            ratchet.Sandbox(**kwargs)  # type: ignore[arg-type]
+
+    async def wf() -> None:
+        return None
+
+    with pytest.raises(InvalidInput, match="tier must be one of"):
+        app.workflow(tier="vm")(wf)
+    with pytest.raises(InvalidInput, match='needs tier="isolated"'):
+        app.workflow(sandbox=ratchet.Sandbox())(wf)
+    assert app.workflow("iso", tier="isolated")(wf).sandbox == ratchet.Sandbox()
+    assert app.workflow("plain")(wf).sandbox is None
+
+
+# -- the owner worker killed -------------------------------------------------------------
+
+
+@pytest.fixture
+def worker_procs(db_url: str, tmp_path: Path) -> Iterator[Callable[[str], subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "ISO_DB_URL": db_url, "ISO_WORKER_ID": name,
+               "ISO_LEASE_TTL": "3", "ISO_RECOVERY_INTERVAL": "0.5"}
+        with (tmp_path / f"{name}.log").open("wb") as out:  # the child keeps its own fd
+            proc = subprocess.Popen([sys.executable, str(Path(iso.__file__))], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.crash
+def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
+        make_app: Callable[..., ratchet.Ratchet],
+        worker_procs: Callable[[str], subprocess.Popen[bytes]]) -> None:
+    app = _app(make_app)  # starts runs and reads them; drives nothing
+    owner = worker_procs("owner")
+    run_id = app.start(iso.pipeline, 2)
+    wait_for("step 2 to start under the owner",
+             lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    [first] = live_sandboxes(run_id)
+    owner.kill()
+    owner.wait()
+    # bwrap --die-with-parent: the owner's sandbox goes with it.
+    wait_for("the owner's sandbox to die", lambda: not live_sandboxes(run_id), timeout=10)
+    worker_procs("heir")
+    most = 0
+    deadline = time.monotonic() + RESULT_S
+    while app.get(run_id).status != "succeeded":
+        most = max(most, len(live_sandboxes(run_id)))
+        assert time.monotonic() < deadline, "the heir did not finish the run"
+        time.sleep(0.02)
+    assert most <= 1
+    rows = _ended(app, run_id, 2)
+    assert [(r.attempt, r.end_reason, r.worker_id) for r in rows] == [
+        (1, "orphaned", "owner"), (2, "finished", "heir")]
+    assert rows[0].sandbox_id == first
+    events = app.events(run_id)
+    assert [e.payload["reason"] for e in events if e.kind == "run_resumed"] == ["sweep"]
+    assert len(_started(events, "1:first")) == 1 and len(_started(events, "2:slow")) == 2
+    assert app.result(run_id)["n"] == 30
