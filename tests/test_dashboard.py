@@ -438,6 +438,40 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
         for e in h.app.events(doomed)))
 
 
+def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry(
+        dash: Dash) -> None:
+    h = dash.h
+    doomed = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
+    lost = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_status(doomed, "failed")
+    h.wait_status(lost, "failed")
+    # A failed run whose dead letter is gone (retried elsewhere, cleared by hand) cannot be
+    # retried: the page must not offer it.
+    store = h.app.store
+    assert h.app._portal.call(store._run(
+        lambda tx: tx.run("dead_letter_delete", {"run_id": lost}))) == 1
+    retry = "Retry from dead letters"
+
+    reader = dash.signed_in(dash.token(scopes=("runs:read", "runs:write")))
+    reader.goto(f"/runs/{doomed}")
+    expect(reader.locator("#run-status")).to_have_text("failed")
+    expect(reader.get_by_role("button", name=retry)).to_have_count(0)
+
+    page = dash.signed_in()
+    page.goto(f"/runs/{lost}")
+    expect(page.locator("#run-status")).to_have_text("failed")
+    expect(page.get_by_role("button", name="Cancel run")).to_have_count(0)
+    expect(page.get_by_role("button", name=retry)).to_have_count(0)
+
+    page.goto(f"/runs/{doomed}")
+    page.get_by_role("button", name=retry).click()
+    expect(page.locator("#action-result")).to_contain_text(f"{doomed} re-queued")
+    wait_for("the retried run to be queued again", lambda: any(
+        e.kind == "run_queued" and e.payload.get("reason") == "retry"
+        for e in h.app.events(doomed)))
+
+
 # -- isolation and CSRF ----------------------------------------------------------------------
 
 

@@ -157,6 +157,7 @@ def waterfall(run_id: str, events: list[Event]) -> Waterfall:
                 row.segments.append(seg)
                 open_seg[ev.step_id] = seg
             row.status = "waiting"
+    for row in rows.values():  # once at the end, not at every event
         row.attempts = len({s.attempt for s in row.segments if s.kind == "attempt"})
     parked = _merge([(s.start, s.end) for r in rows.values() for s in r.segments
                      if s.kind == "parked"])

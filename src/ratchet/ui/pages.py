@@ -239,17 +239,20 @@ async def runs_rows(request: Request, token: Annotated[Token, Depends(scope("run
     return _page(request, "_runs_table.html", context)
 
 
+Changed = tuple[str, float] | None  # the run that changed last, and when
+
+
 class RunsProbe:
     """The live lists' probe, shared: however many list pages of one tenant this process
     serves, the tenant's runs are probed once per wake-up or interval, not once per page."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[float, tuple[int, float | None]]] = {}
+        self._seen: dict[str, tuple[float, Changed]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def probe(self, store: Store, tenant: str, max_age: float) -> tuple[int, float | None]:
+    async def probe(self, store: Store, tenant: str, max_age: float) -> Changed:
         async with self._locks.setdefault(tenant, asyncio.Lock()):
-            at, value = self._seen.get(tenant, (-math.inf, (0, None)))
+            at, value = self._seen.get(tenant, (-math.inf, None))
             if time.monotonic() - at > max_age:
                 value = await dashboard.runs_changed(store, tenant)
                 self._seen[tenant] = (time.monotonic(), value)
@@ -259,7 +262,8 @@ class RunsProbe:
 async def _changes(request: Request, tenant: str, poll_s: float) -> AsyncIterator[bytes]:
     store = _store(request)
     probe: RunsProbe = request.app.state.runs_probe
-    seen: tuple[int, float | None] | None = None
+    seen: Changed = None
+    first = True
     beat = time.monotonic()
     woken = False
     while not await request.is_disconnected():
@@ -268,10 +272,11 @@ async def _changes(request: Request, tenant: str, poll_s: float) -> AsyncIterato
         with store.watching(DONE) as finished:
             # After a wake-up every page probes again, bar those a moment behind another.
             now = await probe.probe(store, tenant, 0.05 if woken else poll_s / 2)
-            if now != seen:
-                if seen is not None:
-                    yield f"event: changed\ndata: {json.dumps({'runs': now[0]})}\n\n".encode()
-                seen, beat = now, time.monotonic()
+            if now != seen or first:
+                if not first:
+                    data = json.dumps({"run_id": now[0] if now else None})
+                    yield f"event: changed\ndata: {data}\n\n".encode()
+                seen, beat, first = now, time.monotonic(), False
             elif time.monotonic() - beat > request.app.state.heartbeat_s:
                 yield b": heartbeat\n\n"
                 beat = time.monotonic()
@@ -292,6 +297,10 @@ async def runs_live(request: Request,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
+async def _false() -> bool:
+    return False
+
+
 # -- a run -----------------------------------------------------------------------------------
 
 
@@ -309,12 +318,15 @@ async def run_page(request: Request, run_id: str) -> Response:
         return _page(request, "missing.html", {"user": user, "message": e.message}, e.status)
     app: Ratchet = request.app.state.ratchet
     store = _store(request)
-    wf, approvals, children = await asyncio.gather(
+    # Retry is offered only where it can work: a failed run with a dead-letter row (the
+    # retry route re-queues nothing else), to a token that may retry. Only such a run costs
+    # the extra read.
+    may_retry = rec.status == RunStatus.FAILED and allows(token, "admin")
+    wf, approvals, children, dead_lettered = await asyncio.gather(
         waterfall_out(store, run_id, None), app.approvals_async(run_id),
-        tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500))
-    # A failed run is offered a retry without a second query for its dead letter: the
-    # retry route refuses (409) a run that has none, and the page says so.
+        tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500),
+        dashboard.dead_lettered(store, run_id) if may_retry else _false())
     return _page(request, "run.html", {
         "user": user, "run": rec, "waterfall": wf, "approvals": approvals,
-        "children": children, "dead_lettered": rec.status == RunStatus.FAILED})
+"children": children, "dead_lettered": dead_lettered})
 
