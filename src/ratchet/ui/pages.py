@@ -323,7 +323,7 @@ async def run_page(request: Request, run_id: str) -> Response:
     # the extra read.
     may_retry = rec.status == RunStatus.FAILED and allows(token, "admin")
     wf, approvals, children, dead_lettered = await asyncio.gather(
-        waterfall_out(store, run_id, None), app.approvals_async(run_id),
+        waterfall_out(store, run_id, None, compact=True), app.approvals_async(run_id),
         tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500),
         dashboard.dead_lettered(store, run_id) if may_retry else _false())
     return _page(request, "run.html", {

@@ -18,7 +18,21 @@ const KINDS = ["run_queued", "run_started", "run_resumed", "step_started", "step
   "tool_called", "anomaly_detected", "confidence_evaluated", "confidence_gate_bypassed",
   ...TERMINAL];
 
-let latest = data.waterfall; // the waterfall at the journal's head
+// The page embeds its waterfall compact (rows and segments as lists of values, named by
+// row_fields and segment_fields); the API serves objects. Either way, objects here.
+function expand(w) {
+  if (!w.row_fields) return w;
+  const rf = w.row_fields;
+  const sf = w.segment_fields;
+  const obj = (names, values) => {
+    const o = {};
+    for (let i = 0; i < names.length; i++) o[names[i]] = values[i];
+    return o;
+  };
+  return { ...w, rows: w.rows.map((r) => ({ ...obj(rf, r), segments: r[rf.length].map((s) => obj(sf, s)) })) };
+}
+
+let latest = expand(data.waterfall); // the waterfall at the journal's head
 let latestAt = performance.now(); // when it was fetched: the server's clock moves on from there
 let scrubbed = null; // the seq being looked at, or null at the head
 let shown = latest; // the waterfall drawn: the latest, or the one cut at the scrubbed seq
