@@ -297,10 +297,6 @@ async def runs_live(request: Request,
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-async def _false() -> bool:
-    return False
-
-
 # -- a run -----------------------------------------------------------------------------------
 
 
@@ -325,8 +321,8 @@ async def run_page(request: Request, run_id: str) -> Response:
     wf, approvals, children, dead_lettered = await asyncio.gather(
         waterfall_out(store, run_id, None, compact=True), app.approvals_async(run_id),
         tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500),
-        dashboard.dead_lettered(store, run_id) if may_retry else _false())
+        dashboard.dead_lettered(store, run_id) if may_retry else asyncio.sleep(0, False))
     return _page(request, "run.html", {
         "user": user, "run": rec, "waterfall": wf, "approvals": approvals,
-"children": children, "dead_lettered": dead_lettered})
+        "children": children, "dead_lettered": dead_lettered})
 
