@@ -12,6 +12,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,13 @@ class Dash:
             return str(r.json()["run_id"])
 
 
-@pytest.fixture
-def dash(h: Harness, browser: Any) -> Iterator[Dash]:
+@contextmanager
+def dashboard(h: Harness, browser: Any, **options: Any) -> Iterator[Dash]:
+    """A real server (``create_app(**options)``) and the browser to drive it; no page of
+    it may have logged an error by the end."""
     app = crash_app.build(h.db_url)
     try:
-        with serving(app, workers=0, heartbeat_s=0.5, live_poll_s=0.2) as base:
+        with serving(app, workers=0, **options) as base:
             d = Dash(base, h, browser)
             try:
                 yield d
@@ -106,6 +109,12 @@ def dash(h: Harness, browser: Any) -> Iterator[Dash]:
             assert d.problems == [], "\n".join(d.problems)
     finally:
         app.shutdown()
+
+
+@pytest.fixture
+def dash(h: Harness, browser: Any) -> Iterator[Dash]:
+    with dashboard(h, browser, heartbeat_s=0.5, live_poll_s=0.2) as d:
+        yield d
 
 
 def rows(page: Any) -> Any:
@@ -200,36 +209,24 @@ def test_the_list_shows_runs_and_follows_them_live(dash: Dash) -> None:
 
 def test_the_list_is_woken_by_starts_and_finishes_not_only_by_its_poll(
         h: Harness, browser: Any) -> None:
-    app = crash_app.build(h.db_url)
-    try:
-        # A one-minute poll: within the few seconds waited here, only a wake-up shows a change.
-        with serving(app, workers=0, live_poll_s=60.0) as base:
-            d = Dash(base, h, browser)
-            try:
-                page = d.signed_in()
-                listed = page.get_by_role("table", name="Runs")
-                expect(page.locator("#live")).to_have_text("live")
-                # Started through this server: announced in its process on both backends.
-                here = d.start("chain", {"n": 1})
-                expect(listed.locator(f'tr[data-run-id="{here}"]').get_by_role("cell").nth(1)
-                       ).to_have_text("queued", timeout=5_000)
-                if h.db_url.startswith("postgresql"):
-                    # Started and finished by other processes: LISTEN/NOTIFY wakes the list.
-                    rec, _ = h.app._portal.call(h.app.start_run_async(
-                        "chain", [], {"n": 1}, tenant="acme"))
-                    there = rec.run_id
-                    fresh = listed.locator(f'tr[data-run-id="{there}"]')
-                    expect(fresh).to_be_visible(timeout=5_000)
-                    h.spawn("w", lease_ttl=3.0)
-                    h.wait_status(there, "succeeded")
-                    expect(fresh.get_by_role("cell").nth(1)).to_have_text("succeeded",
-                                                                          timeout=5_000)
-            finally:
-                for context in d.contexts:
-                    context.close()
-            assert d.problems == [], "\n".join(d.problems)
-    finally:
-        app.shutdown()
+    # A one-minute poll: within the few seconds waited here, only a wake-up shows a change.
+    with dashboard(h, browser, live_poll_s=60.0) as d:
+        page = d.signed_in()
+        listed = page.get_by_role("table", name="Runs")
+        expect(page.locator("#live")).to_have_text("live")
+        # Started through this server: announced in its process on both backends.
+        here = d.start("chain", {"n": 1})
+        expect(listed.locator(f'tr[data-run-id="{here}"]').get_by_role("cell").nth(1)
+               ).to_have_text("queued", timeout=5_000)
+        if h.db_url.startswith("postgresql"):
+            # Started and finished by other processes: LISTEN/NOTIFY wakes the list.
+            rec, _ = h.app._portal.call(h.app.start_run_async(
+                "chain", [], {"n": 1}, tenant="acme"))
+            fresh = listed.locator(f'tr[data-run-id="{rec.run_id}"]')
+            expect(fresh).to_be_visible(timeout=5_000)
+            h.spawn("w", lease_ttl=3.0)
+            h.wait_status(rec.run_id, "succeeded")
+            expect(fresh.get_by_role("cell").nth(1)).to_have_text("succeeded", timeout=5_000)
 
 
 def test_the_list_pages_through_runs(dash: Dash) -> None:
