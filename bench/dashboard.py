@@ -1,6 +1,6 @@
 """The dashboard's time to first render, measured in Chromium.
 
-``python -m bench.dashboard [--events 10000] [--runs 1000] [--repeats 5]`` fills a fresh
+``python -m bench.dashboard [--events 10000] [--runs 1000] [--repeats 5] [--json]`` fills a fresh
 SQLite database with one run of about ``--events`` journal events (a workflow of
 ``(events - 3) / 2`` steps) and ``--runs`` one-step runs, all driven by a real worker; serves
 it with ``ratchet server``'s app on uvicorn; signs in with Playwright on the system's
@@ -16,12 +16,14 @@ times each:
 
 Times are from the start of navigation, as the browser measures them; the first load
 (cold: scripts and stylesheet not cached yet) is reported beside the median. Prints a
-Markdown table and writes it to ``bench/results/dashboard.md``.
+Markdown table and writes it to ``bench/results/dashboard.md``; with ``--json``, prints the
+samples as one JSON line instead (what ``python -m bench.run`` records).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -31,10 +33,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 import ratchet
+from bench.report import DASHBOARD_ROWS
 from ratchet.api import create_app
 from ratchet.store import tokens
 
@@ -49,7 +53,8 @@ def build(url: str) -> ratchet.Ratchet:
     async def tick(i: int) -> int:
         return i
 
-    @app.workflow()
+    # A run of thousands of steps is what is measured, not a runaway: no step ceiling.
+    @app.workflow(guards=ratchet.Guards(max_steps=None))
     async def long(n: int) -> int:
         return sum([await tick(i) for i in range(n)])
 
@@ -126,40 +131,65 @@ def measure(base: str, secret: str, run_id: str, repeats: int) -> dict[str, list
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=1_000)
-    parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+def collect(events: int, runs: int, repeats: int) -> dict[str, Any]:
+    """Fill a database, serve it and load its pages ``repeats`` times: the samples (ms from
+    the start of navigation, the cold first load first) and what was measured; or
+    ``skipped`` when there is no Chromium or Playwright."""
+    if not Path(CHROMIUM).exists():
+        return {"skipped": f"no Chromium at {CHROMIUM} (apt-get install chromium)"}
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return {"skipped": "Playwright is not installed (the bench extra)"}
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{tmp}/bench.db"
         began = time.monotonic()
-        run_id = fill(url, args.events, args.runs)
+        run_id = fill(url, events, runs)
         filled = time.monotonic() - began
         app = build(url)
         try:
             n_events = len(app.events(run_id))
             _, secret = app._portal.call(tokens.create_token(app.store, "default", ("admin",)))
             with serving(app) as base:
-                times = measure(base, secret, run_id, args.repeats)
+                times = measure(base, secret, run_id, repeats)
         finally:
             app.shutdown()
+    return {"events": n_events, "runs": runs + 1, "repeats": repeats,
+            "fill_s": round(filled, 1), "chromium": CHROMIUM, "ms": times,
+            "load_average": os.getloadavg()}
+
+
+def table(result: dict[str, Any]) -> list[str]:
+    """The Markdown table of one :func:`collect` result."""
+    lines = ["| page | first load (cold) ms | median ms | min–max ms |", "|---|---|---|---|"]
+    for key, label in DASHBOARD_ROWS:
+        xs = result["ms"][key]
+        lines.append(f"| {label.format(events=result['events'], runs=result['runs'])} | "
+                     f"{xs[0]:.0f} | {statistics.median(xs):.0f} | "
+                     f"{min(xs):.0f}–{max(xs):.0f} |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=1_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", action="store_true",
+                        help="print the samples as JSON; write no file")
+    args = parser.parse_args()
+    result = collect(args.events, args.runs, args.repeats)
+    if args.json:
+        print(json.dumps(result))
+        return
+    if "ms" not in result:
+        raise SystemExit(result["skipped"])
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
         "# Dashboard: time to first render", "",
         f"{now}; {os.cpu_count()} cores, {platform.platform()}; SQLite; Chromium "
         f"({CHROMIUM}), headless; {args.repeats} loads each, after sign-in; "
-        f"database filled in {filled:.1f} s.", "",
-        "| page | first load (cold) ms | median ms | min–max ms |", "|---|---|---|---|",
-    ]
-    for key, label in (("html", f"run page, {n_events:,} events: HTML received"),
-                       ("run", f"run page, {n_events:,} events: waterfall painted"),
-                       ("rows", f"run page, {n_events:,} events: all rows in the DOM"),
-                       ("list", f"runs list, {args.runs + 1:,} runs: first contentful paint")):
-        xs = times[key]
-        lines.append(f"| {label} | {xs[0]:.0f} | {statistics.median(xs):.0f} | "
-                     f"{min(xs):.0f}–{max(xs):.0f} |")
+        f"database filled in {result['fill_s']:.1f} s.", "", *table(result)]
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "dashboard.md").write_text(text)

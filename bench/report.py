@@ -26,6 +26,13 @@ METRICS = [
 LLM_PREFIXES = ("llmbill|", "llmoverhead|")
 # Keys of the server measures' samples: "server|<backend>" (bench/server.py).
 SERVER_PREFIX = "server|"
+# Key of the dashboard's samples (bench/dashboard.py): one per repeat of the whole measure.
+DASHBOARD_KEY = "dashboard|sqlite"
+# The dashboard's measures: (key in a sample's "ms", label with {events} and {runs}).
+DASHBOARD_ROWS = (("html", "run page, {events:,} events: HTML received"),
+                  ("run", "run page, {events:,} events: waterfall painted"),
+                  ("rows", "run page, {events:,} events: all rows in the DOM"),
+                  ("list", "runs list, {runs:,} runs: first contentful paint"))
 
 
 def _stats(values: list[float]) -> dict[str, float] | None:
@@ -41,7 +48,7 @@ def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
     out: dict[str, dict[str, Any]] = {}
     systems = {k.split("|", 1)[1] for k in samples
                if not k.startswith(("limit|", "claimbacklog|", "sandbox|", SERVER_PREFIX,
-                                    *LLM_PREFIXES))}
+                                    DASHBOARD_KEY, *LLM_PREFIXES))}
     for system in sorted(systems):
         figs: dict[str, Any] = {}
         zero = samples.get(f"sequential0|{system}", [])
@@ -211,9 +218,53 @@ def write_reports(results: dict[str, Any]) -> str:
     out += llm_sections(results)
     out += server_section(results)
     out += sandbox_section(results)
+    out += dashboard_section(results)
     out += ["", "## Targets", "", *_targets(figs), *_llm_targets(results),
-            *_server_targets(results), ""]
+            *_server_targets(results), *_dashboard_targets(results), ""]
     return "\n".join(out)
+
+
+def _dashboard_samples(results: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The dashboard's measured samples, and the notes of those that were not."""
+    samples = results["samples"].get(DASHBOARD_KEY, [])
+    return ([r for r in samples if "ms" in r],
+            [str(r.get("skipped") or r.get("error")) for r in samples if "ms" not in r])
+
+
+def dashboard_section(results: dict[str, Any]) -> list[str]:
+    """The dashboard's time to first render in Chromium (bench.dashboard)."""
+    rows, notes = _dashboard_samples(results)
+    if not rows:
+        return ["", "## The dashboard", "", f"Not measured: {notes[0]}"] if notes else []
+    first, run = rows[0], results.get("dashboard_run")
+    out = ["", "## The dashboard: time to first render (Chromium, SQLite)", "",
+           f"A run of {first['events']:,} journal events and a list of {first['runs']:,} runs "
+           f"(`python -m bench.dashboard`): {first['repeats']} page loads each, after "
+           "sign-in, in headless Chromium against `ratchet server`'s app; ms from the start "
+           "of navigation, the first (cold) load included. Load average "
+           f"{min(r['load_average'][0] for r in rows):.1f}–"
+           f"{max(r['load_average'][0] for r in rows):.1f} while measuring."
+           + (f" Measured {run['date']}{' (QUICK)' if run['quick'] else ''} with "
+              "`python -m bench.run --dashboard-only`." if run else ""),
+           "", "| page | ms |", "|---|---|"]
+    for key, label in DASHBOARD_ROWS:
+        stats = _stats([x for r in rows for x in r["ms"][key]])
+        out.append(f"| {label.format(events=first['events'], runs=first['runs'])} | "
+                   f"{_cell(stats)} |")
+    return out
+
+
+def _dashboard_targets(results: dict[str, Any]) -> list[str]:
+    rows, _ = _dashboard_samples(results)
+    if not rows:
+        return []
+    out = []
+    for key, what in (("rows", f"run page of {rows[0]['events']:,} events, all rows"),
+                      ("list", f"runs list of {rows[0]['runs']:,} runs")):
+        median = statistics.median(x for r in rows for x in r["ms"][key])
+        out.append(f"- dashboard: {what} in {_fmt(median)} ms; target under 1 s: "
+                   f"**{'met' if median < 1000 else 'missed'}**")
+    return out
 
 
 def sandbox_section(results: dict[str, Any]) -> list[str]:

@@ -3,7 +3,8 @@
 ``python -m bench.run [--quick]`` (what ``make bench`` runs) measures, on SQLite (a file on
 disk, WAL, ``synchronous=FULL``) and PostgreSQL (the local server, a database per system),
 every system's adapter in ``bench/peers/`` with each measure repeated in a fresh database,
-then ``ratchet server`` itself (:mod:`bench.server`), and writes
+then ``ratchet server`` itself (:mod:`bench.server`) and its dashboard in Chromium
+(:mod:`bench.dashboard`), and writes
 ``bench/results/latest.json`` (every sample) and ``bench/results/latest.md`` (median and
 min–max, and the ratio Ratchet/peer). Each measure runs in a process of its
 own, so one system's memory or threads never touch another's figures.
@@ -31,7 +32,15 @@ import psycopg
 from bench import server
 from bench.peers import llm
 from bench.peers.common import last_json
-from bench.report import LLM_PREFIXES, SERVER_PREFIX, llm_sections, server_section, write_reports
+from bench.report import (
+    DASHBOARD_KEY,
+    LLM_PREFIXES,
+    SERVER_PREFIX,
+    dashboard_section,
+    llm_sections,
+    server_section,
+    write_reports,
+)
 from bench.report import claim_backlog_section as _claim_section
 
 PG_ADMIN = os.environ.get("RATCHET_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -89,6 +98,11 @@ class Plan:
     # The isolated tier (bench.sandbox): sandboxes spawned, and steps per workflow.
     sandbox_runs: int = 30
     sandbox_steps: int = 200
+    # The dashboard (bench.dashboard): journal events of the long run, runs in the list, and
+    # page loads of each.
+    dashboard_events: int = 10_000
+    dashboard_runs: int = 1_000
+    dashboard_loads: int = 5
 
 
 def plan(quick: bool) -> Plan:
@@ -98,7 +112,8 @@ def plan(quick: bool) -> Plan:
                     pickup_n_for={"dbos": 3, "absurd": 5},
                     recovery_options={"absurd": ["--lease", "3"]},
                     claim_backlogs=(0, 10_000), llm_overhead_n=100, server_repeats=1,
-                    sandbox_runs=10, sandbox_steps=50)
+                    sandbox_runs=10, sandbox_steps=50, dashboard_events=2_000,
+                    dashboard_runs=200, dashboard_loads=2)
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
@@ -177,6 +192,19 @@ def sandbox_measure(p: Plan) -> dict[str, Any]:
     except subprocess.TimeoutExpired:
         return {"error": f"no answer within {p.timeout * 5:g} s"}
     return last_json(done.stdout, done.stderr)
+
+
+def dashboard_measure(p: Plan, record: Record) -> None:
+    """The dashboard's time to first render in Chromium (SQLite), in a process of its own."""
+    argv = [sys.executable, "-m", "bench.dashboard", "--json", "--events",
+            str(p.dashboard_events), "--runs", str(p.dashboard_runs), "--repeats",
+            str(p.dashboard_loads)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=p.timeout * 10)
+    except subprocess.TimeoutExpired:
+        record(DASHBOARD_KEY, {"error": f"no answer within {p.timeout * 10:g} s"})
+        return
+    record(DASHBOARD_KEY, last_json(done.stdout, done.stderr))
 
 
 def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, Any]:
@@ -316,6 +344,7 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
         if only is None or "ratchet" in only:
             server_measures(quick, p, dbs, record)
             record("sandbox|sqlite", sandbox_measure(p))
+            dashboard_measure(p, record)
     finally:
         dbs.close()
     return {
@@ -438,6 +467,8 @@ def main() -> None:
                         help="measure only the LLM crash bill and the wrapped client's overhead")
     parser.add_argument("--server-only", action="store_true",
                         help="measure only ratchet server: starts/s and SSE latency")
+    parser.add_argument("--dashboard-only", action="store_true",
+                        help="measure only the dashboard's time to first render (Chromium)")
     parser.add_argument("--report-only", action="store_true",
                         help="re-write latest.md from latest.json without measuring")
     args = parser.parse_args()
@@ -478,6 +509,12 @@ def main() -> None:
             args.quick, p, dbs, record), plan(args.quick).server_repeats)
         results = _merged(measured, (SERVER_PREFIX,), "server_run", args.quick)
         print("\n".join(server_section(results)))
+        return
+    if args.dashboard_only:
+        measured = family_only(args.quick, log, lambda p, dbs, record: dashboard_measure(
+            p, record), 1)
+        results = _merged(measured, (DASHBOARD_KEY,), "dashboard_run", args.quick)
+        print("\n".join(dashboard_section(results)))
         return
     results = run(args.quick, only, log)
     results["elapsed_s"] = round(time.monotonic() - started, 1)

@@ -12,6 +12,7 @@ import os
 import re
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -92,11 +93,13 @@ class Dash:
             return str(r.json()["run_id"])
 
 
-@pytest.fixture
-def dash(h: Harness, browser: Any) -> Iterator[Dash]:
+@contextmanager
+def dashboard(h: Harness, browser: Any, **options: Any) -> Iterator[Dash]:
+    """A real server (``create_app(**options)``) and the browser to drive it; no page of
+    it may have logged an error by the end."""
     app = crash_app.build(h.db_url)
     try:
-        with serving(app, workers=0, heartbeat_s=0.5, live_poll_s=0.2) as base:
+        with serving(app, workers=0, **options) as base:
             d = Dash(base, h, browser)
             try:
                 yield d
@@ -106,6 +109,12 @@ def dash(h: Harness, browser: Any) -> Iterator[Dash]:
             assert d.problems == [], "\n".join(d.problems)
     finally:
         app.shutdown()
+
+
+@pytest.fixture
+def dash(h: Harness, browser: Any) -> Iterator[Dash]:
+    with dashboard(h, browser, heartbeat_s=0.5, live_poll_s=0.2) as d:
+        yield d
 
 
 def rows(page: Any) -> Any:
@@ -196,6 +205,28 @@ def test_the_list_shows_runs_and_follows_them_live(dash: Dash) -> None:
     page.goto("/")  # the list is the dashboard's home
     expect(listed.locator("tbody tr")).to_have_count(2)
     screenshot(dash, page, "dashboard-runs.png")
+
+
+def test_the_list_is_woken_by_starts_and_finishes_not_only_by_its_poll(
+        h: Harness, browser: Any) -> None:
+    # A one-minute poll: within the few seconds waited here, only a wake-up shows a change.
+    with dashboard(h, browser, live_poll_s=60.0) as d:
+        page = d.signed_in()
+        listed = page.get_by_role("table", name="Runs")
+        expect(page.locator("#live")).to_have_text("live")
+        # Started through this server: announced in its process on both backends.
+        here = d.start("chain", {"n": 1})
+        expect(listed.locator(f'tr[data-run-id="{here}"]').get_by_role("cell").nth(1)
+               ).to_have_text("queued", timeout=5_000)
+        if h.db_url.startswith("postgresql"):
+            # Started and finished by other processes: LISTEN/NOTIFY wakes the list.
+            rec, _ = h.app._portal.call(h.app.start_run_async(
+                "chain", [], {"n": 1}, tenant="acme"))
+            fresh = listed.locator(f'tr[data-run-id="{rec.run_id}"]')
+            expect(fresh).to_be_visible(timeout=5_000)
+            h.spawn("w", lease_ttl=3.0)
+            h.wait_status(rec.run_id, "succeeded")
+            expect(fresh.get_by_role("cell").nth(1)).to_have_text("succeeded", timeout=5_000)
 
 
 def test_the_list_pages_through_runs(dash: Dash) -> None:
@@ -433,6 +464,40 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     letters = page.get_by_role("region", name="Dead letters")
     letters.get_by_role("button", name=f"Retry {doomed}").click()
     expect(page.locator("#live")).to_contain_text(f"{doomed} re-queued: queued")
+    wait_for("the retried run to be queued again", lambda: any(
+        e.kind == "run_queued" and e.payload.get("reason") == "retry"
+        for e in h.app.events(doomed)))
+
+
+def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry(
+        dash: Dash) -> None:
+    h = dash.h
+    doomed = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
+    lost = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_status(doomed, "failed")
+    h.wait_status(lost, "failed")
+    # A failed run whose dead letter is gone (retried elsewhere, cleared by hand) cannot be
+    # retried: the page must not offer it.
+    store = h.app.store
+    assert h.app._portal.call(store._run(
+        lambda tx: tx.run("dead_letter_delete", {"run_id": lost}))) == 1
+    retry = "Retry from dead letters"
+
+    reader = dash.signed_in(dash.token(scopes=("runs:read", "runs:write")))
+    reader.goto(f"/runs/{doomed}")
+    expect(reader.locator("#run-status")).to_have_text("failed")
+    expect(reader.get_by_role("button", name=retry)).to_have_count(0)
+
+    page = dash.signed_in()
+    page.goto(f"/runs/{lost}")
+    expect(page.locator("#run-status")).to_have_text("failed")
+    expect(page.get_by_role("button", name="Cancel run")).to_have_count(0)
+    expect(page.get_by_role("button", name=retry)).to_have_count(0)
+
+    page.goto(f"/runs/{doomed}")
+    page.get_by_role("button", name=retry).click()
+    expect(page.locator("#action-result")).to_contain_text(f"{doomed} re-queued")
     wait_for("the retried run to be queued again", lambda: any(
         e.kind == "run_queued" and e.payload.get("reason") == "retry"
         for e in h.app.events(doomed)))

@@ -4,10 +4,11 @@ attempt short, markers, and a journal cut at any seq."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ratchet.model import GENESIS_HASH, Event
-from ratchet.timeline import waterfall
+from ratchet.timeline import as_compact, as_dict, waterfall
 
 
 def journal(*spec: tuple[float, str, str | None, int | None, dict[str, Any]]) -> list[Event]:
@@ -97,3 +98,24 @@ def test_a_long_backoff_is_parked_time_and_a_cancel_ends_what_goes_on() -> None:
     assert shape(events) == {"1:call": [("attempt", "retrying", 1.0, 2.0),
                                         ("parked", "cancelled", 2.0, 30.0)]}
     assert waterfall("r", events).parked == [(2.0, 30.0)]
+
+
+def test_the_compact_form_expands_to_the_api_form() -> None:
+    events = journal(
+        (0.0, "run_started", None, None, {"worker_id": "a", "epoch": 1, "reason": "claim"}),
+        (1.0, "step_started", "1:fetch", 1, {"kind": "tool"}),
+        (2.0, "step_retrying", "1:fetch", 1, {"error": "x"}),
+        (2.5, "step_started", "1:fetch", 2, {"kind": "tool"}),
+        (3.0, "step_completed", "1:fetch", 2, {"output": 1}),
+        (4.0, "step_started", "2:child:payout", 1, {"child_run_id": "r/2"}),
+        (4.5, "step_waiting", "2:child:payout", None, {"reason": "child"}),
+    )
+    w = waterfall("r", events)
+    compact = json.loads(json.dumps(as_compact(w)))
+    rf, sf = compact.pop("row_fields"), compact.pop("segment_fields")
+    # What run.js's expand() does.
+    compact["rows"] = [dict(zip(rf, r, strict=False)) | {
+        "segments": [dict(zip(sf, s, strict=True)) for s in r[len(rf)]]}
+        for r in compact["rows"]]
+    assert compact == json.loads(json.dumps(as_dict(w)))
+    assert compact["rows"][0]["kind"] == "tool" and compact["rows"][0]["attempts"] == 2

@@ -21,7 +21,7 @@ from ratchet.api.models import (
 from ratchet.api.runs import ERRORS, Reader, owned
 from ratchet.model import EventKind, StepState, fold
 from ratchet.store import Store, dashboard
-from ratchet.timeline import as_dict, waterfall
+from ratchet.timeline import as_compact, as_dict, waterfall
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 AtSeq = Annotated[int | None, Query(ge=0, description="Fold the events up to this seq; "
@@ -63,11 +63,13 @@ async def run_waterfall(run_id: str, request: Request, token: Reader,
         await waterfall_out(request.app.state.store, run_id, at_seq))
 
 
-async def waterfall_out(store: Store, run_id: str, at_seq: int | None) -> dict[str, Any]:
+async def waterfall_out(store: Store, run_id: str, at_seq: int | None,
+                        compact: bool = False) -> dict[str, Any]:
     """The waterfall of ``run_id``'s journal up to ``at_seq`` as JSON data, read in one
-    query (the page embeds it as it is; the route checks it against its model)."""
+    query (the route checks it against its model; a page embeds the ``compact`` form)."""
     events = await dashboard.timeline_events(store, run_id, at_seq)
-    return as_dict(waterfall(run_id, events)) | {"now": await store.now()}
+    form = as_compact if compact else as_dict
+    return form(waterfall(run_id, events)) | {"now": await store.now()}
 
 
 @router.get("/runs/{run_id:path}/step", response_model=StepDetail)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ratchet.model import Event
 
@@ -18,10 +18,17 @@ async def status_counts(store: Store, tenant: str) -> dict[str, int]:
     return {r["status"]: int(r["n"]) for r in rows}
 
 
-async def runs_changed(store: Store, tenant: str) -> tuple[int, float | None]:
-    """How many runs the tenant has and when one last changed: the live list's probe."""
+async def runs_changed(store: Store, tenant: str) -> tuple[str, float] | None:
+    """The tenant's run that changed last and when (None: it has no runs): the live
+    list's probe, one index seek. Deleting runs other than that one is not seen here."""
     row = await store._read(lambda tx: tx.one("ui_runs_changed", {"tenant_id": tenant}))
-    return int(row["n"]), None if row["changed"] is None else float(row["changed"])
+    return None if row is None else (str(row["run_id"]), float(row["changed"]))
+
+
+async def dead_lettered(store: Store, run_id: str) -> bool:
+    """Whether the run has a dead-letter row: what a retry needs."""
+    row = await store._read(lambda tx: tx.one("ui_dead_lettered", {"run_id": run_id}))
+    return int(row["n"]) > 0
 
 
 async def step_counts(store: Store, run_ids: Sequence[str]) -> dict[str, int]:
@@ -32,10 +39,17 @@ async def step_counts(store: Store, run_ids: Sequence[str]) -> dict[str, int]:
 
 async def timeline_events(store: Store, run_id: str, upto: int | None = None) -> list[Event]:
     """A run's events up to seq ``upto`` (all when None) in one query, with the payloads
-    :func:`ratchet.timeline.waterfall` reads and ``{}`` for the others; unhashed (a view,
-    never a journal to verify or replay)."""
+    :func:`ratchet.timeline.waterfall` reads (of a ``step_started``, only its ``kind`` and
+    ``child_run_id``) and ``{}`` for the others; unhashed (a view, never a journal to verify
+    or replay)."""
     params = {"run_id": run_id, "upto": 2**62 if upto is None else upto}
     rows = await store._read(lambda tx: tx.all("ui_timeline_events", params))
-    return [Event(run_id, int(r["seq"]), r["kind"], r["step_id"], r["attempt"],
-                  json.loads(r["payload"]) if r["payload"] is not None else {},
+    return [Event(run_id, r["seq"], r["kind"], r["step_id"], r["attempt"], _payload(r),
                   float(r["at"]), "", "") for r in rows]
+
+
+def _payload(row: Any) -> dict[str, Any]:
+    if row["payload"] is not None:
+        return dict(json.loads(row["payload"]))
+    fields = (("kind", row["step_kind"]), ("child_run_id", row["child_run_id"]))
+    return {k: v for k, v in fields if v is not None}

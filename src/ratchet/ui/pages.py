@@ -29,7 +29,7 @@ from ratchet.api.runs import owned
 from ratchet.app import Ratchet
 from ratchet.model import RunRecord, RunStatus
 from ratchet.store import Store, dashboard, sessions, tokens
-from ratchet.store.base import DONE
+from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
 
 HERE = Path(__file__).parent
@@ -239,55 +239,74 @@ async def runs_rows(request: Request, token: Annotated[Token, Depends(scope("run
     return _page(request, "_runs_table.html", context)
 
 
+Changed = tuple[str, float] | None  # the run that changed last, and when
+
+
 class RunsProbe:
     """The live lists' probe, shared: however many list pages of one tenant this process
     serves, the tenant's runs are probed once per wake-up or interval, not once per page."""
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[float, tuple[int, float | None]]] = {}
+        self._seen: dict[str, tuple[float, Changed]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
-    async def probe(self, store: Store, tenant: str, max_age: float) -> tuple[int, float | None]:
+    async def probe(self, store: Store, tenant: str, since: float) -> Changed:
+        """The tenant's latest change, from a probe begun at ``since`` (monotonic) or later:
+        after a wake-up, one begun after it, so it sees the commit that woke the page."""
         async with self._locks.setdefault(tenant, asyncio.Lock()):
-            at, value = self._seen.get(tenant, (-math.inf, (0, None)))
-            if time.monotonic() - at > max_age:
+            at, value = self._seen.get(tenant, (-math.inf, None))
+            if at < since:
+                at = time.monotonic()
                 value = await dashboard.runs_changed(store, tenant)
-                self._seen[tenant] = (time.monotonic(), value)
+                self._seen[tenant] = (at, value)
             return value
 
 
-async def _changes(request: Request, tenant: str, poll_s: float) -> AsyncIterator[bytes]:
+async def _woken(events: tuple[asyncio.Event, ...], timeout: float) -> bool:
+    """Whether one of ``events`` was set within ``timeout`` seconds."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    done, pending = await asyncio.wait(waits, timeout=timeout,
+                                       return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return bool(done)
+
+
+async def _changes(request: Request, tenant: str, poll_s: float,
+                   seen: Changed) -> AsyncIterator[bytes]:
+    """``changed`` whenever the probe's answer moves from ``seen``."""
     store = _store(request)
     probe: RunsProbe = request.app.state.runs_probe
-    seen: tuple[int, float | None] | None = None
-    beat = time.monotonic()
-    woken = False
+    # The first probe is a fresh one: a change since ``seen`` was probed woke nobody.
+    beat = since = time.monotonic()
     while not await request.is_disconnected():
-        # A finish in this process (or, on PostgreSQL, anywhere) wakes the probe at once;
-        # starts and other processes' finishes are found by the poll.
-        with store.watching(DONE) as finished:
-            # After a wake-up every page probes again, bar those a moment behind another.
-            now = await probe.probe(store, tenant, 0.05 if woken else poll_s / 2)
+        # A run becoming claimable (a start, a retry) or finishing in this process, or on
+        # PostgreSQL in any (LISTEN/NOTIFY), wakes the probe at once; what announces
+        # neither (a run parking, another SQLite process's work) is found by the poll.
+        with store.watching(DONE) as finished, store.watching(READY) as queued:
+            now = await probe.probe(store, tenant, since)
             if now != seen:
-                if seen is not None:
-                    yield f"event: changed\ndata: {json.dumps({'runs': now[0]})}\n\n".encode()
+                data = json.dumps({"run_id": now[0] if now else None})
+                yield f"event: changed\ndata: {data}\n\n".encode()
                 seen, beat = now, time.monotonic()
             elif time.monotonic() - beat > request.app.state.heartbeat_s:
                 yield b": heartbeat\n\n"
                 beat = time.monotonic()
-            try:
-                await asyncio.wait_for(finished.wait(), poll_s)
-                woken = True
-            except TimeoutError:
-                woken = False
+            # After a wake-up, a probe begun since (pages woken together share one, bar
+            # those that wake while it runs); after a quiet interval, one at most half old.
+            woken = await _woken((finished, queued), poll_s)
+            since = time.monotonic() - (0 if woken else poll_s / 2)
 
 
 @router.get("/ui/runs/live")
 async def runs_live(request: Request,
                     token: Annotated[Token, Depends(scope("runs:read"))]) -> Response:
-    """Server-Sent Events: ``changed`` whenever the tenant's runs change."""
+    """Server-Sent Events: ``changed`` whenever the tenant's runs change after the stream
+    opened (what they were then is probed before it answers, so a client that reads the
+    list once it is open misses nothing)."""
     poll_s = float(request.app.state.live_poll_s)
-    return StreamingResponse(_changes(request, token.tenant_id, poll_s),
+    seen = await dashboard.runs_changed(_store(request), token.tenant_id)
+    return StreamingResponse(_changes(request, token.tenant_id, poll_s, seen),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -309,12 +328,15 @@ async def run_page(request: Request, run_id: str) -> Response:
         return _page(request, "missing.html", {"user": user, "message": e.message}, e.status)
     app: Ratchet = request.app.state.ratchet
     store = _store(request)
-    wf, approvals, children = await asyncio.gather(
-        waterfall_out(store, run_id, None), app.approvals_async(run_id),
-        tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500))
-    # A failed run is offered a retry without a second query for its dead letter: the
-    # retry route refuses (409) a run that has none, and the page says so.
+    # Retry is offered only where it can work: a failed run with a dead-letter row (the
+    # retry route re-queues nothing else), to a token that may retry. Only such a run costs
+    # the extra read.
+    may_retry = rec.status == RunStatus.FAILED and allows(token, "admin")
+    wf, approvals, children, dead_lettered = await asyncio.gather(
+        waterfall_out(store, run_id, None, compact=True), app.approvals_async(run_id),
+        tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500),
+        dashboard.dead_lettered(store, run_id) if may_retry else asyncio.sleep(0, False))
     return _page(request, "run.html", {
         "user": user, "run": rec, "waterfall": wf, "approvals": approvals,
-        "children": children, "dead_lettered": rec.status == RunStatus.FAILED})
+        "children": children, "dead_lettered": dead_lettered})
 

@@ -463,9 +463,11 @@ DELETE FROM ui_sessions WHERE session_hash = :session_hash
 SELECT status, COUNT(*) AS n FROM runs WHERE tenant_id = :tenant_id GROUP BY status
 
 -- name: ui_runs_changed
--- What the live list compares between polls: a start adds a row, any status change moves
--- updated_at.
-SELECT COUNT(*) AS n, MAX(updated_at) AS changed FROM runs WHERE tenant_id = :tenant_id
+-- What the live list compares between polls: the run that changed last. A start adds a row
+-- and every status change moves updated_at, so either moves this answer; read from the end
+-- of runs_tenant_changed, it costs one index seek however many runs the tenant has.
+SELECT run_id, updated_at AS changed FROM runs WHERE tenant_id = :tenant_id
+ORDER BY updated_at DESC, run_id DESC LIMIT 1
 
 -- name: ui_step_counts
 SELECT run_id, COUNT(DISTINCT step_id) AS steps FROM journal_events
@@ -473,13 +475,17 @@ WHERE run_id IN (SELECT value FROM json_each(:ids)) AND kind = 'step_started'
 GROUP BY run_id
 
 -- name: ui_timeline_events
--- A journal as the waterfall reads it: every event's time, kind and step, and the payload
--- only of the kinds whose payload the waterfall reads (not the outputs of completed steps,
+-- A journal as the waterfall reads it: every event's time, kind and step; of a step_started
+-- only the two fields the waterfall reads (its kind, a child's run id), extracted here so a
+-- long journal's thousands of starts are not parsed in Python; the whole payload only of
+-- the rare kinds whose payload the waterfall reads (not the outputs of completed steps,
 -- most of a long journal's bytes).
 SELECT seq, kind, step_id, attempt, at,
-       CASE WHEN kind IN ('step_started', 'step_waiting', 'run_resumed', 'anomaly_detected',
+       CASE WHEN kind IN ('step_waiting', 'run_resumed', 'anomaly_detected',
                           'confidence_evaluated', 'confidence_gate_bypassed')
-            THEN payload END AS payload
+            THEN payload END AS payload,
+       CASE WHEN kind = 'step_started' THEN json_extract(payload, '$.kind') END AS step_kind,
+       CASE WHEN kind = 'step_started' THEN json_extract(payload, '$.child_run_id') END AS child_run_id
 FROM journal_events WHERE run_id = :run_id AND seq <= :upto ORDER BY seq
 
 -- Guards (issue 12) -------------------------------------------------------------------------
@@ -602,3 +608,8 @@ FROM sandboxes ORDER BY started_at DESC, sandbox_id LIMIT :limit
 SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
        exit_code, signal, peak_memory, end_reason
 FROM sandboxes WHERE run_id = :run_id AND attempt = :attempt
+
+-- Dashboard follow-ups (issue 11) -----------------------------------------------------------
+
+-- name: ui_dead_lettered
+SELECT count(*) AS n FROM dead_letters WHERE run_id = :run_id
