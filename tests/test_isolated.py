@@ -40,8 +40,10 @@ RESULT_S = 90.0
 
 def _app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
     app = make_app()
-    # The isolated workflows of the module the harness imports inside each sandbox.
+    # The isolated workflows (and tools) of the module the harness imports inside each
+    # sandbox.
     app.workflows.update(iso.app.workflows)
+    app.tools.update(iso.app.tools)
     return app
 
 
@@ -215,6 +217,61 @@ def test_a_workflow_the_sandbox_cannot_import_fails_its_run_saying_why(
     with pytest.raises(ratchet.RunFailed, match="no sandbox could be started.*module-level"):
         app.result(run_id, timeout_s=RESULT_S)
     assert app.events(run_id)[-1].payload["reason"] == "sandbox_unavailable"
+
+
+def test_an_isolated_graph_runs_its_nodes_in_a_sandbox(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    version = app.graph(iso.GRAPH)
+    app.launch()
+    run_id = app.start("iso-graph", {"n": 3})
+    out = app.result(run_id, timeout_s=RESULT_S)
+    # Each tool node ran inside bubblewrap: its hostname and user, not the worker's.
+    inside = {"host": "sandbox", "uid": 65534}
+    assert out == {"first": {"n": 6, **inside}, "again": {"n": 12, **inside}}
+    [row] = _ended(app, run_id, 1)
+    assert (row.attempt, row.end_reason) == (1, "finished")
+    assert app.get(run_id).workflow_version == version
+    events = app.events(run_id)
+    assert [e.step_id for e in events if e.kind == "step_completed"] == [
+        "1:first", "2:again"]  # the condition is pure: no step
+
+
+def test_a_worker_that_cannot_make_sandboxes_leaves_isolated_runs_to_one_that_can(
+        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    monkeypatch.setenv("RATCHET_BWRAP", str(tmp_path / "no-such-bwrap"))
+    unable = _app(make_app)
+    unable.graph(iso.GRAPH)
+
+    async def plain() -> str:
+        return "in-process"
+
+    unable.workflow("plain")(plain)
+    isolated = unable.start(iso.simple, 4)
+    graph_run = unable.start("iso-graph", {"n": 3})
+    after = unable.start("plain")  # queued after both: claimed once they were passed over
+    worker = unable.launch()
+    assert unable.result(after, timeout_s=RESULT_S) == "in-process"
+    assert worker.can_isolate is False
+    for run_id in (isolated, graph_run):
+        assert unable.get(run_id).status == "queued"
+        assert [e.kind for e in unable.events(run_id)] == ["run_queued"]
+        assert unable.sandboxes(run_id) == []
+    [me] = [w for w in unable.live_workers() if w.worker_id == worker.worker_id]
+    assert ("simple", "1") not in me.serves and ("plain", "1") in me.serves
+    why = [r.getMessage() for r in caplog.records
+           if "action=isolation_unavailable" in r.getMessage()]
+    assert len(why) == 1 and "no-such-bwrap" in why[0]
+
+    monkeypatch.delenv("RATCHET_BWRAP")
+    able = _app(make_app)
+    able.launch()
+    assert able.result(isolated, timeout_s=RESULT_S) == 16
+    assert able.result(graph_run, timeout_s=RESULT_S)["first"]["host"] == "sandbox"
+    assert [r.end_reason for r in _ended(able, isolated, 1)] == ["finished"]
+    assert len([r for r in caplog.records
+                if "action=isolation_unavailable" in r.getMessage()]) == 1
 
 
 def test_sandbox_settings_are_checked_when_declared() -> None:

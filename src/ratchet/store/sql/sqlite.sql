@@ -602,3 +602,12 @@ FROM sandboxes ORDER BY started_at DESC, sandbox_id LIMIT :limit
 SELECT sandbox_id, run_id, attempt, status, backend, worker_id, epoch, started_at, ended_at,
        exit_code, signal, peak_memory, end_reason
 FROM sandboxes WHERE run_id = :run_id AND attempt = :attempt
+
+-- Isolated graphs ---------------------------------------------------------------------------
+-- A worker that cannot make sandboxes serves the graph versions without `tier: isolated`
+-- only; one read answers both (every version, and whether it is isolated).
+
+-- name: graph_versions_tiers
+SELECT name, version,
+       coalesce(json_extract(definition, '$.tier') = 'isolated', 0) AS isolated
+FROM graphs
