@@ -23,7 +23,9 @@ from typer.testing import CliRunner
 import ratchet
 from ratchet.cli import cli
 from ratchet.errors import InvalidInput
-from ratchet.model import Event
+from ratchet.model import Event, dumps
+from ratchet.receipts import verify
+from ratchet.store import retention
 from ratchet.store.sandboxes import SandboxRecord
 from tests.proc import wait_for
 
@@ -272,6 +274,23 @@ def test_a_worker_that_cannot_make_sandboxes_leaves_isolated_runs_to_one_that_ca
     assert [r.end_reason for r in _ended(able, isolated, 1)] == ["finished"]
     assert len([r for r in caplog.records
                 if "action=isolation_unavailable" in r.getMessage()]) == 1
+
+
+def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
+        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setenv("RATCHET_DATA_DIR", str(tmp_path / "keys"))
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.simple, 3)
+    assert app.result(run_id, timeout_s=RESULT_S) == 12
+    # Stored with the run's end, not signed on demand: nobody has asked for it yet.
+    stored = app._portal.call(retention.get_receipt(app.store, run_id))
+    events = app.events(run_id)
+    assert stored is not None and stored.seq == len(events) == events[-1].seq
+    assert events[-1].kind == "run_succeeded"
+    lines = [dumps(e.export_dict()) for e in events]
+    assert verify(stored.envelope, lines, app.signer.public).event_count == len(events)
 
 
 def test_sandbox_settings_are_checked_when_declared() -> None:

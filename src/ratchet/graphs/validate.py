@@ -243,7 +243,7 @@ def _isolated(raw: RawGraph, nodes: Mapping[str, Node], tools: Collection[str] |
                 why = (f"tool {td.name!r} asks a person's approval before it runs (a park), "
                        "and only the worker outside the sandbox can park a run")
         if why is not None:
-            problems.append(Problem(f"nodes[{i}].type", f"a {node.type} node cannot run in an "
+            problems.append(Problem(f"nodes[{i}].type", f"{node.type} nodes cannot run in an "
                                     f"isolated graph: {why}", rn.id))
             continue
         # A backoff this long parks the run between attempts, which a sandbox cannot.
