@@ -3,6 +3,7 @@ verbs validate, schema, register, list and start."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def _isolated(*nodes: dict[str, object], **top: object) -> dict[str, object]:
     ids = ["start", *(n["id"] for n in nodes)]
     return {"name": "iso", "tier": "isolated", **top,
             "nodes": [{"id": "start", "type": "trigger"}, *nodes],
-            "edges": [{"from": a, "to": b} for a, b in zip(ids, ids[1:], strict=False)]}
+            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)]}
 
 
 def test_an_isolated_graph_refuses_each_node_a_sandbox_cannot_run() -> None:
