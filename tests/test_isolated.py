@@ -15,9 +15,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import isolated_app as iso
 import pytest
 from sandboxes import kill_sandbox, live_sandboxes
+from serving import serving
 from typer.testing import CliRunner
 
 import ratchet
@@ -25,7 +27,7 @@ from ratchet.cli import cli
 from ratchet.errors import InvalidInput
 from ratchet.model import Event, dumps
 from ratchet.receipts import verify
-from ratchet.store import retention
+from ratchet.store import retention, tokens
 from ratchet.store.sandboxes import SandboxRecord
 from tests.proc import wait_for
 
@@ -291,6 +293,25 @@ def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
     assert events[-1].kind == "run_succeeded"
     lines = [dumps(e.export_dict()) for e in events]
     assert verify(stored.envelope, lines, app.signer.public).event_count == len(events)
+
+
+def test_the_waterfall_api_shows_each_sandbox_of_an_isolated_run(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.always_crashes)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    rows = _ended(app, run_id, 3)
+    _, secret = app._portal.call(tokens.create_token(app.store, app.get(run_id).tenant_id,
+                                                     ("runs:read",)))
+    with serving(app, workers=0) as base:
+        wf = httpx.get(f"{base}/v1/runs/{run_id}/waterfall", timeout=30,
+                       headers={"Authorization": f"Bearer {secret}"}).json()
+    assert [(s["sandbox_id"], s["attempt"], s["end_reason"], s["signal"], s["status"])
+            for s in wf["sandboxes"]] == [
+        (r.sandbox_id, r.attempt, "crashed", 9, "terminated") for r in rows]
+    assert all(s["start"] <= s["end"] for s in wf["sandboxes"])
 
 
 def test_sandbox_settings_are_checked_when_declared() -> None:

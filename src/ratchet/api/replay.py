@@ -21,7 +21,7 @@ from ratchet.api.models import (
 from ratchet.api.runs import ERRORS, Reader, owned
 from ratchet.model import EventKind, StepState, fold
 from ratchet.store import Store, dashboard
-from ratchet.timeline import as_dict, waterfall
+from ratchet.timeline import SandboxSpan, as_dict, waterfall
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 AtSeq = Annotated[int | None, Query(ge=0, description="Fold the events up to this seq; "
@@ -67,7 +67,12 @@ async def waterfall_out(store: Store, run_id: str, at_seq: int | None) -> dict[s
     """The waterfall of ``run_id``'s journal up to ``at_seq`` as JSON data, read in one
     query (the page embeds it as it is; the route checks it against its model)."""
     events = await dashboard.timeline_events(store, run_id, at_seq)
-    return as_dict(waterfall(run_id, events)) | {"now": await store.now()}
+    # An indexed read by run id; empty unless the run is isolated.
+    spans = [SandboxSpan(r.sandbox_id, r.attempt, r.started_at, r.ended_at, r.status,
+                         r.exit_code, r.signal, r.end_reason, r.peak_memory)
+             for r in await store.list_sandboxes(run_id)]
+    until = None if at_seq is None or not events else events[-1].at
+    return as_dict(waterfall(run_id, events, spans, until)) | {"now": await store.now()}
 
 
 @router.get("/runs/{run_id:path}/step", response_model=StepDetail)
