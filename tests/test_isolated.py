@@ -284,15 +284,20 @@ def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
     monkeypatch.setenv("RATCHET_DATA_DIR", str(tmp_path / "keys"))
     app = _app(make_app)
     app.launch()
-    run_id = app.start(iso.simple, 3)
-    assert app.result(run_id, timeout_s=RESULT_S) == 12
-    # Stored with the run's end, not signed on demand: nobody has asked for it yet.
-    stored = app._portal.call(retention.get_receipt(app.store, run_id))
-    events = app.events(run_id)
-    assert stored is not None and stored.seq == len(events) == events[-1].seq
-    assert events[-1].kind == "run_succeeded"
-    lines = [dumps(e.export_dict()) for e in events]
-    assert verify(stored.envelope, lines, app.signer.public).event_count == len(events)
+    ok = app.start(iso.simple, 3)
+    assert app.result(ok, timeout_s=RESULT_S) == 12
+    # Out of sandboxes: ended by the worker, not by a report; signed all the same.
+    crashed = app.start(iso.always_crashes)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(crashed, timeout_s=RESULT_S)
+    for run_id, end in ((ok, "run_succeeded"), (crashed, "run_failed")):
+        # Stored with the run's end, not signed on demand: nobody has asked for it yet.
+        stored = app._portal.call(retention.get_receipt(app.store, run_id))
+        events = app.events(run_id)
+        assert stored is not None and stored.seq == len(events) == events[-1].seq
+        assert events[-1].kind == end
+        lines = [dumps(e.export_dict()) for e in events]
+        assert verify(stored.envelope, lines, app.signer.public).event_count == len(events)
 
 
 def test_the_waterfall_api_shows_each_sandbox_of_an_isolated_run(

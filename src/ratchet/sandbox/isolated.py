@@ -31,6 +31,7 @@ from typing import Any
 
 from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.driver import receipt_for
 from ratchet.engine.worker import Relet
 from ratchet.errors import (
     LeaseLost,
@@ -41,7 +42,7 @@ from ratchet.errors import (
 )
 from ratchet.extras import require
 from ratchet.graphs.registry import GraphWorkflow
-from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunState, RunStatus, dumps, fold
+from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunStatus, dumps, fold
 from ratchet.receipts import Signer
 from ratchet.sandbox import harness
 from ratchet.sandbox.backend import (
@@ -73,7 +74,9 @@ class IsolatedRunner:
                  signer: Signer | None = None) -> None:
         self.store = store
         self._backend = backend
-        # Signs the receipt of a run a sandbox ends, in the commit that ends it.
+        # Signs the receipt of each run that ends here, in the commit that ends it: by a
+        # sandbox's report (the channel) or by this worker (_finish, _settled).
+        self.signer = signer
         self.channel = ReportChannel(store, signer)
         # The sandbox alive per run on this worker: a drive that takes a run over from an
         # older drive here (a retake) waits for the older one's sandbox to be gone.
@@ -122,7 +125,7 @@ class IsolatedRunner:
             events = await self.store.load_events(run_id)
             state = fold(run_id, events)
             if state.status.terminal:
-                return await self._settled(lease, state, events[-1])
+                return await self._settled(lease, events)
             if control.reason is not None:
                 return await self._stopped(lease, events, reason, control.reason)
             if reason == RESPAWN:
@@ -270,7 +273,19 @@ class IsolatedRunner:
                     RunStatus.CANCELLED: EventKind.RUN_CANCELLED}[status]
         ended.append(Event.chain(lease.run_id, last.seq + 1, terminal, None, None, payload,
                                  time.time(), last.hash))
-        await self.store.finish(lease, ended, status, None, error, dead_letter)
+        await self.store.finish(lease, ended, status, None, error, dead_letter,
+                                await self._receipt(lease.run_id, [*events, *ended]))
+
+    async def _receipt(self, run_id: str, journal: list[Event]) -> dict[str, Any] | None:
+        """The signed receipt over ``journal``, a run's whole journal with its end (None
+        without a key). These ends are rare (a cancel, a run out of sandboxes): reading
+        the run's record here costs the common path nothing."""
+        if self.signer is None:
+            return None
+        record = await self.store.get_run(run_id)
+        if record is None:
+            return None
+        return receipt_for(self.signer, record, fold(run_id, journal))
 
     async def _unavailable(self, lease: Lease, events: list[Event], reason: str,
                            why: str) -> DriveOutcome:
@@ -305,11 +320,13 @@ class IsolatedRunner:
         await self.store.hand_back(lease, [])
         return DriveOutcome.HANDED_BACK
 
-    async def _settled(self, lease: Lease, state: RunState, last: Event) -> DriveOutcome:
+    async def _settled(self, lease: Lease, events: list[Event]) -> DriveOutcome:
         """Claimed with its end already journaled: give the run's row that end."""
+        state, last = fold(lease.run_id, events), events[-1]
         reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
         try:
-            await self.store.finish(lease, [], state.status, state.output, state.error, reason)
+            await self.store.finish(lease, [], state.status, state.output, state.error, reason,
+                                    await self._receipt(lease.run_id, events))
         except RunFinished:
             pass
         return DriveOutcome.NOOP
