@@ -46,6 +46,7 @@ _OUTCOME_EXIT = {DriveOutcome.SUCCEEDED: EXIT_ENDED, DriveOutcome.FAILED: EXIT_E
 GRAPH_ARG = "--graph"
 GRAPH_ENV = "RATCHET_GRAPH"
 TOOLS_ENV = "RATCHET_GRAPH_TOOLS"
+SCRIPT_MODULE = "ratchet_sandboxed_script"
 USAGE = "usage: python -m ratchet.sandbox.harness module:workflow | --graph"
 
 log = logging.getLogger("ratchet.sandbox.harness")
@@ -79,14 +80,17 @@ def _import(ref: str) -> object:
     if not module or not name:
         raise SystemExit(f"{USAGE} (got {ref!r})")
     if module.endswith(".py"):
-        # A script's workflow: run the script as a module of another name, so its
-        # ``if __name__ == "__main__":`` part (starting runs, a worker) stays out.
-        spec = importlib.util.spec_from_file_location("ratchet_sandboxed_script", module)
-        if spec is None or spec.loader is None:
-            raise SystemExit(f"cannot load {module}")
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = loaded
-        spec.loader.exec_module(loaded)
+        # A script's workflow (or tools): run the script as a module of another name, so
+        # its ``if __name__ == "__main__":`` part (starting runs, a worker) stays out;
+        # once, however many of its names are asked for.
+        loaded = sys.modules.get(SCRIPT_MODULE)
+        if loaded is None or getattr(loaded, "__file__", None) != module:
+            spec = importlib.util.spec_from_file_location(SCRIPT_MODULE, module)
+            if spec is None or spec.loader is None:
+                raise SystemExit(f"cannot load {module}")
+            loaded = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = loaded
+            spec.loader.exec_module(loaded)
     else:
         loaded = importlib.import_module(module)
     if not hasattr(loaded, name):
