@@ -60,6 +60,17 @@ def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]
         detail=lambda: str(app.sandboxes(run_id)))
 
 
+def _out_of_sandboxes(make_app: Callable[..., ratchet.Ratchet], workflow: object
+                      ) -> tuple[ratchet.Ratchet, str, list[SandboxRecord]]:
+    """A run of ``workflow`` (one that never finishes) failed after its three sandboxes."""
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(workflow)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    return app, run_id, _ended(app, run_id, 3)
+
+
 def _started(events: list[Event], step_id: str) -> list[Event]:
     return [e for e in events if e.kind == "step_started" and e.step_id == step_id]
 
@@ -196,12 +207,7 @@ def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(
 
 def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
-    app = _app(make_app)
-    app.launch()
-    run_id = app.start(iso.hungry)
-    with pytest.raises(ratchet.RunFailed):
-        app.result(run_id, timeout_s=RESULT_S)
-    rows = _ended(app, run_id, 3)
+    app, run_id, rows = _out_of_sandboxes(make_app, iso.hungry)
     assert [r.end_reason for r in rows] == ["oom", "oom", "oom"], rows
     limit = 128 * 1024 * 1024
     assert all(r.peak_memory is not None and r.peak_memory <= limit for r in rows)
@@ -302,12 +308,7 @@ def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
 
 def test_the_waterfall_api_shows_each_sandbox_of_an_isolated_run(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
-    app = _app(make_app)
-    app.launch()
-    run_id = app.start(iso.always_crashes)
-    with pytest.raises(ratchet.RunFailed):
-        app.result(run_id, timeout_s=RESULT_S)
-    rows = _ended(app, run_id, 3)
+    app, run_id, rows = _out_of_sandboxes(make_app, iso.always_crashes)
     _, secret = app._portal.call(tokens.create_token(app.store, app.get(run_id).tenant_id,
                                                      ("runs:read",)))
     with serving(app, workers=0) as base:

@@ -64,8 +64,9 @@ async def run_waterfall(run_id: str, request: Request, token: Reader,
 
 
 async def waterfall_out(store: Store, run_id: str, at_seq: int | None) -> dict[str, Any]:
-    """The waterfall of ``run_id``'s journal up to ``at_seq`` as JSON data, read in one
-    query (the page embeds it as it is; the route checks it against its model)."""
+    """The waterfall of ``run_id``'s journal up to ``at_seq`` and of its sandboxes as JSON
+    data, read in two queries (the page embeds it as it is; the route checks it against
+    its model)."""
     events = await dashboard.timeline_events(store, run_id, at_seq)
     # An indexed read by run id; empty unless the run is isolated.
     spans = [SandboxSpan(r.sandbox_id, r.attempt, r.started_at, r.ended_at, r.status,
