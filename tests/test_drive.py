@@ -826,3 +826,43 @@ def test_a_failed_park_is_retried_on_the_same_worker(
     app.signal(run_id, "go", "b")
     assert app.result(run_id, timeout_s=15) == ["a", "b"]
     check_ends_once(app.events(run_id))
+
+
+def test_a_storage_error_in_a_guards_read_is_retried_not_the_runs_failure(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
+    store = app.store
+    recent_retries = store.recent_retries
+    reads: list[int] = []
+    attempts: list[int] = []
+
+    async def flaky_reads(*args: Any, **kwargs: Any) -> Any:
+        reads.append(1)
+        if len(reads) == 1:  # the retry storm guard's count, after the first failed attempt
+            raise ratchet.StorageError("PostgreSQL: terminating connection due to "
+                                       "administrator command")
+        return await recent_retries(*args, **kwargs)
+
+    store.recent_retries = flaky_reads  # type: ignore[method-assign]
+
+    @app.step(retry=ratchet.Retry(max_attempts=3, backoff_ms=10))
+    async def flaky() -> str:
+        attempts.append(ratchet.current_step().attempt)
+        if len(attempts) == 1:
+            raise ratchet.ConnectorError("first attempt fails")
+        return "ok"
+
+    @app.workflow()
+    async def wf() -> str:
+        return await flaky()
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    assert app.result(run_id, timeout_s=15) == "ok"
+    assert worker.outcomes.get("aborted") == 1 and len(reads) == 1
+    # The abandoned drive's step_retrying never landed: the attempt in flight runs again.
+    assert attempts == [1, 1]
+    runs = [e.payload["reason"] for e in app.events(run_id)
+            if e.kind in ("run_started", "run_resumed")]
+    assert runs == ["claim", "retry"]
+    check_ends_once(app.events(run_id))
