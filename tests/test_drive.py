@@ -785,21 +785,26 @@ def test_cancelling_a_parent_stops_a_child_a_worker_is_running(
 # -- 12. a transient storage error -----------------------------------------------------------
 
 
+def _fails_once(store: Any, method: str) -> list[int]:
+    """Make ``store.<method>`` raise a StorageError on its first call; the calls, counted."""
+    real = getattr(store, method)
+    calls: list[int] = []
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ratchet.StorageError("PostgreSQL: server closed the connection unexpectedly")
+        return await real(*args, **kwargs)
+
+    setattr(store, method, flaky)
+    return calls
+
+
 def test_a_failed_park_is_retried_on_the_same_worker(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
-    store = app.store
-    park = store.park
-    parks: list[int] = []
+    _fails_once(app.store, "park")
     calls: list[ratchet.StepInfo] = []
-
-    async def flaky_park(*args: Any, **kwargs: Any) -> Any:
-        parks.append(1)
-        if len(parks) == 1:
-            raise ratchet.StorageError("PostgreSQL: server closed the connection unexpectedly")
-        return await park(*args, **kwargs)
-
-    store.park = flaky_park  # type: ignore[method-assign]
 
     @app.step()
     async def first() -> str:
@@ -831,19 +836,9 @@ def test_a_failed_park_is_retried_on_the_same_worker(
 def test_a_storage_error_in_a_guards_read_is_retried_not_the_runs_failure(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
-    store = app.store
-    recent_retries = store.recent_retries
-    reads: list[int] = []
+    # The retry storm guard's count, after the first failed attempt.
+    reads = _fails_once(app.store, "recent_retries")
     attempts: list[int] = []
-
-    async def flaky_reads(*args: Any, **kwargs: Any) -> Any:
-        reads.append(1)
-        if len(reads) == 1:  # the retry storm guard's count, after the first failed attempt
-            raise ratchet.StorageError("PostgreSQL: terminating connection due to "
-                                       "administrator command")
-        return await recent_retries(*args, **kwargs)
-
-    store.recent_retries = flaky_reads  # type: ignore[method-assign]
 
     @app.step(retry=ratchet.Retry(max_attempts=3, backoff_ms=10))
     async def flaky() -> str:
