@@ -167,6 +167,29 @@ async def hungry() -> int:
     return await hog()
 
 
+@app.tool
+def where(n: int) -> dict[str, object]:
+    """Says where it ran: a sandbox's hostname and user are bubblewrap's."""
+    return {"n": n * 2, "host": socket.gethostname(), "uid": os.getuid()}
+
+
+# A graph run in a sandbox: its tool node runs inside, the condition and the output are
+# the interpreter's, inside too.
+GRAPH = {"name": "iso-graph", "tier": "isolated",
+         "sandbox": {"memory_mb": 256, "timeout_s": 120},
+         "inputs": {"type": "object", "properties": {"n": {"type": "integer"}}},
+         "nodes": [{"id": "start", "type": "trigger"},
+                   {"id": "first", "type": "tool",
+                    "data": {"tool": "where", "args": {"n": "{{ input.n }}"}}},
+                   {"id": "big", "type": "condition",
+                    "data": {"expression": "nodes.first.output.n > 5"}},
+                   {"id": "again", "type": "tool",
+                    "data": {"tool": "where", "args": {"n": "{{ nodes.first.output.n }}"}}}],
+         "edges": [{"from": "start", "to": "first"}, {"from": "first", "to": "big"},
+                   {"from": "big", "to": "again", "when": "output"}],
+         "output": {"first": "{{ nodes.first.output }}", "again": "{{ nodes.again.output }}"}}
+
+
 if __name__ == "__main__":
     import asyncio
 

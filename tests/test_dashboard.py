@@ -539,3 +539,33 @@ def test_another_tenants_run_page_is_404_and_a_csrf_less_post_is_refused(dash: D
     # The run page follows the session's reads with the cookie over EventSource too.
     page.goto(f"/runs/{run_id}")
     expect(page.locator("#run-status")).to_have_text("cancelled")
+
+
+# -- an isolated run -------------------------------------------------------------------------
+
+
+def test_an_isolated_runs_page_shows_each_sandbox_and_how_it_ended(
+        dash: Dash, make_app: Any) -> None:
+    import shutil
+
+    import isolated_app as iso
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    app = make_app()
+    app.workflows.update(iso.app.workflows)
+    app.launch()
+    run_id = app.start(iso.always_crashes)
+    wait_for("three sandboxes ended", lambda: len(
+        [r for r in app.sandboxes(run_id) if r.status == "terminated"]) == 3, timeout=90)
+    page = dash.signed_in(dash.token(tenant="default"))
+    page.goto(f"/runs/{run_id}")
+    boxes = page.locator("li.wf-sandbox")
+    expect(boxes).to_have_count(3)
+    for n in (1, 2, 3):
+        box = boxes.nth(n - 1)
+        expect(box.locator(".wf-label")).to_contain_text(f"sandbox {n}")
+        expect(box.locator(".wf-label")).to_contain_text("crashed, signal 9")
+        expect(box.get_by_role("img")).to_have_attribute(
+            "aria-label", re.compile(rf"^sandbox {n} \(sbx-[0-9a-f]+\): crashed, signal 9, "))
+    expect(row(page, "1:crash")).to_be_visible()  # the steps follow

@@ -785,21 +785,26 @@ def test_cancelling_a_parent_stops_a_child_a_worker_is_running(
 # -- 12. a transient storage error -----------------------------------------------------------
 
 
+def _fails_once(store: Any, method: str) -> list[int]:
+    """Make ``store.<method>`` raise a StorageError on its first call; the calls, counted."""
+    real = getattr(store, method)
+    calls: list[int] = []
+
+    async def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ratchet.StorageError("PostgreSQL: server closed the connection unexpectedly")
+        return await real(*args, **kwargs)
+
+    setattr(store, method, flaky)
+    return calls
+
+
 def test_a_failed_park_is_retried_on_the_same_worker(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
-    store = app.store
-    park = store.park
-    parks: list[int] = []
+    _fails_once(app.store, "park")
     calls: list[ratchet.StepInfo] = []
-
-    async def flaky_park(*args: Any, **kwargs: Any) -> Any:
-        parks.append(1)
-        if len(parks) == 1:
-            raise ratchet.StorageError("PostgreSQL: server closed the connection unexpectedly")
-        return await park(*args, **kwargs)
-
-    store.park = flaky_park  # type: ignore[method-assign]
 
     @app.step()
     async def first() -> str:
@@ -825,4 +830,34 @@ def test_a_failed_park_is_retried_on_the_same_worker(
         (1, calls[0].idempotency_key)] * 2
     app.signal(run_id, "go", "b")
     assert app.result(run_id, timeout_s=15) == ["a", "b"]
+    check_ends_once(app.events(run_id))
+
+
+def test_a_storage_error_in_a_guards_read_is_retried_not_the_runs_failure(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
+    # The retry storm guard's count, after the first failed attempt.
+    reads = _fails_once(app.store, "recent_retries")
+    attempts: list[int] = []
+
+    @app.step(retry=ratchet.Retry(max_attempts=3, backoff_ms=10))
+    async def flaky() -> str:
+        attempts.append(ratchet.current_step().attempt)
+        if len(attempts) == 1:
+            raise ratchet.ConnectorError("first attempt fails")
+        return "ok"
+
+    @app.workflow()
+    async def wf() -> str:
+        return await flaky()
+
+    worker = app.launch()
+    run_id = app.start(wf)
+    assert app.result(run_id, timeout_s=15) == "ok"
+    assert worker.outcomes.get("aborted") == 1 and len(reads) == 1
+    # The abandoned drive's step_retrying never landed: the attempt in flight runs again.
+    assert attempts == [1, 1]
+    runs = [e.payload["reason"] for e in app.events(run_id)
+            if e.kind in ("run_started", "run_resumed")]
+    assert runs == ["claim", "retry"]
     check_ends_once(app.events(run_id))

@@ -15,15 +15,19 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import isolated_app as iso
 import pytest
 from sandboxes import kill_sandbox, live_sandboxes
+from serving import serving
 from typer.testing import CliRunner
 
 import ratchet
 from ratchet.cli import cli
 from ratchet.errors import InvalidInput
-from ratchet.model import Event
+from ratchet.model import Event, dumps
+from ratchet.receipts import verify
+from ratchet.store import retention, tokens
 from ratchet.store.sandboxes import SandboxRecord
 from tests.proc import wait_for
 
@@ -40,8 +44,10 @@ RESULT_S = 90.0
 
 def _app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
     app = make_app()
-    # The isolated workflows of the module the harness imports inside each sandbox.
+    # The isolated workflows (and tools) of the module the harness imports inside each
+    # sandbox.
     app.workflows.update(iso.app.workflows)
+    app.tools.update(iso.app.tools)
     return app
 
 
@@ -52,6 +58,17 @@ def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]
         rows if len(rows := app.sandboxes(run_id)) == count
         and all(r.status == "terminated" for r in rows) else None), timeout=30,
         detail=lambda: str(app.sandboxes(run_id)))
+
+
+def _out_of_sandboxes(make_app: Callable[..., ratchet.Ratchet], workflow: object
+                      ) -> tuple[ratchet.Ratchet, str, list[SandboxRecord]]:
+    """A run of ``workflow`` (one that never finishes) failed after its three sandboxes."""
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(workflow)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=RESULT_S)
+    return app, run_id, _ended(app, run_id, 3)
 
 
 def _started(events: list[Event], step_id: str) -> list[Event]:
@@ -190,12 +207,7 @@ def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(
 
 def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
-    app = _app(make_app)
-    app.launch()
-    run_id = app.start(iso.hungry)
-    with pytest.raises(ratchet.RunFailed):
-        app.result(run_id, timeout_s=RESULT_S)
-    rows = _ended(app, run_id, 3)
+    app, run_id, rows = _out_of_sandboxes(make_app, iso.hungry)
     assert [r.end_reason for r in rows] == ["oom", "oom", "oom"], rows
     limit = 128 * 1024 * 1024
     assert all(r.peak_memory is not None and r.peak_memory <= limit for r in rows)
@@ -215,6 +227,97 @@ def test_a_workflow_the_sandbox_cannot_import_fails_its_run_saying_why(
     with pytest.raises(ratchet.RunFailed, match="no sandbox could be started.*module-level"):
         app.result(run_id, timeout_s=RESULT_S)
     assert app.events(run_id)[-1].payload["reason"] == "sandbox_unavailable"
+
+
+def test_an_isolated_graph_runs_its_nodes_in_a_sandbox(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    version = app.graph(iso.GRAPH)
+    app.launch()
+    run_id = app.start("iso-graph", {"n": 3})
+    out = app.result(run_id, timeout_s=RESULT_S)
+    # Each tool node ran inside bubblewrap: its hostname and user, not the worker's.
+    inside = {"host": "sandbox", "uid": 65534}
+    assert out == {"first": {"n": 6, **inside}, "again": {"n": 12, **inside}}
+    [row] = _ended(app, run_id, 1)
+    assert (row.attempt, row.end_reason) == (1, "finished")
+    assert app.get(run_id).workflow_version == version
+    events = app.events(run_id)
+    assert [e.step_id for e in events if e.kind == "step_completed"] == [
+        "1:first", "2:again"]  # the condition is pure: no step
+
+
+def test_a_worker_that_cannot_make_sandboxes_leaves_isolated_runs_to_one_that_can(
+        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    monkeypatch.setenv("RATCHET_BWRAP", str(tmp_path / "no-such-bwrap"))
+    unable = _app(make_app)
+    unable.graph(iso.GRAPH)
+
+    async def plain() -> str:
+        return "in-process"
+
+    unable.workflow("plain")(plain)
+    isolated = unable.start(iso.simple, 4)
+    graph_run = unable.start("iso-graph", {"n": 3})
+    after = unable.start("plain")  # queued after both: claimed once they were passed over
+    worker = unable.launch()
+    assert unable.result(after, timeout_s=RESULT_S) == "in-process"
+    assert worker.can_isolate is False
+    for run_id in (isolated, graph_run):
+        assert unable.get(run_id).status == "queued"
+        assert [e.kind for e in unable.events(run_id)] == ["run_queued"]
+        assert unable.sandboxes(run_id) == []
+    [me] = [w for w in unable.live_workers() if w.worker_id == worker.worker_id]
+    assert ("simple", "1") not in me.serves and ("plain", "1") in me.serves
+    why = [r.getMessage() for r in caplog.records
+           if "action=isolation_unavailable" in r.getMessage()]
+    assert len(why) == 1 and "no-such-bwrap" in why[0]
+
+    monkeypatch.delenv("RATCHET_BWRAP")
+    able = _app(make_app)
+    able.launch()
+    assert able.result(isolated, timeout_s=RESULT_S) == 16
+    assert able.result(graph_run, timeout_s=RESULT_S)["first"]["host"] == "sandbox"
+    assert [r.end_reason for r in _ended(able, isolated, 1)] == ["finished"]
+    assert len([r for r in caplog.records
+                if "action=isolation_unavailable" in r.getMessage()]) == 1
+
+
+def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
+        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    monkeypatch.setenv("RATCHET_DATA_DIR", str(tmp_path / "keys"))
+    app = _app(make_app)
+    app.launch()
+    ok = app.start(iso.simple, 3)
+    assert app.result(ok, timeout_s=RESULT_S) == 12
+    # Out of sandboxes: ended by the worker, not by a report; signed all the same.
+    crashed = app.start(iso.always_crashes)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(crashed, timeout_s=RESULT_S)
+    for run_id, end in ((ok, "run_succeeded"), (crashed, "run_failed")):
+        # Stored with the run's end, not signed on demand: nobody has asked for it yet.
+        stored = app._portal.call(retention.get_receipt(app.store, run_id))
+        events = app.events(run_id)
+        assert stored is not None and stored.seq == len(events) == events[-1].seq
+        assert events[-1].kind == end
+        lines = [dumps(e.export_dict()) for e in events]
+        assert verify(stored.envelope, lines, app.signer.public).event_count == len(events)
+
+
+def test_the_waterfall_api_shows_each_sandbox_of_an_isolated_run(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app, run_id, rows = _out_of_sandboxes(make_app, iso.always_crashes)
+    _, secret = app._portal.call(tokens.create_token(app.store, app.get(run_id).tenant_id,
+                                                     ("runs:read",)))
+    with serving(app, workers=0) as base:
+        wf = httpx.get(f"{base}/v1/runs/{run_id}/waterfall", timeout=30,
+                       headers={"Authorization": f"Bearer {secret}"}).json()
+    assert [(s["sandbox_id"], s["attempt"], s["end_reason"], s["signal"], s["status"])
+            for s in wf["sandboxes"]] == [
+        (r.sandbox_id, r.attempt, "crashed", 9, "terminated") for r in rows]
+    assert all(s["start"] <= s["end"] for s in wf["sandboxes"])
 
 
 def test_sandbox_settings_are_checked_when_declared() -> None:

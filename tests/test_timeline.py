@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from ratchet.model import GENESIS_HASH, Event
-from ratchet.timeline import as_compact, as_dict, waterfall
+from ratchet.timeline import SandboxSpan, as_compact, as_dict, waterfall
 
 
 def journal(*spec: tuple[float, str, str | None, int | None, dict[str, Any]]) -> list[Event]:
@@ -119,3 +119,35 @@ def test_the_compact_form_expands_to_the_api_form() -> None:
         for r in compact["rows"]]
     assert compact == json.loads(json.dumps(as_dict(w)))
     assert compact["rows"][0]["kind"] == "tool" and compact["rows"][0]["attempts"] == 2
+
+
+def test_an_isolated_runs_sandboxes_are_spans_and_a_cut_shows_them_as_they_were() -> None:
+    events = journal(
+        (0.0, "run_queued", None, None, {}),
+        (1.2, "run_started", None, None, {"worker_id": "a", "epoch": 1, "reason": "claim"}),
+        (1.3, "step_started", "1:work", 1, {}),
+        (4.2, "run_resumed", None, None, {"worker_id": "a", "epoch": 2, "reason": "resume",
+                                          "drive": 2}),
+        (4.3, "step_started", "1:work", 1, {"resumed": True}),
+        (4.4, "step_completed", "1:work", 1, {"output": 1}),
+        (4.5, "run_succeeded", None, None, {"output": 1}),
+    )
+    second = SandboxSpan("sbx-2", 2, 4.0, 4.6, "terminated", 0, None, "finished", 1 << 20)
+    first = SandboxSpan("sbx-1", 1, 1.0, 3.0, "terminated", None, 9, "crashed", 2 << 20)
+    w = waterfall("r", events, [second, first])
+    assert w.sandboxes == [first, second]  # by attempt; the last outlives the run's end
+    assert as_dict(w)["sandboxes"][0] == {
+        "sandbox_id": "sbx-1", "attempt": 1, "start": 1.0, "end": 3.0, "status": "terminated",
+        "exit_code": None, "signal": 9, "end_reason": "crashed", "peak_memory": 2 << 20}
+    # Cut at seq 3 (t=1.3): the first sandbox alive, the second not started yet.
+    cut = waterfall("r", events[:3], [first, second], until=events[2].at)
+    assert [(s.sandbox_id, s.end, s.status, s.signal, s.end_reason) for s in cut.sandboxes] == [
+        ("sbx-1", None, "running", None, None)]
+    # Cut at seq 5 (t=4.3): the first over, the second alive.
+    cut = waterfall("r", events[:5], [first, second], until=events[4].at)
+    assert [(s.sandbox_id, s.end_reason) for s in cut.sandboxes] == [
+        ("sbx-1", "crashed"), ("sbx-2", None)]
+    # A cut that holds the run's end is the whole run.
+    assert waterfall("r", events, [first, second], until=events[-1].at).sandboxes == [
+        first, second]
+    assert waterfall("r", events).sandboxes == []  # an in-process run has none

@@ -655,11 +655,13 @@ class Ratchet:
 
         options.setdefault("serve_graphs", True)
         options.setdefault("signer", self.signer)
-        if "isolation" not in options and any(
-                wd.sandbox is not None for wd in self.workflows.values()):
+        # Graph versions may be isolated too (tier: isolated); the runner costs nothing
+        # until a sandbox is needed.
+        if "isolation" not in options and (options["serve_graphs"] or any(
+                wd.sandbox is not None for wd in self.workflows.values())):
             from ratchet.sandbox.isolated import IsolatedRunner
 
-            options["isolation"] = IsolatedRunner(self.store)
+            options["isolation"] = IsolatedRunner(self.store, signer=options["signer"])
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:

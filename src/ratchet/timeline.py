@@ -1,6 +1,6 @@
 """A run's journal as a waterfall: one row per step, its attempts, backoffs and parked
-time as segments on a time axis, and the run's drive boundaries and guard events as
-markers.
+time as segments on a time axis, the run's drive boundaries and guard events as
+markers, and for an isolated run the span of each of its sandboxes.
 
 This is a view of the journal for the dashboard, computed here in one pass so a page of a
 10,000-event run receives a few hundred rows to draw rather than the events themselves. It
@@ -11,7 +11,8 @@ model, it imports nothing else of Ratchet's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ratchet.model import TAKEOVERS, TERMINAL_EVENTS, Event, EventKind
@@ -62,6 +63,23 @@ class Marker:
 
 
 @dataclass(slots=True)
+class SandboxSpan:
+    """One sandbox of an isolated run (a row of ``sandboxes``): when it lived and how it
+    ended. ``end`` is None while it lives; ``end_reason``: finished, crashed, oom,
+    timeout, killed, shutdown or orphaned."""
+
+    sandbox_id: str
+    attempt: int
+    start: float
+    end: float | None
+    status: str  # starting | running | terminated
+    exit_code: int | None = None
+    signal: int | None = None
+    end_reason: str | None = None
+    peak_memory: int | None = None
+
+
+@dataclass(slots=True)
 class Waterfall:
     """The rows and markers of a run's journal up to ``last_seq``; ``start``..``end`` is
     the time axis (``end`` is the last event's time). ``parked`` lists the merged stretches
@@ -75,6 +93,7 @@ class Waterfall:
     rows: list[Row]
     markers: list[Marker]
     parked: list[tuple[float, float | None]]
+    sandboxes: list[SandboxSpan] = field(default_factory=list)
 
 
 def _label(ev: Event) -> str:
@@ -90,8 +109,22 @@ def _close(seg: Segment | None, at: float, seq: int, outcome: str) -> None:
         seg.end, seg.end_seq, seg.outcome = at, seq, outcome
 
 
-def waterfall(run_id: str, events: list[Event]) -> Waterfall:
-    """The waterfall of ``events`` (a run's journal, or its first events, in seq order)."""
+def _sandboxes_until(spans: Sequence[SandboxSpan], until: float | None) -> list[SandboxSpan]:
+    """The sandboxes as they were at ``until`` (a cut journal's last event): those started
+    by then, one that ended later still alive."""
+    if until is None:
+        return list(spans)
+    return [s if s.end is not None and s.end <= until else
+            replace(s, end=None, status="running", exit_code=None, signal=None,
+                    end_reason=None, peak_memory=None)
+            for s in spans if s.start <= until]
+
+
+def waterfall(run_id: str, events: list[Event], sandboxes: Sequence[SandboxSpan] = (),
+              until: float | None = None) -> Waterfall:
+    """The waterfall of ``events`` (a run's journal, or its first events, in seq order)
+    and of the run's ``sandboxes``, cut at ``until`` (the time of the last event a cut
+    journal holds; None: the whole run)."""
     rows: dict[str, Row] = {}
     open_seg: dict[str, Segment] = {}  # each step's segment still going on
     markers: list[Marker] = []
@@ -163,7 +196,11 @@ def waterfall(run_id: str, events: list[Event]) -> Waterfall:
                      if s.kind == "parked"])
     return Waterfall(run_id, events[-1].seq if events else 0,
                      events[0].at if events else None, events[-1].at if events else None,
-                     terminal, list(rows.values()), markers, parked)
+                     terminal, list(rows.values()), markers, parked,
+                     # A journal cut at its end is the whole run: its last sandbox may
+                     # outlive the run's end event.
+                     _sandboxes_until(sorted(sandboxes, key=lambda s: s.attempt),
+                                      None if terminal else until))
 
 
 def _merge(spans: list[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
@@ -194,7 +231,12 @@ def _head(w: Waterfall) -> dict[str, Any]:
             "terminal": w.terminal,
             "markers": [{"seq": m.seq, "at": m.at, "kind": m.kind, "step_id": m.step_id,
                          "label": m.label} for m in w.markers],
-            "parked": [[start, end] for start, end in w.parked]}
+            "parked": [[start, end] for start, end in w.parked],
+            "sandboxes": [{"sandbox_id": s.sandbox_id, "attempt": s.attempt,
+                           "start": s.start, "end": s.end, "status": s.status,
+                           "exit_code": s.exit_code, "signal": s.signal,
+                           "end_reason": s.end_reason, "peak_memory": s.peak_memory}
+                          for s in w.sandboxes]}
 
 
 def as_dict(w: Waterfall) -> dict[str, Any]:

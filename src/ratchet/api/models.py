@@ -201,8 +201,24 @@ class MarkerOut(BaseModel):
     label: str
 
 
+class SandboxSpanOut(BaseModel):
+    """One sandbox of an isolated run: its span, and how it ended."""
+
+    sandbox_id: str
+    attempt: int = Field(description="1 for the run's first sandbox, and so on")
+    start: float
+    end: float | None = Field(description="null while it lives")
+    status: str = Field(description="starting, running or terminated")
+    exit_code: int | None
+    signal: int | None = Field(description="the signal that killed it, if one did")
+    end_reason: str | None = Field(description="finished, crashed, oom, timeout, killed, "
+                                               "shutdown or orphaned")
+    peak_memory: int | None = Field(description="bytes, where the backend measures it")
+
+
 class WaterfallOut(BaseModel):
-    """A run's journal as rows of segments on a time axis, with markers."""
+    """A run's journal as rows of segments on a time axis, with markers; an isolated
+    run's sandboxes as spans."""
 
     run_id: str
     last_seq: int
@@ -214,6 +230,8 @@ class WaterfallOut(BaseModel):
     markers: list[MarkerOut]
     parked: list[tuple[float, float | None]] = Field(
         description="Stretches when the run was parked, merged; a viewer may compress them.")
+    sandboxes: list[SandboxSpanOut] = Field(
+        default_factory=list, description="An isolated run's sandboxes, by attempt.")
 
 
 class StepDetail(BaseModel):

@@ -21,7 +21,7 @@ from ratchet.api.models import (
 from ratchet.api.runs import ERRORS, Reader, owned
 from ratchet.model import EventKind, StepState, fold
 from ratchet.store import Store, dashboard
-from ratchet.timeline import as_compact, as_dict, waterfall
+from ratchet.timeline import SandboxSpan, as_compact, as_dict, waterfall
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 AtSeq = Annotated[int | None, Query(ge=0, description="Fold the events up to this seq; "
@@ -65,11 +65,17 @@ async def run_waterfall(run_id: str, request: Request, token: Reader,
 
 async def waterfall_out(store: Store, run_id: str, at_seq: int | None,
                         compact: bool = False) -> dict[str, Any]:
-    """The waterfall of ``run_id``'s journal up to ``at_seq`` as JSON data, read in one
-    query (the route checks it against its model; a page embeds the ``compact`` form)."""
+    """The waterfall of ``run_id``'s journal up to ``at_seq`` and of its sandboxes as JSON
+    data, read in two queries (the route checks it against its model; a page embeds the
+    ``compact`` form)."""
     events = await dashboard.timeline_events(store, run_id, at_seq)
+    # An indexed read by run id; empty unless the run is isolated.
+    spans = [SandboxSpan(r.sandbox_id, r.attempt, r.started_at, r.ended_at, r.status,
+                         r.exit_code, r.signal, r.end_reason, r.peak_memory)
+             for r in await store.list_sandboxes(run_id)]
+    until = None if at_seq is None or not events else events[-1].at
     form = as_compact if compact else as_dict
-    return form(waterfall(run_id, events)) | {"now": await store.now()}
+    return form(waterfall(run_id, events, spans, until)) | {"now": await store.now()}
 
 
 @router.get("/runs/{run_id:path}/step", response_model=StepDetail)

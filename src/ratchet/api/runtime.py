@@ -9,7 +9,8 @@ last report left it (else 409, out of order), each hash must match its content, 
 step events go through ``append`` and only a terminal event through ``finish``. The
 write itself goes under the lease the sandbox was spawned under, so a sandbox that is no
 longer its run's current one is refused by the store's own fence (409) and writes
-nothing.
+nothing. A run a sandbox ends gets its signed receipt in the commit that ends it, as an
+in-process run does (the worker serving the channel holds the app's signing key).
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
 from ratchet.api.errors import ApiError
+from ratchet.engine.driver import receipt_for
 from ratchet.errors import LeaseLost, RunFinished, StorageError, StoreConflict, ValueRefused
-from ratchet.model import Event, EventKind, RunStatus, dumps
+from ratchet.model import Event, EventKind, RunStatus, dumps, fold
+from ratchet.receipts import Signer
 from ratchet.sandbox.grants import Grant, Grants
 from ratchet.store.base import Store
 
@@ -148,7 +151,9 @@ async def report(request: Request, body: Report, grant: Sandboxed) -> ReportAcce
             else:
                 assert body.status is not None
                 await store.finish(grant.lease, events, RunStatus(body.status), body.output,
-                                   body.error, body.dead_letter)
+                                   body.error, body.dead_letter,
+                                   await _receipt(store, request.app.state.signer, grant,
+                                                  events))
         except LeaseLost:
             raise ApiError(409, f"sandbox {grant.sandbox_id} is no longer the current "
                                 f"sandbox of run {grant.run_id}", code="fenced") from None
@@ -164,6 +169,20 @@ async def report(request: Request, body: Report, grant: Sandboxed) -> ReportAcce
         if body.op == "finish":
             grant.finished = body.status
     return ReportAccepted(accepted=len(events), last_seq=events[-1].seq)
+
+
+async def _receipt(store: Store, signer: Signer | None, grant: Grant, events: list[Event]
+                   ) -> dict[str, Any] | None:
+    """The signed receipt over the journal ``events`` end (None without a key). The
+    journal is read once here, at the run's end: under the grant's lock no other write
+    of this sandbox lands meanwhile, and a write of another is fenced off with this one."""
+    if signer is None:
+        return None
+    run = await store.get_run(grant.run_id)
+    if run is None:
+        raise ApiError(404, f"unknown run id {grant.run_id!r}")
+    journal = await store.load_events(grant.run_id)
+    return receipt_for(signer, run, fold(grant.run_id, [*journal, *events]))
 
 
 @router.get("/journal", response_model=Journal)

@@ -72,6 +72,15 @@ class DriveStore:
     async def get_approval(self, run_id: str, step_id: str) -> Approval | None:
         return await self._guard(self.raw.get_approval(run_id, step_id))
 
+    # The guards' reads of the workflow's history: a connection cut there abandons the
+    # drive too, rather than failing the run whose step was retrying.
+    async def recent_retries(self, workflow: str, window_s: float) -> int:
+        return await self._guard(self.raw.recent_retries(workflow, window_s))
+
+    async def llm_history(self, workflow: str, limit: int
+                          ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
+        return await self._guard(self.raw.llm_history(workflow, limit))
+
     # -- the holder's writes ---------------------------------------------------------------
 
     async def ask_approval(self, lease: Lease, events: Sequence[Event], step_id: str,

@@ -258,7 +258,7 @@ class RunContext:
             # Signed here, with the terminal event folded in, and stored in the commit that
             # ends the run: no extra transaction, and no run ends unsigned.
             await self.store.finish(self.lease, events, status, output, error, dead_letter,
-                                    _receipt(self.signer, self.record, self.state))
+                                    receipt_for(self.signer, self.record, self.state))
 
         # The terminal event goes out only with the terminal status: were it emitted before
         # the lock, a branch's append waiting for the lock could commit it with the run
@@ -755,7 +755,7 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
             # Re-driving a finished run changes nothing. A claim found it unfinished, so
             # its row is behind its journal (the journal is the truth): settle the row.
             await _settle_from_journal(store, claimed.lease, state, events[-1],
-                                       _receipt(signer, rec, state))
+                                       receipt_for(signer, rec, state))
             return DriveOutcome.NOOP
     except (LeaseLost, RunFinished):
         return DriveOutcome.NOOP
@@ -783,7 +783,7 @@ async def _settle_from_journal(store: Store, lease: Lease, state: RunState, last
                        dead_letter=reason, receipt=receipt)
 
 
-def _receipt(signer: Signer | None, record: RunRecord, state: RunState
+def receipt_for(signer: Signer | None, record: RunRecord, state: RunState
              ) -> dict[str, Any] | None:
     """The stored form of the run's signed receipt over ``state`` (None without a key)."""
     if signer is None:

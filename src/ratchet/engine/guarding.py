@@ -223,8 +223,8 @@ class RunGuards:
         now = time.monotonic()
         if cached is not None and cached[0] > now:
             return cached[1]
-        history = History(await store.llm_history(self.ctx.record.workflow,
-                                                  self.g.spike_history))
+        history = History(await self.ctx.store.llm_history(self.ctx.record.workflow,
+                                                           self.g.spike_history))
         if len(history.run_costs) >= self.g.spike_history:
             # Kept only once complete: until M runs exist, the next finished run counts.
             cache[key] = (now + HISTORY_TTL_S, history)
@@ -243,8 +243,8 @@ class RunGuards:
         if g.retry_storm_workflow is not None and "retry_storm:workflow" not in (
                 ctx.state.anomalies):
             # This retry is not committed yet: the database counts the others.
-            recent = await ctx.store.raw.recent_retries(ctx.record.workflow,
-                                                        STORM_WINDOW_S) + 1
+            recent = await ctx.store.recent_retries(ctx.record.workflow,
+                                                    STORM_WINDOW_S) + 1
             if recent > g.retry_storm_workflow:
                 await self.trip("retry_storm", "retry_storm:workflow", step_id, {
                     "scope": "workflow", "workflow": ctx.record.workflow,

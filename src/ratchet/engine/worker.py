@@ -27,7 +27,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from ratchet.config import lease_ttl_from_env, recovery_interval_from_env
 from ratchet.engine.control import Control, DriveOutcome, StopReason
@@ -36,7 +36,7 @@ from ratchet.engine.driver import drive
 from ratchet.engine.faults import crash_point
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
-from ratchet.model import ClaimedRun
+from ratchet.model import ClaimedRun, RunRecord
 from ratchet.receipts import Signer
 from ratchet.store.base import CANCEL, READY, Store
 
@@ -67,7 +67,18 @@ class Isolation(Protocol):
     async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
                     relet: Relet) -> DriveOutcome: ...
 
+    async def unavailable(self) -> str | None:
+        """Why no sandbox can be made on this machine, or None when one can."""
+
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class Pinning(Protocol):
+    """Workflows whose definition depends on the run's version too (an app's graphs: one
+    version may be isolated, another not)."""
+
+    async def pinned(self, store: Store, name: str, version: str) -> WorkflowDef | None: ...
 
 
 @dataclass(slots=True)
@@ -106,6 +117,10 @@ class Worker:
         # or beside workers of other apps, the rest wait for a worker that has them.
         self.code_served = frozenset((wd.name, wd.version) for wd in workflows.values())
         self.served = self.code_served
+        # Whether this worker can make sandboxes: None until asked (once, when it first
+        # has isolated runs to serve). A worker that cannot serves no isolated workflow,
+        # so another one claims their runs instead of this one failing them.
+        self.can_isolate: bool | None = None
         # Graph runs are runs of (graph name, content hash); ``workflows`` answers for any
         # graph name, and the served pairs grow as graphs are registered (by any process).
         self.serve_graphs = serve_graphs
@@ -132,6 +147,11 @@ class Worker:
         """Work until ``stop`` is set (or the task is cancelled), then stop every drive
         (see the module docstring) so another worker can take its run at once."""
         stop = stop or asyncio.Event()
+        isolated = frozenset((wd.name, wd.version) for wd in self.workflows.values()
+                             if wd.sandbox is not None)
+        if isolated and not await self._isolates():
+            self.code_served -= isolated
+            self.served = self.code_served
         await self._refresh_graphs()
         await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
                                          serves=self.served, queues=self.queues,
@@ -238,18 +258,40 @@ class Worker:
                 del self.active[run_id]
             self._slot_freed.set()
 
+    async def _workflow(self, record: RunRecord) -> WorkflowDef | None:
+        wd = self.workflows.get(record.workflow)
+        if (wd is None or (wd.name, wd.version) in self.code_served
+                or not isinstance(self.workflows, Pinning)):
+            return wd
+        return await self.workflows.pinned(self.store, record.workflow,
+                                           record.workflow_version) or wd
+
     async def _drive_once(self, claimed: ClaimedRun, control: Control) -> str:
-        wd = self.workflows.get(claimed.record.workflow)
+        wd = await self._workflow(claimed.record)
         if wd is None or wd.sandbox is None:
             return await drive(self.store, claimed, self.workflows, control, self.threads,
                                self.signer)
-        if self.isolation is None:
+        if self.isolation is None or not await self._isolates():
             # Never in this process instead: the tier is the workflow's security boundary.
-            log.error("action=isolation_missing run_id=%s workflow=%s",
-                      claimed.record.run_id, wd.name)
-            return DriveOutcome.STOPPED
+            # (Claimed before this worker knew the version was isolated; it serves no more
+            # of them, and the run goes back for a worker that can.)
+            log.warning("action=isolated_run_handed_back run_id=%s workflow=%s",
+                        claimed.record.run_id, wd.name)
+            await self.store.hand_back(claimed.lease, [])
+            return DriveOutcome.HANDED_BACK
         return await self.isolation.drive(claimed, wd, control,
                                           lambda: self._relet(claimed.record.run_id, control))
+
+    async def _isolates(self) -> bool:
+        """Whether this worker can make sandboxes; asked once, and said once why not."""
+        if self.can_isolate is None:
+            why = ("the worker was made without an isolation runner" if self.isolation is None
+                   else await self.isolation.unavailable())
+            self.can_isolate = why is None
+            if why is not None:
+                log.warning("action=isolation_unavailable worker_id=%s why=%s: isolated runs "
+                            "are left to workers that can make sandboxes", self.worker_id, why)
+        return self.can_isolate
 
     async def _relet(self, run_id: str, control: Control) -> ClaimedRun | None:
         """The run's lease one epoch up, for the same drive (see :data:`Relet`)."""
@@ -324,10 +366,12 @@ class Worker:
         if not self.serve_graphs:
             return False
         try:
-            graphs = await self.store.graph_versions()
+            graphs, isolated = await self.store.graph_versions_tiers()
         except Exception as e:
             log.warning("action=graphs_refresh_failed error=%s", e)
             return False
+        if isolated and not await self._isolates():
+            graphs -= isolated
         served = self.code_served | graphs
         grew = not served <= self.served
         self.served = served

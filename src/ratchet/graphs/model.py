@@ -5,7 +5,9 @@ way), ``inputs`` (a JSON Schema of the run's input), ``nodes`` (``id``, ``type``
 ``edges`` (``from``, ``to``, optional ``when``) and an optional ``output``. Each node type
 has a data model of its own, so a misspelt field is named rather than ignored. Any node may
 carry ``data.retry`` (``{"maxAttempts", "backoffMs", "retryableClasses"}``) and
-``timeout_s`` (on the node or in its data).
+``timeout_s`` (on the node or in its data). ``tier: isolated`` runs each attempt of a run
+in a sandbox (``sandbox`` holds the ``ratchet.Sandbox`` fields), like an isolated code
+workflow.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 NODE_ID = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
+Tier = Literal["process", "isolated"]
 
 
 class _Data(BaseModel):
@@ -117,6 +120,10 @@ NODE_TYPES = tuple(DATA_MODELS)
 SIDE_EFFECTING = frozenset({"ai-step", "tool", "connector", "subagent", "approval"})
 
 
+SANDBOX_HELP = ("tier isolated: the sandbox's limits (ratchet.Sandbox fields): memory_mb, cpus, "
+                "timeout_s, network (none | report-only), mounts, max_processes.")
+
+
 class Edge(BaseModel):
     """``from`` → ``to``; with ``when`` (an expression over ``output``, the source node's
     output, and ``input``, ``nodes``), taken only when it is true."""
@@ -154,6 +161,9 @@ class RawGraph(BaseModel):
     guards: dict[str, Any] | None = Field(
         None, description="The graph's guards (ratchet.Guards fields): thresholds, budgets, "
                           "actions.")
+    tier: Tier = Field(
+        "process", description="isolated: each attempt runs in a sandbox of its own.")
+    sandbox: dict[str, Any] | None = Field(None, description=SANDBOX_HELP)
 
 
 def _typed_node(kind: str, data: type[_Data]) -> type[BaseModel]:
@@ -189,7 +199,9 @@ def json_schema() -> dict[str, Any]:
         inputs=(dict[str, Any], Field(default_factory=lambda: {"type": "object"})),
         nodes=(node_list, Field(min_length=1)),
         edges=(list[Edge], Field(default_factory=list)), output=(Any, None),
-        guards=(dict[str, Any] | None, None))
+        guards=(dict[str, Any] | None, None),
+        tier=(Tier, "process"),
+        sandbox=(dict[str, Any] | None, Field(None, description=SANDBOX_HELP)))
     schema: dict[str, Any] = graph.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Ratchet graph"

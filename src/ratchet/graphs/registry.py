@@ -5,12 +5,15 @@ A registered graph is a row of ``graphs`` (name, content hash, definition), writ
 ``<name>`` at version ``<hash>``: the worker's claims serve every registered version (it
 re-reads the list when a claim finds nothing, so a graph registered by the CLI while the
 worker runs is served from its next claim), and the interpreter loads the run's own version,
-so a run in flight never sees an edited graph.
+so a run in flight never sees an edited graph. A version with ``tier: isolated`` is driven
+in a sandbox: the worker asks :meth:`AppWorkflows.pinned` for the run's own version, whose
+workflow carries the graph and its sandbox.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.definitions import WorkflowDef
@@ -20,12 +23,23 @@ from ratchet.graphs.validate import Graph, load
 if TYPE_CHECKING:
     from ratchet.app import Ratchet
     from ratchet.engine.driver import RunContext
+    from ratchet.store.base import Store
 
 # Compiled graphs by (name, version): a version's content never changes.
 _COMPILED: dict[tuple[str, str], Graph] = {}
 
 
-def graph_workflow(app: Ratchet, name: str, version: str) -> WorkflowDef:
+@dataclass(slots=True)
+class GraphWorkflow(WorkflowDef):
+    """The interpreter as the workflow of one graph version, with the compiled graph (its
+    sandbox, for ``tier: isolated``) and the tools of the app it runs with."""
+
+    graph: Graph | None = None
+    tools: Mapping[str, Any] | None = None
+
+
+def graph_workflow(app: Ratchet, name: str, version: str,
+                   graph: Graph | None = None) -> WorkflowDef:
     """The interpreter as the workflow of graph ``name`` at ``version``."""
     from ratchet.graphs.interpreter import interpret
 
@@ -33,20 +47,35 @@ def graph_workflow(app: Ratchet, name: str, version: str) -> WorkflowDef:
         return await interpret(app, input)
 
     run_graph.__name__ = run_graph.__qualname__ = "run_graph"
-    return WorkflowDef(run_graph, name, version)
+    if graph is None:
+        return WorkflowDef(run_graph, name, version)
+    return GraphWorkflow(run_graph, name, version, sandbox=graph.sandbox, graph=graph,
+                         tools=app.tools)
+
+
+def pin(graph: Graph) -> None:
+    """Hold ``graph`` as the compiled form of its version (a sandbox's harness has no
+    store to read it from)."""
+    _COMPILED[(graph.name, graph.version)] = graph
+
+
+async def compiled(store: Store, name: str, version: str) -> Graph | None:
+    """Graph ``name`` at ``version``, compiled once per process (None: not registered)."""
+    graph = _COMPILED.get((name, version))
+    if graph is None:
+        stored = await store.get_graph(name, version)
+        if stored is None:
+            return None
+        graph = _COMPILED[(name, version)] = load(stored.definition)
+    return graph
 
 
 async def graph_for_run(app: Ratchet, ctx: RunContext) -> Graph:
     """The compiled graph version this run is pinned to."""
-    key = (ctx.record.workflow, ctx.record.workflow_version)
-    graph = _COMPILED.get(key)
+    graph = await compiled(ctx.store.raw, ctx.record.workflow, ctx.record.workflow_version)
     if graph is None:
-        stored = await ctx.store.raw.get_graph(*key)
-        if stored is None:
-            raise RatchetError(f"run {ctx.run_id}: graph {key[0]!r} version {key[1]} is not "
-                               "registered")
-        graph = load(stored.definition)
-        _COMPILED[key] = graph
+        raise RatchetError(f"run {ctx.run_id}: graph {ctx.record.workflow!r} version "
+                           f"{ctx.record.workflow_version} is not registered")
     return graph
 
 
@@ -71,6 +100,18 @@ class AppWorkflows(Mapping[str, WorkflowDef]):
 
     def values(self) -> Any:
         return self.app.workflows.values()
+
+    async def pinned(self, store: Store, name: str, version: str) -> WorkflowDef | None:
+        """The workflow of a run of ``name`` at ``version``: a code workflow, the
+        interpreter of an isolated graph version (carrying its sandbox), else None (the
+        interpreter in-process: :meth:`__getitem__`'s)."""
+        wd = self.app.workflows.get(name)
+        if wd is not None:
+            return wd
+        graph = await compiled(store, name, version)
+        if graph is None or graph.sandbox is None:
+            return None
+        return graph_workflow(self.app, name, version, graph)
 
 
 def _graph_def(app: Ratchet, name: str) -> WorkflowDef:

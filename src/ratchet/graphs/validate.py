@@ -5,11 +5,13 @@
 node's data (by its type's model: a missing or misspelt field is named), unknown node
 types, duplicate ids, one trigger, dangling edges, templates that do not parse or read a
 node or name that does not exist, retry policies, unknown tools (when the app's tools are
-given), cycles outside a loop, loop bodies that leak, and nodes the trigger cannot reach.
+given), cycles outside a loop, loop bodies that leak, nodes the trigger cannot reach, and
+for ``tier: isolated`` the sandbox's fields and every node a sandbox cannot run.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
@@ -23,10 +25,23 @@ import yaml
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import NO_RETRY, Retry, as_policy
+from ratchet.engine.waits import PARK_MIN_S
 from ratchet.errors import InvalidInput, RatchetError
 from ratchet.graphs import templates
 from ratchet.graphs.model import DATA_MODELS, NODE_TYPES, Edge, RawGraph, RawNode, _Data
 from ratchet.model import dumps
+from ratchet.sandbox.spec import Sandbox
+
+# Node types a sandbox cannot run, and why: each needs the worker outside (a park, a
+# child run) or a network the sandbox does not have.
+NOT_ISOLATABLE = {
+    "approval": "an approval parks the run, and only the worker outside the sandbox can",
+    "subagent": "a subagent starts a child run, and only the worker outside the sandbox can",
+    "connector": "a connector reaches the network (a delivery claims a receipt besides), "
+                 "and a sandbox has no network",
+    "ai-step": "an ai-step calls a model provider over the network, and a sandbox has no "
+               "network",
+}
 
 # Names a template may read at the top level, besides a loop's item name.
 TOP_NAMES = frozenset({"input", "nodes", "output", "loop"})
@@ -81,6 +96,7 @@ class Graph:
     in_edges: dict[str, list[Edge]] = field(default_factory=dict)
     loop_of: dict[str, str] = field(default_factory=dict)  # body node -> its loop
     guards: Guards = DEFAULT_GUARDS
+    sandbox: Sandbox | None = None  # tier: isolated
 
 
 def content_version(definition: Mapping[str, Any]) -> str:
@@ -165,6 +181,10 @@ def validate(doc: Mapping[str, Any], tools: Collection[str] | None = None,
         except InvalidInput as e:
             problems.append(Problem("guards", str(e).removeprefix("invalid guards: ")))
     _structure(graph, raw, known, problems, workflows)
+    if raw.tier == "isolated":
+        graph.sandbox = _isolated(raw, nodes, tools, problems)
+    elif raw.sandbox is not None:
+        problems.append(Problem("sandbox", "a sandbox needs tier: isolated"))
     if problems:
         return None, problems
     graph.definition = json.loads(dumps(dict(doc)))
@@ -207,6 +227,44 @@ def _node(rn: RawNode, where: str, problems: list[Problem],
                 problems.append(Problem(where + at, f"unknown tool {name!r}; the app's tools: "
                                         f"{known}", rn.id))
     return node
+
+
+def _isolated(raw: RawGraph, nodes: Mapping[str, Node], tools: Collection[str] | None,
+              problems: list[Problem]) -> Sandbox | None:
+    """The sandbox of an isolated graph; a problem for each node it could not run."""
+    for i, rn in enumerate(raw.nodes):
+        node = nodes.get(rn.id)
+        if node is None:
+            continue
+        why = NOT_ISOLATABLE.get(node.type)
+        if why is None and node.type == "tool" and isinstance(tools, Mapping):
+            td = getattr(tools.get(node.data.tool), "tool", None)
+            if td is not None and (td.requires_approval or td.risk == "critical"):
+                why = (f"tool {td.name!r} asks a person's approval before it runs (a park), "
+                       "and only the worker outside the sandbox can park a run")
+        if why is not None:
+            problems.append(Problem(f"nodes[{i}].type", f"{node.type} nodes cannot run in an "
+                                    f"isolated graph: {why}", rn.id))
+            continue
+        # A backoff this long parks the run between attempts, which a sandbox cannot.
+        longest = max((node.retry.delay_s(k) for k in range(1, node.retry.max_attempts)),
+                      default=0.0)
+        if longest >= PARK_MIN_S:
+            problems.append(Problem(f"nodes[{i}].data.retry", f"a backoff of {longest:g}s "
+                                    f"parks the run, which an isolated graph cannot: keep "
+                                    f"each backoff under {PARK_MIN_S:g}s", rn.id))
+    fields = {f.name for f in dataclasses.fields(Sandbox)}
+    given = raw.sandbox or {}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        problems.append(Problem("sandbox", f"unknown field(s) {', '.join(unknown)}; expected "
+                                f"{', '.join(sorted(fields))}"))
+        return None
+    try:
+        return Sandbox(**given)
+    except InvalidInput as e:
+        problems.append(Problem("sandbox", str(e)))
+        return None
 
 
 def _templates(value: Any, where: str, node: str | None, known: Collection[str],

@@ -57,5 +57,10 @@ class SandboxBackend(ABC):
     limits: str  # how limits are enforced on this machine: "cgroup v1", "cgroup v2", "rlimit"
 
     @abstractmethod
+    async def probe(self) -> None:
+        """Check that this machine can make sandboxes; raises SandboxUnavailable saying
+        why not."""
+
+    @abstractmethod
     async def spawn(self, request: SpawnRequest) -> SandboxProcess:
         """Start the sandbox; raises SandboxUnavailable when it cannot."""

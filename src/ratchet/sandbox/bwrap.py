@@ -33,6 +33,9 @@ SECRET_ENV = frozenset({"RATCHET_REPORT_TOKEN"})
 # The system's shared libraries and the loader; /bin and /sbin are left out (a workload
 # gets the interpreter, not a shell).
 SYSTEM_PATHS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32")
+# Where bwrap is, when not on PATH (or to pin one).
+BWRAP_ENV = "RATCHET_BWRAP"
+PROBE_TIMEOUT_S = 30.0
 
 
 def code_paths() -> list[str]:
@@ -97,9 +100,10 @@ class BubblewrapBackend(SandboxBackend):
     name = "bubblewrap"
 
     def __init__(self, executable: str | None = None, limits: Limits | None = None) -> None:
-        found = executable or shutil.which("bwrap")
+        found = shutil.which(executable or "bwrap")
         if found is None:
             raise SandboxUnavailable(
+                f"bubblewrap not found at {executable!r}" if executable else
                 "the isolated tier needs bubblewrap: install it (apt-get install bubblewrap)")
         self.executable = found
         self._limits = limits or Limits()
@@ -129,6 +133,31 @@ class BubblewrapBackend(SandboxBackend):
                 args += ["--setenv", key, value]
         return [*args, "--", *request.argv]
 
+    async def probe(self) -> None:
+        """Make one empty sandbox of the same namespaces: where user namespaces are
+        disabled (a container without the privilege, a kernel setting), bwrap is there
+        but every sandbox would fail."""
+        argv = [self.executable, "--unshare-all", "--unshare-user", "--die-with-parent",
+                "--ro-bind", "/", "/", "--", sys.executable, "-c", ""]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.PIPE, env={})
+        except OSError as e:
+            raise SandboxUnavailable(f"could not start bubblewrap ({self.executable}): "
+                                     f"{e}") from e
+        try:
+            _, err = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT_S)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SandboxUnavailable(f"bubblewrap ({self.executable}) did not make a "
+                                     f"sandbox within {PROBE_TIMEOUT_S:g}s") from None
+        if proc.returncode != 0:
+            raise SandboxUnavailable(
+                f"bubblewrap ({self.executable}) cannot make a sandbox here (exit "
+                f"{proc.returncode}): {err.decode(errors='replace').strip()[:300]}")
+
     async def spawn(self, request: SpawnRequest) -> SandboxProcess:
         try:
             cell = await asyncio.to_thread(self._limits.cell, request.sandbox_id,
@@ -148,5 +177,6 @@ class BubblewrapBackend(SandboxBackend):
 
 
 def default_backend() -> BubblewrapBackend:
-    """The backend isolated runs use on this machine."""
-    return BubblewrapBackend()
+    """The backend isolated runs use on this machine: ``bwrap`` on PATH, or the one
+    ``RATCHET_BWRAP`` names."""
+    return BubblewrapBackend(os.environ.get(BWRAP_ENV) or None)

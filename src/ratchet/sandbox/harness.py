@@ -1,4 +1,5 @@
-"""Inside a sandbox: ``python -m ratchet.sandbox.harness module:workflow``.
+"""Inside a sandbox: ``python -m ratchet.sandbox.harness module:workflow``, or
+``python -m ratchet.sandbox.harness --graph`` for a graph (``tier: isolated``).
 
 Runs the workflow with the engine's own driver, so its ``@app.step`` code is the same as
 in-process: the journal is read from the report channel (with ``RATCHET_RESUME=1``, the
@@ -10,7 +11,9 @@ process only reports. Its exit code tells the worker what happened: 0 the run en
 
 Environment (set by the worker): RATCHET_RUN_ID, RATCHET_SANDBOX_ID, RATCHET_REPORT_TOKEN,
 RATCHET_WORKER_ID, RATCHET_LEASE_EPOCH, RATCHET_DRIVE_REASON, RATCHET_REPORT_SOCKET,
-RATCHET_NETWORK, and RATCHET_RESUME=1 from the second sandbox of a run on.
+RATCHET_NETWORK, and RATCHET_RESUME=1 from the second sandbox of a run on. A graph's
+harness gets its definition (RATCHET_GRAPH, checked against the run's version) and where
+its tools are (RATCHET_GRAPH_TOOLS: ``{tool: "module:name"}``), and runs the interpreter.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -39,30 +43,59 @@ EXIT_FENCED = 3
 _OUTCOME_EXIT = {DriveOutcome.SUCCEEDED: EXIT_ENDED, DriveOutcome.FAILED: EXIT_ENDED,
                  DriveOutcome.NOOP: EXIT_ENDED, DriveOutcome.LEASE_LOST: EXIT_FENCED}
 
+GRAPH_ARG = "--graph"
+GRAPH_ENV = "RATCHET_GRAPH"
+TOOLS_ENV = "RATCHET_GRAPH_TOOLS"
+SCRIPT_MODULE = "ratchet_sandboxed_script"
+USAGE = "usage: python -m ratchet.sandbox.harness module:workflow | --graph"
+
 log = logging.getLogger("ratchet.sandbox.harness")
 
 
 def load(ref: str) -> WorkflowDef:
     """The workflow ``module:name`` (or ``/path/script.py:name``) names."""
-    module, _, name = ref.rpartition(":")
-    if not module or not name:
-        raise SystemExit(f"usage: python -m ratchet.sandbox.harness module:workflow "
-                         f"(got {ref!r})")
-    if module.endswith(".py"):
-        # A script's workflow: run the script as a module of another name, so its
-        # ``if __name__ == "__main__":`` part (starting runs, a worker) stays out.
-        spec = importlib.util.spec_from_file_location("ratchet_sandboxed_script", module)
-        if spec is None or spec.loader is None:
-            raise SystemExit(f"cannot load {module}")
-        loaded = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = loaded
-        spec.loader.exec_module(loaded)
-    else:
-        loaded = importlib.import_module(module)
-    wd = getattr(loaded, name, None)
+    wd = _import(ref)
     if not isinstance(wd, WorkflowDef):
         raise SystemExit(f"{ref} is not a Ratchet workflow")
     return wd
+
+
+def load_graph() -> WorkflowDef:
+    """The interpreter of the graph in RATCHET_GRAPH, with the tools RATCHET_GRAPH_TOOLS
+    names, on an app of its own (it opens no database: the journal is the channel's)."""
+    from ratchet.app import Ratchet
+    from ratchet.graphs.registry import graph_workflow, pin
+    from ratchet.graphs.validate import load as load_definition
+
+    app = Ratchet("sqlite:///unused-in-a-sandbox.db")
+    for name, ref in json.loads(os.environ.get(TOOLS_ENV, "{}")).items():
+        app.tools[name] = _import(ref)
+    graph = load_definition(json.loads(os.environ[GRAPH_ENV]), tools=app.tools)
+    pin(graph)
+    return graph_workflow(app, graph.name, graph.version, graph)
+
+
+def _import(ref: str) -> object:
+    module, _, name = ref.rpartition(":")
+    if not module or not name:
+        raise SystemExit(f"{USAGE} (got {ref!r})")
+    if module.endswith(".py"):
+        # A script's workflow (or tools): run the script as a module of another name, so
+        # its ``if __name__ == "__main__":`` part (starting runs, a worker) stays out;
+        # once, however many of its names are asked for.
+        loaded = sys.modules.get(SCRIPT_MODULE)
+        if loaded is None or getattr(loaded, "__file__", None) != module:
+            spec = importlib.util.spec_from_file_location(SCRIPT_MODULE, module)
+            if spec is None or spec.loader is None:
+                raise SystemExit(f"cannot load {module}")
+            loaded = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = loaded
+            spec.loader.exec_module(loaded)
+    else:
+        loaded = importlib.import_module(module)
+    if not hasattr(loaded, name):
+        raise SystemExit(f"{ref}: module {module} has no {name}")
+    return getattr(loaded, name)
 
 
 async def _relay(socket_path: str) -> str:
@@ -95,9 +128,9 @@ async def run(wd: WorkflowDef) -> int:
     reporter = Reporter(socket_path, env.pop("RATCHET_REPORT_TOKEN"), run_id, sandbox_id)
     try:
         record, events = await reporter.journal()
-        if record.workflow != wd.name:
-            log.error("action=harness_mismatch run_id=%s workflow=%s harness=%s", run_id,
-                      record.workflow, wd.name)
+        if (record.workflow, record.workflow_version) != (wd.name, wd.version):
+            log.error("action=harness_mismatch run_id=%s workflow=%s@%s harness=%s@%s",
+                      run_id, record.workflow, record.workflow_version, wd.name, wd.version)
             return EXIT_USAGE
         lease = Lease(run_id, env["RATCHET_WORKER_ID"], int(env["RATCHET_LEASE_EPOCH"]))
         # Why the worker holds the run (claim, sweep, reclaim), or "resume" when it spawns
@@ -116,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="sandbox: %(message)s")
     if len(args) != 1:
-        print("usage: python -m ratchet.sandbox.harness module:workflow", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return EXIT_USAGE
-    return asyncio.run(run(load(args[0])))
+    return asyncio.run(run(load_graph() if args[0] == GRAPH_ARG else load(args[0])))
 
 
 if __name__ == "__main__":

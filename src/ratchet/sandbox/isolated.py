@@ -31,6 +31,7 @@ from typing import Any
 
 from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.driver import receipt_for
 from ratchet.engine.worker import Relet
 from ratchet.errors import (
     LeaseLost,
@@ -39,7 +40,10 @@ from ratchet.errors import (
     RunFinished,
     SandboxUnavailable,
 )
-from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunState, RunStatus, fold
+from ratchet.extras import require
+from ratchet.graphs.registry import GraphWorkflow
+from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunStatus, dumps, fold
+from ratchet.receipts import Signer
 from ratchet.sandbox import harness
 from ratchet.sandbox.backend import (
     REPORT_SOCKET,
@@ -66,10 +70,14 @@ RESPAWN = "resume"
 class IsolatedRunner:
     """Drives isolated runs for one worker: its report channel and its backend."""
 
-    def __init__(self, store: Store, backend: SandboxBackend | None = None) -> None:
+    def __init__(self, store: Store, backend: SandboxBackend | None = None,
+                 signer: Signer | None = None) -> None:
         self.store = store
         self._backend = backend
-        self.channel = ReportChannel(store)
+        # Signs the receipt of each run that ends here, in the commit that ends it: by a
+        # sandbox's report (the channel) or by this worker (_finish, _settled).
+        self.signer = signer
+        self.channel = ReportChannel(store, signer)
         # The sandbox alive per run on this worker: a drive that takes a run over from an
         # older drive here (a retake) waits for the older one's sandbox to be gone.
         self._live: dict[str, tuple[SandboxProcess, asyncio.Future[Exit]]] = {}
@@ -79,6 +87,16 @@ class IsolatedRunner:
             # Off the event loop: finding the cgroups touches the file system.
             self._backend = await asyncio.to_thread(default_backend)
         return self._backend
+
+    async def unavailable(self) -> str | None:
+        """Why this worker cannot make sandboxes (no bubblewrap, one that cannot make a
+        namespace here, the server extra missing for the report channel), or None."""
+        try:
+            require("the isolated tier's report channel", "server")
+            await (await self.backend()).probe()
+        except (SandboxUnavailable, MissingExtra) as e:
+            return str(e)
+        return None
 
     async def close(self) -> None:
         await self.channel.close()
@@ -107,7 +125,7 @@ class IsolatedRunner:
             events = await self.store.load_events(run_id)
             state = fold(run_id, events)
             if state.status.terminal:
-                return await self._settled(lease, state, events[-1])
+                return await self._settled(lease, events)
             if control.reason is not None:
                 return await self._stopped(lease, events, reason, control.reason)
             if reason == RESPAWN:
@@ -166,7 +184,9 @@ class IsolatedRunner:
             env["RATCHET_RESUME"] = "1"
         began = time.monotonic()
         try:
-            argv = [sys.executable, "-m", harness.__name__, workflow_ref(wd)]
+            args, more = harness_args(wd)
+            env.update(more)
+            argv = [sys.executable, "-m", harness.__name__, *args]
             request = SpawnRequest(row.sandbox_id, wd.sandbox, argv, env, socket)
             previous = self._live.get(row.run_id)
             if previous is not None:
@@ -253,7 +273,19 @@ class IsolatedRunner:
                     RunStatus.CANCELLED: EventKind.RUN_CANCELLED}[status]
         ended.append(Event.chain(lease.run_id, last.seq + 1, terminal, None, None, payload,
                                  time.time(), last.hash))
-        await self.store.finish(lease, ended, status, None, error, dead_letter)
+        await self.store.finish(lease, ended, status, None, error, dead_letter,
+                                await self._receipt(lease.run_id, [*events, *ended]))
+
+    async def _receipt(self, run_id: str, journal: list[Event]) -> dict[str, Any] | None:
+        """The signed receipt over ``journal``, a run's whole journal with its end (None
+        without a key). These ends are rare (a cancel, a run out of sandboxes): reading
+        the run's record here costs the common path nothing."""
+        if self.signer is None:
+            return None
+        record = await self.store.get_run(run_id)
+        if record is None:
+            return None
+        return receipt_for(self.signer, record, fold(run_id, journal))
 
     async def _unavailable(self, lease: Lease, events: list[Event], reason: str,
                            why: str) -> DriveOutcome:
@@ -288,11 +320,13 @@ class IsolatedRunner:
         await self.store.hand_back(lease, [])
         return DriveOutcome.HANDED_BACK
 
-    async def _settled(self, lease: Lease, state: RunState, last: Event) -> DriveOutcome:
+    async def _settled(self, lease: Lease, events: list[Event]) -> DriveOutcome:
         """Claimed with its end already journaled: give the run's row that end."""
+        state, last = fold(lease.run_id, events), events[-1]
         reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
         try:
-            await self.store.finish(lease, [], state.status, state.output, state.error, reason)
+            await self.store.finish(lease, [], state.status, state.output, state.error, reason,
+                                    await self._receipt(lease.run_id, events))
         except RunFinished:
             pass
         return DriveOutcome.NOOP
@@ -312,19 +346,38 @@ def counted_since(events: list[Event], claimed: Lease) -> int:
     return int(markers[0].payload.get("epoch", 0)) if markers else claimed.epoch
 
 
-def workflow_ref(wd: WorkflowDef) -> str:
-    """``module:name`` of the workflow, for the harness to import it inside the sandbox;
-    for a workflow of the script being run (``__main__``), ``/path/of/script.py:name``."""
-    module = sys.modules.get(wd.fn.__module__)
-    name = next((k for k, v in vars(module).items() if v is wd), None) if module else None
+def harness_args(wd: WorkflowDef) -> tuple[list[str], dict[str, str]]:
+    """The harness's arguments and the environment it needs besides the run's: a code
+    workflow's reference, or for a graph its definition and its tools' references."""
+    if not isinstance(wd, GraphWorkflow) or wd.graph is None:
+        return [module_ref(wd, wd.fn.__module__, f"workflow {wd.name}")], {}
+    tools = wd.tools or {}
+    refs = {}
+    for node in wd.graph.nodes.values():
+        if node.type == "tool":
+            call = tools.get(node.data.tool)
+            if call is None:
+                raise SandboxUnavailable(f"graph {wd.name}: node {node.id!r} calls tool "
+                                         f"{node.data.tool!r}, which this worker's app lacks")
+            refs[node.data.tool] = module_ref(call, call.__module__,
+                                              f"tool {node.data.tool} of graph {wd.name}")
+    return [harness.GRAPH_ARG], {harness.GRAPH_ENV: dumps(wd.graph.definition),
+                                 harness.TOOLS_ENV: dumps(refs)}
+
+
+def module_ref(obj: object, module_name: str, what: str) -> str:
+    """``module:name`` of ``obj``, for the harness to import it inside the sandbox; for
+    one of the script being run (``__main__``), ``/path/of/script.py:name``."""
+    module = sys.modules.get(module_name)
+    name = next((k for k, v in vars(module).items() if v is obj), None) if module else None
     if module is None or name is None:
         raise SandboxUnavailable(
-            f"workflow {wd.name}: an isolated workflow must be a module-level name, so its "
-            f"sandbox can import it")
-    if wd.fn.__module__ == "__main__":
+            f"{what}: an isolated run's code must be a module-level name, so its sandbox "
+            f"can import it")
+    if module_name == "__main__":
         path = getattr(module, "__file__", None)
         if path is None:
-            raise SandboxUnavailable(f"workflow {wd.name}: an isolated workflow cannot be "
-                                     "defined in an interactive session")
+            raise SandboxUnavailable(f"{what}: an isolated run's code cannot be defined "
+                                     "in an interactive session")
         return f"{os.path.abspath(path)}:{name}"
-    return f"{wd.fn.__module__}:{name}"
+    return f"{module_name}:{name}"

@@ -724,6 +724,15 @@ class Store(ABC):
         rows = await self._read(lambda tx: tx.all("graph_versions", {}))
         return frozenset((r["name"], r["version"]) for r in rows)
 
+    async def graph_versions_tiers(self) -> tuple[frozenset[tuple[str, str]],
+                                                  frozenset[tuple[str, str]]]:
+        """Every registered ``(graph name, version)`` pair, and those of ``tier:
+        isolated`` among them."""
+        rows = await self._read(lambda tx: tx.all("graph_versions_tiers", {}))
+        pairs = [((r["name"], r["version"]), bool(r["isolated"])) for r in rows]
+        return (frozenset(p for p, _ in pairs),
+                frozenset(p for p, isolated in pairs if isolated))
+
     # -- guards ----------------------------------------------------------------------------
 
     async def recent_retries(self, workflow: str, window_s: float) -> int:

@@ -767,3 +767,11 @@ FROM sandboxes WHERE run_id = %(run_id)s AND attempt = %(attempt)s
 
 -- name: ui_dead_lettered
 SELECT count(*) AS n FROM dead_letters WHERE run_id = %(run_id)s
+
+-- Isolated graphs ---------------------------------------------------------------------------
+-- A worker that cannot make sandboxes serves the graph versions without `tier: isolated`
+-- only; one read answers both (every version, and whether it is isolated).
+
+-- name: graph_versions_tiers
+SELECT name, version, coalesce(definition ->> 'tier' = 'isolated', false) AS isolated
+FROM graphs

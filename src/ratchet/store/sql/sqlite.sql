@@ -613,3 +613,12 @@ FROM sandboxes WHERE run_id = :run_id AND attempt = :attempt
 
 -- name: ui_dead_lettered
 SELECT count(*) AS n FROM dead_letters WHERE run_id = :run_id
+
+-- Isolated graphs ---------------------------------------------------------------------------
+-- A worker that cannot make sandboxes serves the graph versions without `tier: isolated`
+-- only; one read answers both (every version, and whether it is isolated).
+
+-- name: graph_versions_tiers
+SELECT name, version,
+       coalesce(json_extract(definition, '$.tier') = 'isolated', 0) AS isolated
+FROM graphs

@@ -106,6 +106,25 @@ function rowHtml(r, x, end, now) {
   return `<li class="wf-row st-${esc(r.status)}" data-step="${id}" data-status="${esc(r.status)}" data-since="${since.get(key)}"><span class="wf-label"><button type="button" class="step" title="${id}">${id}</button>${tries}${child}</span><span class="wf-track">${r.segments.map((s) => segment(s, x, end)).join("")}</span></li>`;
 }
 
+// An isolated run's sandboxes, one row each above its steps: when each lived, and how it
+// ended (a finished one green, one that crashed, ran out of memory or time red).
+function sandboxHtml(s, x, end) {
+  const stop = s.end ?? end;
+  const left = x(s.start);
+  const width = Math.max(x(stop) - left, 0.15);
+  const how = s.end === null ? "running"
+    : `${s.end_reason ?? "ended"}${s.signal !== null ? `, signal ${s.signal}`
+      : s.exit_code !== null ? `, exit ${s.exit_code}` : ""}`;
+  const label = `sandbox ${s.attempt} (${s.sandbox_id}): ${how}, ${secs(stop - s.start)}`;
+  const cls = s.end === null ? "running" : s.end_reason === "finished" ? "completed"
+    : ["shutdown", "killed", "orphaned"].includes(s.end_reason) ? "cancelled" : "failed";
+  return `<li class="wf-row wf-sandbox" data-sandbox="${esc(s.sandbox_id)}">
+    <span class="wf-label" title="${esc(s.sandbox_id)}">sandbox ${esc(s.attempt)}
+      <small>${esc(how)}</small></span>
+    <span class="wf-track"><span class="seg ${cls}" role="img" aria-label="${esc(label)}"
+      title="${esc(label)}" style="left:${left}%;width:${width}%"></span></span></li>`;
+}
+
 function draw(w) {
   shown = w;
   const live = !w.terminal && scrubbed === null;
@@ -114,7 +133,8 @@ function draw(w) {
   const now = Date.now();
   const mine = ++drawing;
   const html = (from, to) => w.rows.slice(from, to).map((r) => rowHtml(r, x, end, now)).join("");
-  list.innerHTML = html(0, FIRST_ROWS);
+  list.innerHTML = (w.sandboxes ?? []).map((s) => sandboxHtml(s, x, end)).join("")
+    + html(0, FIRST_ROWS);
   const more = (from) => {
     if (mine !== drawing || from >= w.rows.length) {
       if (mine === drawing) performance.mark("ratchet:complete");
