@@ -31,6 +31,7 @@ from ratchet.errors import (
     UnknownWorkflow,
 )
 from ratchet.extras import require
+from ratchet.llm import connections
 from ratchet.model import (
     Approval,
     DeadLetter,
@@ -84,6 +85,7 @@ class _Portal:
         try:
             loop.run_forever()
         finally:
+            loop.run_until_complete(connections.release())
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 
