@@ -468,3 +468,65 @@ def test_run_stream_works_in_a_workflow_and_run_toolsets_are_refused(
     assert len(tools) == 1
     refused = app.result(app.start(extra_tools, "weather?"), timeout_s=30)
     assert "Ratchet" in refused and "toolset" in refused.lower()
+
+
+# -- guards ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [{"budget_tokens": 400}, {"budget_usd": 0.0001}])
+def test_a_model_request_that_would_cross_a_budget_is_never_sent(
+        make_app: Callable[..., ratchet.Ratchet], budget: dict[str, Any]) -> None:
+    server = LocalProvider(script=agent_app.SCRIPT)
+    with serve(server) as base:
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local", max_retries=0)
+        model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
+        tools: list[str] = []
+        agent = weather_agent(model, tools)
+        app = make_app()
+
+        # max_tokens=500 is the worst case: 500 tokens, 0.0008 USD for gpt-4.1-mini.
+        @app.workflow(guards=ratchet.Guards(**budget))
+        async def ask(text: str) -> str:
+            return (await agent.run(text, model_settings={"max_tokens": 500})).output
+
+        app.launch()
+        run_id = app.start(ask, "weather in Paris?")
+        wait_for(lambda: app.get(run_id).status == "failed", what="the run failed")
+        assert server.requests() == [] and tools == []
+        [anomaly] = events(app, run_id, "anomaly_detected")
+        assert anomaly.step_id == f"1:{MODEL_STEP}"
+        name = next(iter(budget))
+        assert anomaly.payload["budget"] == name.removeprefix("budget_")
+        assert anomaly.payload["worst_case"] > budget[name]
+        assert events(app, run_id, "step_started") == []
+        assert app.get(run_id).error is not None and "would be crossed" in (
+            app.get(run_id).error or "")
+
+
+@pytest.mark.parametrize(("cities", "loops"), [(["Paris", "Rome"], 0), (["Paris", "Paris"], 1)])
+def test_the_runaway_loop_guard_sees_a_tools_arguments(
+        make_app: Callable[..., ratchet.Ratchet], cities: list[str], loops: int) -> None:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", ())):
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart("forecast", {"city": c}) for c in cities])
+
+    agent = Agent(FunctionModel(model), name="weather", capabilities=[RatchetDurability()])
+
+    @agent.tool_plain
+    def forecast(city: str) -> str:
+        """The same answer for every city."""
+        return "sunny"
+
+    app = make_app()
+
+    @app.workflow(guards=ratchet.Guards(runaway_repeats=2))
+    async def ask(text: str) -> str:
+        return (await agent.run(text)).output
+
+    app.launch()
+    run_id = app.start(ask, "weather?")
+    assert app.result(run_id, timeout_s=30) == "done"
+    assert len(events(app, run_id, "tool_called")) == 2
+    found = [e.payload for e in events(app, run_id, "anomaly_detected")]
+    assert [a["kind"] for a in found] == ["runaway_loop"] * loops
