@@ -128,7 +128,8 @@ def test_a_pause_without_a_decision_within_pause_timeout_s_fails_the_run(
     run_id = app.start("waiter", 5, guards={"pause_timeout_s": 0.5})
     end = failed(app, run_id)
     assert end["reason"] == "runaway_loop"
-    assert end["error"].endswith("no decision to continue within 0.5s"), end["error"]
+    assert end["error"].endswith("no decision on approval 'guard:runaway_loop' arrived "
+                                 "within 0.5s"), end["error"]
     [anomaly] = anomalies(app, run_id)
     events = app.events(run_id)
     [timed_out] = [e for e in events if e.kind == EventKind.STEP_FAILED]

@@ -122,10 +122,9 @@ class RunGuards:
         if action == "pause":
             try:
                 decision = await self._ask(payload, fresh)
-            except ApprovalTimeout:
-                raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; no "
-                                         f"decision to continue within "
-                                         f"{self.g.pause_timeout_s:g}s") from None
+            except ApprovalTimeout as e:  # past pause_timeout_s: the fallback is fail
+                raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; "
+                                         f"{e}") from None
             if not decision.approved:
                 comment = f": {decision.comment}" if decision.comment else ""
                 raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; "
