@@ -185,15 +185,16 @@ def _worst_case(operation_id: DurableOperationId, cache_key: tuple[object, ...]
     clients estimate theirs. Built lazily: only a run with a token or money budget asks."""
 
     def estimate(_args: tuple[Any, ...], _kwargs: dict[str, Any]) -> tuple[int, float | None]:
-        _, messages, settings, parameters = cache_key[:4]
+        messages: Any = cache_key[1]
+        settings, parameters = cache_key[2], cache_key[3]
         request: dict[str, Any] = {"model": getattr(operation_id, "model_name", None)}
-        limit = (settings or {}).get("max_tokens") if isinstance(settings, Mapping) else None
+        limit = settings.get("max_tokens") if isinstance(settings, Mapping) else None
         if limit is not None:
             request["max_tokens"] = limit
         request["messages"] = ModelMessagesTypeAdapter.dump_python(messages, mode="json")
         tools = getattr(parameters, "function_tools", None) or []
         request["tools"] = [dataclasses.asdict(t) for t in tools
-                            if dataclasses.is_dataclass(t)]
+                            if dataclasses.is_dataclass(t) and not isinstance(t, type)]
         return worst_case((), request)
 
     return estimate
