@@ -20,9 +20,7 @@ from ratchet.engine.stats import STATS
 from ratchet.llm.server import LocalProvider
 from ratchet.model import EventKind
 
-pytestmark = [pytest.mark.usefixtures("collect_clients"),
-              pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = pytest.mark.usefixtures("collect_clients")
 MODEL = "gpt-4.1-mini"
 
 

@@ -45,17 +45,14 @@ from ratchet.integrations.pydantic_ai import RatchetDurability, as_ratchet_error
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import idempotency_key
 
-# The OpenAI client's connection pool lives on the loop of an app that is gone when a test
-# ends; it is collected (and its socket closed) here, inside this module's tests.
-pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
-
 MODEL_STEP = "weather__model.request"
 TOOL_STEP = "weather__function_toolset__<agent>.call_tool:lookup"
 
 
 @pytest.fixture(autouse=True)
 def _collect_clients() -> Iterator[None]:
+    """Collect each test's garbage inside it: a connection an app left open would be an
+    "unclosed transport" warning, an error, in the test that left it."""
     yield
     gc.collect()
 

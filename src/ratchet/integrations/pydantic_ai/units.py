@@ -37,6 +37,7 @@ from ratchet.engine.definitions import StepDef, to_json
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput, RatchetError
 from ratchet.integrations.pydantic_ai.errors import as_ratchet_error
+from ratchet.llm import connections
 from ratchet.llm.prices import Usage, cost_usd
 from ratchet.llm.tools import RISKS
 from ratchet.llm.worst_case import worst_case
@@ -104,6 +105,7 @@ class RatchetOperationBackend(CallableOperationBackend[Any]):
 
         if isinstance(operation_id, ModelRequestId | ModelCompactMessagesId):
             settings = unit_config(config, self._defaults["model"], name)
+            connections.used(_http_client(cache_key[-1]))
             sd = StepDef(_model_unit(unit), name, settings.retry, settings.timeout_s, kind="llm",
                          encode=_llm_meta, worst_case=_worst_case(operation_id, cache_key))
             started = {"model": operation_id.model_name}
@@ -176,6 +178,15 @@ def _llm_meta(result: Any) -> tuple[Any, dict[str, Any]]:
 
 def _int(value: Any) -> int:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
+def _http_client(run_context: Any) -> Any:
+    """The HTTP client the run's model sends with (an ``OpenAIChatModel``'s or an
+    ``AnthropicModel``'s SDK client's), whose connections the running loop owns."""
+    model = getattr(run_context, "model", None)
+    while getattr(model, "wrapped", None) is not None:  # a WrapperModel
+        model = model.wrapped  # type: ignore[union-attr]
+    return connections.http_client_of(getattr(model, "client", None))
 
 
 def _worst_case(operation_id: DurableOperationId, cache_key: tuple[object, ...]
