@@ -92,6 +92,12 @@ def weather_agent(model: Any, tool_calls: list[str], **options: Any) -> Agent[No
     return agent
 
 
+def local_model(base: str) -> OpenAIChatModel:
+    """gpt-4.1-mini through the OpenAI SDK, served by the local provider at ``base``."""
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local", max_retries=0)
+    return OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
+
+
 def events(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Event]:
     return [e for e in app.events(run_id) if e.kind == kind]
 
@@ -363,10 +369,8 @@ def test_the_openai_model_sends_the_step_key_and_journals_usage_and_cost(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     server = LocalProvider(script=agent_app.SCRIPT)
     with serve(server) as base:
-        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local", max_retries=0)
-        model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
         tools: list[str] = []
-        agent = weather_agent(model, tools)
+        agent = weather_agent(local_model(base), tools)
         app = make_app()
 
         @app.workflow()
@@ -475,10 +479,8 @@ def test_a_model_request_that_would_cross_a_budget_is_never_sent(
         make_app: Callable[..., ratchet.Ratchet], budget: dict[str, Any]) -> None:
     server = LocalProvider(script=agent_app.SCRIPT)
     with serve(server) as base:
-        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local", max_retries=0)
-        model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
         tools: list[str] = []
-        agent = weather_agent(model, tools)
+        agent = weather_agent(local_model(base), tools)
         app = make_app()
 
         # max_tokens=500 is the worst case: 500 tokens, 0.0008 USD for gpt-4.1-mini.
