@@ -106,8 +106,10 @@ class RatchetOperationBackend(CallableOperationBackend[Any]):
         if isinstance(operation_id, ModelRequestId | ModelCompactMessagesId):
             settings = unit_config(config, self._defaults["model"], name)
             connections.used(_http_client(cache_key[-1]))
+            estimate = (_worst_case(operation_id, cache_key)
+                        if isinstance(operation_id, ModelRequestId) else None)
             sd = StepDef(_model_unit(unit), name, settings.retry, settings.timeout_s, kind="llm",
-                         encode=_llm_meta, worst_case=_worst_case(operation_id, cache_key))
+                         encode=_llm_meta, worst_case=estimate)
             started = {"model": operation_id.model_name}
             result = await ctx.call_step(sd, (), {}, started)
         elif isinstance(operation_id, ToolsetCallToolId):
@@ -193,7 +195,7 @@ def _worst_case(operation_id: DurableOperationId, cache_key: tuple[object, ...]
                 ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float | None]]:
     """The budgets' look at a model request before it is sent: its ``max_tokens`` (from
     its model settings) and its prompt (messages and tool definitions), as the wrapped
-    clients estimate theirs. Built lazily: only a run with a token or money budget asks."""
+    clients estimate theirs. Only a run with a token or money budget asks for it."""
 
     def estimate(_args: tuple[Any, ...], _kwargs: dict[str, Any]) -> tuple[int, float | None]:
         messages: Any = cache_key[1]
