@@ -4,11 +4,10 @@ loop, and crashes that must not bill twice."""
 
 from __future__ import annotations
 
-import gc
 import json
 import signal
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +24,7 @@ from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import idempotency_key
 
 MODEL = "gpt-4.1-mini"
-
-
-
-@pytest.fixture(autouse=True)
-def _collect_clients() -> Iterator[None]:
-    """Collect each test's garbage inside it: a connection an app left open would be an
-    "unclosed transport" warning, an error, in the test that left it."""
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("collect_clients")
 
 
 def clients(base: str) -> tuple[Any, Any]:

@@ -6,7 +6,6 @@ through ``OpenAIChatModel`` (keys, usage and cost), and a worker killed mid-run.
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -47,14 +46,7 @@ from ratchet.model import idempotency_key
 
 MODEL_STEP = "weather__model.request"
 TOOL_STEP = "weather__function_toolset__<agent>.call_tool:lookup"
-
-
-@pytest.fixture(autouse=True)
-def _collect_clients() -> Iterator[None]:
-    """Collect each test's garbage inside it: a connection an app left open would be an
-    "unclosed transport" warning, an error, in the test that left it."""
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("collect_clients")
 
 
 class Scripted:
