@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from ratchet.config import DatabaseURL, data_dir, database_url_from_env
-from ratchet.engine import faults
+from ratchet.engine import connections, faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
 from ratchet.engine.guards import Guards, check_overrides
@@ -31,7 +31,6 @@ from ratchet.errors import (
     UnknownWorkflow,
 )
 from ratchet.extras import require
-from ratchet.llm import connections
 from ratchet.model import (
     Approval,
     DeadLetter,

@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ratchet.engine import connections
 from ratchet.engine.context import current_step, workflow_run
 from ratchet.engine.definitions import StepDef
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput
 from ratchet.extras import require
-from ratchet.llm import connections
 from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
 from ratchet.llm.gate import Gate
 from ratchet.llm.gate import apply as gate_apply

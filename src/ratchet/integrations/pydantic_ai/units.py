@@ -32,12 +32,12 @@ from pydantic_ai.durable_exec import (
 from pydantic_ai.durable_exec._utils import streamed_before_failing
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from ratchet.engine import connections
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, to_json
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput, RatchetError
 from ratchet.integrations.pydantic_ai.errors import as_ratchet_error
-from ratchet.llm import connections
 from ratchet.llm.prices import Usage, cost_usd
 from ratchet.llm.tools import RISKS
 from ratchet.llm.worst_case import worst_case
