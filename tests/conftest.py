@@ -130,7 +130,7 @@ def provider() -> Iterator[tuple[LocalProvider, str]]:
 
 @pytest.fixture
 def collect_clients() -> Iterator[None]:
-    """Collect, inside the test, the SDK clients its apps leave behind: their connection
-    pools live on the loops of apps that are gone when it ends."""
+    """Collect the test's garbage inside it: a connection its apps left open would be an
+    "unclosed transport" warning, an error, in the test that left it."""
     yield
     gc.collect()

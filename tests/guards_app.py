@@ -3,15 +3,18 @@ processes run as ``python tests/guards_app.py`` (the worker of tests/crash_app.p
 
 from __future__ import annotations
 
+import asyncio
+
 import crash_app
-from crash_app import record
+from crash_app import gate, record
 
 import ratchet
 
 
 def build(url: str, *, lease_ttl: float | None = None,
           recovery_interval: float | None = None) -> ratchet.Ratchet:
-    """An app whose workflows poll the same job, with the same answer, n times."""
+    """An app whose workflows poll the same job, with the same answer, n times, or run
+    branches that each pause on a guard."""
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
 
     @app.step
@@ -36,6 +39,23 @@ def build(url: str, *, lease_ttl: float | None = None,
         for i in range(1, n + 1):
             await poll(f"job-{i}")
         return n
+
+    @app.step
+    async def left() -> str:
+        record("invoke")
+        await gate("left")
+        return "left"
+
+    @app.step
+    async def right() -> str:
+        record("invoke")
+        await gate("right")
+        return "right"
+
+    # Every step with a new result trips (a streak of one): each branch pauses on its own.
+    @app.workflow(guards=ratchet.Guards(runaway_repeats=1, actions={"runaway_loop": "pause"}))
+    async def branches() -> list[str]:
+        return list(await asyncio.gather(left(), right()))
 
     return app
 

@@ -19,9 +19,7 @@ from ratchet.llm.gate import Gate, logprob_score
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import EventKind
 
-pytestmark = [pytest.mark.usefixtures("collect_clients"),
-              pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = pytest.mark.usefixtures("collect_clients")
 CALL = "1:openai.chat.completions.create"
 # The cheap model is unsure, the big one sure; the judge (asked to rate) says 0.85.
 SCRIPT = {"rules": [

@@ -20,9 +20,7 @@ from ratchet.engine.stats import STATS
 from ratchet.llm.server import LocalProvider
 from ratchet.model import EventKind
 
-pytestmark = [pytest.mark.usefixtures("collect_clients"),
-              pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = pytest.mark.usefixtures("collect_clients")
 MODEL = "gpt-4.1-mini"
 
 
@@ -119,6 +117,27 @@ def test_runaway_loop_pause_declined_fails_the_run_with_the_guards_code(
     assert "ops declined to continue: it never converges" in end["error"]
     assert len(anomalies(app, run_id)) == 1
     assert [d.reason for d in app.dead_letters()] == ["runaway_loop"]
+
+
+def test_a_pause_without_a_decision_within_pause_timeout_s_fails_the_run(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = looping_app(make_app, runaway_repeats=3, actions={"runaway_loop": "pause"})
+    app.launch()
+    run_id = app.start("waiter", 5, guards={"pause_timeout_s": 0.5})
+    end = failed(app, run_id)
+    assert end["reason"] == "runaway_loop"
+    assert end["error"].endswith("no decision on approval 'guard:runaway_loop' arrived "
+                                 "within 0.5s"), end["error"]
+    [anomaly] = anomalies(app, run_id)
+    events = app.events(run_id)
+    [timed_out] = [e for e in events if e.kind == EventKind.STEP_FAILED]
+    assert timed_out.step_id == anomaly["approval_step_id"] == "4:approval:guard:runaway_loop"
+    assert timed_out.payload["error_type"] == "ApprovalTimeout"
+    assert [e.step_id for e in events if e.kind == EventKind.STEP_COMPLETED] == [
+        "1:poll", "2:poll", "3:poll"]  # nothing ran past the pause
+    assert app.approvals(run_id) == []
+    with pytest.raises(ratchet.InvalidInput, match="pause_timeout_s must be a positive"):
+        ratchet.Guards(pause_timeout_s=0)
 
 
 def test_runaway_loop_fail_ends_the_run_before_the_next_step(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import guards_app
 import pytest
-from proc import Harness
+from proc import Harness, wait_for
 
 import ratchet
 from ratchet.model import EventKind
@@ -80,3 +80,36 @@ def test_a_pause_before_a_step_is_asked_again_in_its_place_after_a_kill(h: Harne
                                                                     "excessive_steps")
     assert anomalies(h, run_id) == ["excessive_steps"]
     assert h.calls() == {f"{i}:poll": 1 for i in (1, 2, 3, 4, 6)}
+
+
+def test_pauses_of_parallel_branches_keep_their_decisions_when_replayed_in_another_order(
+        h: Harness) -> None:
+    run_id = h.app.start("branches")
+    h.spawn("a", worker_id=WORKER)
+    # right finishes (and pauses) first, then left: the replay meets them in the other order.
+    h.open_gate("right")
+    wait_for("right's pause", lambda: h.app.approvals(run_id), detail=h.worker_logs)
+    h.open_gate("left")
+    wait_for("left's pause", lambda: len(h.app.approvals(run_id)) == 2, detail=h.worker_logs)
+    h.wait_parked(run_id, "any:")  # on both approvals at once
+    for proc in h.procs:
+        proc.kill()
+    asked = {a.data["anomaly"]["key"]: a for a in h.app.approvals(run_id)}
+    assert set(asked) == {"runaway_loop:1:left", "runaway_loop:2:right"}
+    h.app.approve(run_id, asked["runaway_loop:1:left"].step_id, by="ops")
+    h.app.reject(run_id, asked["runaway_loop:2:right"].step_id, by="ops", comment="stop")
+    h.spawn("b", worker_id=WORKER)
+    rec = h.wait_status(run_id, "failed")
+    # The rejection stopped right's anomaly, though left replayed first.
+    assert rec.error is not None and "step right ran" in rec.error, rec.error
+    assert "ops declined to continue: stop" in rec.error
+    events = h.app.events(run_id)
+    named = {e.payload["key"]: e.payload["approval_step_id"] for e in events
+             if e.kind == EventKind.ANOMALY_DETECTED}
+    decided = {e.step_id: e.payload["approved"] for e in events
+               if e.kind == EventKind.APPROVAL_DECIDED}
+    # left's approval may not be read back before right's rejection ends the run; if it
+    # was, it was the approval.
+    assert decided[named["runaway_loop:2:right"]] is False
+    assert decided.get(named["runaway_loop:1:left"], True) is True
+    assert h.calls() == {"1:left": 1, "2:right": 1}

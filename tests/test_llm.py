@@ -4,11 +4,10 @@ loop, and crashes that must not bill twice."""
 
 from __future__ import annotations
 
-import gc
 import json
 import signal
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,7 @@ from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import idempotency_key
 
 MODEL = "gpt-4.1-mini"
-
-# The SDK clients' connection pools live on the loops of apps that are gone when a test
-# ends; they are collected (and their sockets closed) here, inside this module's tests.
-pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
-
-
-@pytest.fixture(autouse=True)
-def _collect_clients() -> Iterator[None]:
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("collect_clients")
 
 
 def clients(base: str) -> tuple[Any, Any]:
@@ -228,8 +217,13 @@ def test_outside_a_workflow_the_wrapped_client_is_the_plain_sdk(
 
     server, base = provider
     oai, _ = clients(base)
-    reply = asyncio.run(oai.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "plain"}]))
+
+    async def plain() -> Any:
+        async with oai.unwrapped:  # the caller's own loop: the caller closes the client
+            return await oai.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "plain"}])
+
+    reply = asyncio.run(plain())
     assert "plain" in (reply.choices[0].message.content or "")
     assert server.requests()[0]["idempotency_key"] is None
 

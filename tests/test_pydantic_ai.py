@@ -6,7 +6,6 @@ through ``OpenAIChatModel`` (keys, usage and cost), and a worker killed mid-run.
 from __future__ import annotations
 
 import asyncio
-import gc
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -45,19 +44,9 @@ from ratchet.integrations.pydantic_ai import RatchetDurability, as_ratchet_error
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import idempotency_key
 
-# The OpenAI client's connection pool lives on the loop of an app that is gone when a test
-# ends; it is collected (and its socket closed) here, inside this module's tests.
-pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
-
 MODEL_STEP = "weather__model.request"
 TOOL_STEP = "weather__function_toolset__<agent>.call_tool:lookup"
-
-
-@pytest.fixture(autouse=True)
-def _collect_clients() -> Iterator[None]:
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("collect_clients")
 
 
 class Scripted:
@@ -93,6 +82,12 @@ def weather_agent(model: Any, tool_calls: list[str], **options: Any) -> Agent[No
         return f"sunny in {city}"
 
     return agent
+
+
+def local_model(base: str) -> OpenAIChatModel:
+    """gpt-4.1-mini through the OpenAI SDK, served by the local provider at ``base``."""
+    client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local", max_retries=0)
+    return OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
 
 
 def events(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Event]:
@@ -366,10 +361,8 @@ def test_the_openai_model_sends_the_step_key_and_journals_usage_and_cost(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     server = LocalProvider(script=agent_app.SCRIPT)
     with serve(server) as base:
-        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local", max_retries=0)
-        model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
         tools: list[str] = []
-        agent = weather_agent(model, tools)
+        agent = weather_agent(local_model(base), tools)
         app = make_app()
 
         @app.workflow()
@@ -468,3 +461,63 @@ def test_run_stream_works_in_a_workflow_and_run_toolsets_are_refused(
     assert len(tools) == 1
     refused = app.result(app.start(extra_tools, "weather?"), timeout_s=30)
     assert "Ratchet" in refused and "toolset" in refused.lower()
+
+
+# -- guards ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [{"budget_tokens": 400}, {"budget_usd": 0.0001}])
+def test_a_model_request_that_would_cross_a_budget_is_never_sent(
+        make_app: Callable[..., ratchet.Ratchet], budget: dict[str, Any]) -> None:
+    server = LocalProvider(script=agent_app.SCRIPT)
+    with serve(server) as base:
+        tools: list[str] = []
+        agent = weather_agent(local_model(base), tools)
+        app = make_app()
+
+        # max_tokens=500 is the worst case: 500 tokens, 0.0008 USD for gpt-4.1-mini.
+        @app.workflow(guards=ratchet.Guards(**budget))
+        async def ask(text: str) -> str:
+            return (await agent.run(text, model_settings={"max_tokens": 500})).output
+
+        app.launch()
+        run_id = app.start(ask, "weather in Paris?")
+        wait_for(lambda: app.get(run_id).status == "failed", what="the run failed")
+        assert server.requests() == [] and tools == []
+        [anomaly] = events(app, run_id, "anomaly_detected")
+        assert anomaly.step_id == f"1:{MODEL_STEP}"
+        name = next(iter(budget))
+        assert anomaly.payload["budget"] == name.removeprefix("budget_")
+        assert anomaly.payload["worst_case"] > budget[name]
+        assert events(app, run_id, "step_started") == []
+        assert app.get(run_id).error is not None and "would be crossed" in (
+            app.get(run_id).error or "")
+
+
+@pytest.mark.parametrize(("cities", "loops"), [(["Paris", "Rome"], 0), (["Paris", "Paris"], 1)])
+def test_the_runaway_loop_guard_sees_a_tools_arguments(
+        make_app: Callable[..., ratchet.Ratchet], cities: list[str], loops: int) -> None:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", ())):
+            return ModelResponse(parts=[TextPart("done")])
+        return ModelResponse(parts=[ToolCallPart("forecast", {"city": c}) for c in cities])
+
+    agent = Agent(FunctionModel(model), name="weather", capabilities=[RatchetDurability()])
+
+    @agent.tool_plain
+    def forecast(city: str) -> str:
+        """The same answer for every city."""
+        return "sunny"
+
+    app = make_app()
+
+    @app.workflow(guards=ratchet.Guards(runaway_repeats=2))
+    async def ask(text: str) -> str:
+        return (await agent.run(text)).output
+
+    app.launch()
+    run_id = app.start(ask, "weather?")
+    assert app.result(run_id, timeout_s=30) == "done"
+    assert len(events(app, run_id, "tool_called")) == 2
+    found = [e.payload for e in events(app, run_id, "anomaly_detected")]
+    assert [a["kind"] for a in found] == ["runaway_loop"] * loops

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from ratchet.config import DatabaseURL, data_dir, database_url_from_env
-from ratchet.engine import faults
+from ratchet.engine import connections, faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
 from ratchet.engine.guards import Guards, check_overrides
@@ -84,6 +84,7 @@ class _Portal:
         try:
             loop.run_forever()
         finally:
+            loop.run_until_complete(connections.release())
             loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 

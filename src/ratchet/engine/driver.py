@@ -284,6 +284,13 @@ class RunContext:
             )
         return f"{ordinal}:{name}", step
 
+    def take_step(self, step_id: str) -> StepState | None:
+        """Take the next ordinal for a step whose id the journal already holds (a guard's
+        pause, named by its anomaly); return what the journal holds for it. Branches that
+        replay in another order than they first ran take the same ordinals between them."""
+        self.ordinal += 1
+        return self.state.steps.get(step_id)
+
     def check_complete_replay(self) -> None:
         """The workflow returned: the journal must not hold steps the code no longer calls."""
         if self.journal_ordinals > self.ordinal:

@@ -9,8 +9,10 @@ journal is never raised again. An anomaly is journaled in the same commit as the
 boundary it was found at (with the step's ``step_completed``, the next ``step_started``, the
 approval that asks, or the run's failure), so it lands with the facts it was found from.
 Facts that change with time (the medians of other runs, the clock) are only read for steps
-that run now; a replayed step takes what the journal holds: a pause is asked again (its
-approval step returns the journaled decision), in the order it was journaled.
+that run now; a replayed step takes what the journal holds: a pause is asked again through
+the approval step its anomaly names, which returns the journaled decision, so branches of a
+gather that replay in another order than they tripped each get their own decision. A pause
+waits at most ``pause_timeout_s``, then fails the run as ``fail`` would.
 
 Costs on the hot path: a few comparisons per step, and the JSON form of a step's arguments
 (the runaway-loop check) when ``runaway_repeats`` is on. The spike guards query the
@@ -26,15 +28,15 @@ import re
 import statistics
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine import approvals
 from ratchet.engine.definitions import StepDef
 from ratchet.engine.guards import BUDGET, DEFAULT, Guards
 from ratchet.engine.stats import STATS
-from ratchet.errors import GuardTripped
-from ratchet.model import EventKind, dumps
+from ratchet.errors import ApprovalTimeout, GuardTripped
+from ratchet.model import Decision, EventKind, dumps
 
 if TYPE_CHECKING:
     from ratchet.engine.driver import RunContext
@@ -101,30 +103,51 @@ class RunGuards:
             return
         action = action or self.g.action(kind)
         payload = {"kind": kind, "key": key, "action": action, **evidence}
+        if action == "pause":
+            # The approval that asks is named in the anomaly: branches of a gather may trip
+            # in any order, and a replay must hand each decision back to its own anomaly.
+            payload["approval_step_id"], _ = ctx.next_step(approvals.STEP_PREFIX +
+                                                           PAUSE_PREFIX + kind)
         ctx.emit(EventKind.ANOMALY_DETECTED, step_id, None, payload)
         STATS.anomaly(kind)
         log.warning("action=anomaly_detected run_id=%s kind=%s key=%s guard_action=%s",
                     ctx.run_id, kind, key, action)
-        await self._act(payload)
+        await self._act(payload, fresh=True)
 
-    async def _act(self, payload: dict[str, Any]) -> None:
+    async def _act(self, payload: dict[str, Any], fresh: bool) -> None:
         kind, action = payload["kind"], payload["action"]
         what = _describe(payload)
         if action == "fail":
             raise GuardTripped(kind, f"guard {kind}: {what}")
         if action == "pause":
-            question = {"question": "continue?", "anomaly": payload}
-            decision = await approvals.approval(self.ctx, PAUSE_PREFIX + kind, question, None)
+            try:
+                decision = await self._ask(payload, fresh)
+            except ApprovalTimeout as e:  # past pause_timeout_s: the fallback is fail
+                raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; "
+                                         f"{e}") from None
             if not decision.approved:
                 comment = f": {decision.comment}" if decision.comment else ""
-                raise GuardTripped(kind, f"guard {kind}: {what}; {decision.by} declined to "
-                                         f"continue{comment}")
+                raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; "
+                                         f"{decision.by} declined to continue{comment}")
+
+    def _ask(self, payload: dict[str, Any], fresh: bool) -> Coroutine[Any, Any, Decision]:
+        """The approval "continue?" of a pause: the one its anomaly names, else (a journal
+        written before anomalies named their approval) the workflow's next step."""
+        ctx, name = self.ctx, PAUSE_PREFIX + payload["kind"]
+        question = {"question": "continue?", "anomaly": payload}
+        timeout_s = self.g.pause_timeout_s
+        ask_id = payload.get("approval_step_id")
+        if ask_id is None:
+            return approvals.approval(ctx, name, question, timeout_s)
+        # A replay takes up the ordinal the pause took, whichever branch took it first.
+        step = ctx.take_step(ask_id) if not fresh else ctx.state.steps.get(ask_id)
+        return approvals.run_approval(ctx, ask_id, step, name, question, timeout_s)
 
     async def replay_pauses(self, step_id: str) -> None:
-        """Ask again, in journal order, the pauses journaled at this step: each approval
-        step returns its journaled decision (or waits on, if none came yet)."""
+        """Ask again the pauses journaled at this step: each approval step returns its
+        journaled decision (or waits on, if none came yet)."""
         for payload in self.ctx.state.paused_at.get(step_id, ()):
-            await self._act(payload)
+            await self._act(payload, fresh=False)
 
     # -- step boundaries -----------------------------------------------------------------
 

@@ -29,7 +29,7 @@ DEFAULT_ACTIONS: Mapping[str, str] = {"excessive_steps": "fail", BUDGET: "fail"}
 
 _INTS = ("runaway_repeats", "max_steps", "retry_storm_run", "retry_storm_workflow",
          "spike_history", "budget_tokens", "budget_steps")
-_FLOATS = ("retry_window_s", "spike_factor", "budget_usd", "budget_wall_s")
+_FLOATS = ("retry_window_s", "spike_factor", "budget_usd", "budget_wall_s", "pause_timeout_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,8 @@ class Guards:
       ``pause`` (park on an approval "continue?"), ``fail`` (the run fails with the kind as
       its code). Defaults: ``fail`` for ``excessive_steps`` and ``budget_exceeded``,
       ``record`` for the others;
+    * ``pause_timeout_s``: how long a ``pause`` waits for its decision (``None``: for
+      ever); past it the guard falls back to ``fail``;
     * ``gate``: ``False`` runs the workflow's confidence gates as passed, journaling
       ``confidence_gate_bypassed`` with ``gate_bypass_by`` and ``gate_bypass_reason``.
     """
@@ -70,6 +72,7 @@ class Guards:
     budget_steps: int | None = None
     budget_wall_s: float | None = None
     actions: Mapping[str, str] = field(default_factory=dict)
+    pause_timeout_s: float | None = None
     gate: bool = True
     gate_bypass_by: str | None = None
     gate_bypass_reason: str | None = None

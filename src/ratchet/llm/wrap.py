@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from ratchet.engine import connections
 from ratchet.engine.context import current_step, workflow_run
 from ratchet.engine.definitions import StepDef
 from ratchet.engine.retry import Retry, as_policy
@@ -98,7 +99,7 @@ class DurableClient(_Proxy):
         tree: dict[str, Any] = {}
         for endpoint in BY_PROVIDER[provider]:
             call = DurableCall(endpoint, endpoint.resource(client), endpoint.resource(bare),
-                               retry, timeout_s)
+                               retry, timeout_s, connections.http_client_of(bare))
             node = tree
             for attr in endpoint.path:
                 node = node.setdefault(attr, {})
@@ -136,8 +137,9 @@ class DurableCall:
     """One durable ``create``."""
 
     def __init__(self, endpoint: Endpoint, plain: Any, bare: Any, retry: Retry,
-                 timeout_s: float | None) -> None:
+                 timeout_s: float | None, http: Any = None) -> None:
         self.endpoint = endpoint
+        self._http = http  # its SDK client's HTTP client, whose connections a loop owns
         self._plain = plain.create
         self._raw = bare.with_raw_response.create
         self._bare = bare.create
@@ -191,6 +193,7 @@ class DurableCall:
         return headers
 
     async def _send(self, **kwargs: Any) -> Answer:
+        connections.used(self._http)
         headers = self._headers(kwargs)
         began = time.perf_counter()
         try:
@@ -205,6 +208,7 @@ class DurableCall:
         """Pass the provider's chunks to ``sink`` as they arrive; return the assembled
         response. A stream that breaks after the caller has seen part of it is not retried:
         a new attempt would show the caller its beginning again."""
+        connections.used(self._http)
         headers = self._headers(kwargs)
         began = time.perf_counter()
         assembler = sink.assembler()

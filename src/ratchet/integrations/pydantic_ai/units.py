@@ -11,6 +11,7 @@ journaled model response does not already fix.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -29,7 +30,9 @@ from pydantic_ai.durable_exec import (
     record_durable_unit,
 )
 from pydantic_ai.durable_exec._utils import streamed_before_failing
+from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from ratchet.engine import connections
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, to_json
 from ratchet.engine.retry import Retry, as_policy
@@ -37,6 +40,7 @@ from ratchet.errors import InvalidInput, RatchetError
 from ratchet.integrations.pydantic_ai.errors import as_ratchet_error
 from ratchet.llm.prices import Usage, cost_usd
 from ratchet.llm.tools import RISKS
+from ratchet.llm.worst_case import worst_case
 from ratchet.model import EventKind
 
 Body = Callable[[], Awaitable[object]]
@@ -94,23 +98,29 @@ class RatchetOperationBackend(CallableOperationBackend[Any]):
             return await body()
         ran = False
 
-        async def unit(*_: Any) -> object:
+        async def unit(*_: Any, **__: Any) -> object:
             nonlocal ran
             ran = True
             return await body()
 
         if isinstance(operation_id, ModelRequestId | ModelCompactMessagesId):
             settings = unit_config(config, self._defaults["model"], name)
+            connections.used(_http_client(cache_key[-1]))
+            estimate = (_worst_case(operation_id, cache_key)
+                        if isinstance(operation_id, ModelRequestId) else None)
             sd = StepDef(_model_unit(unit), name, settings.retry, settings.timeout_s, kind="llm",
-                         encode=_llm_meta)
+                         encode=_llm_meta, worst_case=estimate)
             started = {"model": operation_id.model_name}
             result = await ctx.call_step(sd, (), {}, started)
         elif isinstance(operation_id, ToolsetCallToolId):
             tool_name, tool_args = str(cache_key[0]), cache_key[1]
             settings = unit_config(config, self._defaults["tool"], f"tool {tool_name}")
+            arguments = _arguments(tool_name, tool_args)
             sd = StepDef(unit, name, settings.retry, settings.timeout_s, kind="tool",
-                         announce=_announce(tool_name, tool_args, settings.risk))
-            result = await ctx.call_step(sd, (), {})
+                         announce=_announce(tool_name, arguments, settings.risk))
+            # The arguments are the step's own, so the runaway-loop guard tells two calls
+            # of a tool apart by them, as it does any step's.
+            result = await ctx.call_step(sd, (), {"arguments": arguments})
         else:
             settings = unit_config(config, self._defaults["other"], name)
             sd = StepDef(unit, name, settings.retry, settings.timeout_s)
@@ -172,13 +182,48 @@ def _int(value: Any) -> int:
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
 
 
-def _announce(tool_name: str, tool_args: Any, risk: str
+def _http_client(run_context: Any) -> Any:
+    """The HTTP client the run's model sends with (an ``OpenAIChatModel``'s or an
+    ``AnthropicModel``'s SDK client's), whose connections the running loop owns."""
+    model = getattr(run_context, "model", None)
+    while getattr(model, "wrapped", None) is not None:  # a WrapperModel
+        model = model.wrapped  # type: ignore[union-attr]
+    return connections.http_client_of(getattr(model, "client", None))
+
+
+def _worst_case(operation_id: DurableOperationId, cache_key: tuple[object, ...]
+                ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float | None]]:
+    """The budgets' look at a model request before it is sent: its ``max_tokens`` (from
+    its model settings) and its prompt (messages and tool definitions), as the wrapped
+    clients estimate theirs. Only a run with a token or money budget asks for it."""
+
+    def estimate(_args: tuple[Any, ...], _kwargs: dict[str, Any]) -> tuple[int, float | None]:
+        messages: Any = cache_key[1]
+        settings, parameters = cache_key[2], cache_key[3]
+        request: dict[str, Any] = {"model": getattr(operation_id, "model_name", None)}
+        limit = settings.get("max_tokens") if isinstance(settings, Mapping) else None
+        if limit is not None:
+            request["max_tokens"] = limit
+        request["messages"] = ModelMessagesTypeAdapter.dump_python(messages, mode="json")
+        tools = getattr(parameters, "function_tools", None) or []
+        request["tools"] = [dataclasses.asdict(t) for t in tools
+                            if dataclasses.is_dataclass(t) and not isinstance(t, type)]
+        return worst_case((), request)
+
+    return estimate
+
+
+def _arguments(tool_name: str, tool_args: Any) -> Any:
+    """A tool call's arguments as JSON data (as its ``tool_called`` event reports them)."""
+    try:
+        return json.loads(to_json(tool_args, f"the arguments of tool {tool_name}"))
+    except RatchetError:
+        return {"repr": repr(tool_args)[:1000]}
+
+
+def _announce(tool_name: str, arguments: Any, risk: str
               ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, dict[str, Any]]]:
     def announce(_args: tuple[Any, ...], _kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        try:
-            arguments = json.loads(to_json(tool_args, f"the arguments of tool {tool_name}"))
-        except RatchetError:
-            arguments = {"repr": repr(tool_args)[:1000]}
         return EventKind.TOOL_CALLED, {"name": tool_name, "arguments": arguments, "risk": risk}
 
     return announce
