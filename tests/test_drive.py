@@ -167,6 +167,89 @@ def test_a_step_beside_a_signal_wait_is_journaled_before_the_run_parks(
     assert drives(events) == 2
 
 
+def _crossed_branches(app: ratchet.Ratchet, calls: Counter[str], *, second_a: list[bool]
+                      ) -> Any:
+    """Two branches of two steps each whose steps finish in another order than they were
+    called: a1 is called first and finishes after b2 is called; b2 finishes after a2 is
+    called. Then the run parks on a signal, so the next drive replays all four."""
+    b2_called, a2_called = asyncio.Event(), asyncio.Event()
+
+    @app.step()
+    async def a1() -> str:
+        calls["a1"] += 1
+        await b2_called.wait()
+        return "a1"
+
+    @app.step()
+    async def a2() -> str:
+        calls["a2"] += 1
+        a2_called.set()
+        return "a2"
+
+    @app.step()
+    async def b1() -> str:
+        calls["b1"] += 1
+        return "b1"
+
+    @app.step()
+    async def b2() -> str:
+        calls["b2"] += 1
+        b2_called.set()
+        await a2_called.wait()
+        return "b2"
+
+    async def branch_a() -> str:
+        first = await a1()
+        return first + await a2() if second_a[0] else first
+
+    async def branch_b() -> str:
+        return await b1() + await b2()
+
+    @app.workflow()
+    async def crossed() -> list[Any]:
+        done = list(await asyncio.gather(branch_a(), branch_b()))
+        return done + [await ratchet.wait_for_signal("go")]
+
+    return crossed
+
+
+def test_branches_whose_steps_finished_out_of_call_order_replay_in_the_journals_order(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    calls: Counter[str] = Counter()
+    crossed = _crossed_branches(app, calls, second_a=[True])
+    app.launch()
+    run_id = app.start(crossed)
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, what="the run parked")
+    first = {e.step_id: e.seq for e in of_kind(app.events(run_id), EventKind.STEP_STARTED)}
+    assert list(first) == ["1:a1", "2:b1", "3:b2", "4:a2"]  # a2 was called after b2
+    app.signal(run_id, "go", "now")
+    assert app.result(run_id, timeout_s=15) == ["a1a2", "b1b2", "now"]
+    assert calls == {"a1": 1, "a2": 1, "b1": 1, "b2": 1}  # the replay ran none again
+    events = app.events(run_id)
+    check_ends_once(events)
+    assert drives(events) == 2
+
+
+def test_a_replay_waiting_for_a_call_the_code_no_longer_makes_fails_as_non_deterministic(
+        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ratchet.engine import driver
+
+    monkeypatch.setattr(driver, "REPLAY_STALL_S", 0.5)
+    app = make_app()
+    calls: Counter[str] = Counter()
+    second_a = [True]
+    crossed = _crossed_branches(app, calls, second_a=second_a)
+    app.launch()
+    run_id = app.start(crossed)
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, what="the run parked")
+    second_a[0] = False  # the code changed under the parked run: branch a ends after a1
+    app.signal(run_id, "go", "now")
+    with pytest.raises(ratchet.RunFailed, match="NonDeterminismError"):
+        app.result(run_id, timeout_s=15)
+    assert calls == {"a1": 1, "a2": 1, "b1": 1, "b2": 1}
+
+
 def test_one_branch_failing_fails_the_run_and_stops_its_sibling(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()

@@ -214,6 +214,10 @@ class StepState:
     child_run_id: str | None = None
     kind: str | None = None  # "llm", "tool"; None for a plain step
     llm: dict[str, Any] | None = None  # a completed LLM call: provider, model, usage, cost
+    # The seqs of the step's first event and of the event that finished it: the order a
+    # replay of parallel branches hands journaled outcomes back in (see RunContext.replayed).
+    first_seq: int = 0
+    finished_seq: int = 0
 
     @property
     def attempts_used(self) -> int:
@@ -308,7 +312,7 @@ def apply(state: RunState, ev: Event) -> None:
         step = state.steps.get(ev.step_id)
         if step is None:
             ordinal, name = split_step_id(ev.step_id)
-            step = StepState(ev.step_id, ordinal, name)
+            step = StepState(ev.step_id, ordinal, name, first_seq=ev.seq)
             state.steps[ev.step_id] = step
             state.by_ordinal[ordinal] = step
         if kind == EventKind.STEP_STARTED:
@@ -331,12 +335,14 @@ def apply(state: RunState, ev: Event) -> None:
                 step.llm = meta
                 state.llm.add(meta)
             step.finished_at = ev.at
+            step.finished_seq = ev.seq
             step.waiting = None
         elif kind == EventKind.STEP_FAILED:
             step.status = "failed"
             step.error = ev.payload.get("error")
             step.error_type = ev.payload.get("error_type")
             step.finished_at = ev.at
+            step.finished_seq = ev.seq
         elif kind == EventKind.STEP_RETRYING:
             state.retried_at.append(ev.at)
             step.status = "retrying"

@@ -78,11 +78,11 @@ def approve_then_call(ctx: RunContext, sd: StepDef, name: str, data: Any,
 
 async def run_approval(ctx: RunContext, step_id: str, step: StepState | None, name: str,
                        data: Any, timeout_s: float | None) -> Decision:
-    if step is not None:
+    if step is not None and step.status in ("completed", "failed"):
+        await ctx.replayed(step)
         if step.status == "completed":
             return Decision.from_dict(step.output)
-        if step.status == "failed":
-            raise ctx.replayed_failure(step)
+        raise ctx.replayed_failure(step)
     ctx.check_stop()
     if step is None or step.status == "pending" or step.waiting is None:
         # Not asked yet, or asked afresh after a retry of the run: a new attempt, whose row

@@ -16,8 +16,10 @@ ends only once no branch runs step code, and it is stopped by request (see
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextvars
 import functools
+import heapq
 import json
 import logging
 import time
@@ -75,6 +77,9 @@ from ratchet.store.retention import receipt_params
 
 log = logging.getLogger("ratchet.engine")
 T = TypeVar("T")
+# How long a replay waits for a step call the journal says came before an outcome, with
+# no step called meanwhile, before it calls the code changed (see RunContext.replayed).
+REPLAY_STALL_S = 10.0
 
 # Backoffs at least this long park the run and free the worker instead of sleeping.
 PARK_BACKOFF_S = PARK_MIN_S
@@ -136,6 +141,15 @@ class RunContext:
         self.pending: list[Event] = []
         self.ordinal = 0
         self.journal_ordinals = max(state.by_ordinal, default=0)
+        # The journal's steps by the seq of their first event, and for each prefix the
+        # highest ordinal in it: a journaled outcome goes back to the workflow only once
+        # every step first journaled before that outcome has been called again.
+        firsts = sorted((s.first_seq, s.ordinal) for s in state.steps.values())
+        self._first_seqs = [seq for seq, _ in firsts]
+        self._called_before = [0]
+        for _, ordinal in firsts:
+            self._called_before.append(max(self._called_before[-1], ordinal))
+        self._turns: list[tuple[int, int, asyncio.Future[None]]] = []  # (ordinal, n, turn)
         self._lock = asyncio.Lock()
         self._broken = False
         self._closing = False
@@ -275,6 +289,8 @@ class RunContext:
         run: never guess, fail."""
         self.ordinal += 1
         ordinal = self.ordinal
+        if self._turns:
+            self._hand_turns()
         step = self.state.by_ordinal.get(ordinal)
         if step is not None and step.name != name:
             raise NonDeterminismError(
@@ -289,7 +305,44 @@ class RunContext:
         pause, named by its anomaly); return what the journal holds for it. Branches that
         replay in another order than they first ran take the same ordinals between them."""
         self.ordinal += 1
+        if self._turns:
+            self._hand_turns()
         return self.state.steps.get(step_id)
+
+    async def replayed(self, step: StepState) -> None:
+        """Wait, before a journaled outcome goes back to the workflow, until every step the
+        journal holds as begun before that outcome has been called again.
+
+        Parallel branches call their next step when their last one returns; a replay, which
+        returns journaled outcomes at once, would otherwise let a branch call its next step
+        before another branch called the step it called first, and the two would swap
+        ordinals. Handing outcomes back in the journal's order makes the calls come in the
+        order they first came. Sequential code never waits here. A call that never comes is
+        code that changed under the run."""
+        need = self._called_before[bisect.bisect_left(self._first_seqs, step.finished_seq)]
+        if self.ordinal >= need:
+            return
+        turn: asyncio.Future[None] = self.loop.create_future()
+        heapq.heappush(self._turns, (need, id(turn), turn))
+        seen = self.ordinal
+        while True:
+            try:
+                await asyncio.wait_for(asyncio.shield(turn), REPLAY_STALL_S)
+                return
+            except TimeoutError:
+                if self.ordinal == seen:
+                    raise NonDeterminismError(
+                        f"non-deterministic workflow {self.record.workflow}: the journal "
+                        f"holds step {step.step_id!r} as finished after step position {need} "
+                        f"was begun, but the code has called only {self.ordinal} steps"
+                    ) from None
+                seen = self.ordinal
+
+    def _hand_turns(self) -> None:
+        while self._turns and self._turns[0][0] <= self.ordinal:
+            turn = heapq.heappop(self._turns)[2]
+            if not turn.done():
+                turn.set_result(None)
 
     def check_complete_replay(self) -> None:
         """The workflow returned: the journal must not hold steps the code no longer calls."""
@@ -329,9 +382,11 @@ class RunContext:
             await guards.replay_pauses(step_id)
         if step is not None:
             if step.status == "completed":
+                await self.replayed(step)
                 await guards.after_step(sd, step_id, args, kwargs, step.output, None, False)
                 return sd.revive(step.output)
             if step.status == "failed":
+                await self.replayed(step)
                 raise self.replayed_failure(step)
         self.check_stop()
         base = step.attempt_base if step else 0
@@ -527,6 +582,7 @@ class RunContext:
     async def sleep(self, seconds: float) -> None:
         step_id, step = self.next_step("sleep")
         if step is not None and step.status == "completed":
+            await self.replayed(step)
             return
         self.check_stop()
         if step is not None and step.waiting is not None:
@@ -540,11 +596,11 @@ class RunContext:
 
     async def wait_for_signal(self, name: str, timeout_s: float | None) -> Any:
         step_id, step = self.next_step(f"signal:{name}")
-        if step is not None:
+        if step is not None and step.status in ("completed", "failed"):
+            await self.replayed(step)
             if step.status == "completed":
                 return step.output
-            if step.status == "failed":
-                raise self.replayed_failure(step)
+            raise self.replayed_failure(step)
         self.check_stop()
         while True:
             found = await self.store.pending_signal(self.run_id, name)
@@ -577,11 +633,11 @@ class RunContext:
     async def child(self, wf: WorkflowDef, args: tuple[Any, ...], kwargs: dict[str, Any],
                     queue: str | None) -> Any:
         step_id, step = self.next_step(f"child:{wf.name}")
-        if step is not None:
+        if step is not None and step.status in ("completed", "failed"):
+            await self.replayed(step)
             if step.status == "completed":
                 return wf.revive(step.output)
-            if step.status == "failed":
-                raise self.replayed_failure(step)
+            raise self.replayed_failure(step)
         self.check_stop()
 
         def new_child(child_id: str) -> NewRun:
