@@ -208,7 +208,7 @@ def _crossed_branches(app: ratchet.Ratchet, calls: Counter[str], *, second_a: li
     @app.workflow()
     async def crossed() -> list[Any]:
         done = list(await asyncio.gather(branch_a(), branch_b()))
-        return done + [await ratchet.wait_for_signal("go")]
+        return [*done, await ratchet.wait_for_signal("go")]
 
     return crossed
 

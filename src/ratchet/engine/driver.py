@@ -141,14 +141,14 @@ class RunContext:
         self.pending: list[Event] = []
         self.ordinal = 0
         self.journal_ordinals = max(state.by_ordinal, default=0)
-        # The journal's steps by the seq of their first event, and for each prefix the
-        # highest ordinal in it: a journaled outcome goes back to the workflow only once
-        # every step first journaled before that outcome has been called again.
-        firsts = sorted((s.first_seq, s.ordinal) for s in state.steps.values())
-        self._first_seqs = [seq for seq, _ in firsts]
+        # The journal's steps by the seq of their first event (the order the fold met
+        # them in, so state.steps is in it already), and for each prefix the highest
+        # ordinal in it: a journaled outcome goes back to the workflow only once every
+        # step first journaled before that outcome has been called again.
+        self._first_seqs = [s.first_seq for s in state.steps.values()]
         self._called_before = [0]
-        for _, ordinal in firsts:
-            self._called_before.append(max(self._called_before[-1], ordinal))
+        for s in state.steps.values():
+            self._called_before.append(max(self._called_before[-1], s.ordinal))
         self._turns: list[tuple[int, int, asyncio.Future[None]]] = []  # (ordinal, n, turn)
         self._lock = asyncio.Lock()
         self._broken = False
