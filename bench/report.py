@@ -160,6 +160,16 @@ def _targets(figs: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _duration(results: dict[str, Any]) -> list[str]:
+    """How long the run took and where the time went, largest family first."""
+    if "elapsed_s" not in results:
+        return []
+    spent = sorted(results.get("spent_s", {}).items(), key=lambda kv: -kv[1])
+    parts = ", ".join(f"{family} {seconds:,.0f} s" for family, seconds in spent)
+    return ["", f"The run took {results['elapsed_s'] / 60:.1f} min" + (f" ({parts})." if parts
+                                                                       else ".")]
+
+
 def write_reports(results: dict[str, Any]) -> str:
     """The markdown report; also stores the derived figures in ``results['figures']``."""
     figs = _figures(results["samples"], results.get("plan", {}))
@@ -174,6 +184,7 @@ def write_reports(results: dict[str, Any]) -> str:
         f"{m['postgres_settings']['synchronous_commit']}). {results['repeats']} repeats"
         f"{' (QUICK)' if results['quick'] else ''}; median (min–max). Ratio = Ratchet / peer "
         "(for times lower is better, for rates higher is better).",
+        *_duration(results),
         "",
         "## The database's own limit (one-row INSERT, one commit each)",
         "",
@@ -342,6 +353,29 @@ def _ratio(rows: list[dict[str, Any]]) -> str:
     return f"{statistics.median(values):.2f}× ({low:.2f}–{high:.2f})"
 
 
+def llm_bill_table(results: dict[str, Any], resumed_by: bool = False) -> list[str]:
+    """The crash bill per system as a table (its header first); empty without samples."""
+    systems = sorted((k.split("|", 1)[1] for k in results["samples"] if k.startswith("llmbill|")),
+                     key=lambda s: (s != "ratchet", s))
+    if not systems:
+        return []
+    last = " resumed by |" if resumed_by else ""
+    out = ["| system | calls sent | calls billed | billed tokens | × crash-free bill |" + last,
+           "|---|---|---|---|---|" + ("---|" if resumed_by else "")]
+    for system in systems:
+        rows = _llm_rows(results, f"llmbill|{system}")
+        ok = [r for r in rows if "tokens" in r]
+        if not ok:
+            bad = next((r.get("error") or r.get("skipped") for r in rows), "no sample")
+            out.append(f"| {system} | n/a | n/a | n/a | n/a |"
+                       + (f" {str(bad)[:120]} |" if resumed_by else ""))
+            continue
+        out.append(f"| {system} | {_counted(ok, 'sent')} | {_counted(ok, 'calls')} | "
+                   f"{_counted(ok, 'tokens')} | {_ratio(ok)} |"
+                   + (f" {ok[0].get('resumed_by', '')} |" if resumed_by else ""))
+    return out
+
+
 def llm_sections(results: dict[str, Any]) -> list[str]:
     """The crash bill of a 5-call agent per system, and the wrapped client's overhead."""
     systems = [k.split("|", 1)[1] for k in results["samples"] if k.startswith("llmbill|")]
@@ -364,18 +398,7 @@ def llm_sections(results: dict[str, Any]) -> list[str]:
                    f"{clean['clean_tokens']:,} tokens." if clean else "")
                 + (f" Measured {run['date']} ({run['repeats']} repeats"
                    f"{', QUICK' if run['quick'] else ''}) with `python -m bench.run --llm-only`."
-                   if run else ""), "",
-                "| system | calls sent | calls billed | billed tokens | × crash-free bill "
-                "| resumed by |", "|---|---|---|---|---|---|"]
-        for system in ordered:
-            rows = _llm_rows(results, f"llmbill|{system}")
-            ok = [r for r in rows if "tokens" in r]
-            if not ok:
-                bad = next((r.get("error") or r.get("skipped") for r in rows), "no sample")
-                out.append(f"| {system} | n/a | n/a | n/a | n/a | {str(bad)[:120]} |")
-                continue
-            out.append(f"| {system} | {_counted(ok, 'sent')} | {_counted(ok, 'calls')} | "
-                       f"{_counted(ok, 'tokens')} | {_ratio(ok)} | {ok[0].get('resumed_by', '')} |")
+                   if run else ""), "", *llm_bill_table(results, resumed_by=True)]
     if overhead:
         ok = [r for r in overhead if "wrapped_us" in r]
         n = ok[0]["n"] if ok else 0
@@ -437,6 +460,26 @@ def _server_cell(rows: list[dict[str, Any]], measure: str, fld: str) -> str:
         stats = _stats([r[measure][name] for r in rows if name in r.get(measure, {})])
         parts.append(_cell(stats) if stats else "n/a")
     return " / ".join(parts)
+
+
+# The server rows the README shows.
+SERVER_SUMMARY = [
+    ("accept", "accepted_per_s", "`POST /v1/runs` accepted/s"),
+    ("single", "p50_ms/p99_ms", "commit → SSE, 1 subscriber, p50 / p99 (ms)"),
+    ("fanout", "p50_ms/p99_ms", "commit → SSE, fan-out, p50 / p99 (ms)"),
+]
+
+
+def server_table(results: dict[str, Any]) -> list[str]:
+    """A few of the server's figures as a table; empty without samples."""
+    backends = [b for b in ("sqlite", "postgres") if _server_rows(results, b)]
+    if not backends:
+        return []
+    out = ["| measure | " + " | ".join(backends) + " |", "|---|" + "---|" * len(backends)]
+    for measure, fld, label in SERVER_SUMMARY:
+        cells = [_server_cell(_server_rows(results, b), measure, fld) for b in backends]
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    return out
 
 
 def server_section(results: dict[str, Any]) -> list[str]:

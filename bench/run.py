@@ -29,7 +29,7 @@ from typing import Any
 
 import psycopg
 
-from bench import server
+from bench import readme, server
 from bench.peers import llm
 from bench.peers.common import last_json
 from bench.report import (
@@ -127,12 +127,14 @@ class Databases:
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="ratchet-bench-", dir=_disk_tmp()))
         self.counter = 0
+        # Named after this process, so two bench runs on one server never drop each other's.
+        self.prefix = f"bench_{os.getpid()}_"
 
     def fresh(self, system: System) -> str:
         self.counter += 1
         if system.backend == "sqlite":
             return str(self.folder / f"{system.name}-{self.counter}.db")
-        name = f"bench_{system.name}_{system.variant}"
+        name = f"{self.prefix}{system.name}_{system.variant}"
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}"')
@@ -162,7 +164,22 @@ class Databases:
             rows = conn.execute(
                 "SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'").fetchall()
             for (name,) in rows:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                if name.startswith(self.prefix) or _orphaned(name):
+                    conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _orphaned(database: str) -> bool:
+    """A database a bench run left behind when it was killed: its process is gone."""
+    pid = database.split("_")[1]
+    if not pid.isdigit():
+        return False  # another tool's database (bench/server.py names its own)
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _disk_tmp() -> str:
@@ -298,8 +315,16 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
     p = plan(quick)
     dbs = Databases()
     samples: dict[str, list[dict[str, Any]]] = {}
+    # Seconds spent by each family of measures (a key's first field), so a run that outgrows
+    # its budget shows where the time went.
+    spent: dict[str, float] = {}
+    last = [time.monotonic()]
 
     def record(key: str, value: dict[str, Any]) -> None:
+        now = time.monotonic()
+        family = key.split("|", 1)[0]
+        spent[family] = spent.get(family, 0.0) + now - last[0]
+        last[0] = now
         samples.setdefault(key, []).append(value)
         shown = {k: v for k, v in value.items() if k not in ("peer", "measure", "backend")}
         log(f"{key}: {json.dumps(shown)[:160]}")
@@ -350,6 +375,7 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
     return {
         "quick": quick,
         "repeats": p.repeats,
+        "spent_s": {family: round(seconds, 1) for family, seconds in spent.items()},
         "plan": {"sequential_n": p.sequential_n, "concurrent_n": p.concurrent_n,
                  "replay_steps": p.replay_steps, "pickup_n": p.pickup_n,
                  "claim_backlogs": list(p.claim_backlogs)},
@@ -456,6 +482,12 @@ def _merged(measured: dict[str, Any], prefixes: tuple[str, ...], run_key: str,
     return results
 
 
+def _update_readme(results: dict[str, Any]) -> None:
+    """The README's tables follow a full run (never a quick one)."""
+    if not results.get("quick") and readme.update(results):
+        print(f"rewrote the Performance tables of {readme.README}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true",
@@ -475,6 +507,7 @@ def main() -> None:
     if args.report_only:
         results = json.loads((RESULTS / "latest.json").read_text())
         (RESULTS / "latest.md").write_text(write_reports(results))
+        _update_readme(results)
         print((RESULTS / "latest.md").read_text())
         return
     started = time.monotonic()
@@ -522,6 +555,8 @@ def main() -> None:
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
     markdown = write_reports(results)
     (RESULTS / "latest.md").write_text(markdown)
+    if only is None:
+        _update_readme(results)
     print(markdown)
     print(f"elapsed {results['elapsed_s']} s; wrote {RESULTS / 'latest.json'} and latest.md")
 

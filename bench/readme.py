@@ -1,0 +1,82 @@
+"""The README's Performance tables, regenerated from a full run's results.
+
+A full ``make bench`` (and ``python -m bench.run --report-only``) rewrites the part of
+README.md between the two markers below, so the tables there are always those of the latest
+full run, with its date and machine; quick runs never touch it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.report import METRICS, _cell, _label, llm_bill_table, server_table
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+START = "<!-- bench:start (written by python -m bench.run from bench/results/latest.json) -->"
+END = "<!-- bench:end -->"
+# The rows the README shows of each backend's table; the full tables are in latest.md.
+ROWS = {("sequential", "step_us"), ("concurrent", "steps_per_s"), ("recovery", "to_result_ms"),
+        ("replay", "to_last_step_ms"), ("pickup", "p50_ms")}
+
+
+def _backend_table(figs: dict[str, dict[str, Any]], backend: str) -> list[str]:
+    systems = sorted((k for k in figs if k.split("|")[1:2] == [backend]
+                      and not k.startswith("limit|")),
+                     key=lambda k: (not k.startswith("ratchet|"), k))
+    me = figs.get(f"ratchet|{backend}|default", {})
+    out = ["| measure | " + " | ".join(map(_label, systems)) + " |",
+           "|---|" + "---|" * len(systems)]
+    for measure, fld, label, unit, _ in METRICS:
+        key = f"{measure}.{fld}"
+        if (measure, fld) not in ROWS or not any(figs[s].get(key) for s in systems):
+            continue
+        cells = []
+        for s in systems:
+            stats, mine = figs[s].get(key), me.get(key)
+            cell = _cell(stats) if stats else "n/a"
+            if stats and mine and not s.startswith("ratchet|") and stats["median"]:
+                cell += f" — ratio {mine['median'] / stats['median']:.2f}"
+            cells.append(cell)
+        out.append(f"| {label} ({unit}) | " + " | ".join(cells) + " |")
+    return out
+
+
+def block(results: dict[str, Any]) -> str:
+    """The README's Performance tables from ``results`` (after ``write_reports`` set its
+    figures)."""
+    figs, m = results["figures"], results["machine"]
+    lines = [START, "",
+             f"Ratchet beside DBOS, LangGraph and Absurd, every system at the same durability "
+             f"(an fsync per commit), from the full run of {m['date']} on {m['cpus']} cores "
+             f"({m['platform']}, Python {m['python']}, SQLite {m['sqlite']}, PostgreSQL "
+             f"{m['postgres'].split(' ')[0]}); median (min–max) of {results['repeats']} repeats, "
+             "ratio = Ratchet / peer. The full tables, the targets, what bounds the misses and "
+             "how to reproduce them (`make bench`): [Benchmarks](docs/results/benchmarks.md).",
+             ""]
+    for backend, title in (("sqlite", "SQLite"), ("postgres", "PostgreSQL")):
+        table = _backend_table(figs, backend)
+        if len(table) > 2:
+            lines += [f"{title}:", "", *table, ""]
+    bill = llm_bill_table(results)
+    if bill:
+        lines += ["An agent of five model calls, its process SIGKILLed while the provider holds "
+                  "call 4, then resumed as each system resumes a run; what the provider billed:",
+                  "", *bill, ""]
+    server = server_table(results)
+    if server:
+        lines += ["`ratchet server` (`python -m bench.run --server-only`, median):", "",
+                  *server, ""]
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def update(results: dict[str, Any], readme: Path = README) -> bool:
+    """Rewrite the README's block from ``results``; False when the markers are missing."""
+    text = readme.read_text("utf-8")
+    head, sep, rest = text.partition(START)
+    _, sep2, tail = rest.partition(END)
+    if not sep or not sep2:
+        return False
+    readme.write_text(head + block(results) + tail, "utf-8")
+    return True
