@@ -1,8 +1,9 @@
-"""The README's Performance tables, regenerated from a full run's results.
+"""The README's Performance tables and the benchmarks page's, from a full run's results.
 
 A full ``make bench`` (and ``python -m bench.run --report-only``) rewrites the part of
-README.md between the two markers below, so the tables there are always those of the latest
-full run, with its date and machine; quick runs never touch it.
+README.md and of docs/results/benchmarks.md between the two markers below, so the tables
+there are always those of the latest full run, with its date and machine; quick runs never
+touch them.
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from typing import Any
 
 from bench.report import METRICS, _cell, _label, llm_bill_table, server_table
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+BENCHMARKS = ROOT / "docs" / "results" / "benchmarks.md"
 START = "<!-- bench:start (written by python -m bench.run from bench/results/latest.json) -->"
 END = "<!-- bench:end -->"
 # The rows the README shows of each backend's table; the full tables are in latest.md.
 ROWS = {("sequential", "step_us"), ("concurrent", "steps_per_s"), ("recovery", "to_result_ms"),
         ("replay", "to_last_step_ms"), ("pickup", "p50_ms")}
+# Sections of latest.md the benchmarks page presents in its own words, with its own tables.
+OWN_SECTIONS = ("Tokens billed", "Per-call overhead", "`ratchet server`", "The dashboard")
 
 
 def _backend_table(figs: dict[str, dict[str, Any]], backend: str) -> list[str]:
@@ -71,12 +76,30 @@ def block(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update(results: dict[str, Any], readme: Path = README) -> bool:
-    """Rewrite the README's block from ``results``; False when the markers are missing."""
-    text = readme.read_text("utf-8")
-    head, sep, rest = text.partition(START)
+def page_block(report: str) -> str:
+    """The benchmarks page's block: ``report`` (latest.md) without its title and the
+    sections the page tells itself, its headings one level down."""
+    sections = report.split("\n## ")
+    intro = sections[0].split("\n", 1)[1].strip()  # the title's line dropped
+    kept = ["### " + body.strip() for body in sections[1:] if not body.startswith(OWN_SECTIONS)]
+    return "\n\n".join([START, intro, *kept, END])
+
+
+def _replace(path: Path, text: str) -> bool:
+    old = path.read_text("utf-8")
+    head, sep, rest = old.partition(START)
     _, sep2, tail = rest.partition(END)
     if not sep or not sep2:
         return False
-    readme.write_text(head + block(results) + tail, "utf-8")
+    path.write_text(head + text + tail, "utf-8")
     return True
+
+
+def update(results: dict[str, Any], readme: Path = README) -> bool:
+    """Rewrite the README's block from ``results``; False when the markers are missing."""
+    return _replace(readme, block(results))
+
+
+def update_page(report: str, page: Path = BENCHMARKS) -> bool:
+    """Rewrite the benchmarks page's block from ``report``; False without the markers."""
+    return _replace(page, page_block(report))

@@ -53,6 +53,7 @@ class System:
     name: str  # the adapter: bench.peers.<name>_peer
     backend: str
     variant: str = "default"
+    quick: bool = True  # part of a QUICK run too (Ratchet and DBOS; the full run has all)
 
     @property
     def label(self) -> str:
@@ -63,12 +64,12 @@ class System:
 SYSTEMS = [
     System("ratchet", "sqlite"),
     System("dbos", "sqlite"),
-    System("dbos", "sqlite", "wal"),
-    System("langgraph", "sqlite"),
+    System("dbos", "sqlite", "wal", quick=False),
+    System("langgraph", "sqlite", quick=False),
     System("ratchet", "postgres"),
     System("dbos", "postgres"),
-    System("langgraph", "postgres"),
-    System("absurd", "postgres"),
+    System("langgraph", "postgres", quick=False),
+    System("absurd", "postgres", quick=False),
 ]
 
 
@@ -329,7 +330,7 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
         shown = {k: v for k, v in value.items() if k not in ("peer", "measure", "backend")}
         log(f"{key}: {json.dumps(shown)[:160]}")
 
-    systems = [s for s in SYSTEMS if only is None or s.name in only]
+    systems = [s for s in SYSTEMS if (only is None or s.name in only) and (s.quick or not quick)]
     try:
         for system in systems:  # each replay builds once and resumes a copy per repeat
             key = f"{system.name}|{system.backend}|{system.variant}"
@@ -484,8 +485,12 @@ def _merged(measured: dict[str, Any], prefixes: tuple[str, ...], run_key: str,
 
 def _update_readme(results: dict[str, Any]) -> None:
     """The README's tables follow a full run (never a quick one)."""
-    if not results.get("quick") and readme.update(results):
+    if results.get("quick"):
+        return
+    if readme.update(results):
         print(f"rewrote the Performance tables of {readme.README}")
+    if readme.update_page((RESULTS / "latest.md").read_text()):
+        print(f"rewrote the latest full run's tables of {readme.BENCHMARKS}")
 
 
 def main() -> None:

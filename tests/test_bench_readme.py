@@ -80,3 +80,18 @@ def test_the_report_says_how_long_the_run_took_and_where() -> None:
     results = _results() | {"spent_s": {"replay": 30.0, "sequential10": 12.5}}
     text = write_reports(json.loads(json.dumps(results)))
     assert "The run took 1.0 min (replay 30 s, sequential10 12 s)." in text
+
+
+def test_the_benchmarks_page_gets_the_report_without_the_sections_it_tells_itself(
+        tmp_path: Path) -> None:
+    results = _results()
+    report = write_reports(results)
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# Benchmarks\n\nintro\n\n{readme.START}\n{readme.END}\n\n## Prose\n")
+    assert readme.update_page(report + "\n## The dashboard\n\nits own words\n", page)
+    text = page.read_text("utf-8")
+    assert "### The database's own limit" in text and "### sqlite" in text
+    assert "### Targets" in text and "its own words" not in text
+    assert "# Benchmark results" not in text  # the report's title is the page's own
+    assert text.endswith(readme.END + "\n\n## Prose\n")
+    assert "The run took 1.0 min." in text
