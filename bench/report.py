@@ -26,6 +26,11 @@ METRICS = [
 LLM_PREFIXES = ("llmbill|", "llmoverhead|")
 # Keys of the server measures' samples: "server|<backend>" (bench/server.py).
 SERVER_PREFIX = "server|"
+# Keys of the agent-scale samples (bench/agent_scale.py): "agentscale|<system>|<backend>|<n>".
+AGENT_SCALE_PREFIX = "agentscale|"
+# Its targets (10,000 runs): done within this many seconds of the last start, worker peak
+# memory, and the time to start them all.
+AGENT_SCALE_TARGETS = {"from_last_s": 4.0, "peak_rss_mb": 300.0, "start_s": 2.0}
 # Key of the dashboard's samples (bench/dashboard.py): one per repeat of the whole measure.
 DASHBOARD_KEY = "dashboard|sqlite"
 # The dashboard's measures: (key in a sample's "ms", label with {events} and {runs}).
@@ -48,7 +53,7 @@ def _figures(samples: dict[str, list[dict[str, Any]]], plan: dict[str, Any]
     out: dict[str, dict[str, Any]] = {}
     systems = {k.split("|", 1)[1] for k in samples
                if not k.startswith(("limit|", "claimbacklog|", "sandbox|", SERVER_PREFIX,
-                                    DASHBOARD_KEY, *LLM_PREFIXES))}
+                                    DASHBOARD_KEY, AGENT_SCALE_PREFIX, *LLM_PREFIXES))}
     for system in sorted(systems):
         figs: dict[str, Any] = {}
         zero = samples.get(f"sequential0|{system}", [])
@@ -228,10 +233,12 @@ def write_reports(results: dict[str, Any]) -> str:
     out += claim_backlog_section(results)
     out += llm_sections(results)
     out += server_section(results)
+    out += agent_scale_section(results)
     out += sandbox_section(results)
     out += dashboard_section(results)
     out += ["", "## Targets", "", *_targets(figs), *_llm_targets(results),
-            *_server_targets(results), *_dashboard_targets(results), ""]
+            *_server_targets(results), *_agent_scale_targets(results),
+            *_dashboard_targets(results), ""]
     return "\n".join(out)
 
 
@@ -539,3 +546,75 @@ def _server_targets(results: dict[str, Any]) -> list[str]:
     return [f"- postgres: commit → SSE p50 with one subscriber {_fmt(p50)} ms (from the "
             f"event's creation {_fmt(bound)} ms); target under 10 ms: "
             f"**{'met' if bound < 10 else 'missed'}**"]
+
+
+AGENT_SCALE_ROWS = (("start_s", "time to start all N (s)"),
+                    ("from_first_s", "first start → all done (s)"),
+                    ("from_last_s", "last start → all done (s)"),
+                    ("peak_rss_mb", "worker peak RSS (MB)"))
+
+
+def _agent_scale_keys(results: dict[str, Any]) -> list[tuple[str, str, int]]:
+    keys = []
+    for key in results["samples"]:
+        if key.startswith(AGENT_SCALE_PREFIX):
+            _, system, backend, n = key.split("|")
+            keys.append((system, backend, int(n)))
+    return sorted(keys, key=lambda k: (k[1] != "sqlite", k[2], k[0] != "ratchet", k[0]))
+
+
+def agent_scale_section(results: dict[str, Any]) -> list[str]:
+    """N runs started at once, 3 one-second model calls each, one worker process."""
+    keys = _agent_scale_keys(results)
+    if not keys:
+        return []
+    run = results.get("agent_scale_run")
+    out = ["", "## Agent scale: N runs at once, 3 one-second model calls each", "",
+           "N runs started at once from a client process (Ratchet: one `app.start_many`; "
+           "DBOS: a `DBOSClient.enqueue` per workflow, as it has no batch enqueue), driven "
+           "by one worker process with concurrency N. A model call is a step awaiting "
+           "`asyncio.sleep(1)`, so the ideal is everything done 3 s after the starts. "
+           "\"All done\" is seen by counting finished runs every 25 ms; peak RSS is the "
+           "worker's VmHWM." + (f" Measured {run['date']} ({run['repeats']} repeats"
+                               f"{', QUICK' if run['quick'] else ''}) with "
+                               "`python -m bench.run --agent-scale-only`." if run else ""),
+           "", "| system | backend | N | " + " | ".join(label for _, label in AGENT_SCALE_ROWS)
+           + " |", "|---|---|---|" + "---|" * len(AGENT_SCALE_ROWS)]
+    notes = []
+    for system, backend, n in keys:
+        rows = results["samples"][f"{AGENT_SCALE_PREFIX}{system}|{backend}|{n}"]
+        cells = [_cell(_stats([r[f] for r in rows if f in r and "error" not in r]))
+                 for f, _ in AGENT_SCALE_ROWS]
+        out.append(f"| {system} | {backend} | {n:,} | " + " | ".join(cells) + " |")
+        notes += [f"- {system}, {backend}, N={n:,}: {r['error']}" for r in rows if "error" in r]
+        settings = {r["setting"] for r in rows if "setting" in r}
+        notes += [f"- {system}, {backend}, N={n:,} setting: {s}" for s in sorted(settings)]
+    loads = [r["load_average"][0] for key, rows in results["samples"].items()
+             if key.startswith(AGENT_SCALE_PREFIX) for r in rows if "load_average" in r]
+    if loads:
+        notes.append(f"- load average (1 min) while measuring: {min(loads):.1f}–"
+                     f"{max(loads):.1f} on {results['machine']['cpus']} cores")
+    if not any(system == "dbos" and n >= 10_000 for system, _, n in keys):
+        notes.append("- DBOS runs N=2,000 only: a queue of 10,000 one-second agents takes it "
+                     "minutes (enqueue one by one, dequeue by polling), past the bench's "
+                     "budget.")
+    return out + (["", "Notes:", *notes] if notes else [])
+
+
+def _agent_scale_targets(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for backend in ("sqlite", "postgres"):
+        rows = [r for r in results["samples"].get(
+            f"{AGENT_SCALE_PREFIX}ratchet|{backend}|10000", []) if "error" not in r]
+        if not rows:
+            continue
+        parts = []
+        for fld, label, unit in (("from_last_s", "done after the last start", "s"),
+                                 ("peak_rss_mb", "worker memory", "MB"),
+                                 ("start_s", "start 10,000", "s")):
+            value = statistics.median(r[fld] for r in rows if r.get(fld) is not None)
+            bound = AGENT_SCALE_TARGETS[fld]
+            parts.append(f"{label} {_fmt(value)} {unit} (target under {bound:g} {unit}: "
+                         f"**{'met' if value < bound else 'missed'}**)")
+        lines.append(f"- {backend}: 10,000 agent runs: " + "; ".join(parts))
+    return lines

@@ -29,13 +29,15 @@ from typing import Any
 
 import psycopg
 
-from bench import readme, server
+from bench import agent_scale, readme, server
 from bench.peers import llm
 from bench.peers.common import last_json
 from bench.report import (
+    AGENT_SCALE_PREFIX,
     DASHBOARD_KEY,
     LLM_PREFIXES,
     SERVER_PREFIX,
+    agent_scale_section,
     dashboard_section,
     llm_sections,
     server_section,
@@ -104,6 +106,10 @@ class Plan:
     dashboard_events: int = 10_000
     dashboard_runs: int = 1_000
     dashboard_loads: int = 5
+    # Agent scale (bench.agent_scale): N runs of 3 one-second model calls, per system.
+    agent_scale_n: dict[str, tuple[int, ...]] = field(
+        default_factory=lambda: {"ratchet": (2_000, 10_000), "dbos": (2_000,)})
+    agent_scale_repeats: int = 1
 
 
 def plan(quick: bool) -> Plan:
@@ -114,7 +120,8 @@ def plan(quick: bool) -> Plan:
                     recovery_options={"absurd": ["--lease", "3"]},
                     claim_backlogs=(0, 10_000), llm_overhead_n=100, server_repeats=1,
                     sandbox_runs=10, sandbox_steps=50, dashboard_events=2_000,
-                    dashboard_runs=200, dashboard_loads=2)
+                    dashboard_runs=200, dashboard_loads=2,
+                    agent_scale_n={"ratchet": (500,), "dbos": (500,)}, agent_scale_repeats=1)
     return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
                 pickup_n=30, limit_seconds=1.0, timeout=110,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
@@ -367,6 +374,7 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
                                adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
                                        "--n", str(backlog)))
         llm_measures(p, dbs, {s.name for s in systems}, record)
+        agent_scale_measures(p, dbs, {s.name for s in systems}, record)
         if only is None or "ratchet" in only:
             server_measures(quick, p, dbs, record)
             record("sandbox|sqlite", sandbox_measure(p))
@@ -418,6 +426,21 @@ def llm_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> No
             record("llmoverhead|ratchet",
                    llm.call_overhead(dbs.fresh(System("ratchet", "sqlite")), p.llm_overhead_n,
                                      p.timeout))
+
+
+def agent_scale_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
+    """N runs of 3 one-second model calls at once, one worker process (bench.agent_scale),
+    per system, backend and N, ``p.agent_scale_repeats`` times."""
+    for _ in range(p.agent_scale_repeats):
+        for backend in ("sqlite", "postgres"):
+            for name, sizes in p.agent_scale_n.items():
+                if name not in names:
+                    continue
+                for n in sizes:
+                    db = dbs.fresh(System(name, backend))
+                    answer = agent_scale.measure(name, backend, db, n, p.timeout * 2)
+                    record(f"{AGENT_SCALE_PREFIX}{name}|{backend}|{n}",
+                           answer | {"load_average": os.getloadavg()})
 
 
 def server_measures(quick: bool, p: Plan, dbs: Databases, record: Record) -> None:
@@ -506,6 +529,9 @@ def main() -> None:
                         help="measure only ratchet server: starts/s and SSE latency")
     parser.add_argument("--dashboard-only", action="store_true",
                         help="measure only the dashboard's time to first render (Chromium)")
+    parser.add_argument("--agent-scale-only", action="store_true",
+                        help="measure only agent scale: N runs of 3 one-second model calls "
+                             "(Ratchet and DBOS)")
     parser.add_argument("--report-only", action="store_true",
                         help="re-write latest.md from latest.json without measuring")
     args = parser.parse_args()
@@ -553,6 +579,12 @@ def main() -> None:
             p, record), 1)
         results = _merged(measured, (DASHBOARD_KEY,), "dashboard_run", args.quick)
         print("\n".join(dashboard_section(results)))
+        return
+    if args.agent_scale_only:
+        measured = family_only(args.quick, log, lambda p, dbs, record: agent_scale_measures(
+            p, dbs, only or {"ratchet", "dbos"}, record), plan(args.quick).agent_scale_repeats)
+        results = _merged(measured, (AGENT_SCALE_PREFIX,), "agent_scale_run", args.quick)
+        print("\n".join(agent_scale_section(results)))
         return
     results = run(args.quick, only, log)
     results["elapsed_s"] = round(time.monotonic() - started, 1)

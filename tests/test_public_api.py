@@ -22,6 +22,7 @@ EXPECTED = {
     "Guards", "GuardTripped", "GateRejected", "Gate",
 
     "JournalPruned", "RunNotFinished",
+    "Start", "BatchItemInvalid",
 }
 
 
@@ -45,7 +46,7 @@ def test_every_public_name_has_a_docstring() -> None:
 
 
 # Every blocking call on Ratchet and its awaitable twin; the twin takes the same parameters.
-BLOCKING = ["start", "get", "result", "signal", "cancel", "retry", "events", "runs",
+BLOCKING = ["start", "start_many", "get", "result", "signal", "cancel", "retry", "events", "runs",
             "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
             "launch", "shutdown", "settle_receipt", "llm_totals", "approve", "reject",
             "approvals", "graph", "run_receipt", "prune", "sandboxes"]

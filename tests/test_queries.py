@@ -15,6 +15,7 @@ DIALECT_ONLY = {
         "append_events",
         "claim_ready",
         "create_run",
+        "create_runs",
     },
 }
 

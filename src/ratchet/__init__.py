@@ -19,6 +19,7 @@ from ratchet.errors import (
     ApprovalNotPending,
     ApprovalRejected,
     ApprovalTimeout,
+    BatchItemInvalid,
     ChildRunFailed,
     ConfigError,
     ConnectorError,
@@ -58,6 +59,7 @@ from ratchet.errors import (
 )
 from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
 from ratchet.sandbox.spec import Sandbox
+from ratchet.starts import Start
 
 __version__ = "0.1.0"
 """The release; pyproject.toml reads it from here (the one place it is written)."""
@@ -76,6 +78,7 @@ __all__ = [
     "ApprovalNotPending",
     "ApprovalRejected",
     "ApprovalTimeout",
+    "BatchItemInvalid",
     "ChildRunFailed",
     "ConfigError",
     "ConnectorError",
@@ -113,6 +116,7 @@ __all__ = [
     "RunStatus",
     "Sandbox",
     "SignalTimeout",
+    "Start",
     "StepFailed",
     "StepInfo",
     "StepKey",

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from ratchet.config import DatabaseURL, data_dir, database_url_from_env
@@ -45,6 +45,7 @@ from ratchet.model import (
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.receipts.service import ensure_receipt
 from ratchet.sandbox.spec import Sandbox, check_tier
+from ratchet.starts import RunRequest, as_start, at_field, at_item
 from ratchet.store import Clock, Store, WorkerInfo, make_store
 from ratchet.store.base import DONE
 from ratchet.store.sandboxes import SandboxRecord
@@ -343,38 +344,91 @@ class Ratchet:
                         ) -> tuple[RunRecord, bool]:
         """:meth:`start_async` for callers that need the record and whether it was created
         (the HTTP API): a run of ``tenant``, its arguments given as a sequence and a mapping."""
-        overrides = check_overrides(guards) if guards is not None else None
-        if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
-            raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of letters, "
-                               "digits and . _ : @ -, starting with a letter or digit")
-        check_name(queue, "queue")
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise InvalidInput(f"invalid priority {priority!r}: expected an integer")
-        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-            raise InvalidInput(f"invalid priority {priority}: expected an integer from "
-                               f"{PRIORITY_MIN} to {PRIORITY_MAX} (32-bit signed)")
+        new, graph = await self._new_run(RunRequest(wf, tuple(args), kwargs, run_id, queue,
+                                                    priority, guards), tenant)
+        rec, created = await (await self._astore()).create_run(new)
+        if not created and graph and (rec.workflow, rec.workflow_version) != (
+                new.workflow, new.workflow_version):
+            raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
+                               f"{rec.workflow!r} {rec.workflow_version}")
+        if not created and rec.workflow != new.workflow:
+            raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
+                               f"{rec.workflow!r}, not {new.workflow!r}")
+        return rec, created
+
+    async def start_runs_async(self, requests: Sequence[RunRequest], *, tenant: str = "default"
+                               ) -> list[tuple[str, RunStatus, bool]]:
+        """Start many runs of ``tenant`` in one transaction (the HTTP API's batch start):
+        ``(run_id, status, created)`` per request, in order. Every request is checked first;
+        a bad one raises :class:`BatchItemInvalid` naming its index and field, and nothing
+        is written."""
+        news = []
+        for i, request in enumerate(requests):
+            with at_item(i):
+                news.append((await self._new_run(request, tenant))[0])
+        if not news:
+            return []
+        return await (await self._astore()).create_runs(news)
+
+    async def _new_run(self, r: RunRequest, tenant: str) -> tuple[NewRun, bool]:
+        """The run to create for ``r``, every argument checked (an :class:`InvalidInput`
+        tagged with the field at fault), and whether it is a graph's run."""
+        with at_field("guards"):
+            overrides = check_overrides(r.guards) if r.guards is not None else None
+        run_id, queue, priority = r.run_id, r.queue, r.priority
+        with at_field("run_id"):
+            if run_id is not None and (not isinstance(run_id, str)
+                                       or not _RUN_ID.fullmatch(run_id)):
+                raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of "
+                                   "letters, digits and . _ : @ -, starting with a letter "
+                                   "or digit")
+        with at_field("queue"):
+            check_name(queue, "queue")
+        with at_field("priority"):
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise InvalidInput(f"invalid priority {priority!r}: expected an integer")
+            if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+                raise InvalidInput(f"invalid priority {priority}: expected an integer from "
+                                   f"{PRIORITY_MIN} to {PRIORITY_MAX} (32-bit signed)")
+        wf = r.workflow
         if isinstance(wf, str) and wf not in self.workflows:
             from ratchet.graphs.start import new_graph_run
 
-            new = await new_graph_run(await self._astore(), wf, tuple(args), dict(kwargs),
-                                      run_id or uuid.uuid4().hex, queue, priority,
-                                      known=self.workflows)
-            new = dataclasses.replace(new, tenant_id=tenant, guards=overrides)
-            rec, created = await (await self._astore()).create_run(new)
-            if not created and (rec.workflow, rec.workflow_version) != (new.workflow,
-                                                                        new.workflow_version):
-                raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
-                                   f"{rec.workflow!r} {rec.workflow_version}")
-            return rec, created
-        wd = self._resolve(wf)
-        data = wd.bind(tuple(args), dict(kwargs))
-        new = NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority,
-                     tenant_id=tenant, guards=overrides)
-        rec, created = await (await self._astore()).create_run(new)
-        if not created and rec.workflow != wd.name:
-            raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
-                               f"{rec.workflow!r}, not {wd.name!r}")
-        return rec, created
+            with at_field("input"):
+                try:
+                    new = await new_graph_run(await self._astore(), wf, r.args,
+                                              dict(r.kwargs), run_id or uuid.uuid4().hex,
+                                              queue, priority, known=self.workflows)
+                except UnknownWorkflow as e:
+                    e.field = "workflow"
+                    raise
+            return dataclasses.replace(new, tenant_id=tenant, guards=overrides), True
+        with at_field("workflow"):
+            wd = self._resolve(wf)
+        with at_field("input"):
+            data = wd.bind(r.args, dict(r.kwargs))
+        return NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority,
+                      tenant_id=tenant, guards=overrides), False
+
+    async def start_many_async(self, wf: WorkflowDef | str, items: Iterable[Any], /, *,
+                               queue: str = "default", priority: int = 0,
+                               guards: Mapping[str, Any] | None = None) -> list[str]:
+        """Queue many runs of ``wf`` at once and return their ids, in order: one
+        transaction and one wake-up for the whole batch. Each item is a
+        :class:`ratchet.Start` (arguments, and optionally its own ``run_id``, ``queue``,
+        ``priority``, ``guards``), a mapping of keyword arguments, or a tuple of positional
+        arguments; ``queue``, ``priority`` and ``guards`` are the defaults. Each item
+        behaves as :meth:`start_async` would (an explicit ``run_id`` is idempotent); a bad
+        item raises :class:`BatchItemInvalid` naming its index, and nothing is written."""
+        requests = []
+        for i, item in enumerate(items):
+            start = as_start(item, i)
+            requests.append(RunRequest(
+                wf, start.args, start.kwargs, start.run_id,
+                queue if start.queue is None else start.queue,
+                priority if start.priority is None else start.priority,
+                guards if start.guards is None else start.guards))
+        return [run_id for run_id, _, _ in await self.start_runs_async(requests)]
 
     async def get_async(self, run_id: str) -> RunRecord:
         """The run's record, or :class:`UnknownRun`."""
@@ -556,6 +610,13 @@ class Ratchet:
         """Blocking :meth:`start_async`."""
         return self._portal.call(self.start_async(wf, *args, run_id=run_id, queue=queue,
                                                   priority=priority, guards=guards, **kwargs))
+
+    def start_many(self, wf: WorkflowDef | str, items: Iterable[Any], /, *,
+                   queue: str = "default", priority: int = 0,
+                   guards: Mapping[str, Any] | None = None) -> list[str]:
+        """Blocking :meth:`start_many_async`."""
+        return self._portal.call(self.start_many_async(wf, items, queue=queue,
+                                                       priority=priority, guards=guards))
 
     def get(self, run_id: str) -> RunRecord:
         """Blocking :meth:`get_async`."""

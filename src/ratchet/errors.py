@@ -39,6 +39,10 @@ class ConfigError(RatchetError, ValueError):
 class InvalidInput(RatchetError, ValueError):
     """Invalid input."""
 
+    # The argument at fault (workflow, input, run_id, queue, priority, guards), where the
+    # check that raised knows it: a batch start names it with the item's index.
+    field: str | None = None
+
 
 class UnknownWorkflow(InvalidInput):
     """Unknown workflow."""
@@ -51,6 +55,18 @@ class UnknownRun(InvalidInput, LookupError):
 class RunIdConflict(InvalidInput):
     """A run with this id already exists with a different workflow, input, queue or
     priority."""
+
+
+class BatchItemInvalid(InvalidInput):
+    """An item of a batch start is invalid; nothing of the batch was written."""
+
+    def __init__(self, index: int, field: str, problem: str, *, taken: bool = False) -> None:
+        super().__init__(f"item {index} ({field}): {problem}")
+        self.index = index
+        self.field = field  # the item's field at fault: workflow, input, run_id, queue, ...
+        self.problem = problem
+        # The run id belongs to another tenant's run (the HTTP API answers 409, as for one).
+        self.taken = taken
 
 
 class NotSerializable(InvalidInput, TypeError):

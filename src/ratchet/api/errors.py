@@ -81,7 +81,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        details = [{"field": ".".join(str(p) for p in err.get("loc", ())[1:]) or "body",
+        details = [{"field": _field(err.get("loc", ())[1:]) or "body",
                     "message": err.get("msg", "")} for err in e.errors()]
         fields = ", ".join(d["field"] for d in details)
         return error_response(422, "invalid_input", f"invalid request: {fields}", details)
@@ -96,6 +96,14 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, e: Exception) -> JSONResponse:
         return _internal(request, e)
+
+
+def _field(loc: Any) -> str:
+    """A validation error's location as a path: ``runs[3].input``."""
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
 
 
 def _internal(request: Request, e: Exception) -> JSONResponse:

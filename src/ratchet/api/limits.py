@@ -9,6 +9,9 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY = 1 << 20  # 1 MiB: a run's input, a signal's payload
+# A batch start carries up to MAX_BATCH runs, each with its input: its own, wider limit.
+BATCH_PATH = "/v1/runs:batch"
+MAX_BATCH_BODY = 64 << 20
 
 
 class _TooLarge(HTTPException):
@@ -20,16 +23,19 @@ class BodyLimit:
     """ASGI middleware: Content-Length over ``limit`` is answered 413 at once; a chunked
     body is counted as it arrives and cut off at the limit."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY,
+                 batch_limit: int = MAX_BATCH_BODY) -> None:
         self.app = app
         self.limit = limit
+        self.batch_limit = max(batch_limit, limit)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = self.batch_limit if scope.get("path") == BATCH_PATH else self.limit
         for name, value in scope.get("headers", ()):
-            if name == b"content-length" and value.isdigit() and int(value) > self.limit:
-                return await self._refuse(send)
+            if name == b"content-length" and value.isdigit() and int(value) > limit:
+                return await self._refuse(send, limit)
         seen = 0
         started = False
 
@@ -38,8 +44,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge(413, f"request body over {self.limit} bytes")
+                if seen > limit:
+                    raise _TooLarge(413, f"request body over {limit} bytes")
             return message
 
         async def tracked(message: Message) -> None:
@@ -51,12 +57,12 @@ class BodyLimit:
             await self.app(scope, counted, tracked)
         except _TooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(send, limit)
 
-    async def _refuse(self, send: Send) -> None:
+    async def _refuse(self, send: Send, limit: int) -> None:
         body: dict[str, Any] = {"error": "payload_too_large",
-                                "message": f"request body over {self.limit} bytes",
-                                "details": {"limit": self.limit}}
+                                "message": f"request body over {limit} bytes",
+                                "details": {"limit": limit}}
         data = json.dumps(body).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),

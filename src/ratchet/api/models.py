@@ -35,6 +35,25 @@ class RunAccepted(BaseModel):
     status: str
 
 
+MAX_BATCH = 10_000  # runs in one POST /v1/runs:batch
+
+
+class StartRuns(BaseModel):
+    runs: list[StartRun] = Field(
+        min_length=1, max_length=MAX_BATCH,
+        description=f"The runs to start (1 to {MAX_BATCH:,}), each as POST /v1/runs takes it; "
+                    "all are written in one transaction, or none.")
+
+
+class BatchRunAccepted(RunAccepted):
+    created: bool = Field(description="False when the run existed already (same run_id or "
+                                      "Idempotency-Key).")
+
+
+class RunsAccepted(BaseModel):
+    runs: list[BatchRunAccepted] = Field(description="One per run asked for, in order.")
+
+
 class LLMUsage(BaseModel):
     calls: int
     input_tokens: int

@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from ratchet.api.auth import scope
 from ratchet.api.errors import ApiError, not_found
 from ratchet.api.models import (
+    BatchRunAccepted,
     ChildRun,
     Decision,
     DecisionMade,
@@ -27,13 +28,16 @@ from ratchet.api.models import (
     RunDetail,
     RunPage,
     RunResult,
+    RunsAccepted,
     SignalBody,
     StartRun,
+    StartRuns,
     StatusAfter,
 )
 from ratchet.app import Ratchet
-from ratchet.errors import InvalidInput
+from ratchet.errors import BatchItemInvalid, InvalidInput
 from ratchet.model import RunRecord, RunStatus
+from ratchet.starts import RunRequest
 from ratchet.store import Store, tokens
 from ratchet.store.base import DONE
 from ratchet.store.tokens import Token
@@ -98,17 +102,12 @@ async def start_run(body: StartRun, request: Request, response: Response, token:
     app = _app(request)
     run_id = body.run_id
     if run_id is None and idempotency_key is not None:
-        # The key names the run (per tenant), so a repeat finds it and a different body
-        # conflicts with it, with nothing else to store.
-        digest = hashlib.sha256(f"{token.tenant_id}\0{idempotency_key}".encode()).hexdigest()
-        run_id = f"idem-{digest[:40]}"
-    graph = body.workflow not in app.workflows
-    args: tuple[Any, ...] = (body.input,) if graph else ()
-    kwargs: dict[str, Any] = {} if graph else body.input
+        run_id = _keyed_run_id(token.tenant_id, idempotency_key)
+    r = _request(app, body, run_id)
     try:
-        rec, created = await app.start_run_async(body.workflow, args, kwargs, run_id=run_id,
-                                           queue=body.queue, tenant=token.tenant_id,
-                                           guards=body.guards)
+        rec, created = await app.start_run_async(r.workflow, r.args, r.kwargs, run_id=run_id,
+                                                 queue=body.queue, tenant=token.tenant_id,
+                                                 guards=body.guards)
     except InvalidInput as e:
         raise ApiError(422, str(e), details={"workflow": body.workflow}) from e
     if rec.tenant_id != token.tenant_id:
@@ -118,6 +117,58 @@ async def start_run(body: StartRun, request: Request, response: Response, token:
     else:
         response.status_code = 200
     return RunAccepted(run_id=rec.run_id, status=str(rec.status))
+
+
+def _keyed_run_id(tenant: str, key: str) -> str:
+    # The key names the run (per tenant), so a repeat finds it and a different body
+    # conflicts with it, with nothing else to store.
+    digest = hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()
+    return f"idem-{digest[:40]}"
+
+
+def _request(app: Ratchet, body: StartRun, run_id: str | None) -> RunRequest:
+    """A start's body as the app takes it: a graph's input is its one argument, a code
+    workflow's its arguments by name."""
+    graph = body.workflow not in app.workflows
+    args: tuple[Any, ...] = (body.input,) if graph else ()
+    kwargs: dict[str, Any] = {} if graph else body.input
+    return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, body.guards)
+
+
+@router.post("/runs:batch", status_code=202, response_model=RunsAccepted,
+             responses={200: {"model": RunsAccepted,
+                              "description": "Every run existed already."}})
+async def start_runs(body: StartRuns, request: Request, response: Response, token: Writer,
+                     idempotency_key: Annotated[str | None, Header(
+                         description="Same key, same runs: item i without a run_id is the "
+                                     "run POST /v1/runs would start under the key "
+                                     "'<key>#<i>'; a different body is refused 422."
+                     )] = None) -> RunsAccepted:
+    """Queue many runs in one transaction and return at once, their ids and statuses in
+    the order asked: 202 when any was created, 200 when all existed. A bad item is refused
+    422 naming ``runs[i].field`` (409 when its run id is another tenant's), and then
+    nothing is written."""
+    app = _app(request)
+    requests = []
+    for i, item in enumerate(body.runs):
+        run_id = item.run_id
+        if run_id is None and idempotency_key is not None:
+            run_id = _keyed_run_id(token.tenant_id, f"{idempotency_key}#{i}")
+        requests.append(_request(app, item, run_id))
+    try:
+        started = await app.start_runs_async(requests, tenant=token.tenant_id)
+    except BatchItemInvalid as e:
+        field = f"runs[{e.index}].{e.field}"
+        raise ApiError(409 if e.taken else 422, f"{field}: {e.problem}",
+                       details=[{"field": field, "message": e.problem}]) from e
+    created = sum(fresh for _, _, fresh in started)
+    if created:
+        request.app.state.metrics.runs_started.inc(created)
+    else:
+        response.status_code = 200
+    return RunsAccepted(runs=[BatchRunAccepted(run_id=run_id, status=str(status),
+                                               created=fresh)
+                              for run_id, status, fresh in started])
 
 
 def _cursor(text: str | None) -> tuple[float, str] | None:

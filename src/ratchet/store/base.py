@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ratchet.errors import (
+    BatchItemInvalid,
     LeaseLost,
     NotDeadLettered,
     RatchetError,
@@ -277,6 +278,28 @@ def _check_same_run(rec: RunRecord, new: NewRun) -> None:
                             f"{'; '.join(diffs)}: use another run id")
 
 
+def _check_in_batch(rec: RunRecord, new: NewRun, index: int) -> None:
+    """:func:`_check_same_run` for item ``index`` of a batch, and the same tenant too."""
+    if rec.tenant_id != new.tenant_id:
+        raise BatchItemInvalid(index, "run_id", f"run id {rec.run_id!r} is taken; choose "
+                               "another", taken=True)
+    try:
+        _check_same_run(rec, new)
+    except RunIdConflict as e:
+        raise BatchItemInvalid(index, "run_id", str(e)) from None
+
+
+def _check_repeat(earlier: NewRun, new: NewRun, j: int, i: int) -> None:
+    """Item ``i`` repeats item ``j``'s run id: the same run, or a conflict."""
+    same = (earlier.workflow, earlier.workflow_version, dumps(earlier.input), earlier.queue,
+            earlier.priority, earlier.tenant_id, earlier.guards) == (
+        new.workflow, new.workflow_version, dumps(new.input), new.queue, new.priority,
+        new.tenant_id, new.guards)
+    if not same:
+        raise BatchItemInvalid(i, "run_id", f"run id {new.run_id!r} repeats item {j} with a "
+                               "different workflow, input, queue, priority or guards")
+
+
 def event_params(ev: Event) -> dict[str, Any]:
     return {
         "run_id": ev.run_id,
@@ -474,6 +497,78 @@ class Store(ABC):
 
     async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
         return await self._run(self._insert_run, new)
+
+    async def create_runs(self, news: Sequence[NewRun]) -> list[tuple[str, RunStatus, bool]]:
+        """Write many runs (``queued``) and their ``run_queued`` events in one transaction,
+        with one wake-up: ``(run_id, status, created)`` per item, in order. Each item is
+        idempotent on its run id as in :meth:`create_run`; an item whose id exists with a
+        different workflow, input, queue, priority or tenant raises
+        :class:`BatchItemInvalid` naming its index, and nothing of the batch is written.
+        Top-level runs only (no parent)."""
+        first: dict[str, int] = {}
+        for i, new in enumerate(news):
+            if new.parent_run_id is not None:
+                raise BatchItemInvalid(i, "run_id", "a batch starts top-level runs only")
+            j = first.setdefault(new.run_id, i)
+            if j != i:
+                _check_repeat(news[j], new, j, i)
+        unique = [news[i] for i in first.values()]
+        found = await self._run(self._insert_runs, unique)
+        created = {run_id for run_id, (_, fresh) in found.items() if fresh}
+        return [(n.run_id, found[n.run_id][0],
+                 n.run_id in created and first[n.run_id] == i) for i, n in enumerate(news)]
+
+    def _insert_runs(self, tx: Tx, news: list[NewRun]) -> dict[str, tuple[RunStatus, bool]]:
+        index = {n.run_id: i for i, n in enumerate(news)}
+        found: dict[str, tuple[RunStatus, bool]] = {}
+
+        def check_existing(ids: list[str]) -> None:
+            for row in tx.all("runs_get_many", {"ids": self._ids(ids)}):
+                rec = record_from_row(row)
+                _check_in_batch(rec, news[index[rec.run_id]], index[rec.run_id])
+                found[rec.run_id] = (rec.status, False)
+
+        check_existing(list(index))
+        fresh = [n for n in news if n.run_id not in found]
+        if fresh:
+            now = time.time()
+            rows, events = [], []
+            for n in fresh:
+                payload: dict[str, Any] = {"workflow": n.workflow, "version": n.workflow_version}
+                if n.guards:
+                    payload["guards"] = n.guards
+                ev = Event.chain(n.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, now,
+                                 "0" * 64)
+                rows.append({"run_id": n.run_id, "workflow": n.workflow,
+                             "workflow_version": n.workflow_version, "input": dumps(n.input),
+                             "parent_run_id": None, "parent_step_id": None, "queue": n.queue,
+                             "priority": n.priority, "tenant_id": n.tenant_id})
+                events.append(event_params(ev))
+            inserted = self._insert_batch(tx, rows, events)
+            for run_id in inserted:
+                found[run_id] = (RunStatus.QUEUED, True)
+            raced = [n.run_id for n in fresh if n.run_id not in found]
+            if raced:
+                # Started concurrently by another transaction, committed after this one's
+                # first look: the inserts skipped them, and a fresh read sees them now.
+                check_existing(raced)
+            if inserted:
+                self._announce(tx, READY)
+        return found
+
+    def _insert_batch(self, tx: Tx, runs: list[dict[str, Any]],
+                      events: list[dict[str, Any]]) -> list[str]:
+        """Insert ``runs`` (skipping ids that exist) and, for those inserted, their events
+        (in the same order); return the ids inserted. The dialect may do it in one
+        statement (PostgreSQL); this form holds the write lock throughout (SQLite's BEGIN
+        IMMEDIATE), so no other writer can insert one of these ids meanwhile."""
+        if tx.many("run_insert", runs) != len(runs):
+            raise StoreConflict("a run of the batch was inserted by another writer while "
+                                "this one held the write lock")
+        tx.send_many("event_insert", events)
+        for row in runs:
+            self._journaled(tx, row["run_id"])
+        return [row["run_id"] for row in runs]
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         row = await self._read(lambda tx: tx.one("run_get", {"run_id": run_id}))

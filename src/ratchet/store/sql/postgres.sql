@@ -449,6 +449,34 @@ SELECT run_id, workflow, workflow_version, input, status, output, error, parent_
        false AS created, 0 AS woken
 FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)
 
+-- name: create_runs
+-- A batch start in one statement: the runs (queued) whose ids do not exist yet, and the
+-- run_queued event of each one inserted (a row of the arrays per run, in the same order).
+-- RETURNING names the runs inserted; an id skipped was there already (the caller reads it).
+-- Inserted in run id order, so two batches sharing ids wait for each other in one order
+-- rather than deadlock.
+WITH r AS (
+    SELECT * FROM unnest(%(run_ids)s::text[], %(workflows)s::text[], %(versions)s::text[],
+                         %(inputs)s::text[], %(queues)s::text[], %(priorities)s::integer[],
+                         %(tenants)s::text[], %(payloads)s::text[], %(ats)s::float8[],
+                         %(hashes)s::text[])
+         AS r(run_id, workflow, workflow_version, input, queue, priority, tenant_id, payload,
+              at, hash)
+), new AS (
+    INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, priority,
+                      created_at, updated_at, tenant_id)
+    SELECT run_id, workflow, workflow_version, input::jsonb, 'queued', queue, priority,
+           ratchet_now(), ratchet_now(), tenant_id
+    FROM r ORDER BY run_id
+    ON CONFLICT (run_id) DO NOTHING
+    RETURNING run_id
+)
+INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash)
+SELECT r.run_id, 1, 'run_queued', NULL, NULL, r.payload::jsonb, to_timestamp(r.at),
+       %(genesis)s, r.hash
+FROM r JOIN new ON new.run_id = r.run_id
+RETURNING run_id
+
 -- name: run_hand_back
 UPDATE runs SET status = 'queued', updated_at = ratchet_now()
 WHERE run_id = %(run_id)s AND status = 'running'

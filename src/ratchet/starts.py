@@ -1,0 +1,86 @@
+"""Batch starts: the items of :meth:`ratchet.Ratchet.start_many`, and the check that turns
+each into the run to create, naming the item and the field at fault."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ratchet.engine.definitions import WorkflowDef
+from ratchet.errors import BatchItemInvalid, InvalidInput
+
+
+class Start:
+    """One run of a batch start: its workflow's arguments as in ``app.start`` and,
+    optionally, its own ``run_id`` (idempotent), ``queue``, ``priority`` and ``guards``
+    (each defaulting to the batch's)."""
+
+    __slots__ = ("args", "guards", "kwargs", "priority", "queue", "run_id")
+
+    def __init__(self, *args: Any, run_id: str | None = None, queue: str | None = None,
+                 priority: int | None = None, guards: Mapping[str, Any] | None = None,
+                 **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+        self.run_id = run_id
+        self.queue = queue
+        self.priority = priority
+        self.guards = guards
+
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        parts += [f"{k}={getattr(self, k)!r}" for k in ("run_id", "queue", "priority", "guards")
+                  if getattr(self, k) is not None]
+        return f"Start({', '.join(parts)})"
+
+
+def as_start(item: Any, index: int) -> Start:
+    """An item of ``start_many``: a :class:`Start`, a mapping of keyword arguments, or a
+    tuple of positional arguments."""
+    if isinstance(item, Start):
+        return item
+    if isinstance(item, Mapping):
+        if not all(isinstance(k, str) for k in item):
+            raise BatchItemInvalid(index, "input", "keyword argument names must be strings")
+        return Start(**item)
+    if isinstance(item, tuple):
+        return Start(*item)
+    raise BatchItemInvalid(index, "input", f"expected a ratchet.Start, a mapping of keyword "
+                           f"arguments or a tuple of positional arguments, got {item!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RunRequest:
+    """One run to start, as the caller gave it (checked by the app)."""
+
+    workflow: WorkflowDef | str
+    args: tuple[Any, ...]
+    kwargs: Mapping[str, Any]
+    run_id: str | None = None
+    queue: str = "default"
+    priority: int = 0
+    guards: Mapping[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def at_field(name: str) -> Iterator[None]:
+    """Tag an :class:`InvalidInput` raised inside with the argument it is about."""
+    try:
+        yield
+    except InvalidInput as e:
+        if e.field is None:
+            e.field = name
+        raise
+
+
+@contextlib.contextmanager
+def at_item(index: int) -> Iterator[None]:
+    """An :class:`InvalidInput` raised inside, as item ``index``'s."""
+    try:
+        yield
+    except BatchItemInvalid:
+        raise
+    except InvalidInput as e:
+        raise BatchItemInvalid(index, e.field or "input", str(e)) from e
