@@ -278,6 +278,8 @@ class RunContext:
         # the lock, a branch's append waiting for the lock could commit it with the run
         # still running, and a failure before this write would leave the two apart.
         await self._write(op, last=lambda: self.emit(kind, payload=payload))
+        if status != RunStatus.CANCELLED:
+            self.guards.run_finished()
         STATS.finished(str(status))
         crash_point("after_terminal")
 
