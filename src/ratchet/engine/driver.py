@@ -70,6 +70,7 @@ from ratchet.model import (
     apply,
     fold,
     idempotency_key,
+    output_payload,
 )
 from ratchet.receipts import Signer, sign
 from ratchet.store.base import Store
@@ -483,7 +484,8 @@ class RunContext:
             tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
             output = json.loads(text)
             if extra:
-                self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output, **extra})
+                self.emit(EventKind.STEP_COMPLETED, step_id, attempt,
+                          *output_payload(output, text, extra))
             else:
                 # The canonical form of {"output": output}, without encoding the output again.
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
