@@ -22,8 +22,11 @@ METRICS = [
 ]
 
 
-# Keys of the LLM measures' samples: "llmbill|<system>" and "llmoverhead|ratchet".
-LLM_PREFIXES = ("llmbill|", "llmoverhead|")
+# Keys of the LLM measures' samples: "llmbill|<system>" (the crash bill) and
+# "llmoverhead|<backend>" (the wrapped client's per-call overhead, bench/llm_overhead.py).
+LLM_PREFIXES = ("llmbill|",)
+LLM_OVERHEAD_PREFIX = "llmoverhead|"
+LLM_OVERHEAD_EXTRA_US = 100  # the target: at most one commit plus this much
 # Keys of the server measures' samples: "server|<backend>" (bench/server.py).
 SERVER_PREFIX = "server|"
 # Keys of the agent-scale samples (bench/agent_scale.py): "agentscale|<system>|<backend>|<n>".
@@ -232,13 +235,14 @@ def write_reports(results: dict[str, Any]) -> str:
                     f"{str(v)[:200]}" for s, k, v in notes]
     out += claim_backlog_section(results)
     out += llm_sections(results)
+    out += llm_overhead_section(results)
     out += server_section(results)
     out += agent_scale_section(results)
     out += sandbox_section(results)
     out += dashboard_section(results)
     out += ["", "## Targets", "", *_targets(figs), *_llm_targets(results),
-            *_server_targets(results), *_agent_scale_targets(results),
-            *_dashboard_targets(results), ""]
+            *_llm_overhead_targets(results), *_server_targets(results),
+            *_agent_scale_targets(results), *_dashboard_targets(results), ""]
     return "\n".join(out)
 
 
@@ -384,10 +388,9 @@ def llm_bill_table(results: dict[str, Any], resumed_by: bool = False) -> list[st
 
 
 def llm_sections(results: dict[str, Any]) -> list[str]:
-    """The crash bill of a 5-call agent per system, and the wrapped client's overhead."""
+    """The crash bill of a 5-call agent per system."""
     systems = [k.split("|", 1)[1] for k in results["samples"] if k.startswith("llmbill|")]
-    overhead = _llm_rows(results, "llmoverhead|ratchet")
-    if not systems and not overhead:
+    if not systems:
         return []
     out: list[str] = []
     if systems:
@@ -406,22 +409,81 @@ def llm_sections(results: dict[str, Any]) -> list[str]:
                 + (f" Measured {run['date']} ({run['repeats']} repeats"
                    f"{', QUICK' if run['quick'] else ''}) with `python -m bench.run --llm-only`."
                    if run else ""), "", *llm_bill_table(results, resumed_by=True)]
-    if overhead:
-        ok = [r for r in overhead if "wrapped_us" in r]
-        n = ok[0]["n"] if ok else 0
-        out += ["", "## Per-call overhead of the wrapped client", "",
-                f"{n} chat completions through `ratchet.llm.wrap(AsyncOpenAI())` inside a "
-                f"workflow (each one journaled step) and {n} through the bare `AsyncOpenAI`, "
-                "interleaved, to the same local provider with no delay; median µs per call, "
-                "median (min–max) over the repeats.", "",
-                "| client | µs per call |", "|---|---|",
-                f"| bare `AsyncOpenAI` | {_cell(_stats([r['bare_us'] for r in ok]))} |",
-                f"| `ratchet.llm.wrap`, in a workflow | "
-                f"{_cell(_stats([r['wrapped_us'] for r in ok]))} |",
-                f"| difference | {_cell(_stats([r['overhead_us'] for r in ok]))} |"]
-        if not ok:
-            out += ["", f"No sample: {overhead[0].get('error', 'none')}"]
     return out
+
+
+def _overhead_figures(results: dict[str, Any], backend: str
+                      ) -> tuple[dict[str, dict[str, float] | None], str | None]:
+    rows = _llm_rows(results, f"{LLM_OVERHEAD_PREFIX}{backend}")
+    ok = [r for r in rows if "commit_us" in r]
+    figs = {f: _stats([r[f] for r in ok]) for f in
+            ("bare_us", "wrapped_us", "overhead_us", "commit_us")}
+    if ok:
+        return figs, None
+    # No figure: say why (the first repeat's error), so the table does not just go blank.
+    return figs, next((str(r.get("error") or r.get("skipped")) for r in rows
+                       if "error" in r or "skipped" in r), "no sample")
+
+
+def _overhead_verdict(figs: dict[str, dict[str, float] | None]) -> tuple[float, str] | None:
+    over, commit = figs["overhead_us"], figs["commit_us"]
+    if over is None or commit is None:
+        return None
+    bound = commit["median"] + LLM_OVERHEAD_EXTRA_US
+    return bound, "met" if over["median"] <= bound else "missed"
+
+
+def llm_overhead_section(results: dict[str, Any]) -> list[str]:
+    """The wrapped client's per-call overhead on each backend, against one commit."""
+    backends = [b for b in ("sqlite", "postgres")
+                if f"{LLM_OVERHEAD_PREFIX}{b}" in results["samples"]]
+    if not backends:
+        return []
+    rows = [r for b in backends for r in _llm_rows(results, f"{LLM_OVERHEAD_PREFIX}{b}")
+            if "n" in r]
+    n = rows[0]["n"] if rows else 0
+    run = results.get("llm_overhead_run")
+    out = ["", "## Per-call overhead of the wrapped client", "",
+           f"{n} chat completions through `ratchet.llm.wrap(AsyncOpenAI())` inside a workflow "
+           f"(each one journaled step) and {n} through the bare `AsyncOpenAI`, interleaved, "
+           "to the same local provider with no delay; median µs per call, median (min–max) "
+           "over the repeats. One commit: the database's own, measured beside "
+           "(`bench.limit`, one client). Target: the difference at most one commit + "
+           f"{LLM_OVERHEAD_EXTRA_US} µs."
+           + (f" Measured {run['date']} ({run['repeats']} repeats"
+              f"{', QUICK' if run['quick'] else ''}) with "
+              "`python -m bench.run --llm-overhead-only`." if run else ""), "",
+           "| backend | bare `AsyncOpenAI` (µs) | `ratchet.llm.wrap`, in a workflow (µs) | "
+           "difference (µs) | one commit (µs) | target | verdict |",
+           "|---|---|---|---|---|---|---|"]
+    for backend in backends:
+        figs, error = _overhead_figures(results, backend)
+        if error is not None:
+            out.append(f"| {backend} | n/a | n/a | n/a | n/a | n/a | {error[:120]} |")
+            continue
+        judged = _overhead_verdict(figs)
+        bound, verdict = judged if judged else (0.0, "n/a")
+        out.append(f"| {backend} | {_cell(figs['bare_us'])} | {_cell(figs['wrapped_us'])} | "
+                   f"{_cell(figs['overhead_us'])} | {_cell(figs['commit_us'])} | "
+                   f"≤ {_fmt(bound)} | **{verdict}** |")
+    return out
+
+
+def _llm_overhead_targets(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for backend in ("sqlite", "postgres"):
+        if f"{LLM_OVERHEAD_PREFIX}{backend}" not in results["samples"]:
+            continue
+        figs, _ = _overhead_figures(results, backend)
+        judged = _overhead_verdict(figs)
+        if judged is None or figs["overhead_us"] is None or figs["commit_us"] is None:
+            continue
+        bound, verdict = judged
+        over, commit = figs["overhead_us"]["median"], figs["commit_us"]["median"]
+        lines.append(f"- {backend}: the wrapped LLM client adds {_fmt(over)} µs to a call; "
+                     f"target ≤ one commit ({_fmt(commit)} µs) + {LLM_OVERHEAD_EXTRA_US} µs "
+                     f"= {_fmt(bound)} µs: **{verdict}**")
+    return lines
 
 
 def _llm_targets(results: dict[str, Any]) -> list[str]:

@@ -29,16 +29,18 @@ from typing import Any
 
 import psycopg
 
-from bench import agent_scale, readme, server
+from bench import agent_scale, llm_overhead, readme, server
 from bench.peers import llm
 from bench.peers.common import last_json
 from bench.report import (
     AGENT_SCALE_PREFIX,
     DASHBOARD_KEY,
+    LLM_OVERHEAD_PREFIX,
     LLM_PREFIXES,
     SERVER_PREFIX,
     agent_scale_section,
     dashboard_section,
+    llm_overhead_section,
     llm_sections,
     server_section,
     write_reports,
@@ -94,7 +96,8 @@ class Plan:
     recovery_options: dict[str, list[str]] = field(default_factory=dict)
     # Backlog sizes (runs, half queued, half waiting on a future timer) for claim latency.
     claim_backlogs: tuple[int, ...] = (0, 10_000, 50_000, 100_000)
-    # Calls of each kind (wrapped, bare) a repeat of the LLM per-call overhead measure.
+    # Calls of each kind (wrapped, bare) a repeat of the LLM per-call overhead measure
+    # (bench/llm_overhead.py), on each backend.
     llm_overhead_n: int = 300
     # Repeats of the server measures (bench/server.py), each about a minute a backend.
     server_repeats: int = 3
@@ -376,6 +379,7 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
         llm_measures(p, dbs, {s.name for s in systems}, record)
         agent_scale_measures(p, dbs, {s.name for s in systems}, record)
         if only is None or "ratchet" in only:
+            llm_overhead_measures(p, dbs, record)
             server_measures(quick, p, dbs, record)
             record("sandbox|sqlite", sandbox_measure(p))
             dashboard_measure(p, record)
@@ -415,17 +419,23 @@ def claim_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def llm_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
-    """The crash bill of each system's agent (SQLite) and the wrapped client's overhead,
-    ``p.repeats`` times each."""
+    """The crash bill of each system's agent (SQLite), ``p.repeats`` times each."""
     for _ in range(p.repeats):
         for name in llm.SYSTEMS:
             if name in names:
                 record(f"llmbill|{name}",
                        llm.crash_bill(name, dbs.fresh(System(name, "sqlite")), p.timeout))
-        if "ratchet" in names:
-            record("llmoverhead|ratchet",
-                   llm.call_overhead(dbs.fresh(System("ratchet", "sqlite")), p.llm_overhead_n,
-                                     p.timeout))
+
+
+def llm_overhead_measures(p: Plan, dbs: Databases, record: Record) -> None:
+    """The wrapped client's per-call overhead against the bare SDK and one commit
+    (bench/llm_overhead.py), on both backends, ``p.repeats`` times each."""
+    for _ in range(p.repeats):
+        for backend in ("sqlite", "postgres"):
+            record(f"{LLM_OVERHEAD_PREFIX}{backend}", llm_overhead.measure(
+                backend, dbs.fresh(System("ratchet", backend)),
+                dbs.fresh(System("limit", backend)), p.llm_overhead_n, p.timeout,
+                p.limit_seconds))
 
 
 def agent_scale_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
@@ -525,6 +535,8 @@ def main() -> None:
                         help="measure only claim latency against backlog size (Ratchet)")
     parser.add_argument("--llm-only", action="store_true",
                         help="measure only the LLM crash bill and the wrapped client's overhead")
+    parser.add_argument("--llm-overhead-only", action="store_true",
+                        help="measure only the wrapped LLM client's per-call overhead")
     parser.add_argument("--server-only", action="store_true",
                         help="measure only ratchet server: starts/s and SSE latency")
     parser.add_argument("--dashboard-only", action="store_true",
@@ -563,10 +575,20 @@ def main() -> None:
         print("\n".join(_claim_section(results)))
         return
     if args.llm_only:
-        measured = family_only(args.quick, log, lambda p, dbs, record: llm_measures(
-            p, dbs, set(llm.SYSTEMS), record), plan(args.quick).repeats)
+        def both(p: Plan, dbs: Databases, record: Record) -> None:
+            llm_measures(p, dbs, set(llm.SYSTEMS), record)
+            llm_overhead_measures(p, dbs, record)
+
+        measured = family_only(args.quick, log, both, plan(args.quick).repeats)
         results = _merged(measured, LLM_PREFIXES, "llm_run", args.quick)
-        print("\n".join(llm_sections(results)))
+        results = _merged(measured, (LLM_OVERHEAD_PREFIX,), "llm_overhead_run", args.quick)
+        print("\n".join(llm_sections(results) + llm_overhead_section(results)))
+        return
+    if args.llm_overhead_only:
+        measured = family_only(args.quick, log, lambda p, dbs, record: llm_overhead_measures(
+            p, dbs, record), plan(args.quick).repeats)
+        results = _merged(measured, (LLM_OVERHEAD_PREFIX,), "llm_overhead_run", args.quick)
+        print("\n".join(llm_overhead_section(results)))
         return
     if args.server_only:
         measured = family_only(args.quick, log, lambda p, dbs, record: server_measures(

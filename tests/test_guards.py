@@ -305,6 +305,29 @@ def test_token_and_cost_spikes_against_the_median_of_the_last_runs(
     assert anomalies(app, run_id) == []
 
 
+def test_a_short_history_is_read_once_a_run_not_at_every_llm_call(
+        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, base = provider
+    app = llm_app(make_app, base, spike_history=3)
+    store = app.store
+    real = store.llm_history
+    reads: list[str] = []
+
+    async def counting(workflow: str, limit: int) -> Any:
+        reads.append(workflow)
+        return await real(workflow, limit)
+
+    monkeypatch.setattr(store, "llm_history", counting)
+    app.launch()
+    for i in range(2):
+        app.result(app.start("ask", [f"{i}: first", f"{i}: second", f"{i}: third"]),
+                   timeout_s=30)
+    # Three LLM calls a run, one read a run: the history (short of three runs) is kept
+    # until a run of the workflow finishes, then read again at the next call.
+    assert reads == ["ask", "ask"]
+
+
 # -- overrides at start, and bad input --------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import math
 import sqlite3
 import threading
@@ -24,7 +25,7 @@ from waiting import wait_for
 import ratchet
 from chaos.check import check_all
 from chaos.collect import evidence
-from ratchet.model import Event, NewRun, RunStatus, dumps
+from ratchet.model import Event, NewRun, RunStatus, dumps, output_payload
 from ratchet.store import make_store
 from ratchet.store.queries import load_migrations
 
@@ -70,6 +71,23 @@ def test_dumps_writes_numbers_as_jsonb_gives_them_back() -> None:
         '{"a":"e+ and -0.0 in text","b":-10000000000000000}')
     for value, stored in VALUES:
         assert dumps(value) == dumps(stored)
+
+
+def test_a_step_output_with_extra_fields_is_written_as_dumps_writes_the_whole() -> None:
+    # An LLM step's step_completed: its output's JSON goes in as it is, the rest encoded
+    # around it; the text (and so the hash) and the payload are what dumps would give.
+    extras: list[dict[str, Any]] = [
+        {"llm": {"cost_usd": 1e-05, "usage": {"input_tokens": 3}, "model": "gpt-ü"}},
+        {"llm": {"v": [v for v, _ in VALUES]}, "aa": "e+ and -0.0 in text", "Ä": -0.0},
+        {"output": "an extra output wins, as in the dict", "llm": None},
+    ]
+    for output in [v for v, _ in VALUES] + [None, {"choices": [{"text": "é"}]}]:
+        text = dumps(output)
+        for extra in extras:
+            payload, payload_json = output_payload(json.loads(text), text, extra)
+            whole = dumps({"output": json.loads(text), **extra})
+            assert payload_json == whole
+            assert payload == json.loads(whole)
 
 
 def test_event_times_are_kept_to_the_microsecond_without_changing_the_hash() -> None:

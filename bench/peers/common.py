@@ -18,7 +18,7 @@ Measures (see each adapter for how the peer does them):
 - ``pickup``: time from the start call returning to the first step starting, idle worker.
 - ``takeover``: a second worker, already running, takes over a workflow whose worker was
   SIGKILLed in step ``--kill-at``; time from the kill to that step starting again.
-- ``llm-crash`` / ``llm-resume`` / ``llm-overhead``: the LLM measures of
+- ``llm-crash`` / ``llm-resume``: the LLM crash-bill measures of
   ``bench/peers/<peer>_llm.py``, driven by ``bench/peers/llm.py``.
 """
 
@@ -50,7 +50,6 @@ MEASURES = (
     "claim-backlog",
     "llm-crash",
     "llm-resume",
-    "llm-overhead",
 )
 DEFAULT_STEPS = {"sequential": 10, "concurrent": 10, "replay": 10_000}
 DEFAULT_N = {"sequential": 100, "concurrent": 1000, "pickup": 50}

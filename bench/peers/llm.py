@@ -1,4 +1,4 @@
-"""The LLM measures: what a crash costs in model calls, and what the wrapped client costs.
+"""The LLM crash-bill measure: what a crash costs in model calls.
 
 The agent is the same for every system: five chat completions through the official
 ``openai`` SDK, each one sent with the whole conversation so far (a system prompt, the
@@ -13,9 +13,7 @@ the same agent run once without a crash (:func:`crash_free_bill`). The held call
 answered and billed after the kill, as a real provider bills a request whose client went
 away.
 
-``call_overhead()``: the per-call latency of a ``ratchet.llm.wrap`` call inside a workflow
-(a journaled step) against the bare ``AsyncOpenAI`` call to the same server, no fault or
-delay.
+The wrapped client's per-call overhead is measured by :mod:`bench.llm_overhead`.
 
 Adapters (``bench/peers/<system>_llm.py``) read the provider's address from
 ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``, as the SDK does for its users.
@@ -199,21 +197,3 @@ def _crash_bill(system: str, db: str, timeout: float) -> dict[str, Any]:
         "resume_ms": round(resume_s * 1000, 1), "resumed_by": resumed.get("resumed_by"),
         "requests": requests,
     }
-
-
-def call_overhead(db: str, n: int, timeout: float = 60.0) -> dict[str, Any]:
-    """Median latency of ``n`` wrapped calls in a workflow and of ``n`` bare SDK calls,
-    interleaved, against a provider that adds no delay."""
-    provider = LocalProvider()
-    with serve(provider) as base:
-        try:
-            done = subprocess.run(_argv("ratchet", "llm-overhead", db, timeout, "--n", str(n)),
-                                  cwd=ROOT, env=_env(base), capture_output=True, text=True,
-                                  timeout=timeout + 10)
-        except subprocess.TimeoutExpired:
-            return {"error": f"no answer within {timeout + 10:g} s"}
-        faults = provider.stats()["faults"]
-    answer = last_json(done.stdout, done.stderr)
-    if faults:
-        answer = {"error": f"the provider applied {faults} fault(s) during the overhead run"}
-    return answer

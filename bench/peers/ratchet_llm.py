@@ -5,22 +5,20 @@ journaled step sending its step's ``Idempotency-Key``.
 ``llm-crash`` starts the run and works it until the bench kills the process; ``llm-resume``
 starts a worker with the killed one's id, which reclaims the run at once and re-drives it:
 calls 1–3 come back from the journal, call 4 is sent again under the same key.
-``llm-overhead`` times wrapped calls (steps) against bare SDK calls, interleaved in one
-workflow.
+(The wrapped client's per-call overhead is bench/llm_overhead.py.)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 from typing import Any
 
 import openai
 
 import ratchet
 from bench.peers import llm
-from bench.peers.common import WARMUP_RUNS, Result, clock, run, stable_id
+from bench.peers.common import Result, run, stable_id
 from bench.peers.ratchet_peer import _with_worker
 
 WORKER_ID = "bench-llm-worker"
@@ -69,44 +67,7 @@ def llm_resume(args: argparse.Namespace) -> Result:
             "resumed_by": "a worker with the killed worker's id reclaims the run at once"}
 
 
-def llm_overhead(args: argparse.Namespace) -> Result:
-    app = ratchet.Ratchet(f"sqlite:///{args.db}")
-    wrapped = ratchet.llm.wrap(openai.AsyncOpenAI())
-    bare = openai.AsyncOpenAI()
-
-    async def timed(client: Any, i: int) -> float:
-        t0 = clock()
-        await client.chat.completions.create(
-            model=llm.MODEL, messages=[{"role": "user", "content": f"ping {i}"}])
-        return (clock() - t0) * 1e6
-
-    @app.workflow(name="overhead")
-    async def overhead(n: int) -> dict[str, list[float]]:
-        # Interleaved, each going first every other time, so a drift in the machine's
-        # speed touches both sides alike.
-        out: dict[str, list[float]] = {"wrapped": [], "bare": []}
-        for i in range(n + WARMUP_RUNS):
-            order = ("wrapped", "bare") if i % 2 else ("bare", "wrapped")
-            for side in order:
-                us = await timed(wrapped if side == "wrapped" else bare, i)
-                if i >= WARMUP_RUNS:
-                    out[side].append(us)
-        return out
-
-    async def body() -> dict[str, list[float]]:
-        result: dict[str, list[float]] = await app.result_async(
-            await app.start_async(overhead, args.n), timeout_s=args.timeout)
-        return result
-
-    samples = asyncio.run(_with_worker(app, body, concurrency=1))
-    wrapped_us = statistics.median(samples["wrapped"])
-    bare_us = statistics.median(samples["bare"])
-    return {"n": args.n, "wrapped_us": round(wrapped_us, 1), "bare_us": round(bare_us, 1),
-            "overhead_us": round(wrapped_us - bare_us, 1),
-            "setting": "SQLite (WAL, synchronous=FULL); each wrapped call one journaled step"}
-
-
-MEASURES = {"llm-crash": llm_crash, "llm-resume": llm_resume, "llm-overhead": llm_overhead}
+MEASURES = {"llm-crash": llm_crash, "llm-resume": llm_resume}
 
 if __name__ == "__main__":
     run("ratchet", MEASURES)

@@ -100,6 +100,24 @@ def dumps(value: Any) -> str:
     return text
 
 
+def output_payload(output: Any, output_json: str, extra: dict[str, Any]
+                   ) -> tuple[dict[str, Any], str]:
+    """``{"output": output, **extra}`` and its canonical JSON (as :func:`dumps` writes it),
+    with the output's JSON, ``output_json`` (``dumps(output)``, ``output`` as read back from
+    it), put in as it is rather than encoded again: a model's answer can be large, the rest
+    is small. The extra values come back as the journal gives them (see :func:`dumps`)."""
+    if "output" in extra:  # the extra value would win: the plain form says how
+        payload = json.loads(dumps({"output": output, **extra}))
+        return payload, dumps(payload)
+    parts = {"output": output_json}
+    payload = {"output": output}
+    for key, value in extra.items():
+        parts[key] = text = dumps(value)
+        payload[key] = json.loads(text)
+    body = ",".join(f"{json.dumps(key, ensure_ascii=False)}:{parts[key]}" for key in sorted(parts))
+    return payload, "{" + body + "}"
+
+
 def _jsonb_numbers(value: Any) -> Any:
     """``value`` (plain JSON data) with the floats jsonb would not give back as they are
     replaced by the numbers it does give back (see :func:`dumps`)."""

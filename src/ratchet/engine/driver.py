@@ -70,6 +70,7 @@ from ratchet.model import (
     apply,
     fold,
     idempotency_key,
+    output_payload,
 )
 from ratchet.receipts import Signer, sign
 from ratchet.store.base import Store
@@ -278,6 +279,8 @@ class RunContext:
         # the lock, a branch's append waiting for the lock could commit it with the run
         # still running, and a failure before this write would leave the two apart.
         await self._write(op, last=lambda: self.emit(kind, payload=payload))
+        if status != RunStatus.CANCELLED:
+            self.guards.run_finished()
         STATS.finished(str(status))
         crash_point("after_terminal")
 
@@ -481,7 +484,8 @@ class RunContext:
             tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
             output = json.loads(text)
             if extra:
-                self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output, **extra})
+                self.emit(EventKind.STEP_COMPLETED, step_id, attempt,
+                          *output_payload(output, text, extra))
             else:
                 # The canonical form of {"output": output}, without encoding the output again.
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},

@@ -16,8 +16,9 @@ waits at most ``pause_timeout_s``, then fails the run as ``fail`` would.
 
 Costs on the hot path: a few comparisons per step, and the JSON form of a step's arguments
 (the runaway-loop check) when ``runaway_repeats`` is on. The spike guards query the
-database after LLM steps only (cached per workflow for :data:`HISTORY_TTL_S`); the
-workflow-wide retry-storm guard after retries only.
+database after LLM steps only, and once per :data:`HISTORY_TTL_S` per workflow (or when a run
+of it finishes here, while its history is still short); the workflow-wide retry-storm guard
+after retries only.
 """
 
 from __future__ import annotations
@@ -248,10 +249,23 @@ class RunGuards:
             return cached[1]
         history = History(await self.ctx.store.llm_history(self.ctx.record.workflow,
                                                            self.g.spike_history))
-        if len(history.run_costs) >= self.g.spike_history:
-            # Kept only once complete: until M runs exist, the next finished run counts.
-            cache[key] = (now + HISTORY_TTL_S, history)
+        # A short history (fewer than M finished runs) trips nothing, and only a run of the
+        # workflow finishing can lengthen it: one finished here drops it from the cache at
+        # once (run_finished), one finished by another process counts within the TTL. So
+        # an LLM call does not read the database every time while the history is short.
+        cache[key] = (now + HISTORY_TTL_S, history)
         return history
+
+    def run_finished(self) -> None:
+        """The run ended succeeded or failed (a run the spike medians count): the workflow's
+        short histories no longer hold, read them again at the next LLM step."""
+        cache = _HISTORY.get(self.ctx.store.raw)
+        if not cache:
+            return
+        workflow = self.ctx.record.workflow
+        for key in [k for k, (_, h) in cache.items()
+                    if k[0] == workflow and len(h.run_costs) < k[1]]:
+            del cache[key]
 
     async def after_retry(self, step_id: str) -> None:
         """A step's attempt failed and will be retried (its step_retrying is emitted)."""

@@ -4,6 +4,7 @@ metrics library, and counting costs a few additions per step."""
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,9 +22,9 @@ class Histogram:
     count: int = 0
 
     def observe(self, seconds: float) -> None:
-        index = next((i for i, bound in enumerate(STEP_BUCKETS) if seconds <= bound),
-                     len(STEP_BUCKETS))
-        self.buckets[index] += 1
+        # The first bucket whose upper bound holds the value (bounds are inclusive); past
+        # the last bound, the +Inf bucket.
+        self.buckets[bisect.bisect_left(STEP_BUCKETS, seconds)] += 1
         self.total += seconds
         self.count += 1
 

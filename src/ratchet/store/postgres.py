@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import time
 from collections import Counter
@@ -56,6 +57,11 @@ log = logging.getLogger("ratchet.store")
 
 
 CHANNELS = (READY, DONE, CANCEL, EVENTS)
+# What every store hears. Journal appends (EVENTS) notify once per run per commit, so a
+# worker hearing them would take a wake-up of its loop for each step boundary it commits
+# itself: a store listens to them only from the first time someone in its process tails a
+# journal (see _watch_journals).
+ALWAYS_HEARD = (READY, DONE, CANCEL)
 CONNECT_TIMEOUT_S = 5
 
 
@@ -88,10 +94,6 @@ class _Adapters:
     adapters = AdaptersMap(psycopg.adapters)
     adapters.register_loader("jsonb", TextLoader)
     adapters.register_loader("timestamptz", _EpochLoader)
-
-
-_APPEND_COLUMNS = ("run_ids", "worker_ids", "epochs", "seqs", "kinds", "step_ids", "attempts",
-                   "payloads", "ats", "prev_hashes", "hashes")
 
 
 class Row(tuple[Any, ...]):
@@ -149,6 +151,7 @@ class PostgresStore(Store):
         self._executor: ThreadPoolExecutor | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_task: asyncio.Task[None] | None = None
+        self._hears_events = False
         self._appends: dict[asyncio.AbstractEventLoop, _AppendQueue] = {}
         self._append_executor = ThreadPoolExecutor(1, thread_name_prefix="ratchet-pg-append")
         self._append_conn: psycopg.Connection[Any] | None = None
@@ -372,7 +375,7 @@ class PostgresStore(Store):
             queue.task = loop.create_task(self._drain_appends(queue))
         return await settled(fut)
 
-    def _append_now(self, cols: dict[str, list[Any]]) -> list[Any]:
+    def _append_now(self, events: str) -> list[Any]:
         # The group commits have a connection and a thread of their own, so they never
         # queue behind other transactions for a pooled connection.
         try:
@@ -382,7 +385,7 @@ class PostgresStore(Store):
                                                    context=_Adapters)
             conn = self._append_conn
             self._sync_clock(conn)
-            return conn.execute(self.queries["append_events"], cols).fetchall()
+            return conn.execute(self.queries["append_events"], {"events": events}).fetchall()
         except psycopg.Error as e:
             if self._append_conn is not None and self._append_conn.broken:
                 self._append_conn = None
@@ -411,17 +414,15 @@ class PostgresStore(Store):
     async def _append_batch(self, batch: _Batch) -> None:
         """Append ``batch`` in one statement and answer each append (done, or LeaseLost);
         a failed statement raises and answers none."""
-        cols: dict[str, list[Any]] = {name: [] for name in _APPEND_COLUMNS}
-        for lease, events, _ in batch:
-            for e in events:
-                for name, value in zip(_APPEND_COLUMNS, (
-                        lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind,
-                        e.step_id, e.attempt, e.payload_json or dumps(e.payload), e.at,
-                        e.prev_hash, e.hash), strict=True):
-                    cols[name].append(value)
-        rows = await asyncio.get_running_loop().run_in_executor(
-            self._append_executor, self._append_now, cols)
-        landed = Counter(row[0] for row in rows)
+        rows = [[lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind, e.step_id,
+                 e.attempt, e.payload_json or dumps(e.payload), e.at, e.prev_hash, e.hash]
+                for lease, events, _ in batch for e in events]
+        # Strings as they are (UTF-8, as psycopg sends text), numbers in their shortest
+        # exact form, which PostgreSQL reads back to the same float.
+        text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
+        landed_rows = await asyncio.get_running_loop().run_in_executor(
+            self._append_executor, self._append_now, text)
+        landed = Counter(row[0] for row in landed_rows)
         for lease, events, fut in batch:
             if fut.done():
                 continue
@@ -451,24 +452,62 @@ class PostgresStore(Store):
             self._listen_task = asyncio.get_running_loop().create_task(
                 self._listen_loop(), name="ratchet-listen")
 
+    def _channels(self) -> tuple[str, ...]:
+        return CHANNELS if self._hears_events else ALWAYS_HEARD
+
+    def _watch_journals(self, loop: asyncio.AbstractEventLoop) -> None:
+        # The first tail of a journal in this process: listen again, on EVENTS too. The new
+        # listener wakes every watcher once it listens, so an append committed before
+        # that (and after the tail's read) is not missed: the tail reads again.
+        if self._hears_events:
+            return
+        self._hears_events = True
+        old, self._listen_task = self._listen_task, None
+        _stop_task(old)
+        self._listen()
+
+    def _wake_all(self, channel: str) -> None:
+        """Wake every watcher of ``channel``, those of one run (a tail, a result) too."""
+        self._wake(channel)
+        for key in self.bus.watched(channel):
+            self._wake(channel, key)
+
     async def _listen_loop(self) -> None:
         while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
                 self._listen_conn = conn
-                for channel in CHANNELS:
+                channels = self._channels()
+                for channel in channels:
                     await conn.execute(f"LISTEN {channel}")
-                for channel in CHANNELS:  # anything may have happened while deaf
-                    self._wake(channel)
+                for channel in channels:  # anything may have happened while deaf
+                    self._wake_all(channel)
                 async for note in conn.notifies():
                     self._wake(note.channel, note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("action=listen_lost error=%s", e)
-                for channel in CHANNELS:
-                    self._wake(channel)
+                for channel in self._channels():
+                    self._wake_all(channel)
                 await asyncio.sleep(0.5)
+            finally:
+                if conn is not None:
+                    if self._listen_conn is conn:
+                        self._listen_conn = None
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+
+def _stop_task(task: asyncio.Task[None] | None) -> None:
+    """Cancel a task, on whichever loop it runs."""
+    if task is None or task.done():
+        return
+    if task.get_loop() is asyncio.get_running_loop():
+        task.cancel()
+    elif not task.get_loop().is_closed():
+        task.get_loop().call_soon_threadsafe(task.cancel)
 
 
 def _fail(batch: _Batch, error: Exception) -> None:
