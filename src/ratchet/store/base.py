@@ -237,6 +237,22 @@ def _event(row: Any, canonical: bool = True) -> Event:
                  text if canonical or row["payload_exact"] else "")
 
 
+def _events(rows: Sequence[Any], canonical: bool = True) -> list[Event]:
+    """Rows of ``journal_events`` as events (see :func:`_event`). A replay reads thousands:
+    their payloads are decoded by one parse of a JSON array holding them all, which gives
+    the same values as a parse of each and saves a decoder call per event."""
+    if not rows:
+        return []
+    array = "[" + ",".join([r["payload"] for r in rows]) + "]"
+    payloads = json.loads(array) if canonical else json.loads(array, object_pairs_hook=_sorted)
+    if len(payloads) != len(rows):  # a stored text that is not one JSON value
+        return [_event(r, canonical) for r in rows]
+    return [Event(r["run_id"], r["seq"], r["kind"], r["step_id"], r["attempt"], payload,
+                  r["at"], r["prev_hash"], r["hash"],
+                  r["payload"] if canonical or r["payload_exact"] else "")
+            for r, payload in zip(rows, payloads, strict=True)]
+
+
 def _sorted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     pairs.sort(key=lambda kv: kv[0])
     return dict(pairs)
@@ -493,7 +509,7 @@ class Store(ABC):
             limit = 2**62
         params = {"run_id": run_id, "after": after, "limit": limit}
         rows = await self._read(lambda tx: tx.all("events_load", params))
-        return [_event(r, self.json_text_canonical) for r in rows]
+        return _events(rows, self.json_text_canonical)
 
     async def llm_totals(self, run_ids: Sequence[str]) -> dict[str, LLMTotals]:
         """The model calls of each run, summed from their journals (runs without any are
