@@ -92,7 +92,8 @@ def test_a_worker_starts_without_loading_the_graph_format_or_the_sandbox_harness
     import subprocess
     import sys
 
-    heavy = ["ratchet.graphs.validate", "ratchet.graphs.model", "ratchet.sandbox.harness"]
+    heavy = ["ratchet.graphs.validate", "ratchet.graphs.model", "ratchet.sandbox.harness",
+             "ratchet.sandbox.isolated"]
     code = (
         "import asyncio, sys, ratchet\n"
         f"app = ratchet.Ratchet('sqlite:///{tmp_path / 'w.db'}')\n"

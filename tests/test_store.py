@@ -117,6 +117,22 @@ async def test_reclaim_own_takes_back_running_runs_at_once(store: Store) -> None
     assert await store.reclaim_own("someone-else", TTL, SERVED) == []
 
 
+async def test_start_worker_registers_it_and_takes_back_its_runs_in_one_call(
+        store: Store) -> None:
+    await _new(store, "r1")
+    await _new(store, "r2")
+    [claimed] = await store.claim("w-fixed", TTL, 1, ["default"], SERVED)
+    [again] = await store.start_worker("w-fixed", "host", 7, serves=SERVED,
+                                       queues=["default"], lease_ttl=TTL)
+    assert again.record.run_id == claimed.record.run_id and again.reason == "reclaim"
+    assert again.lease.epoch == claimed.lease.epoch + 1
+    [worker] = [w for w in await store.live_workers() if w.worker_id == "w-fixed"]
+    assert (worker.pid, worker.serves, worker.queues) == (7, frozenset(SERVED), ("default",))
+    # Another worker id takes back nothing, and the queued run stays queued.
+    assert await store.start_worker("w-other", "host", 8, serves=SERVED) == []
+    assert (await store.get_run("r2")).status == RunStatus.QUEUED  # type: ignore[union-attr]
+
+
 async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(
         db_url: str) -> None:
     # Two holders that both believe they own the run (what a bug in leasing would give)

@@ -555,11 +555,18 @@ class Store(ABC):
                               queues: Sequence[str] = (), lease_ttl: float = 15.0) -> None:
         """Record a worker, what it serves (``(workflow, version)`` pairs and queues) and
         its lease TTL, by which its liveness is judged (:meth:`live_workers`)."""
+        params = self._registration(worker_id, host, pid, serves, queues, lease_ttl)
+        await self._run(lambda tx: tx.send("worker_upsert", params))
+
+    def _registration(self, worker_id: str, host: str, pid: int,
+                      serves: Collection[tuple[str, str]], queues: Sequence[str],
+                      lease_ttl: float) -> dict[str, Any]:
+        """A worker's row, kept to register it again should it be pruned while alive."""
         params = {"worker_id": worker_id, "host": host, "pid": pid,
                   "serves": dumps(sorted([w, v] for w, v in serves)),
                   "queues": dumps(list(queues)), "lease_ttl": lease_ttl}
         self._registrations[worker_id] = params
-        await self._run(lambda tx: tx.send("worker_upsert", params))
+        return params
 
     async def live_workers(self) -> list[WorkerInfo]:
         """The workers seen within their lease TTL, with what they serve."""
@@ -610,6 +617,22 @@ class Store(ABC):
         def body(tx: Tx) -> list[ClaimedRun]:
             picked = tx.all("reclaim_pick", {"worker_id": worker_id, **self._served(served)})
             return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "reclaim")
+
+        return await self._run(body)
+
+    async def start_worker(self, worker_id: str, host: str, pid: int, *,
+                           serves: Collection[tuple[str, str]] = (),
+                           queues: Sequence[str] = (), lease_ttl: float = 15.0
+                           ) -> list[ClaimedRun]:
+        """:meth:`register_worker`, then :meth:`reclaim_own`, in one commit: a restarted
+        worker's interrupted runs are its own again one commit after it starts."""
+        params = self._registration(worker_id, host, pid, serves, queues, lease_ttl)
+
+        def body(tx: Tx) -> list[ClaimedRun]:
+            tx.send("worker_upsert", params)
+            picked = tx.all("reclaim_pick", {"worker_id": worker_id, **self._served(serves)})
+            return self._take(tx, [r["run_id"] for r in picked], worker_id, lease_ttl,
+                              "reclaim")
 
         return await self._run(body)
 
