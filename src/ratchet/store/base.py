@@ -247,10 +247,11 @@ def _events(rows: Sequence[Any], canonical: bool = True) -> list[Event]:
     payloads = json.loads(array) if canonical else json.loads(array, object_pairs_hook=_sorted)
     if len(payloads) != len(rows):  # a stored text that is not one JSON value
         return [_event(r, canonical) for r in rows]
-    return [Event(r["run_id"], r["seq"], r["kind"], r["step_id"], r["attempt"], payload,
-                  r["at"], r["prev_hash"], r["hash"],
-                  r["payload"] if canonical or r["payload_exact"] else "")
-            for r, payload in zip(rows, payloads, strict=True)]
+    # events_load's columns, by position (both dialects give them in this order).
+    return [Event(run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash_,
+                  text if canonical or exact else "")
+            for (run_id, seq, kind, step_id, attempt, text, exact, at, prev_hash, hash_), payload
+            in zip(rows, payloads, strict=True)]
 
 
 def _sorted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
