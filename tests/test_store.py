@@ -255,6 +255,31 @@ async def test_migrations_apply_once_and_reopen_cleanly(db_url: str) -> None:
         await s.close()
 
 
+async def test_a_postgres_store_with_every_migration_applied_opens_without_the_migrators_lock(
+        pg_url: str) -> None:
+    # A start against a migrated database reads which migrations it has and goes on: it
+    # neither waits for another process's migrator nor writes DDL. One that lacks some
+    # (a fresh schema, as every other test opens) migrates under the lock as before.
+    first = make_store(pg_url)
+    await first.open()
+    await first.close()
+    from urllib.parse import quote
+
+    import psycopg
+
+    from ratchet.store.postgres import PostgresStore
+
+    with psycopg.connect(pg_url) as holder:  # a migrator elsewhere, mid-transaction
+        holder.execute(PostgresStore(pg_url).queries["migrations_lock"])
+        # Waiting for that lock would end in an error after 5 s (the URL's options are last).
+        again = make_store(pg_url + "%20" + quote("-cstatement_timeout=5000"))
+        await again.open()
+        await _new(again)
+        assert [e.kind for e in await again.load_events("r1")] == [EventKind.RUN_QUEUED]
+        await again.close()
+        holder.rollback()
+
+
 @pytest.mark.parametrize("url", [
     "", "mysql://x", "sqlite://relative.db", "sqlite:///", "postgresql://", "nonsense",
     "postgresql://host:notaport/db",

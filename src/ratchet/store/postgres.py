@@ -216,6 +216,10 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         assert self._pool is not None
+        migrations = load_migrations("postgres")
+        with self._checkout() as conn:
+            if self._applied(conn) >= {version for version, _, _ in migrations}:
+                return  # nothing to do: a start takes no lock and writes no DDL
         with self._checkout() as conn, conn.transaction():
             # One migrator at a time across every process starting against this database.
             conn.execute(self.queries["migrations_lock"])
@@ -225,12 +229,19 @@ class PostgresStore(Store):
                 "applied_at timestamptz NOT NULL DEFAULT now())"
             )
             done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-            for version, name, sql in load_migrations("postgres"):
+            for version, name, sql in migrations:
                 if version in done:
                     continue
                 conn.execute(sql.encode())
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                              (version, name))
+
+    def _applied(self, conn: psycopg.Connection[Any]) -> set[int]:
+        """The migrations applied in the store's schema (none when it has no tables)."""
+        try:
+            return {r[0] for r in conn.execute(self.queries["migrations_applied"])}
+        except psycopg.errors.UndefinedTable:
+            return set()
 
     async def _loop_run(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
