@@ -280,6 +280,27 @@ async def test_a_postgres_store_with_every_migration_applied_opens_without_the_m
         holder.rollback()
 
 
+async def test_a_postgres_store_opens_its_appends_connection_as_it_opens(pg_url: str) -> None:
+    # A restarted worker's first step boundary finds the appends' connection open.
+    from ratchet.store.postgres import PostgresStore
+
+    store = make_store(pg_url)
+    assert isinstance(store, PostgresStore)
+    await store.open()
+    try:
+        await asyncio.wrap_future(store._append_executor.submit(lambda: None))
+        conn = store._append_conn
+        assert conn is not None and not conn.closed
+        await _new(store)
+        [claimed] = await store.claim("w1", TTL, 1, ["default"], SERVED)
+        events = await store.load_events("r1")
+        await store.append(claimed.lease, [_next(events, EventKind.RUN_STARTED)])
+        assert store._append_conn is conn  # the one the appends use
+    finally:
+        await store.close()
+    assert conn.closed
+
+
 @pytest.mark.parametrize("url", [
     "", "mysql://x", "sqlite://relative.db", "sqlite:///", "postgresql://", "nonsense",
     "postgresql://host:notaport/db",

@@ -187,6 +187,11 @@ class PostgresStore(Store):
             raise StorageError(f"cannot connect to PostgreSQL: {e}") from e
         self._pool = pool
         self._executor = ThreadPoolExecutor(self._pool_size, thread_name_prefix="ratchet-pg")
+        if not self.read_only:
+            # The appends' own connection, opened while the migrations are checked: a
+            # restarted worker's first step boundary does not wait for it.
+            with contextlib.suppress(RuntimeError):  # a store closed before: no appends
+                self._append_executor.submit(self._open_append_conn)
         await self._loop_run(self._migrate)
 
     async def close(self) -> None:
@@ -364,6 +369,15 @@ class PostgresStore(Store):
             queue.busy = True
             queue.task = loop.create_task(self._drain_appends(queue))
         return await settled(fut)
+
+    def _open_append_conn(self) -> None:
+        """Open the appends' connection ahead of the first append (on their thread); a
+        failure here is left for that append to meet and report."""
+        if self._append_conn is None or self._append_conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                self._append_conn = psycopg.connect(self.url, autocommit=True,
+                                                    row_factory=_row_factory,
+                                                    context=_Adapters)
 
     def _append_now(self, cols: dict[str, list[Any]]) -> list[Any]:
         # The group commits have a connection and a thread of their own, so they never
