@@ -138,7 +138,8 @@ class Databases:
     def __init__(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="ratchet-bench-", dir=_disk_tmp()))
         self.counter = 0
-        # Named after this process, so two bench runs on one server never drop each other's.
+        # This run's databases carry its pid: benches running side by side on one server
+        # neither share a database nor drop each other's.
         self.prefix = f"bench_{os.getpid()}_"
 
     def fresh(self, system: System) -> str:
@@ -173,7 +174,8 @@ class Databases:
         shutil.rmtree(self.folder, ignore_errors=True)
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT datname FROM pg_database WHERE datname LIKE 'bench\\_%'").fetchall()
+                "SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
+                (self.prefix,)).fetchall()
             for (name,) in rows:
                 if name.startswith(self.prefix) or _orphaned(name):
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -267,10 +269,14 @@ def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: float
-           ) -> list[dict[str, Any]]:
+def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: float,
+           graph: bool = False) -> list[dict[str, Any]]:
     """Build a run with ``steps`` completed steps and one left (its worker SIGKILLed in the
-    last), snapshot the database, then resume a fresh copy of it ``repeats`` times."""
+    last), snapshot the database, then resume a fresh copy of it ``repeats`` times. With
+    ``graph``, the run is Ratchet's graph ``chain`` (a loop over a tool node), resumed at
+    its first open node."""
+    crash, resume = ("graph-crash", "graph-resume") if graph else ("recovery-crash",
+                                                                    "recovery-resume")
     folder = Path(tempfile.mkdtemp(prefix="replay-", dir=_disk_tmp()))
     marker = folder / "last.marker"
     built = dbs.fresh(system)
@@ -278,9 +284,8 @@ def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: fl
               "--steps", str(steps + 1), "--kill-at", str(steps + 1), "--marker", str(marker),
               "--timeout", str(timeout)]
     module = f"bench.peers.{system.name}_peer"
-    child = subprocess.Popen([sys.executable, "-m", module, "recovery-crash", "--db", built,
-                              *common], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    child = subprocess.Popen([sys.executable, "-m", module, crash, "--db", built, *common],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         started, deadline = time.monotonic(), time.monotonic() + timeout
         while not marker.exists():
@@ -297,7 +302,7 @@ def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: fl
         results = []
         for _ in range(repeats):
             copy = dbs.copy(system, built)
-            done = subprocess.run([sys.executable, "-m", module, "recovery-resume", "--db", copy,
+            done = subprocess.run([sys.executable, "-m", module, resume, "--db", copy,
                                    *common], capture_output=True, text=True,
                                   timeout=timeout + 15)
             answer = last_json(done.stdout, done.stderr)
@@ -305,6 +310,7 @@ def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: fl
                 # A lease the killed worker held is waited out by peers that need it; that
                 # wait is recovery, not replay.
                 answer["to_last_step_ms"] = answer["to_step5_ms"] - answer.get("lease_wait_ms", 0)
+            if "to_step5_ms" in answer or "to_open_node_ms" in answer:
                 answer["steps"], answer["build_s"] = steps, round(build_s, 1)
             results.append(answer)
         return results
@@ -322,8 +328,19 @@ def limit(backend: str, db: str, clients: int, seconds: float) -> dict[str, Any]
     return last_json(done.stdout, done.stderr)
 
 
-def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[str, Any]:
+# The families of measures a run makes (``--measures`` picks some; a full run makes all).
+MEASURES = ("replay", "graphreplay", "limit", "sequential", "concurrent", "recovery",
+            "takeover", "pickup", "claimbacklog", "llm", "agentscale", "llmoverhead", "server",
+            "sandbox", "dashboard")
+
+
+def run(quick: bool, only: set[str] | None, log: Callable[[str], None],
+        measures: set[str] | None = None) -> dict[str, Any]:
     p = plan(quick)
+
+    def want(measure: str) -> bool:
+        return measures is None or measure in measures
+
     dbs = Databases()
     samples: dict[str, list[dict[str, Any]]] = {}
     # Seconds spent by each family of measures (a key's first field), so a run that outgrows
@@ -344,45 +361,64 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None]) -> dict[
     try:
         for system in systems:  # each replay builds once and resumes a copy per repeat
             key = f"{system.name}|{system.backend}|{system.variant}"
-            for answer in replay(system, dbs, p.replay_steps, p.repeats, p.timeout):
-                record(f"replay|{key}", answer)
+            if want("replay"):
+                for answer in replay(system, dbs, p.replay_steps, p.repeats, p.timeout):
+                    record(f"replay|{key}", answer)
+            if system.name == "ratchet" and want("graphreplay"):
+                # Building a graph run of that many iterations takes longer than a code one.
+                for answer in replay(system, dbs, p.replay_steps, p.repeats, p.timeout * 3,
+                                     graph=True):
+                    record(f"graphreplay|{key}", answer)
         for _ in range(p.repeats):
             for backend in ("sqlite", "postgres"):
                 for clients in (1, 8):
+                    if not want("limit"):
+                        continue
                     db = dbs.fresh(System("limit", backend))
                     record(f"limit|{backend}|{clients}",
                            limit(backend, db, clients, p.limit_seconds))
             for system in systems:
                 key = f"{system.name}|{system.backend}|{system.variant}"
                 for steps in (0, 10):
+                    if not want("sequential"):
+                        continue
                     record(f"sequential{steps}|{key}",
                            adapter(system, "sequential", dbs.fresh(system), p.timeout,
                                    "--steps", str(steps), "--n", str(p.sequential_n)))
                 n = p.concurrent_n_for.get(system.name, p.concurrent_n)
-                answer = adapter(system, "concurrent", dbs.fresh(system), p.timeout,
-                                 "--n", str(n), "--steps", "10")
-                record(f"concurrent|{key}", answer | {"n": n})
-                record(f"recovery|{key}", recovery(system, dbs.fresh(system), p.timeout,
-                                                   *p.recovery_options.get(system.name, [])))
-                if system.name == "ratchet":
+                if want("concurrent"):
+                    answer = adapter(system, "concurrent", dbs.fresh(system), p.timeout,
+                                     "--n", str(n), "--steps", "10")
+                    record(f"concurrent|{key}", answer | {"n": n})
+                if want("recovery"):
+                    record(f"recovery|{key}", recovery(system, dbs.fresh(system), p.timeout,
+                                                       *p.recovery_options.get(system.name, [])))
+                if system.name == "ratchet" and want("takeover"):
                     record(f"takeover|{key}",
                            adapter(system, "takeover", dbs.fresh(system), p.timeout,
                                    "--steps", "10", "--kill-at", "5"))
-                record(f"pickup|{key}",
-                       adapter(system, "pickup", dbs.fresh(system), p.timeout,
-                               "--n", str(p.pickup_n_for.get(system.name, p.pickup_n))))
-                if system.name == "ratchet":
+                if want("pickup"):
+                    record(f"pickup|{key}",
+                           adapter(system, "pickup", dbs.fresh(system), p.timeout,
+                                   "--n", str(p.pickup_n_for.get(system.name, p.pickup_n))))
+                if system.name == "ratchet" and want("claimbacklog"):
                     for backlog in p.claim_backlogs:
                         record(f"claimbacklog|{system.backend}|{backlog}",
                                adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
                                        "--n", str(backlog)))
-        llm_measures(p, dbs, {s.name for s in systems}, record)
-        agent_scale_measures(p, dbs, {s.name for s in systems}, record)
+        if want("llm"):
+            llm_measures(p, dbs, {s.name for s in systems}, record)
+        if want("agentscale"):
+            agent_scale_measures(p, dbs, {s.name for s in systems}, record)
         if only is None or "ratchet" in only:
-            llm_overhead_measures(p, dbs, record)
-            server_measures(quick, p, dbs, record)
-            record("sandbox|sqlite", sandbox_measure(p))
-            dashboard_measure(p, record)
+            if want("llmoverhead"):
+                llm_overhead_measures(p, dbs, record)
+            if want("server"):
+                server_measures(quick, p, dbs, record)
+            if want("sandbox"):
+                record("sandbox|sqlite", sandbox_measure(p))
+            if want("dashboard"):
+                dashboard_measure(p, record)
     finally:
         dbs.close()
     return {
@@ -531,6 +567,10 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         default=os.environ.get("QUICK") not in (None, "", "0"))
     parser.add_argument("--only", help="comma-separated systems, e.g. ratchet,dbos")
+    parser.add_argument("--measures",
+                        help="comma-separated measures, e.g. replay,graphreplay,recovery,pickup "
+                             f"(of {', '.join(MEASURES)}); written to measures.json and "
+                             "measures.md, leaving the full run's latest.* as they are")
     parser.add_argument("--claim-only", action="store_true",
                         help="measure only claim latency against backlog size (Ratchet)")
     parser.add_argument("--llm-only", action="store_true",
@@ -608,16 +648,21 @@ def main() -> None:
         results = _merged(measured, (AGENT_SCALE_PREFIX,), "agent_scale_run", args.quick)
         print("\n".join(agent_scale_section(results)))
         return
-    results = run(args.quick, only, log)
+    measures = set(args.measures.split(",")) if args.measures else None
+    unknown = sorted((measures or set()) - set(MEASURES))
+    if unknown:
+        parser.error(f"unknown measures {', '.join(unknown)}: choose from {', '.join(MEASURES)}")
+    results = run(args.quick, only, log, measures)
     results["elapsed_s"] = round(time.monotonic() - started, 1)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
+    name = "latest" if measures is None else "measures"
+    (RESULTS / f"{name}.json").write_text(json.dumps(results, indent=1, sort_keys=True))
     markdown = write_reports(results)
-    (RESULTS / "latest.md").write_text(markdown)
-    if only is None:
+    (RESULTS / f"{name}.md").write_text(markdown)
+    if only is None and measures is None:
         _update_readme(results)
     print(markdown)
-    print(f"elapsed {results['elapsed_s']} s; wrote {RESULTS / 'latest.json'} and latest.md")
+    print(f"elapsed {results['elapsed_s']} s; wrote {RESULTS / name}.json and {name}.md")
 
 
 if __name__ == "__main__":

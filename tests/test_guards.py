@@ -405,3 +405,24 @@ def test_ratchet_start_takes_guard_overrides(db_url: str) -> None:
         assert app.count_runs() == 1
     finally:
         app.shutdown()
+
+
+def test_a_calls_streak_key_is_its_canonical_json_whatever_its_arguments() -> None:
+    # The runaway-loop streak compares calls by their canonical JSON; plain strings and
+    # integers are written out directly, and must give exactly what dumps gives.
+    import enum
+
+    from ratchet.engine.guarding import _call_text
+    from ratchet.model import dumps
+
+    class Colour(enum.IntEnum):
+        RED = 1
+
+    cases: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
+        ((), {}), ((1, "a"), {}), ((-7, 10**30), {"b": 'x"yé\n\t', "a": 2}),
+        (("x-0.0", "1e+16"), {}), ((True, None, 1.0), {}), ((Colour.RED,), {"c": [1]}),
+        (("\u2028", "\x00"), {"z": "", "é": 0})]
+    for args, kwargs in cases:
+        assert _call_text(args, kwargs) == dumps([args, kwargs]), (args, kwargs)
+    with pytest.raises(ValueError):
+        _call_text((float("nan"),), {})

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ratchet
 
 EXPECTED = {
@@ -81,3 +83,33 @@ def test_importing_ratchet_leaves_the_llm_layer_for_first_use() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["False", "True"]
+
+
+def test_a_worker_starts_without_loading_the_graph_format_or_the_sandbox_harness(
+        tmp_path: Path) -> None:
+    # A restart's latency is the worker's start: pydantic's graph models, the template
+    # engine and the harness's HTTP client load when a graph is compiled or a sandbox
+    # spawned, not before; the graph package's names still resolve on first use.
+    import subprocess
+    import sys
+
+    heavy = ["ratchet.graphs.validate", "ratchet.graphs.model", "ratchet.sandbox.harness",
+             "ratchet.sandbox.isolated"]
+    code = (
+        "import asyncio, sys, ratchet\n"
+        f"app = ratchet.Ratchet('sqlite:///{tmp_path / 'w.db'}')\n"
+        "async def main():\n"
+        "    worker = app.worker()\n"
+        "    stop = asyncio.Event()\n"
+        "    task = asyncio.create_task(worker.run(stop))\n"
+        "    await worker.started.wait()\n"
+        f"    print([m for m in {heavy!r} if m in sys.modules])\n"
+        "    stop.set()\n"
+        "    await task\n"
+        "asyncio.run(main())\n"
+        "import ratchet.graphs as g\n"
+        "print(g.Graph.__module__, callable(g.load), 'ratchet.graphs.validate' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60).stdout.splitlines()
+    assert out == ["[]", "ratchet.graphs.validate True True"]

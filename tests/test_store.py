@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from typing import Any
 
 import pytest
 
@@ -114,6 +115,22 @@ async def test_reclaim_own_takes_back_running_runs_at_once(store: Store) -> None
     [again] = await store.reclaim_own("w-fixed", TTL, SERVED)
     assert again.reason == "reclaim" and again.lease.epoch == claimed.lease.epoch + 1
     assert await store.reclaim_own("someone-else", TTL, SERVED) == []
+
+
+async def test_start_worker_registers_it_and_takes_back_its_runs_in_one_call(
+        store: Store) -> None:
+    await _new(store, "r1")
+    await _new(store, "r2")
+    [claimed] = await store.claim("w-fixed", TTL, 1, ["default"], SERVED)
+    [again] = await store.start_worker("w-fixed", "host", 7, serves=SERVED,
+                                       queues=["default"], lease_ttl=TTL)
+    assert again.record.run_id == claimed.record.run_id and again.reason == "reclaim"
+    assert again.lease.epoch == claimed.lease.epoch + 1
+    [worker] = [w for w in await store.live_workers() if w.worker_id == "w-fixed"]
+    assert (worker.pid, worker.serves, worker.queues) == (7, frozenset(SERVED), ("default",))
+    # Another worker id takes back nothing, and the queued run stays queued.
+    assert await store.start_worker("w-other", "host", 8, serves=SERVED) == []
+    assert (await store.get_run("r2")).status == RunStatus.QUEUED  # type: ignore[union-attr]
 
 
 async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(
@@ -238,6 +255,52 @@ async def test_migrations_apply_once_and_reopen_cleanly(db_url: str) -> None:
         await s.close()
 
 
+async def test_a_postgres_store_with_every_migration_applied_opens_without_the_migrators_lock(
+        pg_url: str) -> None:
+    # A start against a migrated database reads which migrations it has and goes on: it
+    # neither waits for another process's migrator nor writes DDL. One that lacks some
+    # (a fresh schema, as every other test opens) migrates under the lock as before.
+    first = make_store(pg_url)
+    await first.open()
+    await first.close()
+    from urllib.parse import quote
+
+    import psycopg
+
+    from ratchet.store.postgres import PostgresStore
+
+    with psycopg.connect(pg_url) as holder:  # a migrator elsewhere, mid-transaction
+        holder.execute(PostgresStore(pg_url).queries["migrations_lock"])
+        # Waiting for that lock would end in an error after 5 s (the URL's options are last).
+        again = make_store(pg_url + "%20" + quote("-cstatement_timeout=5000"))
+        await again.open()
+        await _new(again)
+        assert [e.kind for e in await again.load_events("r1")] == [EventKind.RUN_QUEUED]
+        await again.close()
+        holder.rollback()
+
+
+async def test_a_postgres_store_opens_its_appends_connection_as_it_opens(pg_url: str) -> None:
+    # A restarted worker's first step boundary finds the appends' connection open.
+    from ratchet.store.postgres import PostgresStore
+
+    store = make_store(pg_url)
+    assert isinstance(store, PostgresStore)
+    await store.open()
+    try:
+        await asyncio.wrap_future(store._append_executor.submit(lambda: None))
+        conn = store._append_conn
+        assert conn is not None and not conn.closed
+        await _new(store)
+        [claimed] = await store.claim("w1", TTL, 1, ["default"], SERVED)
+        events = await store.load_events("r1")
+        await store.append(claimed.lease, [_next(events, EventKind.RUN_STARTED)])
+        assert store._append_conn is conn  # the one the appends use
+    finally:
+        await store.close()
+    assert conn.closed
+
+
 @pytest.mark.parametrize("url", [
     "", "mysql://x", "sqlite://relative.db", "sqlite:///", "postgresql://", "nonsense",
     "postgresql://host:notaport/db",
@@ -289,3 +352,34 @@ async def test_a_cancelled_caller_learns_its_write_landed_or_why_not(store: Stor
     with pytest.raises(LeaseLost):
         await task
     assert [e.seq for e in await store.load_events("r1")] == [1, 2]
+
+
+async def test_a_journal_reads_back_every_payload_as_written_in_canonical_key_order(
+        store: Store) -> None:
+    # load_events decodes a journal's payloads together: each must still come back as the
+    # value it was written as (nested objects, unicode, numbers, keys in sorted order on
+    # both backends), in its own event, and verify against its hash.
+    await _new(store)
+    [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
+    payloads: list[dict[str, Any]] = [
+        {},
+        {"output": None},
+        {"output": {"zeta": 1, "a": [1, 2.5, {"yy": "é\n\"", "b": None}], "mm": True}},
+        {"output": "x-0.0 [1,2] {\"a\":1},"},
+        {"output": [[], {}, -3, 1e300]},
+        {"idempotency_key": "ab" * 32, "kind": "llm", "llm": {"usage": {"input_tokens": 3}}},
+    ]
+    events = await store.load_events("r1")
+    written: list[Event] = []
+    for i, payload in enumerate(payloads):
+        ev = _next([*events, *written], EventKind.STEP_COMPLETED, payload, f"{i + 1}:s")
+        written.append(ev)
+    await store.append(claimed.lease, written)
+    read = (await store.load_events("r1"))[len(events):]
+    assert [e.payload for e in read] == payloads
+    for e in read:
+        assert e.verify()
+        for value in (e.payload, e.payload.get("output")):
+            if isinstance(value, dict):
+                assert list(value) == sorted(value)
+    assert [e.seq for e in await store.load_events("r1", after=3, limit=2)] == [4, 5]

@@ -45,6 +45,8 @@ MEASURES = (
     "recovery-crash",
     "recovery-resume",
     "replay",
+    "graph-crash",
+    "graph-resume",
     "pickup",
     "takeover",
     "claim-backlog",

@@ -185,6 +185,62 @@ def takeover(args: argparse.Namespace) -> Result:
         workdir.rmdir()
 
 
+def _graph_app(args: argparse.Namespace, probe: Probe | None = None, *, block: bool = False
+               ) -> ratchet.Ratchet:
+    """An app with graph ``chain``: a loop of ``--steps`` iterations over a tool node. With
+    ``block``, iteration ``--kill-at`` (counted from 1) writes the marker and blocks the
+    first time it runs (no marker yet)."""
+    app = ratchet.Ratchet(_url(args), recovery_interval=0.5)
+    kill_at, marker = args.kill_at, args.marker
+
+    @app.tool
+    async def tick(i: int) -> int:
+        if probe is not None:
+            probe.mark(f"tick{i}")
+        if block and i == kill_at and not os.path.exists(marker):
+            write_marker(marker)
+            await asyncio.sleep(3600)
+        return i
+
+    app.graph({"name": "chain", "guards": {"max_steps": None}, "nodes": [
+        {"id": "start", "type": "trigger"},
+        {"id": "each", "type": "loop", "data": {"over": "{{ input.items }}", "item": "i",
+                                                "body": ["tick"],
+                                                "max_iterations": args.steps}},
+        {"id": "tick", "type": "tool", "data": {"tool": "tick", "args": {"i": "{{ i }}"}}}],
+        "edges": [{"from": "start", "to": "each"}, {"from": "each", "to": "tick"}]})
+    return app
+
+
+def graph_crash(args: argparse.Namespace) -> Result:
+    app = _graph_app(args, block=True)
+
+    async def body() -> None:
+        await app.start_async("chain", {"items": list(range(1, args.steps + 1))},
+                              run_id=stable_id("ratchet-graph", args.marker))
+        await asyncio.sleep(3600)  # iteration --kill-at blocks; the orchestrator kills us
+
+    asyncio.run(_with_worker(app, body, worker_id=WORKER_ID))
+    return {"error": "the blocking node was never killed"}
+
+
+def graph_resume(args: argparse.Namespace) -> Result:
+    """The graph run's worker restarts: time from the engine's start to the open node
+    (iteration --kill-at) starting again, and to the result."""
+    probe = Probe()
+    started = clock()
+    app = _graph_app(args, probe, block=True)
+    run_id = stable_id("ratchet-graph", args.marker)
+
+    async def body() -> None:
+        await app.result_async(run_id)
+
+    asyncio.run(_with_worker(app, body, worker_id=WORKER_ID))
+    done = clock()
+    return {"to_open_node_ms": ms(probe.wait(f"tick{args.kill_at}", 0) - started),
+            "to_result_ms": ms(done - started), "peak_rss_mb": peak_rss_mb()}
+
+
 def replay(args: argparse.Namespace) -> Result:
     return run_replay(args, "bench.peers.ratchet_peer")
 
@@ -266,6 +322,8 @@ MEASURES = {
     "recovery-crash": recovery_crash,
     "recovery-resume": recovery_resume,
     "replay": replay,
+    "graph-crash": graph_crash,
+    "graph-resume": graph_resume,
     "pickup": pickup,
     "takeover": takeover,
 }

@@ -721,9 +721,9 @@ class Ratchet:
         # until a sandbox is needed.
         if "isolation" not in options and (options["serve_graphs"] or any(
                 wd.sandbox is not None for wd in self.workflows.values())):
-            from ratchet.sandbox.isolated import IsolatedRunner
+            from ratchet.sandbox.on_demand import OnDemandRunner
 
-            options["isolation"] = IsolatedRunner(self.store, signer=options["signer"])
+            options["isolation"] = OnDemandRunner(self.store, signer=options["signer"])
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:

@@ -24,6 +24,7 @@ after retries only.
 from __future__ import annotations
 
 import hashlib
+import json.encoder
 import logging
 import re
 import statistics
@@ -200,7 +201,7 @@ class RunGuards:
     async def _streak_check(self, name: str, step_id: str, args: tuple[Any, ...],
                             kwargs: dict[str, Any], output: Any, fresh: bool) -> None:
         try:
-            called = dumps([args, kwargs])
+            called = _call_text(args, kwargs)
         except (TypeError, ValueError):
             self._last, self._streak = None, 0  # arguments that are not data: no streak
             return
@@ -311,3 +312,19 @@ def _describe(payload: Mapping[str, Any]) -> str:
                 f"{payload['median']:g} of the last {payload['runs']} runs")
     return (f"cost {payload['cost_usd']} USD, more than {payload['factor']:g}x the median "
             f"{payload['median']:g} of the last {payload['runs']} runs")
+
+
+_encode_str = json.encoder.encode_basestring  # what dumps writes a str as
+
+
+def _call_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """``dumps([args, kwargs])``, the streak's key for a call. Most steps take plain
+    strings and integers: their canonical text is written out directly, which every
+    replayed step would otherwise pay a full encoding for."""
+    if all(type(a) is int or type(a) is str for a in args) and all(
+            type(v) is int or type(v) is str for v in kwargs.values()):
+        listed = ",".join([str(a) if type(a) is int else _encode_str(a) for a in args])
+        named = ",".join([f"{_encode_str(k)}:{v if type(v) is int else _encode_str(v)}"
+                          for k, v in sorted(kwargs.items())])
+        return f"[[{listed}],{{{named}}}]"
+    return dumps([args, kwargs])

@@ -153,11 +153,10 @@ class Worker:
             self.code_served -= isolated
             self.served = self.code_served
         await self._refresh_graphs()
-        await self.store.register_worker(self.worker_id, socket.gethostname(), os.getpid(),
-                                         serves=self.served, queues=self.queues,
-                                         lease_ttl=self.lease_ttl)
         sent_at = time.monotonic()
-        reclaimed = await self.store.reclaim_own(self.worker_id, self.lease_ttl, self.served)
+        reclaimed = await self.store.start_worker(self.worker_id, socket.gethostname(),
+                                                  os.getpid(), serves=self.served,
+                                                  queues=self.queues, lease_ttl=self.lease_ttl)
         STATS.reclaimed(len(reclaimed))
         self._spawn(reclaimed, sent_at)
         if reclaimed:

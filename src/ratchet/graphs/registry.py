@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.errors import RatchetError
-from ratchet.graphs.validate import Graph, load
 
 if TYPE_CHECKING:
     from ratchet.app import Ratchet
     from ratchet.engine.driver import RunContext
+    from ratchet.graphs.validate import Graph
     from ratchet.store.base import Store
 
 # Compiled graphs by (name, version): a version's content never changes.
@@ -66,6 +66,10 @@ async def compiled(store: Store, name: str, version: str) -> Graph | None:
         stored = await store.get_graph(name, version)
         if stored is None:
             return None
+        # Here, not at the top: a worker that never meets a graph run never loads the
+        # graph format (pydantic models, templates), which would cost every start.
+        from ratchet.graphs.validate import load
+
         graph = _COMPILED[(name, version)] = load(stored.definition)
     return graph
 

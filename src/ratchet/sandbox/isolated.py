@@ -44,7 +44,6 @@ from ratchet.extras import require
 from ratchet.graphs.registry import GraphWorkflow
 from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunStatus, dumps, fold
 from ratchet.receipts import Signer
-from ratchet.sandbox import harness
 from ratchet.sandbox.backend import (
     REPORT_SOCKET,
     Exit,
@@ -65,6 +64,10 @@ EXHAUSTED = "sandbox_resume_exhausted"
 UNAVAILABLE = "sandbox_unavailable"
 # The drive reason of a sandbox spawned again by the same drive after one ended unfinished.
 RESPAWN = "resume"
+
+
+# The harness module, run as ``python -m`` inside the sandbox.
+HARNESS = "ratchet.sandbox.harness"
 
 
 class IsolatedRunner:
@@ -186,7 +189,7 @@ class IsolatedRunner:
         try:
             args, more = harness_args(wd)
             env.update(more)
-            argv = [sys.executable, "-m", harness.__name__, *args]
+            argv = [sys.executable, "-m", HARNESS, *args]
             request = SpawnRequest(row.sandbox_id, wd.sandbox, argv, env, socket)
             previous = self._live.get(row.run_id)
             if previous is not None:
@@ -361,6 +364,10 @@ def harness_args(wd: WorkflowDef) -> tuple[list[str], dict[str, str]]:
                                          f"{node.data.tool!r}, which this worker's app lacks")
             refs[node.data.tool] = module_ref(call, call.__module__,
                                               f"tool {node.data.tool} of graph {wd.name}")
+    # The harness (and the HTTP client it reports with) loads only when a sandbox is
+    # spawned: a worker that never spawns one does not pay for it at start.
+    from ratchet.sandbox import harness
+
     return [harness.GRAPH_ARG], {harness.GRAPH_ENV: dumps(wd.graph.definition),
                                  harness.TOOLS_ENV: dumps(refs)}
 

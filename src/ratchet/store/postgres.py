@@ -190,6 +190,11 @@ class PostgresStore(Store):
             raise StorageError(f"cannot connect to PostgreSQL: {e}") from e
         self._pool = pool
         self._executor = ThreadPoolExecutor(self._pool_size, thread_name_prefix="ratchet-pg")
+        if not self.read_only:
+            # The appends' own connection, opened while the migrations are checked: a
+            # restarted worker's first step boundary does not wait for it.
+            with contextlib.suppress(RuntimeError):  # a store closed before: no appends
+                self._append_executor.submit(self._open_append_conn)
         await self._loop_run(self._migrate)
 
     async def close(self) -> None:
@@ -219,6 +224,10 @@ class PostgresStore(Store):
 
     def _migrate(self) -> None:
         assert self._pool is not None
+        migrations = load_migrations("postgres")
+        with self._checkout() as conn:
+            if self._applied(conn) >= {version for version, _, _ in migrations}:
+                return  # nothing to do: a start takes no lock and writes no DDL
         with self._checkout() as conn, conn.transaction():
             # One migrator at a time across every process starting against this database.
             conn.execute(self.queries["migrations_lock"])
@@ -228,12 +237,19 @@ class PostgresStore(Store):
                 "applied_at timestamptz NOT NULL DEFAULT now())"
             )
             done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
-            for version, name, sql in load_migrations("postgres"):
+            for version, name, sql in migrations:
                 if version in done:
                     continue
                 conn.execute(sql.encode())
                 conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                              (version, name))
+
+    def _applied(self, conn: psycopg.Connection[Any]) -> set[int]:
+        """The migrations applied in the store's schema (none when it has no tables)."""
+        try:
+            return {r[0] for r in conn.execute(self.queries["migrations_applied"])}
+        except psycopg.errors.UndefinedTable:
+            return set()
 
     async def _loop_run(self, fn: Callable[[], T]) -> T:
         loop = asyncio.get_running_loop()
@@ -374,6 +390,15 @@ class PostgresStore(Store):
             queue.busy = True
             queue.task = loop.create_task(self._drain_appends(queue))
         return await settled(fut)
+
+    def _open_append_conn(self) -> None:
+        """Open the appends' connection ahead of the first append (on their thread); a
+        failure here is left for that append to meet and report."""
+        if self._append_conn is None or self._append_conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                self._append_conn = psycopg.connect(self.url, autocommit=True,
+                                                    row_factory=_row_factory,
+                                                    context=_Adapters)
 
     def _append_now(self, events: str) -> list[Any]:
         # The group commits have a connection and a thread of their own, so they never

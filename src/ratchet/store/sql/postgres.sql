@@ -356,6 +356,13 @@ SELECT pg_notify(%(channel)s, %(key)s)
 -- name: migrations_lock
 SELECT pg_advisory_xact_lock(7261001)
 
+-- name: migrations_applied
+-- The migrations applied in the schema the store works in (the first of its search_path,
+-- where migrating would create the tables), or no row when it has none: a store starting
+-- against a database that has every migration it knows skips the migrator's lock.
+SELECT version FROM schema_migrations
+WHERE to_regclass(format('%I.schema_migrations', current_schema())) IS NOT NULL
+
 -- name: append_events
 -- The per-step hot path, with group commit: the step boundaries of many runs in one
 -- statement outside an explicit transaction (one round trip, one commit). The events come

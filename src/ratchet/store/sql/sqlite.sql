@@ -52,7 +52,9 @@ SELECT run_id FROM runs
 WHERE run_id IN (SELECT value FROM json_each(:ids)) AND status IN ('succeeded', 'failed', 'cancelled')
 
 -- name: events_load
-SELECT run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash
+-- The columns of PostgreSQL's events_load, in its order: a replay reads thousands of rows,
+-- unpacked by position (payload_exact: SQLite keeps every payload as the text hashed).
+SELECT run_id, seq, kind, step_id, attempt, payload, 1 AS payload_exact, at, prev_hash, hash
 FROM journal_events WHERE run_id = :run_id AND seq > :after ORDER BY seq LIMIT :limit
 
 -- name: llm_calls_of_runs
