@@ -99,8 +99,10 @@ class Plan:
     # Calls of each kind (wrapped, bare) a repeat of the LLM per-call overhead measure
     # (bench/llm_overhead.py), on each backend.
     llm_overhead_n: int = 300
-    # Repeats of the server measures (bench/server.py), each about a minute a backend.
-    server_repeats: int = 3
+    # Repeats of the server measures (bench/server.py), each about 40 s a backend.
+    server_repeats: int = 1
+    # Repeats of the LLM crash bills (each a SIGKILL and a resume per system).
+    bill_repeats: int = 1
     # The isolated tier (bench.sandbox): sandboxes spawned, and steps per workflow.
     sandbox_runs: int = 30
     sandbox_steps: int = 200
@@ -125,8 +127,10 @@ def plan(quick: bool) -> Plan:
                     sandbox_runs=10, sandbox_steps=50, dashboard_events=2_000,
                     dashboard_runs=200, dashboard_loads=2,
                     agent_scale_n={"ratchet": (500,), "dbos": (500,)}, agent_scale_repeats=1)
-    return Plan(repeats=5, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
-                pickup_n=30, limit_seconds=1.0, timeout=110,
+    # Three repeats, two of the crash bills (counts, the same every repeat so far) and of
+    # the server: the whole run fits its 15 minutes on 2 cores.
+    return Plan(repeats=3, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
+                pickup_n=30, limit_seconds=1.0, timeout=110, bill_repeats=2, server_repeats=2,
                 concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
                 pickup_n_for={"dbos": 4, "absurd": 15})
 
@@ -455,8 +459,8 @@ def claim_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def llm_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
-    """The crash bill of each system's agent (SQLite), ``p.repeats`` times each."""
-    for _ in range(p.repeats):
+    """The crash bill of each system's agent (SQLite), ``p.bill_repeats`` times each."""
+    for _ in range(p.bill_repeats):
         for name in llm.SYSTEMS:
             if name in names:
                 record(f"llmbill|{name}",
@@ -619,7 +623,7 @@ def main() -> None:
             llm_measures(p, dbs, set(llm.SYSTEMS), record)
             llm_overhead_measures(p, dbs, record)
 
-        measured = family_only(args.quick, log, both, plan(args.quick).repeats)
+        measured = family_only(args.quick, log, both, plan(args.quick).bill_repeats)
         results = _merged(measured, LLM_PREFIXES, "llm_run", args.quick)
         results = _merged(measured, (LLM_OVERHEAD_PREFIX,), "llm_overhead_run", args.quick)
         print("\n".join(llm_sections(results) + llm_overhead_section(results)))

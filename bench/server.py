@@ -65,8 +65,8 @@ def plan(quick: bool) -> Plan:
     if quick:
         return Plan(post_processes=1, post_connections=8, post_seconds=1.5, single_seconds=1.5,
                     fanout_subscribers=50, fanout_processes=2, fanout_seconds=1.5, timeout=60)
-    return Plan(post_processes=2, post_connections=16, post_seconds=10, single_seconds=10,
-                fanout_subscribers=1000, fanout_processes=4, fanout_seconds=10, timeout=180)
+    return Plan(post_processes=2, post_connections=16, post_seconds=6, single_seconds=6,
+                fanout_subscribers=1000, fanout_processes=4, fanout_seconds=6, timeout=180)
 
 
 def _python(*args: str) -> list[str]:
