@@ -93,9 +93,6 @@ async def _ratchet_worker(url: str, n: int) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await app.launch_async(concurrency=n)
     clock = _GcClock()
-
-
-
     print("ready", flush=True)
     await stop.wait()
     print(json.dumps(clock.report()), flush=True)
