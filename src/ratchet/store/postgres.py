@@ -37,10 +37,6 @@ from ratchet.model import (
     dumps,
 )
 from ratchet.store.base import (
-    CANCEL,
-    DONE,
-    EVENTS,
-    READY,
     TIMER_BATCH,
     Clock,
     Store,
@@ -55,7 +51,6 @@ T = TypeVar("T")
 log = logging.getLogger("ratchet.store")
 
 
-CHANNELS = (READY, DONE, CANCEL, EVENTS)
 CONNECT_TIMEOUT_S = 5
 
 
@@ -149,6 +144,7 @@ class PostgresStore(Store):
         self._executor: ThreadPoolExecutor | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_task: asyncio.Task[None] | None = None
+        self._channels: set[str] = set()  # the channels watched in this process
         self._appends: dict[asyncio.AbstractEventLoop, _AppendQueue] = {}
         self._append_executor = ThreadPoolExecutor(1, thread_name_prefix="ratchet-pg-append")
         self._append_conn: psycopg.Connection[Any] | None = None
@@ -446,29 +442,49 @@ class PostgresStore(Store):
     def _journaled(self, tx: Tx, run_id: str) -> None:
         return  # journal_events_notify (migration 008) notifies in every appending commit
 
-    def _listen(self) -> None:
-        if self._listen_task is None or self._listen_task.done():
-            self._listen_task = asyncio.get_running_loop().create_task(
-                self._listen_loop(), name="ratchet-listen")
+    def _listen(self, channel: str) -> None:
+        # Only the channels someone in this process watches: a worker that follows no
+        # journal is not sent a notification for every event every run appends.
+        task = self._listen_task
+        if channel in self._channels and task is not None and not task.done():
+            return
+        self._channels.add(channel)
+        if task is not None and not task.done():
+            # Listening already, to fewer channels: listen again, to all of them, on a new
+            # connection (whose wake-up of every channel covers the switch).
+            if task.get_loop() is asyncio.get_running_loop():
+                task.cancel()
+            elif not task.get_loop().is_closed():
+                task.get_loop().call_soon_threadsafe(task.cancel)
+        self._listen_task = asyncio.get_running_loop().create_task(
+            self._listen_loop(task), name="ratchet-listen")
 
-    async def _listen_loop(self) -> None:
+    async def _listen_loop(self, previous: asyncio.Task[None] | None = None) -> None:
+        if previous is not None and previous.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait([previous])  # its connection closed first
         while True:
+            conn: psycopg.AsyncConnection[Any] | None = None
+            channels = tuple(self._channels)
             try:
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
                 self._listen_conn = conn
-                for channel in CHANNELS:
+                for channel in channels:
                     await conn.execute(f"LISTEN {channel}")
-                for channel in CHANNELS:  # anything may have happened while deaf
-                    self._wake(channel)
+                for channel in channels:  # anything may have happened while deaf
+                    self.bus.wake_all(channel)
                 async for note in conn.notifies():
                     self._wake(note.channel, note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("action=listen_lost error=%s", e)
-                for channel in CHANNELS:
-                    self._wake(channel)
+                for channel in channels:
+                    self.bus.wake_all(channel)
                 await asyncio.sleep(0.5)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
 
 
 def _fail(batch: _Batch, error: Exception) -> None:
