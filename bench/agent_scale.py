@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -61,13 +62,40 @@ def ratchet_app(url: str) -> tuple[Any, Any]:
     return app, agent
 
 
+class _GcClock:
+    """The worker's CPU time (every thread) from ready on, and how much of it went to the
+    cyclic garbage collector, by generation."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.count = [0, 0, 0]
+        self._began = 0.0
+        self._cpu = time.process_time()
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._began
+            self.count[info["generation"]] += 1
+
+    def report(self) -> dict[str, Any]:
+        return {"cpu_s": round(time.process_time() - self._cpu, 2),
+                "gc_s": round(sum(self.seconds), 3),
+                "gc_by_generation": [f"{c}x {s:.3f}s" for c, s in zip(self.count, self.seconds,
+                                                                     strict=True)]}
+
+
 async def _ratchet_worker(url: str, n: int) -> None:
     app, _ = ratchet_app(url)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     await app.launch_async(concurrency=n)
+    clock = _GcClock()
     print("ready", flush=True)
     await stop.wait()
+    print(json.dumps(clock.report()), flush=True)
     await app.shutdown_async()
 
 
@@ -200,27 +228,44 @@ def measure(system: str, backend: str, db: str, n: int, timeout: float) -> dict[
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
+    worker_said: dict[str, Any] = {}
+    answer = _measure(args, worker_said)
+    return answer | {"worker_" + k: v for k, v in worker_said.items()}
+
+
+def _measure(args: argparse.Namespace, worker_said: dict[str, Any]) -> dict[str, Any]:
     url = f"sqlite:///{args.db}" if args.backend == "sqlite" and args.system == "ratchet" \
         else args.db
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "bench.agent_scale", "--worker", "--system", args.system,
-         "--backend", args.backend, "--db", args.db, "--n", str(args.n)],
-        stdout=subprocess.PIPE, text=True)
+    argv = [sys.executable, "-m", "bench.agent_scale", "--worker", "--system", args.system,
+            "--backend", args.backend, "--db", args.db, "--n", str(args.n)]
+    worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    spy = None
     try:
         assert worker.stdout is not None
-        line = worker.stdout.readline()
-        if line.strip() != "ready":
-            return {"error": f"the worker did not start: {line!r}"}
+        if worker.stdout.readline().strip() != "ready":
+            return {"error": "the worker did not start"}
+        if args.profile:  # the worker under py-spy: collapsed stacks, for flame graphs
+            spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate", "200",
+                                    "-o", args.profile, "--pid", str(worker.pid)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)  # attached
         if args.system == "ratchet":
             return _ratchet_client(url, args.n, worker, args.timeout)
         return _dbos_client(args.backend, args.db, args.n, worker, args.timeout)
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
         worker.terminate()
         try:
             worker.wait(30)
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()
+        if worker.stdout is not None:
+            said = last_json(worker.stdout.read(), "")  # the worker's own figures (GC)
+            if "gc_s" in said:
+                worker_said.update(said)
 
 
 def main() -> None:
@@ -230,6 +275,7 @@ def main() -> None:
     parser.add_argument("--db", required=True, help="a SQLite file or a PostgreSQL URL")
     parser.add_argument("--n", type=int, default=2000)
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--profile", help="record the worker with py-spy into this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

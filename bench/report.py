@@ -620,7 +620,9 @@ def _server_targets(results: dict[str, Any]) -> list[str]:
 AGENT_SCALE_ROWS = (("start_s", "time to start all N (s)"),
                     ("from_first_s", "first start → all done (s)"),
                     ("from_last_s", "last start → all done (s)"),
-                    ("peak_rss_mb", "worker peak RSS (MB)"))
+                    ("peak_rss_mb", "worker peak RSS (MB)"),
+                    ("worker_cpu_s", "worker CPU (s)"),
+                    ("worker_gc_s", "in the garbage collector, wall (s)"))
 
 
 def _agent_scale_keys(results: dict[str, Any]) -> list[tuple[str, str, int]]:
@@ -644,7 +646,9 @@ def agent_scale_section(results: dict[str, Any]) -> list[str]:
            "by one worker process with concurrency N. A model call is a step awaiting "
            "`asyncio.sleep(1)`, so the ideal is everything done 3 s after the starts. "
            "\"All done\" is seen by counting finished runs every 25 ms; peak RSS is the "
-           "worker's VmHWM." + (f" Measured {run['date']} ({run['repeats']} repeats"
+           "worker's VmHWM. The worker's CPU time (all its threads, from ready to stop) is "
+           "the figure a busy machine does not inflate: on an idle core the wall times "
+           "cannot fall below it." + (f" Measured {run['date']} ({run['repeats']} repeats"
                                f"{', QUICK' if run['quick'] else ''}) with "
                                "`python -m bench.run --agent-scale-only`." if run else ""),
            "", "| system | backend | N | " + " | ".join(label for _, label in AGENT_SCALE_ROWS)

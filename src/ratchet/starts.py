@@ -65,17 +65,6 @@ class RunRequest:
 
 
 @contextlib.contextmanager
-def at_field(name: str) -> Iterator[None]:
-    """Tag an :class:`InvalidInput` raised inside with the argument it is about."""
-    try:
-        yield
-    except InvalidInput as e:
-        if e.field is None:
-            e.field = name
-        raise
-
-
-@contextlib.contextmanager
 def at_item(index: int) -> Iterator[None]:
     """An :class:`InvalidInput` raised inside, as item ``index``'s."""
     try:

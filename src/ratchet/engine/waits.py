@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -193,19 +194,28 @@ class Waits:
     async def _wait_in_memory(self, seconds: float, children: list[str]) -> bool:
         """Wait up to ``seconds`` for a child in ``children`` to end (or a stop). Returns
         whether one ended; its wait is woken."""
+        deadline = time.monotonic() + max(seconds, 0.0)
         with contextlib.ExitStack() as stack:
             ends = [stack.enter_context(self._store.watching(DONE, cid)) for cid in children]
             ended = await self._store.finished_among(children) if children else []
-            if not ended:
+            while children and not ended:
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping.is_set():
+                    break
                 waiters = [asyncio.ensure_future(e.wait()) for e in (*ends, self._stopping)]
                 try:
-                    await asyncio.wait(waiters, timeout=max(seconds, 0.0),
+                    await asyncio.wait(waiters, timeout=left,
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for task in waiters:
                         task.cancel()
-                if children and any(e.is_set() for e in ends):
-                    ended = await self._store.finished_among(children)
+                if not any(e.is_set() for e in ends):
+                    break  # the linger is over, or the drive stops
+                # A wake-up may be spurious (a replaced listening connection wakes every
+                # watcher): look, and linger on for the rest of the time if none ended.
+                for e in ends:
+                    e.clear()
+                ended = await self._store.finished_among(children)
         for w in list(self._waits):
             if w.child_id in ended:
                 w.wake()

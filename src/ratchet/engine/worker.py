@@ -34,6 +34,7 @@ from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import drive
 from ratchet.engine.faults import crash_point
+from ratchet.engine.gcpace import GcPacer
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
 from ratchet.model import ClaimedRun, RunRecord
@@ -137,6 +138,8 @@ class Worker:
         # Set when runs were taken over (swept, reclaimed): renew at once, since a cancel
         # requested while their last holder was gone is only learnt from a renewal.
         self._renew_now = asyncio.Event()
+        # Full garbage collections paced by the runs' turnover (a worker of many runs).
+        self._gc = GcPacer(concurrency)
 
     @property
     def started(self) -> asyncio.Event:
@@ -147,6 +150,10 @@ class Worker:
         """Work until ``stop`` is set (or the task is cancelled), then stop every drive
         (see the module docstring) so another worker can take its run at once."""
         stop = stop or asyncio.Event()
+        with self._gc:
+            await self._run(stop)
+
+    async def _run(self, stop: asyncio.Event) -> None:
         isolated = frozenset((wd.name, wd.version) for wd in self.workflows.values()
                              if wd.sandbox is not None)
         if isolated and not await self._isolates():
@@ -256,6 +263,7 @@ class Worker:
             if current is not None and current.control is control:
                 del self.active[run_id]
             self._slot_freed.set()
+            self._gc.run_finished(len(self.active))
 
     async def _workflow(self, record: RunRecord) -> WorkflowDef | None:
         wd = self.workflows.get(record.workflow)

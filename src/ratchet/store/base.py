@@ -376,8 +376,9 @@ class Store(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
-    def _listen(self) -> None:
-        """Start listening for other processes' announcements (dialects that can)."""
+    def _listen(self, channel: str) -> None:
+        """Make sure other processes' announcements on ``channel`` reach this one's
+        watchers (dialects that can)."""
         return
 
     def _watch_finishes(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -396,7 +397,7 @@ class Store(ABC):
         self._announce(tx, EVENTS, run_id)
 
     def _on_watch(self, channel: str, key: str, loop: asyncio.AbstractEventLoop) -> None:
-        self._listen()
+        self._listen(channel)
         if channel == DONE and key:
             self._watch_finishes(loop)
         elif channel == EVENTS:

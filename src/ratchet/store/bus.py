@@ -42,6 +42,15 @@ class Bus:
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
 
+    def wake_all(self, channel: str) -> None:
+        """Wake every watcher of ``channel``, whatever its key: announcements may have
+        been missed (a notification connection was lost or replaced)."""
+        with self._lock:
+            waiters = [entry for (ch, _), entries in self._waiters.items() if ch == channel
+                       for entry in entries]
+        for loop, event in waiters:
+            loop.call_soon_threadsafe(event.set)
+
     @contextlib.contextmanager
     def watching(self, channel: str, key: str = "") -> Iterator[asyncio.Event]:
         """An event set by the next announcement on ``channel`` (for run ``key`` on DONE).

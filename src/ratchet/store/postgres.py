@@ -38,10 +38,6 @@ from ratchet.model import (
     dumps,
 )
 from ratchet.store.base import (
-    CANCEL,
-    DONE,
-    EVENTS,
-    READY,
     TIMER_BATCH,
     Clock,
     Store,
@@ -56,12 +52,6 @@ T = TypeVar("T")
 log = logging.getLogger("ratchet.store")
 
 
-CHANNELS = (READY, DONE, CANCEL, EVENTS)
-# What every store hears. Journal appends (EVENTS) notify once per run per commit, so a
-# worker hearing them would take a wake-up of its loop for each step boundary it commits
-# itself: a store listens to them only from the first time someone in its process tails a
-# journal (see _watch_journals).
-ALWAYS_HEARD = (READY, DONE, CANCEL)
 CONNECT_TIMEOUT_S = 5
 
 
@@ -151,7 +141,7 @@ class PostgresStore(Store):
         self._executor: ThreadPoolExecutor | None = None
         self._listen_conn: psycopg.AsyncConnection[Any] | None = None
         self._listen_task: asyncio.Task[None] | None = None
-        self._hears_events = False
+        self._channels: set[str] = set()  # the channels watched in this process
         self._appends: dict[asyncio.AbstractEventLoop, _AppendQueue] = {}
         self._append_executor = ThreadPoolExecutor(1, thread_name_prefix="ratchet-pg-append")
         self._append_conn: psycopg.Connection[Any] | None = None
@@ -472,50 +462,44 @@ class PostgresStore(Store):
     def _journaled(self, tx: Tx, run_id: str) -> None:
         return  # journal_events_notify (migration 008) notifies in every appending commit
 
-    def _listen(self) -> None:
-        if self._listen_task is None or self._listen_task.done():
-            self._listen_task = asyncio.get_running_loop().create_task(
-                self._listen_loop(), name="ratchet-listen")
-
-    def _channels(self) -> tuple[str, ...]:
-        return CHANNELS if self._hears_events else ALWAYS_HEARD
-
-    def _watch_journals(self, loop: asyncio.AbstractEventLoop) -> None:
-        # The first tail of a journal in this process: listen again, on EVENTS too. The new
-        # listener wakes every watcher once it listens, so an append committed before
-        # that (and after the tail's read) is not missed: the tail reads again.
-        if self._hears_events:
+    def _listen(self, channel: str) -> None:
+        # Only the channels someone in this process watches: a worker that follows no
+        # journal is not sent a notification for every event every run appends.
+        task = self._listen_task
+        if channel in self._channels and task is not None and not task.done():
             return
-        self._hears_events = True
-        old, self._listen_task = self._listen_task, None
-        _stop_task(old)
-        self._listen()
+        self._channels.add(channel)
+        if task is not None and not task.done():
+            # Listening already, to fewer channels: listen again, to all of them, on a new
+            # connection (whose wake-up of every channel covers the switch).
+            if task.get_loop() is asyncio.get_running_loop():
+                task.cancel()
+            elif not task.get_loop().is_closed():
+                task.get_loop().call_soon_threadsafe(task.cancel)
+        self._listen_task = asyncio.get_running_loop().create_task(
+            self._listen_loop(task), name="ratchet-listen")
 
-    def _wake_all(self, channel: str) -> None:
-        """Wake every watcher of ``channel``, those of one run (a tail, a result) too."""
-        self._wake(channel)
-        for key in self.bus.watched(channel):
-            self._wake(channel, key)
-
-    async def _listen_loop(self) -> None:
+    async def _listen_loop(self, previous: asyncio.Task[None] | None = None) -> None:
+        if previous is not None and previous.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait([previous])  # its connection closed first
         while True:
             conn: psycopg.AsyncConnection[Any] | None = None
+            channels = tuple(self._channels)
             try:
                 conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
                 self._listen_conn = conn
-                channels = self._channels()
                 for channel in channels:
                     await conn.execute(f"LISTEN {channel}")
                 for channel in channels:  # anything may have happened while deaf
-                    self._wake_all(channel)
+                    self.bus.wake_all(channel)
                 async for note in conn.notifies():
                     self._wake(note.channel, note.payload)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
                 log.warning("action=listen_lost error=%s", e)
-                for channel in self._channels():
-                    self._wake_all(channel)
+                for channel in channels:
+                    self.bus.wake_all(channel)
                 await asyncio.sleep(0.5)
             finally:
                 if conn is not None:
@@ -523,16 +507,6 @@ class PostgresStore(Store):
                         self._listen_conn = None
                     with contextlib.suppress(Exception):
                         await conn.close()
-
-
-def _stop_task(task: asyncio.Task[None] | None) -> None:
-    """Cancel a task, on whichever loop it runs."""
-    if task is None or task.done():
-        return
-    if task.get_loop() is asyncio.get_running_loop():
-        task.cancel()
-    elif not task.get_loop().is_closed():
-        task.get_loop().call_soon_threadsafe(task.cancel)
 
 
 def _fail(batch: _Batch, error: Exception) -> None:
