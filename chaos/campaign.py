@@ -44,6 +44,10 @@ PG_ADMIN_URL = (os.environ.get("CHAOS_PG_ADMIN_URL") or os.environ.get("RATCHET_
 TTL = chaos_app.LEASE_TTL
 SWEEP = chaos_app.RECOVERY_INTERVAL
 SUPERVISE_S = 0.02
+# A database outage is put down as the cause of a recovery when it began within this long
+# of the worker outage (the lease, a sweep, a restart), not merely some time before the
+# run's next drive.
+OUTAGE_REACH_S = 3 * TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,11 +519,12 @@ class Campaign:
             self.skipped[kind] += 1
 
     def eligible(self, start: int) -> Slot | None:
-        """The first slot from ``start`` on whose worker is running and reachable."""
+        """The first slot from ``start`` on whose worker is up (started working, not
+        paused) and reachable."""
         slots = self.fleet_slots()
         for i in range(len(slots)):
             slot = slots[(start + i) % len(slots)]
-            if (slot.alive() and not slot.paused and slot.restart_at is None
+            if (slot.up() and not slot.paused and slot.restart_at is None
                     and not (slot.netns and self.partition and self.partition.is_down)):
                 return slot
         return None
@@ -662,7 +667,7 @@ class Campaign:
                 if slot.restart_at is not None:
                     slot.restart_at = min(slot.restart_at, time.time())
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(s.alive() for s in self.fleet.slots):
+        while time.monotonic() < deadline and not all(s.up() for s in self.fleet.slots):
             time.sleep(0.05)
         self.log("healed")
 
@@ -675,13 +680,15 @@ class Campaign:
         return collect.status_counts(self.url)
 
     def drain(self) -> dict[str, Any]:
-        """Wait for the runs to finish: up to TTL + sweep + 5 s without progress, and at
-        most a few minutes in all."""
+        """Wait for the runs to finish: up to TTL + sweep + 5 s without progress (no run
+        finished and nothing journaled: on a loaded machine a run's next step may take
+        longer than that, but a stuck fleet journals nothing), and at most a few minutes in
+        all (more for a long campaign)."""
         quiet_s = TTL + SWEEP + 5.0
         began = time.monotonic()
-        cap = began + 180.0
+        cap = began + (300.0 if self.cfg.long else 180.0)
         deadline = began + quiet_s
-        last = None
+        last: tuple[int, int] | None = None
         while True:
             counts = self.statuses_now()
             remaining = sum(n for s, n in counts.items()
@@ -689,9 +696,11 @@ class Campaign:
             now = time.monotonic()
             if remaining == 0 or now > deadline or now > cap:
                 break
-            if last is None or remaining < last:
-                deadline = max(deadline, now + quiet_s)
-            last = remaining
+            with contextlib.suppress(Exception):
+                progress = (-remaining, collect.journal_size(self.url))
+                if last is None or progress[0] > last[0] or progress[1] > last[1]:
+                    deadline = max(deadline, now + quiet_s)
+                last = progress
             time.sleep(0.25)
         return {"seconds": round(time.monotonic() - began, 2), "remaining": remaining}
 
@@ -721,7 +730,7 @@ class Campaign:
         """The recovery samples by fault and by cause, and the slowest ones."""
         workflows = {run_id: row.workflow for run_id, row in runs.items()}
         causes = by_cause(recs, workflows, self.windows, chaos_app.V2_ONLY,
-                          chaos_app.ISOLATED)
+                          chaos_app.ISOLATED, within=OUTAGE_REACH_S)
         faults: dict[str, list[float]] = {}
         for r in recs:
             faults.setdefault(r.fault, []).append(r.seconds)
@@ -735,7 +744,8 @@ class Campaign:
                              "workflow": workflows.get(r.run_id),
                              "cause": next(iter(by_cause([r], workflows, self.windows,
                                                          chaos_app.V2_ONLY,
-                                                         chaos_app.ISOLATED)))}
+                                                         chaos_app.ISOLATED,
+                                                         within=OUTAGE_REACH_S)))}
                             for r in slowest]}
 
 

@@ -8,7 +8,7 @@ what bounded it:
 
 ``partition``    the outage was a partition (reported apart: the worker may hold its lease
                  through a short one, and its drive cannot end until the link is back);
-``db_outage``    the server was restarting or stopped, or the disk full, during the wait;
+``db_outage``    the server was restarting or stopped, or the disk full, early in the wait;
 ``v2_only``      a run only version-2 workers may drive (a rolling deploy): it waits for
                  one of those;
 ``isolated``     a run whose every attempt runs in a sandbox of its own;
@@ -19,6 +19,7 @@ what bounded it:
 from __future__ import annotations
 
 import itertools
+import math
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,11 +91,13 @@ def recoveries(events: Mapping[str, Sequence[Event]],
 
 
 def cause(r: Recovery, workflow: str | None, windows: Sequence[Window],
-          v2_only: Iterable[str] = (), isolated: Iterable[str] = ()) -> str:
-    """What bounded recovery ``r`` (see the module docstring), the first that applies."""
+          v2_only: Iterable[str] = (), isolated: Iterable[str] = (),
+          within: float = math.inf) -> str:
+    """What bounded recovery ``r`` (see the module docstring), the first that applies; a
+    database outage counts when it overlapped the first ``within`` seconds of the wait."""
     if r.fault.startswith("partition"):
         return "partition"
-    if any(w.start < r.at + r.seconds and w.end > r.at for w in windows):
+    if any(w.start < r.at + min(r.seconds, within) and w.end > r.at for w in windows):
         return "db_outage"
     if workflow in set(v2_only):
         return "v2_only"
@@ -105,11 +108,12 @@ def cause(r: Recovery, workflow: str | None, windows: Sequence[Window],
 
 def by_cause(recs: Sequence[Recovery], workflows: Mapping[str, str | None],
              windows: Sequence[Window], v2_only: Iterable[str] = (),
-             isolated: Iterable[str] = ()) -> dict[str, list[float]]:
+             isolated: Iterable[str] = (), within: float = math.inf
+             ) -> dict[str, list[float]]:
     """The recovery seconds of ``recs`` grouped by :func:`cause`."""
     v2, iso = tuple(v2_only), tuple(isolated)
     out: dict[str, list[float]] = {}
     for r in recs:
-        out.setdefault(cause(r, workflows.get(r.run_id), windows, v2, iso), []).append(
-            r.seconds)
+        out.setdefault(cause(r, workflows.get(r.run_id), windows, v2, iso, within),
+                       []).append(r.seconds)
     return out

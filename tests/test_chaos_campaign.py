@@ -124,3 +124,11 @@ def test_recoveries_are_grouped_by_cause() -> None:
     recs = [rec(seconds=2.5), rec(reason="reclaim", seconds=1.0), rec(seconds=9.0)]
     grouped = by_cause(recs, {"r": "flow"}, [Window(105.0, 106.0, "pg_restart")])
     assert grouped == {"lease_expiry": [2.5], "reclaim": [1.0], "db_outage": [9.0]}
+
+
+def test_a_database_outage_long_after_the_fault_is_not_its_cause() -> None:
+    late = Window(110.0, 112.0, "pg_restart")  # 10 s into a 30 s wait
+    r = rec(seconds=30.0)
+    assert cause(r, "flow", [late]) == "db_outage"
+    assert cause(r, "flow", [late], within=6.0) == "lease_expiry"
+    assert cause(r, "flow", [Window(103.0, 104.0, "pg_stop")], within=6.0) == "db_outage"
