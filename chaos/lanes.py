@@ -5,13 +5,16 @@ the disk stays full, a partition for as long as the link is down, a sandbox kill
 sandbox shows up. Injected inline, each would hold every later fault back; in a lane of
 its own the schedule walks on, so a worker is killed or paused while the server heals.
 Faults of one lane conflict (two restarts of one server, a full disk during a checkpoint
-kill, two partitions of one link), so a lane injects them one after another, in order.
+kill, two partitions of one link), so a lane injects them one after another, in order, and
+leaves each its scheduled gap after the one before has healed: a lane that fell behind
+does not fire its faults back to back (the server would hardly be up between them).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 from chaos.plan import Fault
@@ -51,18 +54,24 @@ class Lane:
         self._thread.join()
 
     def _work(self) -> None:
+        healed = time.monotonic()
         while (fault := self._queue.get()) is not None:
+            wait = healed + fault.gap_s - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             self._apply(fault)
+            healed = time.monotonic()
 
 
 def lane_seconds(schedule: list[Fault], ttl: float) -> dict[str, float]:
-    """About how long each lane is busy injecting its faults of ``schedule``."""
+    """About how long each lane takes over its faults of ``schedule`` at the least (each
+    fault's gap and what it holds the lane for)."""
     busy: dict[str, float] = {}
     for f in schedule:
         lane = LANES.get(f.kind)
         if lane is None:
             continue
-        held = HELD_S.get(f.kind, 0.0) + float(f.params.get("hold_s", 0.0)) + float(
+        held = f.gap_s + HELD_S.get(f.kind, 0.0) + float(f.params.get("hold_s", 0.0)) + float(
             f.params.get("after_s", 0.0))
         if f.kind == "pg_stop":
             held += 2 * ttl
