@@ -69,10 +69,11 @@ class Config:
 
     @classmethod
     def long_campaign(cls, **kw: Any) -> Config:
-        """A long campaign: faults denser, on a fleet of five workers (kills and pauses of
-        different workers in flight at once, and two version-2 slots), so that 2,500
-        faults fit in about 23 minutes."""
-        return cls(long=True, workers=5, gap_s=(0.3, 0.8), **kw)
+        """A long campaign: faults denser, on a fleet of five workers of 24 runs at a time
+        (kills and pauses of different workers in flight at once, two version-2 slots,
+        and room for a dead worker's runs beside the live ones'), so that 2,500 faults fit
+        in about 23 minutes."""
+        return cls(long=True, workers=5, concurrency=24, gap_s=(0.3, 0.8), **kw)
 
 
 class Campaign:
