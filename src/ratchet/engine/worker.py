@@ -143,6 +143,9 @@ class Worker:
         # worker kept full by a queue of ready runs would leave a dead worker's runs until
         # the queue drained.
         self._sweep_owed = False
+        # Held while a claim or a sweep counts the free slots and fills them, so the two
+        # loops never both fill the same slot (the sweep's orphan and a fresh run at once).
+        self._taking = asyncio.Lock()
 
     @property
     def started(self) -> asyncio.Event:
@@ -351,18 +354,24 @@ class Worker:
             # Watch before claiming: a run made ready after the claim looked is announced
             # to this watcher, not lost between the look and the wait.
             with self.store.watching(READY) as ready:
-                sent_at = time.monotonic()
-                try:
-                    runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
-                                                  self.queues, self.served)
-                except Exception as e:
-                    log.warning("action=claim_failed error=%s", e)
+                async with self._taking:
+                    free = self.concurrency - len(self.active)
+                    if free <= 0 or self._sweep_owed:
+                        continue  # a sweep filled the slot meanwhile, or is owed it
+                    sent_at = time.monotonic()
+                    try:
+                        runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
+                                                      self.queues, self.served)
+                    except Exception as e:
+                        log.warning("action=claim_failed error=%s", e)
+                        runs = None
+                    if runs:
+                        crash_point("after_claim")
+                        STATS.claimed(len(runs))
+                        self._spawn(runs, sent_at)
+                        continue
+                if runs is None:
                     await asyncio.sleep(self.poll_interval)
-                    continue
-                if runs:
-                    crash_point("after_claim")
-                    STATS.claimed(len(runs))
-                    self._spawn(runs, sent_at)
                     continue
                 if await self._refresh_graphs():
                     continue  # a graph registered since: its runs may be ready now
@@ -442,6 +451,10 @@ class Worker:
 
     async def sweep(self) -> list[ClaimedRun]:
         """One pass of the recovery sweep: steal up to 20 runs whose lease expired."""
+        async with self._taking:
+            return await self._sweep()
+
+    async def _sweep(self) -> list[ClaimedRun]:
         free = min(SWEEP_LIMIT, self.concurrency - len(self.active))
         if free <= 0:
             self._sweep_owed = True
