@@ -73,7 +73,8 @@ class Config:
         (kills and pauses of different workers in flight at once, two version-2 slots,
         and room for a dead worker's runs beside the live ones'), so that 2,500 faults fit
         in about 23 minutes."""
-        return cls(long=True, workers=5, concurrency=24, gap_s=(0.3, 0.8), **kw)
+        return cls(**{"long": True, "workers": 5, "concurrency": 24, "gap_s": (0.3, 0.8),
+                      **kw})
 
 
 class Campaign:

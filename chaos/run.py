@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, metavar="NAME",
                         help="write the report to chaos/results/NAME-<backend>.json "
                              "(default: latest; long-, for --long)")
+    parser.add_argument("--concurrency", type=int, default=None, metavar="N",
+                        help="runs each worker drives at a time (default 8; 24 with --long)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work folder and database even when the campaign passes")
     args = parser.parse_args(argv)
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "skip": tuple(filter(None, args.skip.split(",")))}
         if args.postgres:
             options["pg_admin_url"] = args.postgres
+        if args.concurrency:
+            options["concurrency"] = args.concurrency
         config = Config.long_campaign(**options) if args.long else Config(**options)
         report = Campaign(config).run()
         print(render(report), flush=True)
