@@ -531,6 +531,10 @@ class Campaign:
                 return slot
         return None
 
+    def worker_pids(self) -> set[int]:
+        """The pids of the campaign's worker processes now (the parents of its sandboxes)."""
+        return {s.popen.pid for s in self.fleet_slots() if s.popen is not None and s.alive()}
+
     def later(self, seconds: float, fn: Any) -> None:
         timer = threading.Timer(seconds, fn)
         timer.daemon = True
@@ -630,7 +634,7 @@ class Campaign:
         elif kind == "sandbox_kill":
             # Isolated runs are few and their sandboxes short-lived: wait a while for one.
             pick, deadline = Random(p["pick"]), time.monotonic() + 2 * TTL
-            while not kill_a_sandbox(pick):
+            while not kill_a_sandbox(pick, self.worker_pids()):
                 if time.monotonic() > deadline:
                     self.skip(kind)
                     return

@@ -354,9 +354,11 @@ if __name__ == "__main__":
         checkpoint_loop(sys.argv[2])
 
 
-def live_sandboxes() -> list[int]:
+def live_sandboxes(parents: set[int] | None = None) -> list[int]:
     """The pids of the bubblewrap processes of live sandboxes (each isolated attempt's
-    outermost process; its environment is on its command line)."""
+    outermost process; its environment is on its command line), only those spawned by
+    the processes ``parents`` when given (the campaign's own workers: never a sandbox of
+    anything else running on the machine)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -369,14 +371,16 @@ def live_sandboxes() -> list[int]:
             continue
         # bwrap forks its namespace's init with the same command line: the outer one only.
         if b"--die-with-parent" in args and b"RATCHET_SANDBOX_ID" in args and (
-                b"--die-with-parent" not in parent_args):
+                b"--die-with-parent" not in parent_args) and (
+                parents is None or parent in parents):
             found.append(int(entry.name))
     return sorted(found)
 
 
-def kill_a_sandbox(rng: Random) -> bool:
-    """SIGKILL one live sandbox (its worker spawns the next attempt); whether one was."""
-    pids = live_sandboxes()
+def kill_a_sandbox(rng: Random, parents: set[int]) -> bool:
+    """SIGKILL one live sandbox of the workers ``parents`` (the worker spawns the next
+    attempt); whether one was."""
+    pids = live_sandboxes(parents)
     if not pids:
         return False
     try:

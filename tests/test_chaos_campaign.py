@@ -3,15 +3,21 @@ and the per-run recovery breakdown by cause."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import threading
 import time
+from random import Random
 
 import pytest
+from proc import wait_for
 from test_chaos_check import chain, good_specs
 
 from chaos.campaign import Config, expected_s
-from chaos.faults import Postgres, cluster_on_port
+from chaos.faults import Postgres, cluster_on_port, kill_a_sandbox, live_sandboxes
 from chaos.lanes import Lane, lane_seconds
 from chaos.plan import Fault
 from chaos.recovery import Recovery, Window, by_cause, cause, recoveries
@@ -149,3 +155,25 @@ def test_a_database_outage_long_after_the_fault_is_not_its_cause() -> None:
     assert cause(r, "flow", [late]) == "db_outage"
     assert cause(r, "flow", [late], within=6.0) == "lease_expiry"
     assert cause(r, "flow", [Window(103.0, 104.0, "pg_stop")], within=6.0) == "db_outage"
+
+
+# -- sandbox kills -----------------------------------------------------------------------------
+
+
+def test_a_sandbox_kill_only_targets_sandboxes_of_the_campaigns_workers() -> None:
+    # A process that looks like a sandbox's outermost bwrap (its command line), a child of
+    # this test process: the campaign's workers are other processes.
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             "--die-with-parent", "RATCHET_SANDBOX_ID"])
+    try:
+        wait_for("the process to show up",
+                 lambda: fake.pid in live_sandboxes({os.getpid()}) or None)
+        assert fake.pid not in live_sandboxes({os.getpid() + 1_000_000})
+        assert not kill_a_sandbox(Random(1), {os.getpid() + 1_000_000})
+        assert fake.poll() is None  # not ours to kill: left alone
+        assert kill_a_sandbox(Random(1), {os.getpid()})
+        assert fake.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if fake.poll() is None:
+            fake.kill()
+        fake.wait()
