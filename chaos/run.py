@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the report to chaos/results/NAME-<backend>.json "
                              "(default: latest; long-, for --long)")
     parser.add_argument("--concurrency", type=int, default=None, metavar="N",
-                        help="runs each worker drives at a time (default 8; 24 with --long)")
+                        help="runs each worker drives at a time (default 8; with --long, 24 on "
+                             "SQLite)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work folder and database even when the campaign passes")
     args = parser.parse_args(argv)
