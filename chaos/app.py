@@ -50,6 +50,7 @@ POST_TIMEOUT_S = 5.0
 # Workflows only version-2 workers register, and the workers that do.
 V2_ONLY = ("audit",)
 V2_SLOT = 2  # the worker slot that runs the new release (slot 0 is the partitioned one)
+ISOLATED = ("boxed",)  # workflows whose every attempt runs in a sandbox
 
 # The retry budget of each step name, which the checker holds attempts against.
 SEND_RETRY = ratchet.Retry(max_attempts=4, backoff_ms=200, retry_on=("connector",))

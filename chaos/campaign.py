@@ -27,20 +27,27 @@ from urllib.parse import urlsplit, urlunsplit
 
 from chaos import app as chaos_app
 from chaos import collect
-from chaos.check import DupStart, check_all, recovery_times
+from chaos.check import DupStart, check_all
 from chaos.faults import Partition, Postgres, SqliteDisk, kill_a_sandbox
+from chaos.lanes import LANES, Lane, lane_seconds
 from chaos.plan import DUP_CALLERS, Fault, RunSpec, fault_schedule, run_specs
 from chaos.procs import CRASH_POINT_TARGET, ROOT, Arming, Exit, Fleet, Slot
 from chaos.receiver import read_log
+from chaos.recovery import Recovery, Window, by_cause, recoveries
 from chaos.report import assemble
 from ratchet.errors import InvalidInput, StorageError
 
 # The server to fault: its maintenance database; each campaign creates a database of its own.
-PG_ADMIN_URL = os.environ.get("CHAOS_PG_ADMIN_URL",
-                              "postgresql://postgres@127.0.0.1:5432/postgres")
+# The cluster restarted and stopped is the one listening on this URL's port.
+PG_ADMIN_URL = (os.environ.get("CHAOS_PG_ADMIN_URL") or os.environ.get("RATCHET_CHAOS_POSTGRES")
+                or "postgresql://postgres@127.0.0.1:5432/postgres")
 TTL = chaos_app.LEASE_TTL
 SWEEP = chaos_app.RECOVERY_INTERVAL
 SUPERVISE_S = 0.02
+# A database outage is put down as the cause of a recovery when it began within this long
+# of the worker outage (the lease, a sweep, a restart), not merely some time before the
+# run's next drive.
+OUTAGE_REACH_S = 3 * TTL
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,19 @@ class Config:
     gap_s: tuple[float, float] = (0.3, 1.2)
     tmpfs_mb: int = 96
     skip: tuple[str, ...] = ()
+    pg_admin_url: str = PG_ADMIN_URL
+
+    @classmethod
+    def long_campaign(cls, **kw: Any) -> Config:
+        """A long campaign: faults denser, on a fleet of five workers (kills and pauses of
+        different workers in flight at once, two version-2 slots) of 24 runs at a time on
+        SQLite, room for a dead worker's runs beside the live ones', so that 2,500 faults
+        fit in about 23 minutes."""
+        # On PostgreSQL, 8: five pools grown to 16 connections each, beside the campaign's
+        # own clients, pass a server's max_connections of 100.
+        concurrency = 24 if kw.get("backend") == "sqlite" else 8
+        return cls(**{"long": True, "workers": 5, "concurrency": concurrency,
+                      "gap_s": (0.3, 0.8), **kw})
 
 
 class Campaign:
@@ -77,6 +97,7 @@ class Campaign:
         self.details: Counter[str] = Counter()
         self.timings: dict[str, list[float]] = {}
         self.outages: dict[str, list[tuple[float, str]]] = {}
+        self.windows: list[Window] = []  # the database down or full
         self.exits: Counter[str] = Counter()
         self.exit_notes: list[str] = []
         self.submitted: list[str] = []
@@ -120,6 +141,12 @@ class Campaign:
     def count(self, kind: str) -> None:
         with self.lock:
             self.injected[kind] += 1
+
+    def window(self, began: float, kind: str) -> None:
+        """A fault that kept the database from being written, from ``began`` until now."""
+        with self.lock:
+            self.injected[kind] += 1
+            self.windows.append(Window(began, time.time(), kind))
 
     # -- the whole campaign --------------------------------------------------------------------
 
@@ -172,10 +199,12 @@ class Campaign:
         return self.fleet.slots
 
     @property
-    def v2_slot(self) -> int:
-        """The slot that runs the new release (not slot 0, the partitioned one, if it can
-        be helped)."""
-        return min(chaos_app.V2_SLOT, self.cfg.workers - 1)
+    def v2_slots(self) -> list[int]:
+        """The slots that run the new release: slot 2 (not slot 0, the partitioned one,
+        if it can be helped), and every other slot from there in a larger fleet, so that
+        killing one version-2 worker leaves another (of five: slots 2 and 4)."""
+        first = min(chaos_app.V2_SLOT, self.cfg.workers - 1)
+        return list(range(first, self.cfg.workers, 2)) if self.cfg.workers > 3 else [first]
 
     # -- setup and teardown --------------------------------------------------------------------
 
@@ -187,10 +216,10 @@ class Campaign:
             self.not_run[kind] = "skipped on request (--skip)"
         if cfg.backend == "postgres":
             dbname = f"chaos_{cfg.seed}_{int(time.time())}"
-            self.pg = Postgres(PG_ADMIN_URL, dbname)
+            self.pg = Postgres(cfg.pg_admin_url, dbname)
             self.pg.ensure_up()
             self.pg.create_db()
-            self.url = urlunsplit(urlsplit(PG_ADMIN_URL)._replace(path=f"/{dbname}"))
+            self.url = urlunsplit(urlsplit(cfg.pg_admin_url)._replace(path=f"/{dbname}"))
             if self.pg.unavailable:
                 for kind in ("pg_restart", "pg_stop"):
                     self.not_run.setdefault(kind, self.pg.unavailable)
@@ -210,8 +239,9 @@ class Campaign:
         receiver_url = f"http://127.0.0.1:{port}/deliver"
         slots = [Slot(i, {"CHAOS_DB_URL": self.url, "CHAOS_RECEIVER_URL": receiver_url})
                  for i in range(cfg.workers)]
-        # A rolling deploy: one slot runs the new release, the others the old one.
-        slots[self.v2_slot].env["CHAOS_APP_VERSION"] = "2"
+        # A rolling deploy: some slots run the new release, the others the old one.
+        for index in self.v2_slots:
+            slots[index].env["CHAOS_APP_VERSION"] = "2"
         if cfg.backend == "postgres" and "partition" not in self.not_run:
             self.partition = Partition(int(time.time()) % 1000, self.workdir)
             self.partition.setup([urlsplit(self.url).port or 5432, port])
@@ -461,27 +491,52 @@ class Campaign:
     # -- faults --------------------------------------------------------------------------------
 
     def inject(self, schedule: list[Fault]) -> None:
-        """Walk the fault schedule."""
-        for n, fault in enumerate(schedule, start=1):
-            time.sleep(fault.gap_s)
-            try:
-                self.apply(fault)
-            except Exception as e:
-                self.log(f"fault {fault.kind} failed to inject: {e!r}")
-                self.skipped[fault.kind] += 1
-            if n % 25 == 0:
-                print(f"chaos: {self.cfg.backend}: {n}/{len(schedule)} faults, "
-                      f"{len(self.submitted)} runs submitted", flush=True)
+        """Walk the fault schedule. Faults that hold their injector while they heal (a
+        server restart or stop, a full disk, a checkpoint kill, a partition, the wait for
+        a sandbox) go to a lane of their own (see :data:`LANES`), so the schedule walks on
+        and other faults land meanwhile; a lane injects its faults one after another."""
+        lanes = {name: Lane(name, self.apply_one) for name in sorted(set(LANES.values()))}
+        try:
+            for n, fault in enumerate(schedule, start=1):
+                time.sleep(fault.gap_s)
+                lane = LANES.get(fault.kind)
+                if lane is None:
+                    self.apply_one(fault)
+                else:
+                    lanes[lane].put(fault)
+                if n % 25 == 0:
+                    print(f"chaos: {self.cfg.backend}: {n}/{len(schedule)} faults, "
+                          f"{len(self.submitted)} runs submitted", flush=True)
+        finally:
+            for lane_ in lanes.values():
+                lane_.close()
+
+    def apply_one(self, fault: Fault) -> None:
+        """Inject ``fault``; one that fails to inject is counted skipped."""
+        try:
+            self.apply(fault)
+        except Exception as e:
+            self.log(f"fault {fault.kind} failed to inject: {e!r}")
+            self.skip(fault.kind)
+
+    def skip(self, kind: str) -> None:
+        with self.lock:
+            self.skipped[kind] += 1
 
     def eligible(self, start: int) -> Slot | None:
-        """The first slot from ``start`` on whose worker is running and reachable."""
+        """The first slot from ``start`` on whose worker is up (started working, not
+        paused) and reachable."""
         slots = self.fleet_slots()
         for i in range(len(slots)):
             slot = slots[(start + i) % len(slots)]
-            if (slot.alive() and not slot.paused and slot.restart_at is None
+            if (slot.up() and not slot.paused and slot.restart_at is None
                     and not (slot.netns and self.partition and self.partition.is_down)):
                 return slot
         return None
+
+    def worker_pids(self) -> set[int]:
+        """The pids of the campaign's worker processes now (the parents of its sandboxes)."""
+        return {s.popen.pid for s in self.fleet_slots() if s.popen is not None and s.alive()}
 
     def later(self, seconds: float, fn: Any) -> None:
         timer = threading.Timer(seconds, fn)
@@ -499,7 +554,7 @@ class Campaign:
             with self.fleet.lock:
                 slot = self.eligible(p["slot"])
                 if slot is None:
-                    self.skipped[kind] += 1
+                    self.skip(kind)
                     return
                 slot.reclaim_next = p["reclaim"]
                 slot.restart_delay = p["restart_delay_s"]
@@ -512,7 +567,7 @@ class Campaign:
             with self.fleet.lock:
                 slot = self.eligible(p["slot"])
                 if slot is None or slot.popen is None:
-                    self.skipped[kind] += 1
+                    self.skip(kind)
                     return
                 pid, wid = slot.popen.pid, slot.worker_id
                 if self.fleet.pause(slot):
@@ -530,16 +585,18 @@ class Campaign:
                 self.details["pg_backends_terminated"] += done
                 self.details["pg_listen_backends_terminated"] += listen
             else:
-                self.skipped[kind] += 1
+                self.skip(kind)
         elif kind == "pg_restart":
             assert self.pg is not None
+            began = time.time()
             self.timings.setdefault(kind, []).append(self.pg.restart())
-            self.count(kind)
+            self.window(began, kind)
             self.log("pg restarted")
         elif kind == "pg_stop":
             assert self.pg is not None
+            began = time.time()
             self.timings.setdefault(kind, []).append(self.pg.stop_for(2 * TTL))
-            self.count(kind)
+            self.window(began, kind)
             self.log("pg stopped and started")
         elif kind == "partition":
             assert self.partition is not None
@@ -548,7 +605,7 @@ class Campaign:
             deadline = time.monotonic() + 3 * TTL
             while self.partition.is_down or self.eligible(0) is not slot:
                 if time.monotonic() > deadline:
-                    self.skipped[kind] += 1
+                    self.skip(kind)
                     return
                 time.sleep(0.05)
             self.partition.down()
@@ -557,7 +614,9 @@ class Campaign:
             if p["ttls"] >= 1:  # shorter ones must not cost the lease
                 self.outage(label, time.time(), slot.worker_id)
             self.log(f"partition worker={slot.worker_id} for {p['ttls']}xTTL")
-            self.later(p["ttls"] * TTL, self.partition.up)
+            # Its lane waits for the link to come back: partitions of one link never overlap.
+            time.sleep(p["ttls"] * TTL)
+            self.partition.up()
         elif kind == "checkpoint_kill":
             assert self.disk is not None
             self.disk.start_checkpointer(self.workdir)
@@ -573,25 +632,26 @@ class Campaign:
                         victim.reclaim_next = True
                         self.details["workers_killed_with_checkpointer"] += 1
                 else:
-                    self.skipped[kind] += 1
+                    self.skip(kind)
             self.disk.start_checkpointer(self.workdir)
         elif kind == "sandbox_kill":
             # Isolated runs are few and their sandboxes short-lived: wait a while for one.
             pick, deadline = Random(p["pick"]), time.monotonic() + 2 * TTL
-            while not kill_a_sandbox(pick):
+            while not kill_a_sandbox(pick, self.worker_pids()):
                 if time.monotonic() > deadline:
-                    self.skipped[kind] += 1
+                    self.skip(kind)
                     return
                 time.sleep(0.05)
             self.count(kind)
             self.log("killed a sandbox")
         elif kind == "disk_full":
             assert self.disk is not None
+            began = time.time()
             written = self.disk.fill()
-            self.count(kind)
             self.log(f"disk full ({written} bytes filler) for {p['hold_s']}s")
             time.sleep(p["hold_s"])
             self.disk.free()
+            self.window(began, kind)
 
     # -- healing and draining ------------------------------------------------------------------
 
@@ -616,7 +676,7 @@ class Campaign:
                 if slot.restart_at is not None:
                     slot.restart_at = min(slot.restart_at, time.time())
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not all(s.alive() for s in self.fleet.slots):
+        while time.monotonic() < deadline and not all(s.up() for s in self.fleet.slots):
             time.sleep(0.05)
         self.log("healed")
 
@@ -629,13 +689,15 @@ class Campaign:
         return collect.status_counts(self.url)
 
     def drain(self) -> dict[str, Any]:
-        """Wait for the runs to finish: up to TTL + sweep + 5 s without progress, and at
-        most a few minutes in all."""
+        """Wait for the runs to finish: up to TTL + sweep + 5 s without progress (no run
+        finished and nothing journaled: on a loaded machine a run's next step may take
+        longer than that, but a stuck fleet journals nothing), and at most a few minutes in
+        all (more for a long campaign)."""
         quiet_s = TTL + SWEEP + 5.0
         began = time.monotonic()
-        cap = began + 180.0
+        cap = began + (300.0 if self.cfg.long else 180.0)
         deadline = began + quiet_s
-        last = None
+        last: tuple[int, int] | None = None
         while True:
             counts = self.statuses_now()
             remaining = sum(n for s, n in counts.items()
@@ -643,9 +705,11 @@ class Campaign:
             now = time.monotonic()
             if remaining == 0 or now > deadline or now > cap:
                 break
-            if last is None or remaining < last:
-                deadline = max(deadline, now + quiet_s)
-            last = remaining
+            with contextlib.suppress(Exception):
+                progress = (-remaining, collect.journal_size(self.url))
+                if last is None or progress[0] > last[0] or progress[1] > last[1]:
+                    deadline = max(deadline, now + quiet_s)
+                last = progress
             time.sleep(0.25)
         return {"seconds": round(time.monotonic() - began, 2), "remaining": remaining}
 
@@ -655,25 +719,46 @@ class Campaign:
               snapshot: Counter[str]) -> dict[str, Any]:
         """Collect the evidence, check the invariants, assemble the report."""
         arrivals = read_log(self.workdir / "receiver.jsonl")
-        v2_workers = self.fleet_slots()[self.v2_slot].ids
+        v2_workers = {wid for i in self.v2_slots for wid in self.fleet_slots()[i].ids}
         ev = collect.evidence(self.url, self.submitted, arrivals, time.time(),
                               chaos_app.MAX_ATTEMPTS,
                               deliveries_per_step=chaos_app.DELIVERIES,
                               cancel_requested=dict(self.cancel_requested),
-                              v2_only=chaos_app.V2_ONLY, v2_workers=set(v2_workers),
+                              v2_only=chaos_app.V2_ONLY, v2_workers=v2_workers,
                               dup_starts=dict(self.dup_starts))
         findings = check_all(ev)
         from_logs = collect.log_figures(p for s in self.fleet_slots() for p in s.logs)
-        recovery = {kind: recovery_times(ev.events, at)
-                    for kind, at in sorted(self.outages.items())}
-        return assemble(self, findings, from_logs, recovery, {
+        recs = recoveries(ev.events, [(t, worker_id, kind)
+                                      for kind, at in sorted(self.outages.items())
+                                      for t, worker_id in at])
+        return assemble(self, findings, from_logs, self.recovery(recs, ev.runs), {
             "duration_s": round(time.time() - began, 1), "fault_phase_s": round(fault_s, 1),
             "drain": drain, "statuses_at_drain_end": dict(snapshot)})
 
+    def recovery(self, recs: list[Recovery], runs: dict[str, Any]) -> dict[str, Any]:
+        """The recovery samples by fault and by cause, and the slowest ones."""
+        workflows = {run_id: row.workflow for run_id, row in runs.items()}
+        causes = by_cause(recs, workflows, self.windows, chaos_app.V2_ONLY,
+                          chaos_app.ISOLATED, within=OUTAGE_REACH_S)
+        faults: dict[str, list[float]] = {}
+        for r in recs:
+            faults.setdefault(r.fault, []).append(r.seconds)
+        slowest = sorted(recs, key=lambda r: -r.seconds)[:10]
+        return {"all": [r.seconds for r in recs],
+                "outside_partitions": [x for c, xs in causes.items() if c != "partition"
+                                       for x in xs],
+                "by_fault": dict(sorted(faults.items())), "by_cause": causes,
+                "slowest": [{"run_id": r.run_id, "seconds": round(r.seconds, 3),
+                             "fault": r.fault, "next_drive": f"{r.reason} by {r.by}",
+                             "workflow": workflows.get(r.run_id),
+                             "cause": next(iter(by_cause([r], workflows, self.windows,
+                                                         chaos_app.V2_ONLY,
+                                                         chaos_app.ISOLATED,
+                                                         within=OUTAGE_REACH_S)))}
+                            for r in slowest]}
+
 
 def expected_s(schedule: list[Fault]) -> float:
-    """About how long injecting ``schedule`` takes: the gaps, plus the faults that hold
-    the injector (a server restart or stop, a full disk, a checkpoint kill)."""
-    held = {"pg_restart": 2.0, "pg_stop": 2 * TTL + 2.0}
-    return sum(f.gap_s + held.get(f.kind, 0.0) + float(f.params.get("hold_s", 0.0))
-               + float(f.params.get("after_s", 0.0)) for f in schedule)
+    """About how long injecting ``schedule`` takes: the gaps, or the busiest lane's work
+    when that is longer (see :mod:`chaos.lanes`)."""
+    return max([sum(f.gap_s for f in schedule), *lane_seconds(schedule, TTL).values()])

@@ -61,6 +61,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.recovery import recoveries
 from ratchet.model import (
     GENESIS_HASH,
     TAKEOVERS,
@@ -877,28 +878,9 @@ def check_all(ev: Evidence) -> Findings:
 def recovery_times(events: dict[str, list[Event]], outages: Iterable[tuple[float, str]]
                    ) -> list[float]:
     """Seconds from each outage ``(time, worker_id)`` (a kill, a crash point, a pause, a
-    partition) to the next drive of each run that worker held at that time.
-
-    A run was held at ``t`` when its last drive begun before ``t`` was that worker's and had
-    not yet parked or finished by ``t``. Only a next drive that took the run back (a sweep
-    of an expired lease, or the same worker id reclaiming it) counts: a run claimed
-    afresh had been handed back or parked, not lost."""
-    by_worker: dict[str, list[tuple[Event, list[Event], Event | None]]] = defaultdict(list)
-    for evs in events.values():
-        drives = [(m, body) for m, body in segments(evs)[1:] if m is not None]
-        for i, (marker, body) in enumerate(drives):
-            following = drives[i + 1][0] if i + 1 < len(drives) else None
-            by_worker[str(marker.payload.get("worker_id"))].append((marker, body, following))
-    out: list[float] = []
-    for t, worker_id in outages:
-        for marker, body, following in by_worker.get(worker_id, ()):
-            if following is None or not marker.at < t <= following.at:
-                continue  # not this run's drive at the time of the outage
-            ended = any(e.at <= t and (e.kind in TERMINAL_EVENTS
-                                       or e.kind == EventKind.STEP_WAITING) for e in body)
-            if not ended and following.payload.get("reason") in ("sweep", "reclaim"):
-                out.append(following.at - t)
-    return out
+    partition) to the next drive of each run that worker held at that time (see
+    :func:`chaos.recovery.recoveries`)."""
+    return [r.seconds for r in recoveries(events, [(t, w, "") for t, w in outages])]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:

@@ -66,6 +66,11 @@ def _rows(url: str, sql: str) -> list[Any]:
         return pg.execute(sql).fetchall()
 
 
+def journal_size(url: str) -> int:
+    """How many events the journal holds now (it grows while any run makes progress)."""
+    return int(_rows(url, "SELECT count(*) FROM journal_events")[0][0])
+
+
 def status_counts(url: str) -> Counter[str]:
     """How many runs are in each status now."""
     return Counter({status: int(n) for status, n in _rows(url, STATUS)})

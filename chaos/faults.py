@@ -43,20 +43,41 @@ def _sh(*cmd: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
 # -- PostgreSQL ------------------------------------------------------------------------------
 
 
+def cluster_on_port(port: int, listing: str | None = None) -> tuple[str, str] | None:
+    """(version, name) of the local cluster configured on ``port``, from ``pg_lsclusters``
+    (or its ``listing``); None when there is none."""
+    if listing is None:
+        res = _sh("pg_lsclusters", "--no-header")
+        if res.returncode != 0:
+            return None
+        listing = res.stdout
+    for line in listing.splitlines():
+        cols = line.split()
+        if len(cols) >= 3 and cols[0][:1].isdigit() and cols[2] == str(port):
+            return cols[0], cols[1]
+    return None
+
+
 class Postgres:
     """The local PostgreSQL cluster, seen as a fault target."""
 
     def __init__(self, admin_url: str, dbname: str) -> None:
         self.admin_url = admin_url
         self.dbname = dbname
-        versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir(
-            "/etc/postgresql") else []
-        self.version = versions[-1] if versions else None
         self.unavailable: str | None = None
-        if self.version is None:
-            self.unavailable = "no cluster under /etc/postgresql to restart"
-        elif _sh("which", "pg_ctlcluster").returncode != 0:
+        self.version: str | None = None
+        self.cluster = "main"
+        if _sh("which", "pg_ctlcluster").returncode != 0:
             self.unavailable = "pg_ctlcluster is not installed"
+            return
+        # The cluster to restart is the one serving the campaign's URL, never another
+        # cluster of the machine.
+        found = cluster_on_port(urlsplit(admin_url).port or 5432)
+        if found is None:
+            self.unavailable = (f"no local cluster listens on port "
+                                f"{urlsplit(admin_url).port or 5432} (pg_lsclusters)")
+        else:
+            self.version, self.cluster = found
 
     def create_db(self) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
@@ -94,7 +115,8 @@ class Postgres:
 
     def _ctl(self, *args: str) -> None:
         assert self.version is not None
-        res = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version, "main", *args)
+        res = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.cluster,
+                  *args)
         if res.returncode != 0 and "is not running" not in res.stderr:
             raise RuntimeError(f"pg_ctlcluster {' '.join(args)}: {res.stderr.strip()}")
 
@@ -129,16 +151,16 @@ class Postgres:
         started = False
         while not self.ready():
             if not started and self.version is not None:
-                status = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version, "main",
-                             "status")
+                status = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version,
+                             self.cluster, "status")
                 if status.returncode != 0:  # 3: not running
-                    _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version, "main",
-                        "start")
+                    _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version,
+                        self.cluster, "start")
                 started = True
             if time.monotonic() > deadline:
                 raise RuntimeError("PostgreSQL did not come back within "
                                    f"{PG_READY_TIMEOUT_S:g}s")
-            time.sleep(0.2)
+            time.sleep(0.05)
 
 
 # -- network partition -----------------------------------------------------------------------
@@ -332,9 +354,11 @@ if __name__ == "__main__":
         checkpoint_loop(sys.argv[2])
 
 
-def live_sandboxes() -> list[int]:
+def live_sandboxes(parents: set[int] | None = None) -> list[int]:
     """The pids of the bubblewrap processes of live sandboxes (each isolated attempt's
-    outermost process; its environment is on its command line)."""
+    outermost process; its environment is on its command line), only those spawned by
+    the processes ``parents`` when given (the campaign's own workers: never a sandbox of
+    anything else running on the machine)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -347,14 +371,16 @@ def live_sandboxes() -> list[int]:
             continue
         # bwrap forks its namespace's init with the same command line: the outer one only.
         if b"--die-with-parent" in args and b"RATCHET_SANDBOX_ID" in args and (
-                b"--die-with-parent" not in parent_args):
+                b"--die-with-parent" not in parent_args) and (
+                parents is None or parent in parents):
             found.append(int(entry.name))
     return sorted(found)
 
 
-def kill_a_sandbox(rng: Random) -> bool:
-    """SIGKILL one live sandbox (its worker spawns the next attempt); whether one was."""
-    pids = live_sandboxes()
+def kill_a_sandbox(rng: Random, parents: set[int]) -> bool:
+    """SIGKILL one live sandbox of the workers ``parents`` (the worker spawns the next
+    attempt); whether one was."""
+    pids = live_sandboxes(parents)
     if not pids:
         return False
     try:

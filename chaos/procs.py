@@ -24,6 +24,7 @@ from ratchet.engine.faults import POINTS
 
 ROOT = Path(__file__).resolve().parent.parent
 CRASH_POINT_TARGET = 3  # hits of each crash point per campaign, at least
+STARTED = b"action=worker_started"  # the worker's log line once it works
 
 
 @dataclass(slots=True)
@@ -63,9 +64,27 @@ class Slot:
     restart_delay: float = 0.3
     logs: list[Path] = field(default_factory=list)
     ids: set[str] = field(default_factory=set)  # every worker id it has run under
+    up_pid: int | None = None  # the process whose log showed it started working
 
     def alive(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
+
+    def up(self) -> bool:
+        """Whether its worker is running and has started working (registered, reclaimed its
+        runs, claiming): a process still importing or connecting holds no run yet, and a
+        fault on it would cost nothing. Read from the head of its log, once per process."""
+        if not self.alive() or self.popen is None or not self.logs:
+            return False
+        if self.up_pid != self.popen.pid:
+            try:
+                with self.logs[-1].open("rb") as f:
+                    head = f.read(1 << 16)
+            except OSError:
+                return False
+            if STARTED not in head:
+                return False
+            self.up_pid = self.popen.pid
+        return True
 
 
 class Arming:

@@ -16,9 +16,9 @@ if TYPE_CHECKING:
 
 
 def assemble(c: Campaign, findings: Findings, from_logs: dict[str, int],
-             recovery: dict[str, list[float]], timing: dict[str, Any]) -> dict[str, Any]:
+             recovery: dict[str, Any], timing: dict[str, Any]) -> dict[str, Any]:
     """The report of campaign ``c`` from its findings, its workers' logs and the recovery
-    times by kind of outage."""
+    times (all, outside partitions, by kind of outage, by cause, the slowest)."""
     cfg, fig = c.cfg, findings.figures
     hits = dict(c.arming.hits)
     refused = from_logs.get("stale_writes_refused", 0)
@@ -30,7 +30,6 @@ def assemble(c: Campaign, findings: Findings, from_logs: dict[str, int],
     runs["failed_by_error"] = dict(Counter(_error_class(r["error"])
                                            for r in runs["failed_runs"]))
     runs["failed_runs"] = runs["failed_runs"][:20]
-    every = [x for xs in recovery.values() for x in xs]
     violations = findings.violations
     rerun = (f"python -m chaos.run --backend {cfg.backend} --seed {cfg.seed} --runs {cfg.runs} "
              f"--faults {cfg.faults}{' --long' if cfg.long else ''}"
@@ -66,8 +65,13 @@ def assemble(c: Campaign, findings: Findings, from_logs: dict[str, int],
                          "accepted": accepted,
                          "fenced_on_renewal": from_logs.get("fenced_on_renewal", 0),
                          "stale_epoch_dispatches": fig["deliveries"]["stale_epoch_dispatches"]},
-        "recovery_s": {**_spread(every), "by_fault": {
-            kind: _spread(xs) for kind, xs in recovery.items() if xs}},
+        "recovery_s": {**_spread(recovery["all"]),
+                       "outside_partitions": _spread(recovery["outside_partitions"]),
+                       "by_fault": {kind: _spread(xs)
+                                    for kind, xs in recovery["by_fault"].items() if xs},
+                       "by_cause": {kind: _spread(xs)
+                                    for kind, xs in sorted(recovery["by_cause"].items())},
+                       "slowest": recovery["slowest"]},
         "workers": {"starts": c.fleet.starts if c.fleet else 0,
                     "unexpected_exits": dict(c.exits),
                     "unexpected_exit_notes": c.exit_notes[:10], **from_logs},
@@ -143,9 +147,16 @@ def render(r: dict[str, Any]) -> str:
         f"recovery       p50 {rec['p50']}s, p99 {rec['p99']}s, max {rec['max']}s "
         f"over {rec['samples']} held runs",
     ]
-    for kind, x in rec.get("by_fault", {}).items():
-        lines.append(f"                 {kind}: p50 {x['p50']}s, p99 {x['p99']}s, max {x['max']}s "
-                     f"({x['samples']})")
+    out = rec.get("outside_partitions")
+    if out:
+        lines.append(f"               outside partitions: p50 {out['p50']}s, p99 {out['p99']}s, "
+                     f"max {out['max']}s ({out['samples']})")
+    for title, group in (("by fault", rec.get("by_fault", {})),
+                         ("by cause", rec.get("by_cause", {}))):
+        lines.append(f"               {title}:")
+        for kind, x in group.items():
+            lines.append(f"                 {kind}: p50 {x['p50']}s, p99 {x['p99']}s, "
+                         f"max {x['max']}s ({x['samples']})")
     w = r["workers"]
     exits = dict(w["unexpected_exits"])
     at_start = exits.pop("storage_error_at_start", 0)

@@ -19,6 +19,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from chaos.campaign import Campaign, Config
 from chaos.report import render
@@ -42,6 +43,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip", default="", metavar="KIND[,KIND]",
                         help="fault kinds not to inject, reported as not run (e.g. "
                              "pg_restart,pg_stop on a shared server)")
+    parser.add_argument("--postgres", default=None, metavar="URL",
+                        help="the PostgreSQL server to fault, as its maintenance database's "
+                             "URL; the local cluster on its port is the one restarted and "
+                             "stopped (default: CHAOS_PG_ADMIN_URL, RATCHET_CHAOS_POSTGRES, "
+                             "else 127.0.0.1:5432)")
+    parser.add_argument("--out", default=None, metavar="NAME",
+                        help="write the report to chaos/results/NAME-<backend>.json "
+                             "(default: latest; long-, for --long)")
+    parser.add_argument("--concurrency", type=int, default=None, metavar="N",
+                        help="runs each worker drives at a time (default 8; with --long, 24 on "
+                             "SQLite)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work folder and database even when the campaign passes")
     args = parser.parse_args(argv)
@@ -56,11 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     status = 0
     for backend in backends:
-        config = Config(backend=backend, seed=seed, runs=runs, faults=faults, long=args.long,
-                        keep=args.keep, skip=tuple(filter(None, args.skip.split(","))))
+        options: dict[str, Any] = {"backend": backend, "seed": seed, "runs": runs,
+                                   "faults": faults, "keep": args.keep,
+                                   "skip": tuple(filter(None, args.skip.split(",")))}
+        if args.postgres:
+            options["pg_admin_url"] = args.postgres
+        if args.concurrency:
+            options["concurrency"] = args.concurrency
+        config = Config.long_campaign(**options) if args.long else Config(**options)
         report = Campaign(config).run()
         print(render(report), flush=True)
-        (RESULTS / f"latest-{backend}.json").write_text(json.dumps(report, indent=2) + "\n")
+        out = args.out or ("long" if args.long else "latest")
+        (RESULTS / f"{out}-{backend}.json").write_text(json.dumps(report, indent=2) + "\n")
         if report["violations"]["count"]:
             status = 1
         elif not report["crash_points"]["covered"] and status == 0:
@@ -72,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     if status:
         print(f"replay: python -m chaos.run --backend {args.backend} --seed {seed} "
               f"--runs {runs} --faults {faults}{' --long' if args.long else ''}"
-              f"{' --skip ' + args.skip if args.skip else ''}")
+              f"{' --skip ' + args.skip if args.skip else ''}"
+              f"{' --postgres ' + args.postgres if args.postgres else ''}")
     return status
 
 

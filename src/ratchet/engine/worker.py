@@ -9,7 +9,8 @@ Loops, all on one event loop:
   while renewals fail, each drive is stopped at its lease's local deadline, since another
   worker may take the run from then on;
 * sweep: every recovery interval, steal up to 20 running runs whose lease expired (and at
-  once again while passes come back full).
+  once again while passes come back full). A sweep that found no free slot is owed: the
+  next slot freed sweeps before it claims, so orphans go ahead of fresh runs.
 On start a worker first reclaims the runs still under its own id, at once. A drive that a
 storage failure abandoned is driven again on this worker after a short backoff while its
 lease holds. On shutdown the worker stops claiming, lets steps in flight finish within a
@@ -140,6 +141,14 @@ class Worker:
         self._renew_now = asyncio.Event()
         # Full garbage collections paced by the runs' turnover (a worker of many runs).
         self._gc = GcPacer(concurrency)
+        # Set when a sweep found every slot taken (or filled every free one): orphans may be
+        # waiting, so the next freed slot sweeps before it claims a fresh run. Otherwise a
+        # worker kept full by a queue of ready runs would leave a dead worker's runs until
+        # the queue drained.
+        self._sweep_owed = False
+        # Held while a claim or a sweep counts the free slots and fills them, so the two
+        # loops never both fill the same slot (the sweep's orphan and a fresh run at once).
+        self._taking = asyncio.Lock()
 
     @property
     def started(self) -> asyncio.Event:
@@ -347,21 +356,29 @@ class Worker:
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 continue
+            if self._sweep_owed and await self.sweep():
+                continue  # the orphans first, then fresh runs with what is left
             # Watch before claiming: a run made ready after the claim looked is announced
             # to this watcher, not lost between the look and the wait.
             with self.store.watching(READY) as ready:
-                sent_at = time.monotonic()
-                try:
-                    runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
-                                                  self.queues, self.served)
-                except Exception as e:
-                    log.warning("action=claim_failed error=%s", e)
+                async with self._taking:
+                    free = self.concurrency - len(self.active)
+                    if free <= 0 or self._sweep_owed:
+                        continue  # a sweep filled the slot meanwhile, or is owed it
+                    sent_at = time.monotonic()
+                    try:
+                        runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
+                                                      self.queues, self.served)
+                    except Exception as e:
+                        log.warning("action=claim_failed error=%s", e)
+                        runs = None
+                    if runs:
+                        crash_point("after_claim")
+                        STATS.claimed(len(runs))
+                        self._spawn(runs, sent_at)
+                        continue
+                if runs is None:
                     await asyncio.sleep(self.poll_interval)
-                    continue
-                if runs:
-                    crash_point("after_claim")
-                    STATS.claimed(len(runs))
-                    self._spawn(runs, sent_at)
                     continue
                 if await self._refresh_graphs():
                     continue  # a graph registered since: its runs may be ready now
@@ -441,9 +458,15 @@ class Worker:
 
     async def sweep(self) -> list[ClaimedRun]:
         """One pass of the recovery sweep: steal up to 20 runs whose lease expired."""
+        async with self._taking:
+            return await self._sweep()
+
+    async def _sweep(self) -> list[ClaimedRun]:
         free = min(SWEEP_LIMIT, self.concurrency - len(self.active))
         if free <= 0:
+            self._sweep_owed = True
             return []
+        self._sweep_owed = False
         sent_at = time.monotonic()
         try:
             runs = await self.store.steal_expired(self.worker_id, self.lease_ttl, free,
@@ -451,6 +474,9 @@ class Worker:
         except Exception as e:
             log.warning("action=sweep_failed error=%s", e)
             return []
+        # Every free slot filled: more orphans may wait for the next one (a full pass of
+        # SWEEP_LIMIT goes on at once in the sweep loop).
+        self._sweep_owed = len(runs) == free < SWEEP_LIMIT
         STATS.swept(len(runs))
         for claimed in runs:
             log.info("action=run_stolen run_id=%s epoch=%s", claimed.record.run_id,
