@@ -303,6 +303,24 @@ class RunContext:
             )
         return f"{ordinal}:{name}", step
 
+    def take_completed(self, name: str) -> StepState | None:
+        """The next step, its ordinal taken, when the journal holds it as step ``name``
+        completed and :meth:`run_step` would hand its output back at once (no guard's pause
+        to ask again, no earlier step to wait for); else None, and nothing is taken. For
+        callers that need only a finished step's output: they skip building its call. The
+        caller reports the step to the guards (``guards.replayed_step``)."""
+        ordinal = self.ordinal + 1
+        step = self.state.by_ordinal.get(ordinal)
+        if (step is None or step.status != "completed" or step.name != name
+                or step.step_id in self.state.paused_at
+                or ordinal < self._called_before[bisect.bisect_left(self._first_seqs,
+                                                                    step.finished_seq)]):
+            return None
+        self.ordinal = ordinal
+        if self._turns:
+            self._hand_turns()
+        return step
+
     def take_step(self, step_id: str) -> StepState | None:
         """Take the next ordinal for a step whose id the journal already holds (a guard's
         pause, named by its anomaly); return what the journal holds for it. Branches that
