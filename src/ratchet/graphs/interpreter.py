@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.context import require_run
 from ratchet.errors import RatchetError
-from ratchet.graphs import templates
+from ratchet.graphs import fast_forward, templates
+from ratchet.graphs.fast_forward import Route
 from ratchet.graphs.nodes import Ready, run_node, single_step
 from ratchet.graphs.validate import Graph, Node
 
@@ -78,6 +79,7 @@ class Interpreter:
         self.graph = graph
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.reads_results = _reads_results(graph.definition)
+        self.routes: dict[str, Route | None] = {}  # loop -> its body's one route, if any
 
     async def run(self, input: Any) -> Any:
         scope = Scope(input)
@@ -103,7 +105,7 @@ class Interpreter:
                 return last
             run, skip = [], []
             for n in ready:
-                edges = self._incoming(n, inside)
+                edges = self.incoming(n, inside)
                 if n in entry or any(taken.get((e.source, e.target)) for e in edges):
                     run.append(n)
                 else:
@@ -130,13 +132,13 @@ class Interpreter:
                 for e in self.graph.out_edges.get(n, []):
                     taken[(n, e.target)] = False
 
-    def _incoming(self, n: str, inside: set[str]) -> list[Any]:
+    def incoming(self, n: str, inside: set[str]) -> list[Any]:
         # A loop body's edges back to its loop close an iteration; they do not feed it.
         return [e for e in self.graph.in_edges.get(n, []) if e.source in inside
                 and self.graph.loop_of.get(e.source) != e.target]
 
     def _decided(self, n: str, inside: set[str], state: Mapping[str, str]) -> bool:
-        edges = self._incoming(n, inside)
+        edges = self.incoming(n, inside)
         return bool(edges) and all(e.source in state for e in edges)
 
     async def _node(self, node: Node, prefix: str, scope: Scope) -> Any:
@@ -164,6 +166,13 @@ class Interpreter:
             items = value
         results: list[Any] = []
         index = 0
+        if items is not None:
+            if node.id not in self.routes:
+                self.routes[node.id] = fast_forward.route(self, node, entry)
+            plan = self.routes[node.id]
+            if plan is not None:
+                index = fast_forward.skip_finished(self, node, plan, prefix, scope, items,
+                                                   results)
         while True:
             if items is not None and index >= len(items):
                 return results

@@ -93,10 +93,10 @@ def _tool(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
         # runaway-loop guard needs them.
         here = scope.frozen()
         ctx.guards.replayed_step(name, step.step_id, step.output,
-                                 lambda: ((), _tool_kwargs(interp, node, here)))
+                                 lambda: ((), tool_kwargs(interp, node, here)))
         return Ready(step.output)
     td = _tool_def(interp, node)
-    kwargs = _tool_kwargs(interp, node, scope)
+    kwargs = tool_kwargs(interp, node, scope)
     sd = _override(td.step, node, name, decode=lambda v: v)
     if td.requires_approval:
         coro = approve_then_call(interp.ctx, sd, td.name, td.arguments((), kwargs), (), kwargs)
@@ -112,7 +112,7 @@ def _tool_def(interp: Interpreter, node: Node) -> Any:
     return call.tool
 
 
-def _tool_kwargs(interp: Interpreter, node: Node, scope: Scope) -> dict[str, Any]:
+def tool_kwargs(interp: Interpreter, node: Node, scope: Scope) -> dict[str, Any]:
     kwargs: dict[str, Any] = _tool_def(interp, node).bind(
         templates.render(node.data.args, scope.context()))
     return kwargs
