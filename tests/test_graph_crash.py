@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import graph_app
 import pytest
