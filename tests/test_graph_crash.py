@@ -141,7 +141,7 @@ def test_a_reclaimed_parent_finds_its_subagent_instead_of_spawning_another(
     assert h.calls() == {"1:work": 2, "2:after": 1}
 
 
-ROUTES_INPUT = {"same": [7, 7, 7, 7, 7, 7], "items": [1, 2, 3, 4]}
+ROUTES_INPUT = {"same": [7] * 8, "items": [1, 2, 3, 4]}
 
 
 def decided(h: Harness, run_id: str) -> list[tuple[str, str | None, Any]]:
@@ -176,23 +176,24 @@ def test_a_graph_killed_again_and_again_takes_the_route_of_an_uncrashed_run(
         if what == "succeeded":
             break
         kills += 1
-    # 21 steps, three a worker; the seventh's third commits with the run's end.
-    assert kills == 6
+    # 23 steps, three a worker; the eighth's second commits with the run's end.
+    assert kills == 7
     clean = h.app.start("routes", ROUTES_INPUT)
     h.spawn("clean", worker_id=WORKER)
     assert h.wait_status(clean, "succeeded", 30).status == "succeeded"
     assert h.app.result(crashed, timeout_s=5) == h.app.result(clean, timeout_s=5) == {
-        "same": [7] * 6, "each": [2, 5, 8, 11], "both": {"left": 11, "right": 8},
+        "same": [7] * 8, "each": [2, 5, 8, 11], "both": {"left": 11, "right": 8},
         "tries": [0, 3, 4]}
     route = decided(h, crashed)
     assert route == decided(h, clean)
     # The runaway-loop streak of the first loop counts the steps a drive took from the
-    # journal: the fourth echo trips it (in the second drive) as in the uncrashed run.
+    # journal: the fourth echo trips it (in the second drive) as in the uncrashed run, and
+    # the seventh (the third drive's first, after six replayed) does not trip it again.
     assert [(kind, step) for kind, step, _ in route if kind == EventKind.ANOMALY_DETECTED
             ] == [(EventKind.ANOMALY_DETECTED, "4:same#3/echo")]
     assert [step for _, step, _ in route][-6:] == [
-        "16:right", "17:big", "18:tries#0/probe", "19:tries#1/probe", "20:tries#1/odd",
-        "21:tries#2/probe"]
-    # Every step's code ran once, though the run was driven seven times.
+        "18:right", "19:big", "20:tries#0/probe", "21:tries#1/probe", "22:tries#1/odd",
+        "23:tries#2/probe"]
+    # Every step's code ran once, though the run was driven eight times.
     ran = Counter(r["step_id"] for r in h.invocations() if r["run_id"] == crashed)
-    assert len(ran) == 21 and set(ran.values()) == {1}
+    assert len(ran) == 23 and set(ran.values()) == {1}
