@@ -15,6 +15,11 @@ before any of them awaits); nodes that are many steps (a loop, an ai-step with t
 subagent, which looks up its graph first) run after them, one at a time. A node runs when
 at least one incoming edge was taken; when none was (a branch not chosen), it is skipped,
 and so are the nodes only it leads to.
+
+A re-drive walks what it finished cheaply: a finished tool node's output comes from the
+journal without its call being built (``nodes``), and a loop whose body has one route
+takes its finished iterations in one pass (``fast_forward``), so a resume costs little
+more than reading the journal, however many iterations it finished.
 """
 
 from __future__ import annotations
