@@ -5,7 +5,10 @@ the local provider the ai-steps talk to).
 * ``enrich-accounts``: the example graph (examples/accounts.yaml), its tools logging each
   invocation;
 * ``kid`` and ``parent``: a graph whose subagent node runs ``kid``, whose tool waits for
-  the test's ``kid`` gate.
+  the test's ``kid`` gate;
+* ``routes``: loops (one repeating itself into a runaway-loop streak, one of a two-node
+  chain, one with a branch in its body and an ``until``), a fan-out, a join and a branch
+  on the outputs; its tools log each invocation.
 """
 
 from __future__ import annotations
@@ -31,6 +34,48 @@ PARENT = {"name": "parent", "nodes": [
     {"id": "after", "type": "tool", "data": {"tool": "kid_work", "args": {"name": "after"}}}],
     "edges": [{"from": "start", "to": "child"}, {"from": "child", "to": "after"}],
     "output": ["{{ nodes.child.output }}", "{{ nodes.after.output }}"]}
+
+ROUTES = {"name": "routes", "nodes": [
+    {"id": "start", "type": "trigger"},
+    {"id": "same", "type": "loop", "data": {"over": "{{ input.same }}", "item": "v",
+                                            "body": ["echo"], "max_iterations": 20}},
+    {"id": "echo", "type": "tool", "data": {"tool": "echo", "args": {"v": "{{ v }}"}}},
+    {"id": "each", "type": "loop", "data": {"over": "{{ input.items }}", "item": "x",
+                                            "body": ["double", "shift"],
+                                            "max_iterations": 20}},
+    {"id": "double", "type": "tool", "data": {"tool": "double", "args": {"n": "{{ x }}"}}},
+    {"id": "shift", "type": "tool", "data": {
+        "tool": "shift", "args": {"n": "{{ nodes.double.output }}",
+                                  "by": "{{ loop.index }}"}}},
+    {"id": "fan", "type": "parallel"},
+    {"id": "left", "type": "tool", "data": {"tool": "echo", "args": {
+        "v": "{{ nodes.shift.output }}"}}},
+    {"id": "right", "type": "tool", "data": {"tool": "double", "args": {
+        "n": "{{ nodes.each.output | length }}"}}},
+    {"id": "both", "type": "join"},
+    {"id": "pick", "type": "condition", "data": {"expression": "nodes.left.output > 10"}},
+    {"id": "big", "type": "tool", "data": {"tool": "echo", "args": {"v": "big"}}},
+    {"id": "small", "type": "tool", "data": {"tool": "echo", "args": {"v": "small"}}},
+    {"id": "tries", "type": "loop", "data": {
+        "until": "loop.results | length >= 3", "body": ["probe", "odd"],
+        "max_iterations": 5}},
+    {"id": "probe", "type": "tool", "data": {"tool": "double", "args": {
+        "n": "{{ loop.index }}"}}},
+    {"id": "odd", "type": "tool", "data": {"tool": "shift", "args": {
+        "n": "{{ nodes.probe.output }}", "by": 1}}}],
+    "edges": [{"from": "start", "to": "same"}, {"from": "same", "to": "echo"},
+              {"from": "same", "to": "each"}, {"from": "each", "to": "double"},
+              {"from": "double", "to": "shift"}, {"from": "each", "to": "fan"},
+              {"from": "fan", "to": "left"}, {"from": "fan", "to": "right"},
+              {"from": "left", "to": "both"}, {"from": "right", "to": "both"},
+              {"from": "both", "to": "pick"},
+              {"from": "pick", "to": "big", "when": "output"},
+              {"from": "pick", "to": "small", "when": "not output"},
+              {"from": "big", "to": "tries"}, {"from": "small", "to": "tries"},
+              {"from": "tries", "to": "probe"},
+              {"from": "probe", "to": "odd", "when": "output % 4 == 2"}],
+    "output": {"same": "{{ nodes.same.output }}", "each": "{{ nodes.each.output }}",
+               "both": "{{ nodes.both.output }}", "tries": "{{ nodes.tries.output }}"}}
 
 
 def build(url: str, *, lease_ttl: float | None = None,
@@ -60,6 +105,21 @@ def build(url: str, *, lease_ttl: float | None = None,
             await gate("kid")
         return f"done {name}"
 
+    @app.tool
+    def echo(v: Any) -> Any:
+        record("invoke")
+        return v
+
+    @app.tool
+    def double(n: int) -> int:
+        record("invoke")
+        return 2 * n
+
+    @app.tool
+    def shift(n: int, by: int) -> int:
+        record("invoke")
+        return n + by
+
     if "CRASH_LLM_URL" in os.environ:
         import openai
 
@@ -68,6 +128,7 @@ def build(url: str, *, lease_ttl: float | None = None,
     app.graph(EXAMPLE)
     app.graph(KID)
     app.graph(PARENT)
+    app.graph(ROUTES)
     return app
 
 

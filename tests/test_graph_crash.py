@@ -1,7 +1,9 @@
 """Graph runs under SIGKILL, with real worker processes (tests/graph_app.py) on SQLite and
 PostgreSQL: killed after every node of the example graph, the run still succeeds with each
 node run once and the webhook delivered once; killed inside iteration k of a loop, it
-resumes at k; a parent killed while its subagent works finds that child again."""
+resumes at k; a parent killed while its subagent works finds that child again; killed
+again and again in a graph of loops and branches, it takes the route an uncrashed run
+takes."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import gc
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import graph_app
 import pytest
@@ -136,3 +139,61 @@ def test_a_reclaimed_parent_finds_its_subagent_instead_of_spawning_another(
     assert [c.workflow for c in children] == ["kid"]
     # The child's tool ran again (it never completed), the parent's own steps once.
     assert h.calls() == {"1:work": 2, "2:after": 1}
+
+
+ROUTES_INPUT = {"same": [7] * 8, "items": [1, 2, 3, 4]}
+
+
+def decided(h: Harness, run_id: str) -> list[tuple[str, str | None, Any]]:
+    """What the drives of a run decided, in journal order: each step completed with its
+    output, each anomaly by its key."""
+    return [(e.kind, e.step_id, e.payload.get("output" if e.kind == EventKind.STEP_COMPLETED
+                                               else "key"))
+            for e in h.app.events(run_id)
+            if e.kind in (EventKind.STEP_COMPLETED, EventKind.ANOMALY_DETECTED)]
+
+
+def test_a_graph_killed_again_and_again_takes_the_route_of_an_uncrashed_run(
+        h: Harness) -> None:
+    crashed = h.app.start("routes", ROUTES_INPUT)
+    kills = 0
+    for i in range(15):
+        # Each worker replays what the last ones finished, then dies after its third
+        # fresh step: in loops (taken from the journal whole), in the fan-out, in a loop
+        # with a branch in its body.
+        h.spawn(f"w{i}", worker_id=WORKER, crash_at="after_step_completed:3")
+
+        def moved() -> str | None:
+            rec = h.app.get(crashed)
+            if rec.status == RunStatus.FAILED:
+                raise AssertionError(f"run failed: {rec.error}\n{h.worker_logs()}")
+            if rec.status == RunStatus.SUCCEEDED:
+                return "succeeded"
+            return None if h.procs[-1].alive() else "killed"
+
+        what = wait_for(f"worker w{i} to move the run", moved, 30, h.worker_logs)
+        h.procs[-1].kill()
+        if what == "succeeded":
+            break
+        kills += 1
+    # 23 steps, three a worker; the eighth's second commits with the run's end.
+    assert kills == 7
+    clean = h.app.start("routes", ROUTES_INPUT)
+    h.spawn("clean", worker_id=WORKER)
+    assert h.wait_status(clean, "succeeded", 30).status == "succeeded"
+    assert h.app.result(crashed, timeout_s=5) == h.app.result(clean, timeout_s=5) == {
+        "same": [7] * 8, "each": [2, 5, 8, 11], "both": {"left": 11, "right": 8},
+        "tries": [0, 3, 4]}
+    route = decided(h, crashed)
+    assert route == decided(h, clean)
+    # The runaway-loop streak of the first loop counts the steps a drive took from the
+    # journal: the fourth echo trips it (in the second drive) as in the uncrashed run, and
+    # the seventh (the third drive's first, after six replayed) does not trip it again.
+    assert [(kind, step) for kind, step, _ in route if kind == EventKind.ANOMALY_DETECTED
+            ] == [(EventKind.ANOMALY_DETECTED, "4:same#3/echo")]
+    assert [step for _, step, _ in route][-6:] == [
+        "18:right", "19:big", "20:tries#0/probe", "21:tries#1/probe", "22:tries#1/odd",
+        "23:tries#2/probe"]
+    # Every step's code ran once, though the run was driven eight times.
+    ran = Counter(r["step_id"] for r in h.invocations() if r["run_id"] == crashed)
+    assert len(ran) == 23 and set(ran.values()) == {1}

@@ -218,6 +218,34 @@ def test_a_key_named_like_a_dict_method_is_the_key() -> None:
         templates.render("{{ input.__class__.__mro__ }}", data)
 
 
+def test_a_template_cannot_change_the_data_it_reads() -> None:
+    # A replay takes finished nodes' outputs from the journal without rendering their
+    # templates: that is the same walk only if templates read and never write.
+    from ratchet.graphs import templates
+
+    data = {"nodes": {"a": {"output": [1]}}, "input": {"k": 1}}
+    with pytest.raises(templates.TemplateError, match="unsafe"):
+        templates.render("{{ nodes.a.output.append(2) }}", data)
+    with pytest.raises(templates.TemplateError, match="unsafe"):
+        templates.evaluate("input.update({'k': 2})", data)
+    assert data == {"nodes": {"a": {"output": [1]}}, "input": {"k": 1}}
+
+
+def test_a_loop_iteration_gets_a_copy_of_the_results_only_if_a_template_may_read_them(
+        ) -> None:
+    from ratchet.graphs.interpreter import _reads_results
+
+    def graph(**data: Any) -> dict[str, Any]:
+        return {"nodes": [{"id": "loop", "type": "loop", "data": data}]}
+
+    assert not _reads_results(graph(over="{{ input.xs }}", until="loop.index > 2"))
+    assert not _reads_results(graph(body=["results"], args={"a": "{{ loop.item }}"}))
+    assert _reads_results(graph(until="loop.results | length > 2"))
+    assert _reads_results(graph(args={"a": "{{ loop }}"}))
+    assert _reads_results(graph(args={"a": "{{ loop['index'] }}"}))
+    assert _reads_results({"edges": [{"from": "a", "to": "b", "when": "loop.results"}]})
+
+
 def receipt_status(db_url: str, run_id: str) -> list[str]:
     """The run's receipts' statuses, read on a connection of its own (from the receiver's
     thread, while the worker waits for the answer)."""

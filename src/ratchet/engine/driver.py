@@ -23,7 +23,7 @@ import heapq
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from ratchet.engine import tracing
@@ -302,6 +302,49 @@ class RunContext:
                 f"'{ordinal}:{name}'"
             )
         return f"{ordinal}:{name}", step
+
+    def take_completed(self, name: str) -> StepState | None:
+        """The next step, its ordinal taken, when the journal holds it as step ``name``
+        completed and :meth:`run_step` would hand its output back at once (no guard's pause
+        to ask again, no earlier step to wait for); else None, and nothing is taken. For
+        callers that need only a finished step's output: they skip building its call. The
+        caller reports the step to the guards (``guards.replayed_step``)."""
+        ordinal = self.ordinal + 1
+        step = self.state.by_ordinal.get(ordinal)
+        if (step is None or step.status != "completed" or step.name != name
+                or step.step_id in self.state.paused_at
+                or ordinal < self._called_before[bisect.bisect_left(self._first_seqs,
+                                                                    step.finished_seq)]):
+            return None
+        self.ordinal = ordinal
+        if self._turns:
+            self._hand_turns()
+        return step
+
+    def take_completed_groups(self, names: Iterable[str], size: int) -> list[StepState]:
+        """:meth:`take_completed` for the steps ``names`` in a row, by groups of ``size``:
+        the steps of every whole group up to the first one with a step not there to take
+        (of which nothing is taken)."""
+        get, paused_at = self.state.by_ordinal.get, self.state.paused_at
+        first_seqs, called_before = self._first_seqs, self._called_before
+        bisect_left = bisect.bisect_left
+        ordinal = self.ordinal
+        steps: list[StepState] = []
+        append = steps.append  # a resume may take tens of thousands of steps here
+        for name in names:
+            ordinal += 1
+            step = get(ordinal)
+            if (step is None or step.name != name or step.status != "completed"
+                    or step.step_id in paused_at
+                    or ordinal < called_before[bisect_left(first_seqs, step.finished_seq)]):
+                break
+            append(step)
+        taken = len(steps) - len(steps) % size  # steps in whole groups
+        del steps[taken:]
+        self.ordinal += taken
+        if self._turns:
+            self._hand_turns()
+        return steps
 
     def take_step(self, step_id: str) -> StepState | None:
         """Take the next ordinal for a step whose id the journal already holds (a guard's

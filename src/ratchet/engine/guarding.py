@@ -23,6 +23,7 @@ after retries only.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json.encoder
 import logging
@@ -30,7 +31,7 @@ import re
 import statistics
 import time
 import weakref
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine import approvals
@@ -55,6 +56,8 @@ STORM_WINDOW_S = 60.0
 PAUSE_PREFIX = "guard:"
 
 _ITERATION = re.compile(r"#\d+")
+# A replayed step for the runaway-loop streak: name, step id, output, and its arguments.
+_Deferred = tuple[str, str, Any, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]
 # Per store (an app's database), by (workflow, runs): when it expires, and the history.
 _HISTORY: weakref.WeakKeyDictionary[Store, dict[tuple[str, int], tuple[float, History]]] = (
     weakref.WeakKeyDictionary())
@@ -90,6 +93,10 @@ class RunGuards:
         self._last: tuple[str, str, Any] | None = None
         self._streak = 0
         self._streak_from = ""
+        # Replayed steps whose arguments are built only if the streak is looked at (see
+        # replayed_step); at most runaway_repeats of them, the only ones a streak needs.
+        self._deferred: collections.deque[_Deferred] | None = None
+        self._dropped = False
 
     def configure(self, guards: Guards, overrides: Mapping[str, Any] | None) -> None:
         """Apply the workflow's guards and the run's journaled overrides."""
@@ -198,13 +205,42 @@ class RunGuards:
         if fresh and meta is not None and self.g.spike_factor is not None:
             await self._spikes(step_id, meta)
 
-    async def _streak_check(self, name: str, step_id: str, args: tuple[Any, ...],
-                            kwargs: dict[str, Any], output: Any, fresh: bool) -> None:
-        try:
-            called = _call_text(args, kwargs)
-        except (TypeError, ValueError):
-            self._last, self._streak = None, 0  # arguments that are not data: no streak
+    def replayed_step(self, name: str, step_id: str, output: Any,
+                      call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
+        """What :meth:`after_step` does for a replayed step, with its arguments built by
+        ``call`` only when the streak is next looked at, and only for the last
+        ``runaway_repeats`` replayed steps: a replay of many steps builds a few arguments,
+        and the streak comes out as it would have (a streak at least ``runaway_repeats``
+        long never trips again, however much longer it is)."""
+        limit = self.g.runaway_repeats
+        if limit is None:
             return
+        deferred = self._deferred
+        if deferred is None or deferred.maxlen != limit:
+            self._settle()
+            deferred = self._deferred = collections.deque(maxlen=limit)
+        if len(deferred) == limit:
+            self._dropped = True
+        deferred.append((name, step_id, output, call))
+
+    def _settle(self) -> None:
+        """Count the deferred replayed steps into the streak, in their order."""
+        deferred = self._deferred
+        if not deferred:
+            return
+        if self._dropped:  # the steps before the window do not reach a streak in it
+            self._last, self._streak, self._dropped = None, 0, False
+        while deferred:
+            name, step_id, output, call = deferred.popleft()
+            try:
+                args, kwargs = call()
+                called = _call_text(args, kwargs)
+            except Exception:  # arguments that are not data, or cannot be built now
+                self._last, self._streak = None, 0
+                continue
+            self._count(name, step_id, called, output)
+
+    def _count(self, name: str, step_id: str, called: str, output: Any) -> None:
         if "#" in name:  # a graph loop's node: the same node in every iteration
             name = _ITERATION.sub("", name)
         current = (name, called, output)
@@ -212,6 +248,16 @@ class RunGuards:
             self._streak += 1
         else:
             self._last, self._streak, self._streak_from = current, 1, step_id
+
+    async def _streak_check(self, name: str, step_id: str, args: tuple[Any, ...],
+                            kwargs: dict[str, Any], output: Any, fresh: bool) -> None:
+        self._settle()
+        try:
+            called = _call_text(args, kwargs)
+        except (TypeError, ValueError):
+            self._last, self._streak = None, 0  # arguments that are not data: no streak
+            return
+        self._count(name, step_id, called, output)
         limit = self.g.runaway_repeats
         if fresh and limit is not None and self._streak == limit:
             digest = hashlib.sha256(called.encode()).hexdigest()[:16]

@@ -15,19 +15,26 @@ before any of them awaits); nodes that are many steps (a loop, an ai-step with t
 subagent, which looks up its graph first) run after them, one at a time. A node runs when
 at least one incoming edge was taken; when none was (a branch not chosen), it is skipped,
 and so are the nodes only it leads to.
+
+A re-drive walks what it finished cheaply: a finished tool node's output comes from the
+journal without its call being built (``nodes``), and a loop whose body has one route
+takes its finished iterations in one pass (``fast_forward``), so a resume costs little
+more than reading the journal, however many iterations it finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.context import require_run
 from ratchet.errors import RatchetError
-from ratchet.graphs import templates
-from ratchet.graphs.nodes import run_node, single_step
+from ratchet.graphs import fast_forward, templates
+from ratchet.graphs.fast_forward import Route
+from ratchet.graphs.nodes import Ready, run_node, single_step
 from ratchet.graphs.validate import Graph, Node
 
 if TYPE_CHECKING:
@@ -63,6 +70,10 @@ class Scope:
     def inner(self, loop: dict[str, Any], item_name: str) -> Scope:
         return Scope(self.input, dict(self.outputs), loop, item_name)
 
+    def frozen(self) -> Scope:
+        """This place of the walk as it is now, for templates rendered later."""
+        return Scope(self.input, dict(self.outputs), self.loop, self.item_name)
+
 
 class Interpreter:
     """One drive's walk of one graph."""
@@ -71,6 +82,9 @@ class Interpreter:
         self.app = app
         self.ctx = ctx
         self.graph = graph
+        self.order = {n: i for i, n in enumerate(graph.nodes)}
+        self.reads_results = _reads_results(graph.definition)
+        self.routes: dict[str, Route | None] = {}  # loop -> its body's one route, if any
 
     async def run(self, input: Any) -> Any:
         scope = Scope(input)
@@ -85,7 +99,7 @@ class Interpreter:
         """Run ``members`` (the top level, or one iteration of a loop's body) from
         ``entry``; return the output of the last node that ran (an output node's value)."""
         inside = set(members)
-        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        order = self.order
         state: dict[str, str] = {}  # node -> "done" | "skipped"
         taken: dict[tuple[str, str], bool] = {}
         last: Any = None
@@ -96,7 +110,7 @@ class Interpreter:
                 return last
             run, skip = [], []
             for n in ready:
-                edges = self._incoming(n, inside)
+                edges = self.incoming(n, inside)
                 if n in entry or any(taken.get((e.source, e.target)) for e in edges):
                     run.append(n)
                 else:
@@ -105,9 +119,9 @@ class Interpreter:
                 state[n] = "skipped"
             single = [n for n in run if single_step(self.graph.nodes[n])]
             many = [n for n in run if n not in single]
-            outputs = await asyncio.gather(*(self._node(self.graph.nodes[n], prefix, scope)
-                                             for n in single))
-            done = list(zip(single, outputs, strict=True))
+            # Every single-step node is started (its ordinal taken) before any is awaited.
+            started = [run_node(self, self.graph.nodes[n], prefix + n, scope) for n in single]
+            done = await _settled(single, started)
             for n in many:
                 done.append((n, await self._node(self.graph.nodes[n], prefix, scope)))
             for n, output in done:
@@ -123,19 +137,20 @@ class Interpreter:
                 for e in self.graph.out_edges.get(n, []):
                     taken[(n, e.target)] = False
 
-    def _incoming(self, n: str, inside: set[str]) -> list[Any]:
+    def incoming(self, n: str, inside: set[str]) -> list[Any]:
         # A loop body's edges back to its loop close an iteration; they do not feed it.
         return [e for e in self.graph.in_edges.get(n, []) if e.source in inside
                 and self.graph.loop_of.get(e.source) != e.target]
 
     def _decided(self, n: str, inside: set[str], state: Mapping[str, str]) -> bool:
-        edges = self._incoming(n, inside)
+        edges = self.incoming(n, inside)
         return bool(edges) and all(e.source in state for e in edges)
 
     async def _node(self, node: Node, prefix: str, scope: Scope) -> Any:
         if node.type == "loop":
             return await self._loop(node, prefix, scope)
-        return await run_node(self, node, prefix + node.id, scope)
+        started = run_node(self, node, prefix + node.id, scope)
+        return started.value if isinstance(started, Ready) else await started
 
     async def _loop(self, node: Node, prefix: str, scope: Scope) -> Any:
         d = node.data
@@ -156,6 +171,13 @@ class Interpreter:
             items = value
         results: list[Any] = []
         index = 0
+        if items is not None:
+            if node.id not in self.routes:
+                self.routes[node.id] = fast_forward.route(self, node, entry)
+            plan = self.routes[node.id]
+            if plan is not None:
+                index = fast_forward.skip_finished(self, node, plan, prefix, scope, items,
+                                                   results)
         while True:
             if items is not None and index >= len(items):
                 return results
@@ -170,7 +192,7 @@ class Interpreter:
                 raise GraphFailed(f"loop {node.id}: its until condition {d.until!r} was still "
                                   f"false after max_iterations ({d.max_iterations})")
             loop = {"index": index, "item": items[index] if items is not None else None,
-                    "results": list(results)}
+                    "results": list(results) if self.reads_results else results}
             inner = scope.inner(loop, d.item)
             result = await self.walk(body, entry, f"{prefix}{node.id}#{index}/", inner)
             results.append(result)
@@ -179,11 +201,48 @@ class Interpreter:
                     scope.outputs[b] = inner.outputs[b]
             index += 1
             if d.until is not None:
-                loop = {"index": index - 1, "last": result, "results": list(results)}
+                loop = {"index": index - 1, "last": result,
+                        "results": list(results) if self.reads_results else results}
                 check = scope.inner(loop, d.item).context(result)
                 check["nodes"] = {k: {"output": v} for k, v in inner.outputs.items()}
                 if templates.evaluate(d.until, check):
                     return results
+
+
+# ``loop`` read otherwise than as ``loop.index``, ``loop.item`` or ``loop.last``.
+_WHOLE_LOOP = re.compile(r"\bloop\b(?!\s*\.\s*(?:index|item|last)\b)")
+
+
+def _reads_results(definition: Any, key: str = "") -> bool:
+    """Whether any template or expression of the graph may read a loop's results so far
+    (the word, or ``loop`` read whole): if none may, an iteration is handed the loop's own
+    list rather than a copy of it (a copy per iteration is quadratic in the iterations)."""
+    if isinstance(definition, str):
+        if key in _EXPRESSIONS or templates.is_template(definition):
+            return "results" in definition or _WHOLE_LOOP.search(definition) is not None
+        return False
+    if isinstance(definition, dict):
+        return any(_reads_results(v, k) for k, v in definition.items())
+    if isinstance(definition, list):
+        return any(_reads_results(v, key) for v in definition)
+    return False
+
+
+_EXPRESSIONS = ("when", "until", "expression")
+
+
+async def _settled(names: list[str], started: list[Any]) -> list[tuple[str, Any]]:
+    """The outputs of nodes started together: the ready ones as they are, the others run
+    concurrently (one alone is awaited as it is, without a task)."""
+    pending = [s for s in started if not isinstance(s, Ready)]
+    if len(pending) > 1:
+        outputs = iter(await asyncio.gather(*pending))
+    elif pending:
+        outputs = iter([await pending[0]])
+    else:
+        outputs = iter(())
+    return [(n, s.value if isinstance(s, Ready) else next(outputs))
+            for n, s in zip(names, started, strict=True)]
 
 
 async def interpret(app: Ratchet, input: Any) -> Any:

@@ -7,7 +7,7 @@ are bare expressions (``output.category == 'bug'``). Names: ``input`` (the run's
 ``nodes.<id>.output`` (a node that ran before), ``output`` (on an edge: its source node's
 output), ``loop.index`` and the loop's item name (inside a loop body). The sandbox refuses
 attribute access to Python internals, and an undefined name is an error, not an empty
-string, so a typo fails the node that has it.
+string, so a typo fails the node that has it. Templates read data; they cannot change it.
 """
 
 from __future__ import annotations
@@ -18,13 +18,18 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
-from jinja2.sandbox import SandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ratchet.errors import RatchetError
 
 
-class _Environment(SandboxedEnvironment):
-    """Jinja looks an ``a.b`` up as an attribute first, so ``nodes.get`` or ``input.items``
+class _Environment(ImmutableSandboxedEnvironment):
+    """Templates cannot change the data they read (``list.append``, ``dict.update`` are
+    refused): a node's output is the same wherever it is read, and a replay that takes a
+    finished node's output from the journal without rendering its templates sees what the
+    first drive saw.
+
+    Jinja looks an ``a.b`` up as an attribute first, so ``nodes.get`` or ``input.items``
     would be the dict's method, not the node or the key. In graph data a key always wins."""
 
     def getattr(self, obj: Any, attribute: str) -> Any:
