@@ -52,8 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the report to chaos/results/NAME-<backend>.json "
                              "(default: latest; long-, for --long)")
     parser.add_argument("--concurrency", type=int, default=None, metavar="N",
-                        help="runs each worker drives at a time (default 8; with --long, 24 on "
-                             "SQLite)")
+                        help="runs each worker drives at a time (default 8)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work folder and database even when the campaign passes")
     args = parser.parse_args(argv)
