@@ -74,11 +74,12 @@ def _stamp(store: Store, commits: dict[int, tuple[float, float]]) -> None:
         # not after the hand-back to the loop, which a busy machine can delay.
         statement = store._append_now
 
-        def committed(cols: dict[str, list[Any]]) -> list[Any]:
-            rows = statement(cols)
+        def committed(events: str) -> list[Any]:
+            # The batch as the store sends it: a JSON array of rows [run_id, worker_id,
+            # epoch, seq, kind, step_id, attempt, payload, at, prev_hash, hash].
+            rows = statement(events)
             now = time.time()
-            commits.update((seq, (now, at))
-                           for seq, at in zip(cols["seqs"], cols["ats"], strict=True))
+            commits.update((row[3], (now, row[8])) for row in json.loads(events))
             return rows
 
         store._append_now = committed  # type: ignore[method-assign]

@@ -1,11 +1,10 @@
-"""The server bench (bench/server.py) end to end on SQLite in its quick variant: a real
+"""The server bench (bench/server.py) end to end on each backend in its quick variant: a real
 ``ratchet server`` process, a real token, a worker process writing the run and client
 processes following it; and the checks and report it rests on."""
 
 from __future__ import annotations
 
 from array import array
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,9 +13,10 @@ from bench import server
 from bench.report import server_section, write_reports
 
 
-def test_quick_variant_measures_a_real_server_on_sqlite(tmp_path: Path) -> None:
+def test_quick_variant_measures_a_real_server(db_url: str) -> None:
     plan = server.plan(quick=True)
-    result = server.measure("sqlite", f"sqlite:///{tmp_path / 'ratchet.db'}", quick=True)
+    backend = "sqlite" if db_url.startswith("sqlite") else "postgres"
+    result = server.measure(backend, db_url, quick=True)
     for name in ("accept", "single", "fanout"):
         assert "error" not in result[name], result[name]
     steps = round(plan.fanout_seconds / server.STEP_S)
