@@ -47,6 +47,14 @@ def _backend_table(figs: dict[str, dict[str, Any]], backend: str) -> list[str]:
     return out
 
 
+# What the bill table rests on, said beside it: the re-sent call is billed once because the
+# local provider honours Idempotency-Key; real providers decide that for themselves.
+BILL_NOTE = ("Billed once rests on the provider honouring `Idempotency-Key`: the local provider "
+             "does; OpenAI and Anthropic do not document it, and against them the call in flight "
+             "at the crash may be billed twice. Finished calls are never re-sent, whatever the "
+             "provider ([What is promised](docs/concepts/guarantees.md)).")
+
+
 def block(results: dict[str, Any]) -> str:
     """The README's Performance tables from ``results`` (after ``write_reports`` set its
     figures)."""
@@ -67,7 +75,7 @@ def block(results: dict[str, Any]) -> str:
     if bill:
         lines += ["An agent of five model calls, its process SIGKILLed while the provider holds "
                   "call 4, then resumed as each system resumes a run; what the provider billed:",
-                  "", *bill, ""]
+                  "", *bill, "", BILL_NOTE, ""]
     server = server_table(results)
     if server:
         lines += ["`ratchet server` (`python -m bench.run --server-only`, median):", "",

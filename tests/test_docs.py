@@ -320,3 +320,39 @@ def test_every_page_is_in_the_nav() -> None:
              if p.relative_to(DOCS).parts[0] != "scripts"}
     assert pages - nav == set(), "pages missing from mkdocs.yml's nav"
     assert nav - pages - generated == set(), "nav entries with no page"
+
+
+# --- what is promised ------------------------------------------------------------------
+
+# Claims a step running at a SIGKILL disproves (its body runs again, at least once).
+_OVERCLAIMS = ("fires no side effect twice", "never run twice", "never runs twice")
+_PROMISES = ("exactly once", "at least once", "at most once", "same `Idempotency-Key`")
+
+
+@pytest.mark.parametrize("page", [README, DOCS / "index.md"], ids=_name)
+def test_the_headline_states_the_guarantees_as_they_hold(page: Path) -> None:
+    """Next to the headline: completion exactly once, step bodies at least once, deliveries
+    at most once, a re-sent model call under the same key; and no claim a kill disproves."""
+    text = page.read_text(encoding="utf-8")
+    # The headline and what follows it, before any example, as one line of words.
+    head = " ".join(text[:text.index("```")].replace("**", "").split())
+    for claim in _OVERCLAIMS:
+        assert claim not in text.lower(), f"{_name(page)} still claims {claim!r}"
+    for promise in _PROMISES:
+        assert promise in head, f"{_name(page)}'s headline does not say {promise!r}"
+    assert "concepts/guarantees.md" in head
+
+
+def test_the_bill_table_says_what_billed_once_rests_on() -> None:
+    """The README's bill table (written by the bench) says that billed once is the
+    provider's doing, and which providers do not document it."""
+    from bench import readme
+
+    block = README.read_text(encoding="utf-8")
+    block = block[block.index(readme.START):block.index(readme.END)]
+    after = block[block.index("| system | calls sent |"):]
+    assert readme.BILL_NOTE in after
+    for name in ("local provider", "OpenAI", "Anthropic", "Idempotency-Key"):
+        assert name in readme.BILL_NOTE
+    page = (DOCS / "concepts" / "guarantees.md").read_text(encoding="utf-8")
+    assert "Which providers honour `Idempotency-Key`" in page
