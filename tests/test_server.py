@@ -50,8 +50,9 @@ class Api:
     def token(self, tenant: str, scopes: tuple[str, ...] = ALL, name: str | None = None,
               expires_in: float | None = None) -> str:
         app = self.h.app
+        extra = {} if expires_in is None else {"expires_in": expires_in}
         _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes, name,
-                                                         expires_in))
+                                                         **extra))
         return secret
 
     def start(self, workflow: str, data: dict[str, Any], **extra: Any) -> str:
