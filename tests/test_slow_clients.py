@@ -83,6 +83,10 @@ async def hold(s: Served, kind: str, opened: asyncio.Event, ready: list[int]
     dripping = asyncio.create_task(trickle()) if kind == "body" else None
     try:
         got = await reader.read()  # until the server closes the connection
+    except ConnectionResetError:
+        # Closed with trickled bytes unread: the kernel resets the connection, and the
+        # 408 sent before may be lost with it. Closed all the same.
+        got = b"reset"
     finally:
         if dripping is not None:
             dripping.cancel()
@@ -120,8 +124,10 @@ async def test_three_hundred_slow_connections_are_closed_and_others_answered(
         t.cancel()
     assert not pending, f"{len(pending)} slow connections were still open"
     held = [t.result()[0] for t in done]
-    assert all(t.result()[1].startswith(b"HTTP/1.1 408 ") for t in done), {
-        t.result()[1][:40] for t in done}
+    said = {t.result()[1][:13] for t in done}
+    assert said <= {b"HTTP/1.1 408 ", b"reset"}, said
+    heads = [t.result()[1] for t in slow[1::2]]  # they sent nothing more: told why
+    assert all(h.startswith(b"HTTP/1.1 408 ") for h in heads)
     assert max(held) < BOUND_S + 2.0, sorted(held)[-5:]
     assert min(held) >= BOUND_S * 0.9
     assert len(latencies) >= 3 and max(latencies) < BOUND_S, latencies
@@ -138,7 +144,11 @@ def test_a_kept_alive_connection_is_bounded_per_request_and_a_bad_bound_refused(
     with socket.create_connection((served.host, served.port), timeout=30) as sock:
         # A request sent at once is answered; the next one, sent slowly, is cut.
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        first = sock.recv(65536)
+        first = b""
+        while not first.endswith(b'{"status":"ok"}'):  # the whole answer
+            chunk = sock.recv(65536)
+            assert chunk, first
+            first += chunk
         assert first.startswith(b"HTTP/1.1 200 "), first
         sock.sendall(b"GET /healthz HTTP/1.1\r\n")
         t0 = time.monotonic()
