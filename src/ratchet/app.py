@@ -669,14 +669,16 @@ class Ratchet:
         self._portal.call(self.signal_async(run_id, name, data))
 
     def approve(self, run_id: str, step: str, *, by: str,
-                comment: str | None = None) -> Decision:
+                comment: str | None = None, note: str | None = None) -> Decision:
         """Blocking :meth:`approve_async`."""
-        return self._portal.call(self.approve_async(run_id, step, by=by, comment=comment))
+        return self._portal.call(self.approve_async(run_id, step, by=by, comment=comment,
+                                                    note=note))
 
     def reject(self, run_id: str, step: str, *, by: str,
-               comment: str | None = None) -> Decision:
+               comment: str | None = None, note: str | None = None) -> Decision:
         """Blocking :meth:`reject_async`."""
-        return self._portal.call(self.reject_async(run_id, step, by=by, comment=comment))
+        return self._portal.call(self.reject_async(run_id, step, by=by, comment=comment,
+                                                   note=note))
 
     def approvals(self, run_id: str | None = None, limit: int = 100) -> list[Approval]:
         """Blocking :meth:`approvals_async`."""
