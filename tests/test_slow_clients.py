@@ -61,8 +61,8 @@ async def hold(s: Served, kind: str, opened: asyncio.Event, ready: list[int]
                ) -> tuple[float, bytes]:
     """A slow client: its connection's seconds from opening until the server closed it,
     and what the server sent before closing."""
+    start = time.monotonic()  # before the connect: the server's clock starts after it
     reader, writer = await asyncio.open_connection(s.host, s.port)
-    start = time.monotonic()
     if kind == "head":  # a head that never ends
         writer.write(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nX-Slow: ")
     else:  # a whole head, then a body a byte at a time
@@ -129,7 +129,7 @@ async def test_three_hundred_slow_connections_are_closed_and_others_answered(
     heads = [t.result()[1] for t in slow[1::2]]  # they sent nothing more: told why
     assert all(h.startswith(b"HTTP/1.1 408 ") for h in heads)
     assert max(held) < BOUND_S + 2.0, sorted(held)[-5:]
-    assert min(held) >= BOUND_S * 0.9
+    assert min(held) >= BOUND_S
     assert len(latencies) >= 3 and max(latencies) < BOUND_S, latencies
     print(f"\n{SLOW} slow connections closed after {min(held):.2f}-{max(held):.2f} s "
           f"(bound {BOUND_S:g} s); {len(latencies)} requests meanwhile, "
@@ -150,13 +150,13 @@ def test_a_kept_alive_connection_is_bounded_per_request_and_a_bad_bound_refused(
             assert chunk, first
             first += chunk
         assert first.startswith(b"HTTP/1.1 200 "), first
-        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
         t0 = time.monotonic()
+        sock.sendall(b"GET /healthz HTTP/1.1\r\n")
         rest = b""
         while chunk := sock.recv(65536):
             rest += chunk
         assert rest.startswith(b"HTTP/1.1 408 "), rest
-        assert BOUND_S * 0.9 <= time.monotonic() - t0 < BOUND_S + 2.0
+        assert BOUND_S <= time.monotonic() - t0 < BOUND_S + 2.0
     bad = invoke("server", "--app", "shop:app", "--request-timeout", "soon",
                  "--db", f"sqlite:///{tmp_path}/x.db")
     assert bad.exit_code != 0 and "invalid duration 'soon'" in bad.output
