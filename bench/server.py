@@ -42,9 +42,11 @@ import psutil
 from bench.peers.common import last_json, latency_summary
 from bench.report import SERVER_PREFIX, server_section
 from bench.server_clients import read_arrivals, runqueue_s
+from ratchet.store.tenants import scoped_id
 
 ROOT = Path(__file__).resolve().parent.parent
 RATCHET = str(Path(sys.executable).parent / "ratchet")
+TENANT = "bench"  # the tokens' tenant: its runs are stored as "bench~<id>"
 EVENTS_PER_S = 100
 STEP_S = 2 / EVENTS_PER_S  # a step writes two events (its step_completed, the next step_started)
 
@@ -110,7 +112,7 @@ class Server:
             self.log.append(line)
 
     def _token(self) -> str:
-        done = subprocess.run([RATCHET, "tokens", "create", "--tenant", "bench", "--scopes",
+        done = subprocess.run([RATCHET, "tokens", "create", "--tenant", TENANT, "--scopes",
                                "runs:read,runs:write", "--db", self.db],
                               cwd=ROOT, capture_output=True, text=True, check=True)
         return done.stdout.strip().splitlines()[-1]
@@ -223,8 +225,11 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
             _ready(proc, timeout)
         rss_before = server.rss_mb()
         before, began = server.used(), time.time()
+        # The writer drives the run through the engine, which knows it by the engine's id
+        # (the tenant's namespace); the subscribers follow it through the API.
         writer = subprocess.Popen(
-            _python("bench.server_app", "writer", "--db", server.db, "--run-id", run_id,
+            _python("bench.server_app", "writer", "--db", server.db, "--run-id",
+                    scoped_id(TENANT, run_id),
                     "--out", str(folder / "commits.json"), "--timeout", str(timeout)),
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         peak = rss_before

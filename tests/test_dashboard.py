@@ -117,6 +117,11 @@ def dash(h: Harness, browser: Any) -> Iterator[Dash]:
         yield d
 
 
+def eid(run_id: str, tenant: str = "acme") -> str:
+    """The engine's id of a run the pages and the API name ``run_id`` for ``tenant``."""
+    return f"{tenant}~{run_id}"
+
+
 def rows(page: Any) -> Any:
     return page.get_by_role("list", name="Waterfall").get_by_role("listitem")
 
@@ -142,7 +147,7 @@ def test_sign_in_sets_a_strict_httponly_session_and_sign_out_ends_it(dash: Dash)
     assert page.url.endswith("/signin?next=%2Fruns")
     page.get_by_label("API token").fill("rt_not-a-token")
     page.get_by_role("button", name="Sign in").click()
-    expect(page.get_by_role("alert")).to_have_text("invalid or revoked token")
+    expect(page.get_by_role("alert")).to_have_text("invalid, revoked or expired token")
 
     secret = dash.token()
     page.get_by_label("API token").fill(secret)
@@ -172,7 +177,7 @@ def test_the_list_shows_runs_and_follows_them_live(dash: Dash) -> None:
     h = dash.h
     done = dash.start("chain", {"n": 2})
     w = h.spawn("w", lease_ttl=3.0)
-    h.wait_status(done, "succeeded")
+    h.wait_status(eid(done), "succeeded")
     w.terminate()
     w.wait_exit()
     page = dash.signed_in()
@@ -222,7 +227,7 @@ def test_the_list_is_woken_by_starts_and_finishes_not_only_by_its_poll(
             # Started and finished by other processes: LISTEN/NOTIFY wakes the list.
             rec, _ = h.app._portal.call(h.app.start_run_async(
                 "chain", [], {"n": 1}, tenant="acme"))
-            fresh = listed.locator(f'tr[data-run-id="{rec.run_id}"]')
+            fresh = listed.locator(f'tr[data-run-id="{rec.run_id.removeprefix("acme~")}"]')
             expect(fresh).to_be_visible(timeout=5_000)
             h.spawn("w", lease_ttl=3.0)
             h.wait_status(rec.run_id, "succeeded")
@@ -254,7 +259,7 @@ def test_a_six_step_run_killed_mid_step_has_six_rows_and_a_drive_marker(dash: Da
     a.kill()  # SIGKILL mid-step: step 4 started, never completed
     h.open_gate("step-4")
     h.spawn("b", lease_ttl=1.5, recovery_interval=0.2)
-    h.wait_status(run_id, "succeeded")
+    h.wait_status(eid(run_id), "succeeded")
 
     page = dash.signed_in()
     page.goto(f"/runs/{run_id}")
@@ -273,8 +278,8 @@ def test_a_six_step_run_killed_mid_step_has_six_rows_and_a_drive_marker(dash: Da
     step4.get_by_role("button", name="4:work").click()
     detail = page.get_by_role("region", name="Step 4:work")
     expect(detail).to_be_visible()
-    expect(detail).to_contain_text(idempotency_key(run_id, "4:work", 1))
-    epoch = h.lease(run_id)[1]
+    expect(detail).to_contain_text(idempotency_key(eid(run_id), "4:work", 1))
+    epoch = h.lease(eid(run_id))[1]
     expect(detail.locator("dt", has_text="Lease epoch").locator("+ dd")).to_have_text(str(epoch))
     expect(page.locator("#detail-output")).to_have_text('"out-4"')
     expect(page.locator("#detail-events")).to_contain_text('"kind":"step_completed"')
@@ -285,7 +290,7 @@ def test_a_retried_step_shows_each_attempt(dash: Dash) -> None:
     h = dash.h
     run_id = dash.start("retrier", {"succeed_on": 3, "block_on": 0})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_status(run_id, "succeeded")
+    h.wait_status(eid(run_id), "succeeded")
     page = dash.signed_in()
     page.goto(f"/runs/{run_id}")
     flaky = row(page, "1:flaky")
@@ -303,7 +308,7 @@ def test_a_run_page_on_a_dark_phone_by_keyboard(dash: Dash) -> None:
     h = dash.h
     run_id = dash.start("chain", {"n": 2})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_status(run_id, "succeeded")
+    h.wait_status(eid(run_id), "succeeded")
     phone = dash.signed_in(viewport={"width": 390, "height": 844}, color_scheme="dark",
                            has_touch=True)
     phone.goto(f"/runs/{run_id}")
@@ -338,7 +343,7 @@ def test_a_running_runs_page_gains_a_bar_within_a_second_of_the_commit(dash: Das
     expect(page.locator("#run-status")).to_have_text("succeeded")
     # When the page first drew each, against when the journal says it committed (the
     # same machine's clock): within a second.
-    events = {(e.step_id, e.kind): e.at for e in h.app.events(run_id)}
+    events = {(e.step_id, e.kind): e.at for e in h.app.events(eid(run_id))}
     seen_done = int(row(page, "2:work").get_attribute("data-since") or 0) / 1000
     assert seen_done - events[("2:work", "step_completed")] < 1.0
     seen_next = int(row(page, "3:work").get_attribute("data-since") or 0) / 1000
@@ -352,8 +357,8 @@ def test_the_scrubber_shows_the_engines_fold_at_each_seq(dash: Dash) -> None:
     h = dash.h
     run_id = dash.start("retrier", {"succeed_on": 2, "block_on": 0})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_status(run_id, "succeeded")
-    journal = h.app.events(run_id)
+    h.wait_status(eid(run_id), "succeeded")
+    journal = h.app.events(eid(run_id))
     page = dash.signed_in()
     page.goto(f"/runs/{run_id}")
     page.get_by_text("State at this seq").click()
@@ -367,7 +372,7 @@ def test_the_scrubber_shows_the_engines_fold_at_each_seq(dash: Dash) -> None:
             served = client.get(f"/v1/runs/{run_id}/state", params={"at_seq": k}).json()
             assert state == served
             # ... which is the engine's own fold over the first k events.
-            folded = fold(run_id, journal[:k])
+            folded = fold(eid(run_id), journal[:k])
             assert (served["status"], served["last_seq"]) == (str(folded.status), k)
             assert [s["status"] for s in served["steps"]] == [
                 s.status for s in folded.steps.values()]
@@ -390,7 +395,7 @@ def test_approving_from_the_page_resumes_the_parked_run(dash: Dash) -> None:
     h = dash.h
     run_id = dash.start("approver", {"amount": 12})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_parked(run_id, "approval:")
+    h.wait_parked(eid(run_id), "approval:")
     page = dash.signed_in()
     page.goto(f"/runs/{run_id}")
     expect(page.locator("#run-status")).to_have_text("waiting")
@@ -408,9 +413,9 @@ def test_approving_from_the_page_resumes_the_parked_run(dash: Dash) -> None:
     form.get_by_label("Comment").fill("looks right")
     form.get_by_role("button", name="Approve").click()
     expect(page.locator("#run-status")).to_have_text("succeeded")
-    rec = h.wait_status(run_id, "succeeded")
+    rec = h.wait_status(eid(run_id), "succeeded")
     assert rec.output == ["out-1", True, "ana", "out-3"]
-    assert h.app.approvals(run_id) == []  # none pending any more
+    assert h.app.approvals(eid(run_id)) == []  # none pending any more
 
 
 def test_a_child_run_is_a_linked_row_and_its_approval_is_decided_from_the_parent(
@@ -418,22 +423,23 @@ def test_a_child_run_is_a_linked_row_and_its_approval_is_decided_from_the_parent
     h = dash.h
     parent = dash.start("payout_parent", {"amount": 5})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_parked(parent, "child:")
-    [child] = [r for r in h.app.runs() if r.parent_run_id == parent]
+    h.wait_parked(eid(parent), "child:")
+    [child] = [r for r in h.app.runs() if r.parent_run_id == eid(parent)]
     h.wait_parked(child.run_id, "approval:")
+    child_id = child.run_id.removeprefix("acme~")  # as the tenant's pages show it
     page = dash.signed_in()
     page.goto(f"/runs/{parent}")
-    step_id = next(str(e.step_id) for e in h.app.events(parent)
+    step_id = next(str(e.step_id) for e in h.app.events(eid(parent))
                    if e.kind == "step_started" and e.payload.get("child_run_id"))
     expect(row(page, step_id).get_by_role("link", name="child run")).to_have_attribute(
-        "href", f"/runs/{child.run_id}")
+        "href", f"/runs/{child_id}")
     form = page.get_by_role("form", name="Approval payout")
-    expect(form.get_by_role("link", name=child.run_id)).to_be_visible()
+    expect(form.get_by_role("link", name=child_id)).to_be_visible()
     form.get_by_role("button", name="Reject").click()
     expect(page.locator("#run-status")).to_have_text("succeeded")
     assert h.app.get(child.run_id).output == {"approved": False, "by": "ana"}
     row(page, step_id).get_by_role("link", name="child run").click()
-    expect(page.locator("h1 .runid")).to_have_text(child.run_id)
+    expect(page.locator("h1 .runid")).to_have_text(child_id)
     expect(rows(page)).to_have_count(1)
 
 
@@ -443,9 +449,9 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     parked = dash.start("listener", {})
     doomed = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_parked(listening, "signal:go")
-    h.wait_parked(parked, "signal:go")
-    h.wait_status(doomed, "failed")
+    h.wait_parked(eid(listening), "signal:go")
+    h.wait_parked(eid(parked), "signal:go")
+    h.wait_status(eid(doomed), "failed")
     page = dash.signed_in()
 
     page.goto(f"/runs/{listening}")
@@ -453,12 +459,12 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     page.get_by_label("Data (JSON)").fill('{"k": 1}')
     page.get_by_role("button", name="Send signal").click()
     expect(page.locator("#run-status")).to_have_text("succeeded")
-    assert h.app.get(listening).output == ["out-1", {"k": 1}, "out-3"]
+    assert h.app.get(eid(listening)).output == ["out-1", {"k": 1}, "out-3"]
 
     page.goto(f"/runs/{parked}")
     page.get_by_role("button", name="Cancel run").click()
     expect(page.locator("#run-status")).to_have_text("cancelled")
-    assert h.app.get(parked).status == "cancelled"
+    assert h.app.get(eid(parked)).status == "cancelled"
 
     page.goto("/runs")
     letters = page.get_by_role("region", name="Dead letters")
@@ -466,7 +472,7 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     expect(page.locator("#live")).to_contain_text(f"{doomed} re-queued: queued")
     wait_for("the retried run to be queued again", lambda: any(
         e.kind == "run_queued" and e.payload.get("reason") == "retry"
-        for e in h.app.events(doomed)))
+        for e in h.app.events(eid(doomed))))
 
 
 def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry(
@@ -475,13 +481,13 @@ def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry
     doomed = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
     lost = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_status(doomed, "failed")
-    h.wait_status(lost, "failed")
+    h.wait_status(eid(doomed), "failed")
+    h.wait_status(eid(lost), "failed")
     # A failed run whose dead letter is gone (retried elsewhere, cleared by hand) cannot be
     # retried: the page must not offer it.
     store = h.app.store
     assert h.app._portal.call(store._run(
-        lambda tx: tx.run("dead_letter_delete", {"run_id": lost}))) == 1
+        lambda tx: tx.run("dead_letter_delete", {"run_id": eid(lost)}))) == 1
     retry = "Retry from dead letters"
 
     reader = dash.signed_in(dash.token(scopes=("runs:read", "runs:write")))
@@ -500,7 +506,7 @@ def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry
     expect(page.locator("#action-result")).to_contain_text(f"{doomed} re-queued")
     wait_for("the retried run to be queued again", lambda: any(
         e.kind == "run_queued" and e.payload.get("reason") == "retry"
-        for e in h.app.events(doomed)))
+        for e in h.app.events(eid(doomed))))
 
 
 # -- isolation and CSRF ----------------------------------------------------------------------
@@ -510,7 +516,7 @@ def test_another_tenants_run_page_is_404_and_a_csrf_less_post_is_refused(dash: D
     h = dash.h
     run_id = dash.start("listener", {})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_parked(run_id, "signal:go")
+    h.wait_parked(eid(run_id), "signal:go")
 
     # globex's session: acme's run is not found, exactly like a missing one.
     other = dash.page()
@@ -532,10 +538,10 @@ def test_another_tenants_run_page_is_404_and_a_csrf_less_post_is_refused(dash: D
         refused = page.request.post(f"/v1/runs/{run_id}/cancel", headers=headers)
         assert refused.status == 403 and "CSRF" in refused.json()["message"]
     assert page.request.post("/signout", form={"csrf": "nope"}).status == 403
-    assert h.app.get(run_id).status == "waiting"
+    assert h.app.get(eid(run_id)).status == "waiting"
     csrf = page.locator('meta[name="csrf-token"]').get_attribute("content")
     done = page.request.post(f"/v1/runs/{run_id}/cancel", headers={"X-CSRF-Token": csrf})
-    assert done.status == 202 and h.app.get(run_id).status == "cancelled"
+    assert done.status == 202 and h.app.get(eid(run_id)).status == "cancelled"
     # The run page follows the session's reads with the cookie over EventSource too.
     page.goto(f"/runs/{run_id}")
     expect(page.locator("#run-status")).to_have_text("cancelled")

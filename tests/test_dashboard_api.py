@@ -34,12 +34,13 @@ def test_state_at_each_seq_is_the_engines_fold(h: Harness, client: httpx.Client)
     r = client.post("/v1/runs", json={"workflow": "retrier",
                                       "input": {"succeed_on": 2, "block_on": 0}})
     run_id = r.json()["run_id"]
+    engine_id = f"acme~{run_id}"  # the API speaks the tenant's ids, the engine its own
     h.spawn("w", lease_ttl=3.0)
-    h.wait_status(run_id, "succeeded")
-    journal = h.app.events(run_id)
+    h.wait_status(engine_id, "succeeded")
+    journal = h.app.events(engine_id)
     for k in range(len(journal) + 1):
         state = client.get(f"/v1/runs/{run_id}/state", params={"at_seq": k}).json()
-        folded = fold(run_id, journal[:k])
+        folded = fold(engine_id, journal[:k])
         assert state["last_seq"] == folded.last_seq == k
         assert state["status"] == str(folded.status) and state["drives"] == folded.drives
         assert [(s["step_id"], s["status"], s["attempt"], s["output"]) for s in state["steps"]] \
@@ -54,8 +55,9 @@ def test_state_at_each_seq_is_the_engines_fold(h: Harness, client: httpx.Client)
     assert bad.status_code == 422 and bad.json()["details"][0]["field"] == "at_seq"
 
     detail = client.get(f"/v1/runs/{run_id}/step", params={"step_id": "1:flaky"}).json()
-    assert detail["idempotency_key"] == idempotency_key(run_id, "1:flaky", 2)
-    assert detail["lease_epoch"] == h.lease(run_id)[1]
+    assert detail["run_id"] == run_id
+    assert detail["idempotency_key"] == idempotency_key(engine_id, "1:flaky", 2)
+    assert detail["lease_epoch"] == h.lease(engine_id)[1]
     assert detail["state"]["attempts_used"] == 2
     assert [e["kind"] for e in detail["events"]] == [
         "step_started", "step_retrying", "step_started", "step_completed"]

@@ -228,6 +228,16 @@ def test_every_kind_of_tampering_fails_naming_the_first_bad_seq_or_the_reason(
     assert "line 3 of the events is not a journal event (step_id is int)" in verdict(
         [*lines[:2], _edit(lines[2], step_id=5), *lines[3:]])
     assert "line 1 of the events is not JSON" in verdict(["{", *lines[1:]])
+    # a key given twice (a reader taking the last one would see another output), at the
+    # top or inside the payload, and a field the export does not have
+    twice = lines[3].replace('"kind":', '"kind":"step_failed","kind":', 1)
+    assert "line 4 of the events gives the key 'kind' twice" in verdict(
+        [*lines[:3], twice, *lines[4:]])
+    inner = lines[3].replace('"output":', '"output":{"n":99},"output":', 1)
+    assert "line 4 of the events gives the key 'output' twice" in verdict(
+        [*lines[:3], inner, *lines[4:]])
+    assert "line 3 of the events is not a journal event (unknown field 'note')" in verdict(
+        [*lines[:2], _edit(lines[2], note="trust me"), *lines[3:]])
     # and the untouched export still holds
     ok("verify", str(receipt), "--events", str(tmp_path / "events.jsonl"), "--public-key",
        str(key))

@@ -47,9 +47,12 @@ class Api:
     def other(self) -> httpx.Client:  # tenant globex, every scope
         return self.clients[1]
 
-    def token(self, tenant: str, scopes: tuple[str, ...] = ALL) -> str:
+    def token(self, tenant: str, scopes: tuple[str, ...] = ALL, name: str | None = None,
+              expires_in: float | None = None) -> str:
         app = self.h.app
-        _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes))
+        extra = {} if expires_in is None else {"expires_in": expires_in}
+        _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes, name,
+                                                         **extra))
         return secret
 
     def start(self, workflow: str, data: dict[str, Any], **extra: Any) -> str:
@@ -64,8 +67,8 @@ def api(h: Harness) -> Iterator[Api]:
     try:
         with serving(app, workers=0, heartbeat_s=0.3) as base:
             a = Api(base, h, [])
-            a.client(a.token("acme"))
-            a.client(a.token("globex"))
+            a.client(a.token("acme", name="acme-ops"))
+            a.client(a.token("globex", name="globex-ops"))
             try:
                 yield a
             finally:
@@ -92,8 +95,13 @@ def frames(source: Any) -> Iterator[Any]:
             yield sse
 
 
+def engine_id(run_id: str, tenant: str = "acme") -> str:
+    """The engine's id of a run the API names ``run_id`` for ``tenant`` (its namespace)."""
+    return f"{tenant}~{run_id}"
+
+
 def journal(h: Harness, run_id: str) -> list[tuple[int, str]]:
-    return [(e.seq, e.kind) for e in h.app.events(run_id)]
+    return [(e.seq, e.kind) for e in h.app.events(engine_id(run_id))]
 
 
 # -- starting runs --------------------------------------------------------------------------
@@ -132,11 +140,12 @@ def test_start_is_idempotent_by_run_id_and_by_key_and_refuses_bad_input(api: Api
                       422, "invalid_input")
     assert "max_steps must be an integer" in guarded["message"]
     # None of the refusals wrote a run.
-    assert {r.run_id for r in api.h.app.runs()} == {"r-1", a.json()["run_id"],
-                                                    c.json()["run_id"]}
+    assert {r.run_id for r in api.h.app.runs()} == {
+        engine_id("r-1"), engine_id(a.json()["run_id"]),
+        engine_id(c.json()["run_id"], "globex")}
     # Guard overrides go to the run's first event, where every drive reads them.
     run_id = api.start("chain", {"n": 1}, guards={"max_steps": 50})
-    assert api.h.app.events(run_id)[0].payload["guards"] == {"max_steps": 50}
+    assert api.h.app.events(engine_id(run_id))[0].payload["guards"] == {"max_steps": 50}
 
 
 def test_auth_statuses_and_the_body_limit(api: Api) -> None:
@@ -188,14 +197,14 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
     assert detail["children"] == []
 
     # The child parks on its approval; the parent lists it as a child.
-    h.wait_parked(parent, "child:")
+    h.wait_parked(engine_id(parent), "child:")
     children = api.acme.get(f"/v1/runs/{parent}").json()["children"]
     assert [c["workflow"] for c in children] == ["payout"]
     kids = api.acme.get("/v1/runs", params={"parent": parent}).json()["runs"]
     assert [k["run_id"] for k in kids] == [children[0]["run_id"]]
 
     # Signals wake a waiting run; a finished run refuses them (409).
-    h.wait_parked(listening, "signal:go")
+    h.wait_parked(engine_id(listening), "signal:go")
     sent = api.acme.post(f"/v1/runs/{listening}/signals/go", json={"data": {"k": 1}})
     assert sent.status_code == 202, sent.text
     assert api.acme.get(f"/v1/runs/{listening}/result?wait=30").json()["output"] == [
@@ -203,11 +212,13 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
     problem(api.acme.post(f"/v1/runs/{listening}/signals/go", json={}), 409, "conflict")
 
     # Approvals: decided once; a second decision conflicts.
-    h.wait_parked(asking, "approval:")
-    step = h.app.approvals(asking)[0].step_id
+    h.wait_parked(engine_id(asking), "approval:")
+    step = h.app.approvals(engine_id(asking))[0].step_id
     decided = api.acme.post(f"/v1/runs/{asking}/approvals/{step}",
                             json={"approved": True, "by": "ana", "comment": "ok"})
-    assert decided.status_code == 200 and decided.json()["by"] == "ana", decided.text
+    # Who decided is the token; the body's name is kept as a note.
+    assert decided.status_code == 200, decided.text
+    assert (decided.json()["by"], decided.json()["note"]) == ("acme-ops", "ana")
     problem(api.acme.post(f"/v1/runs/{asking}/approvals/{step}",
                           json={"approved": False, "by": "bo"}), 409, "conflict")
     problem(api.acme.post(f"/v1/runs/{asking}/approvals/{step}", json={"by": "bo"}), 422,
@@ -215,7 +226,7 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
     assert api.acme.get(f"/v1/runs/{asking}/result?wait=30").json()["status"] == "succeeded"
 
     # Dead letters: listed, retried (it fails again: still a dead letter afterwards).
-    h.wait_status(doomed, "failed")
+    h.wait_status(engine_id(doomed), "failed")
     letters = api.acme.get("/v1/dead-letters").json()
     assert [d["run_id"] for d in letters] == [doomed]
     retried = api.acme.post(f"/v1/dead-letters/{doomed}/retry")
@@ -243,7 +254,8 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
         cursor = body["next_cursor"]
         if cursor is None:
             break
-    assert sorted(seen) == sorted(r.run_id for r in h.app.runs()) and len(seen) == 6
+    assert sorted(map(engine_id, seen)) == sorted(r.run_id for r in h.app.runs())
+    assert len(seen) == 6
     created = [r.created_at for r in h.app.runs()]
     window = api.acme.get("/v1/runs", params={"created_after": max(created),
                                               "created_before": max(created) + 1}).json()
@@ -350,7 +362,7 @@ def test_curl_n_receives_the_whole_journal_and_heartbeats(api: Api) -> None:
     h = api.h
     run_id = api.start("listener", {})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_parked(run_id, "signal:go")
+    h.wait_parked(engine_id(run_id), "signal:go")
     token = api.token("acme", ("runs:read",))
     curl = subprocess.Popen(
         ["curl", "-sS", "-N", f"{api.base}/v1/runs/{run_id}/events", "-H",
@@ -380,7 +392,7 @@ def test_sse_resumes_from_after_seq_and_refuses_a_bad_last_event_id(api: Api) ->
     h = api.h
     run_id = api.start("chain", {"n": 1})
     h.spawn("w", lease_ttl=3.0)
-    h.wait_status(run_id, "succeeded")
+    h.wait_status(engine_id(run_id), "succeeded")
     with connect_sse(api.acme, "GET", f"/v1/runs/{run_id}/events?after_seq=2",
                      headers={"Accept": "text/event-stream"}) as source:
         seqs = [int(sse.id) for sse in frames(source)]

@@ -1,6 +1,7 @@
 """``POST /v1/runs:batch`` against a real uvicorn, on both backends: ids in order, one
 transaction (a bad item names ``runs[i].field`` and nothing is written), idempotent by run id
-and by Idempotency-Key, tenants kept apart, and the runs driven to the end by a worker
+and by Idempotency-Key, tenants kept apart (each names its runs in its own namespace), and
+the runs driven to the end by a worker
 process."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import crash_app
 import pytest
 from proc import Harness
 from serving import serving
-from test_server import Api, problem
+from test_server import Api, engine_id, problem
 
 
 @pytest.fixture
@@ -46,7 +47,7 @@ def test_a_batch_starts_runs_in_order_and_a_worker_finishes_them(served: Api) ->
     assert len(runs) == 41 and runs[-1] == {"run_id": "b-last", "status": "queued",
                                             "created": True}
     assert len({x["run_id"] for x in runs}) == 41
-    assert [api.h.app.get(x["run_id"]).input for x in runs[:3]] == [
+    assert [api.h.app.get(engine_id(x["run_id"])).input for x in runs[:3]] == [
         {"args": [], "kwargs": {"n": n}} for n in (1, 2, 3)]
     api.h.spawn("w", lease_ttl=3.0, recovery_interval=0.5)
     for i, x in enumerate(runs):
@@ -76,15 +77,18 @@ def test_a_batch_is_idempotent_by_run_id_and_by_key(served: Api) -> None:
     assert refused["message"].startswith("runs[1].run_id: ") and refused["details"] == [
         {"field": "runs[1].run_id", "message": refused["message"].split(": ", 1)[1]}]
     assert _runs(api) == before
-    # Another tenant's same key is other runs; its explicit run id "i-1" is taken (409).
+    # Another tenant's same key is other runs, and its own "i-1" is another run: created as
+    # if acme's did not exist, and acme's is untouched.
     other = api.other.post("/v1/runs:batch", json={"runs": [body["runs"][1]]}, headers=key)
-    assert other.status_code == 202
-    assert other.json()["runs"][0]["run_id"] != first.json()["runs"][1]["run_id"]
-    taken = problem(api.other.post("/v1/runs:batch", json={"runs": [
-        {"workflow": "chain", "input": {"n": 9}}, body["runs"][0]]}), 409, "conflict")
-    assert taken["message"].startswith("runs[1].run_id: ")
-    assert len(_runs(api)) == len(before) + 1
-    assert api.other.get("/v1/runs/i-1").status_code == 404
+    assert other.status_code == 202 and other.json()["runs"][0]["created"] is True
+    mine = api.other.post("/v1/runs:batch", json={"runs": [
+        {"workflow": "chain", "input": {"n": 9}}, body["runs"][0] | {"input": {"n": 5}}]})
+    assert mine.status_code == 202, mine.text
+    assert [x["created"] for x in mine.json()["runs"]] == [True, True]
+    assert mine.json()["runs"][1]["run_id"] == "i-1"
+    assert len(_runs(api)) == len(before) + 3
+    assert api.other.get("/v1/runs/i-1").json()["input"] == {"n": 5}
+    assert api.acme.get("/v1/runs/i-1").json()["input"] == {"n": 1}
 
 
 def test_a_bad_item_is_named_and_nothing_is_written(served: Api) -> None:

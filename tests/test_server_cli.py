@@ -52,7 +52,7 @@ def test_tokens_create_list_revoke(db_url: str) -> None:
     (row,) = json.loads(listed.output)
     assert row | {"created_at": 0} == {
         "id": token_id.group(1), "tenant": "acme", "scopes": ["runs:read", "admin"],
-        "name": "ci", "created_at": 0, "revoked_at": None}
+        "name": "ci", "created_at": 0, "revoked_at": None, "expires_at": None}
     table = invoke("tokens", "list", "--db", db_url)
     assert token_id.group(1) in table.output and "acme" in table.output
 

@@ -27,6 +27,7 @@ from ratchet.errors import (
     ResultTimeout,
     RunCancelled,
     RunFailed,
+    RunIdConflict,
     UnknownRun,
     UnknownWorkflow,
 )
@@ -42,13 +43,23 @@ from ratchet.model import (
     RunRecord,
     RunStatus,
 )
+from ratchet.names import (
+    MAX_COMMENT,
+    MAX_DECIDER,
+    MAX_QUEUE,
+    MAX_SIGNAL,
+    MAX_STEP,
+    MAX_WORKFLOW,
+    check_length,
+)
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.receipts.service import ensure_receipt
 from ratchet.sandbox.spec import Sandbox, check_tier
 from ratchet.starts import RunRequest, as_start, at_item
-from ratchet.store import Clock, Store, WorkerInfo, make_store
+from ratchet.store import Clock, Store, WorkerInfo, make_store, tenants
 from ratchet.store.base import DONE
 from ratchet.store.sandboxes import SandboxRecord
+from ratchet.store.tenants import DEFAULT_TENANT
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -340,35 +351,48 @@ class Ratchet:
     async def start_run_async(self, wf: WorkflowDef | str, args: Sequence[Any],
                         kwargs: Mapping[str, Any], *, run_id: str | None = None,
                         queue: str = "default", priority: int = 0,
-                        tenant: str = "default", guards: Mapping[str, Any] | None = None
+                        tenant: str | None = None, guards: Mapping[str, Any] | None = None
                         ) -> tuple[RunRecord, bool]:
-        """:meth:`start_async` for callers that need the record and whether it was created
-        (the HTTP API): a run of ``tenant``, its arguments given as a sequence and a mapping."""
+        """:meth:`start_async` for callers that need the record and whether it was created,
+        its arguments given as a sequence and a mapping. With ``tenant`` (the HTTP API),
+        ``run_id`` is that tenant's id (see :mod:`ratchet.store.tenants`; the record
+        carries the engine's), and a conflict with an existing run names the fields that
+        differ without quoting the stored values."""
         new, graph = await self._new_run(RunRequest(wf, tuple(args), kwargs, run_id, queue,
-                                                    priority, guards), tenant)
-        rec, created = await (await self._astore()).create_run(new)
+                                                    priority, guards), tenant or DEFAULT_TENANT)
+        store = await self._astore()
+        redact = tenant is not None
+        if redact:
+            assert tenant is not None
+            [internal] = await tenants.internal_ids(store, tenant, [new.run_id])
+            new = dataclasses.replace(new, run_id=internal)
+        rec, created = await store.create_run(new, redact=redact)
         if not created and graph and (rec.workflow, rec.workflow_version) != (
                 new.workflow, new.workflow_version):
-            raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
-                               f"{rec.workflow!r} {rec.workflow_version}")
-        if not created and rec.workflow != new.workflow:
-            raise InvalidInput(f"run id {rec.run_id!r} already belongs to workflow "
-                               f"{rec.workflow!r}, not {new.workflow!r}")
+            raise RunIdConflict(f"run id {rec.run_id!r} already belongs to another version "
+                                "of the graph" if redact else
+                                f"run id {rec.run_id!r} already belongs to workflow "
+                                f"{rec.workflow!r} {rec.workflow_version}")
         return rec, created
 
-    async def start_runs_async(self, requests: Sequence[RunRequest], *, tenant: str = "default"
-                               ) -> list[tuple[str, RunStatus, bool]]:
-        """Start many runs of ``tenant`` in one transaction (the HTTP API's batch start):
-        ``(run_id, status, created)`` per request, in order. Every request is checked first;
-        a bad one raises :class:`BatchItemInvalid` naming its index and field, and nothing
-        is written."""
+    async def start_runs_async(self, requests: Sequence[RunRequest], *,
+                               tenant: str | None = None) -> list[tuple[str, RunStatus, bool]]:
+        """Start many runs in one transaction: ``(run_id, status, created)`` per request,
+        in order. Every request is checked first; a bad one raises
+        :class:`BatchItemInvalid` naming its index and field, and nothing is written. With
+        ``tenant`` (the HTTP API's batch start), as in :meth:`start_run_async`."""
         news = []
         for i, request in enumerate(requests):
             with at_item(i):
-                news.append((await self._new_run(request, tenant))[0])
+                news.append((await self._new_run(request, tenant or DEFAULT_TENANT))[0])
         if not news:
             return []
-        return await (await self._astore()).create_runs(news)
+        store = await self._astore()
+        if tenant is None:
+            return await store.create_runs(news)
+        internal = await tenants.internal_ids(store, tenant, [n.run_id for n in news])
+        news = [dataclasses.replace(n, run_id=i) for n, i in zip(news, internal, strict=True)]
+        return await store.create_runs(news, redact=True)
 
     async def _new_run(self, r: RunRequest, tenant: str) -> tuple[NewRun, bool]:
         """The run to create for ``r``, every argument checked (an :class:`InvalidInput`
@@ -387,7 +411,7 @@ class Ratchet:
                                    "letters, digits and . _ : @ -, starting with a letter "
                                    "or digit")
             field = "queue"
-            check_name(queue, "queue")
+            check_length(check_name(queue, "queue"), "queue", MAX_QUEUE)
             field = "priority"
             if isinstance(priority, bool) or not isinstance(priority, int):
                 raise InvalidInput(f"invalid priority {priority!r}: expected an integer")
@@ -395,6 +419,8 @@ class Ratchet:
                 raise InvalidInput(f"invalid priority {priority}: expected an integer from "
                                    f"{PRIORITY_MIN} to {PRIORITY_MAX} (32-bit signed)")
             wf = r.workflow
+            field = "workflow"
+            check_length(wf, "workflow name", MAX_WORKFLOW)
             if isinstance(wf, str) and wf not in self.workflows:
                 from ratchet.graphs.start import new_graph_run
 
@@ -471,33 +497,37 @@ class Ratchet:
 
     async def signal_async(self, run_id: str, name: str, data: Any = None) -> None:
         """Send signal ``name`` with ``data``; a run waiting for it wakes up."""
-        check_name(name, "signal name")
+        check_length(check_name(name, "signal name"), "signal name", MAX_SIGNAL)
         to_json(data, f"the data of signal {name!r}")
         await (await self._astore()).send_signal(run_id, name, data)
 
     async def approve_async(self, run_id: str, step: str, *, by: str,
-                            comment: str | None = None) -> Decision:
+                            comment: str | None = None, note: str | None = None) -> Decision:
         """Approve the run's pending approval ``step`` (its step id, or its name when that
         picks one) as ``by``; the run wakes and ``ratchet.approval`` returns the decision.
+        ``note``: a name given beside the decider, journaled with the decision (the HTTP
+        API journals the deciding token's name as ``by`` and keeps the body's ``by`` so).
         A decision is recorded once: a second one raises :class:`ApprovalAlreadyDecided`
         (naming who decided what and when), and an approval of a finished run, or timed
         out, :class:`ApprovalNotPending`; nothing is written then."""
-        return await self._decide(run_id, step, True, by, comment)
+        return await self._decide(run_id, step, True, by, comment, note)
 
     async def reject_async(self, run_id: str, step: str, *, by: str,
-                           comment: str | None = None) -> Decision:
+                           comment: str | None = None, note: str | None = None) -> Decision:
         """Reject the run's pending approval ``step``; see :meth:`approve_async`."""
-        return await self._decide(run_id, step, False, by, comment)
+        return await self._decide(run_id, step, False, by, comment, note)
 
     async def _decide(self, run_id: str, step: str, approved: bool, by: str,
-                      comment: str | None) -> Decision:
+                      comment: str | None, note: str | None = None) -> Decision:
         check_name(run_id, "run id")
-        check_name(step, "approval step")
-        check_name(by, "decider (by)")
+        check_length(check_name(step, "approval step"), "approval step", MAX_STEP)
+        check_length(check_name(by, "decider (by)"), "decider (by)", MAX_DECIDER)
         if comment is not None:
-            check_name(comment, "comment")
+            check_length(check_name(comment, "comment"), "comment", MAX_COMMENT)
+        if note is not None:
+            check_length(check_name(note, "note"), "note", MAX_DECIDER)
         found = await (await self._astore()).decide_approval(run_id, step, approved, by,
-                                                             comment)
+                                                             comment, note)
         assert found.decision is not None
         return found.decision
 
@@ -639,14 +669,16 @@ class Ratchet:
         self._portal.call(self.signal_async(run_id, name, data))
 
     def approve(self, run_id: str, step: str, *, by: str,
-                comment: str | None = None) -> Decision:
+                comment: str | None = None, note: str | None = None) -> Decision:
         """Blocking :meth:`approve_async`."""
-        return self._portal.call(self.approve_async(run_id, step, by=by, comment=comment))
+        return self._portal.call(self.approve_async(run_id, step, by=by, comment=comment,
+                                                    note=note))
 
     def reject(self, run_id: str, step: str, *, by: str,
-               comment: str | None = None) -> Decision:
+               comment: str | None = None, note: str | None = None) -> Decision:
         """Blocking :meth:`reject_async`."""
-        return self._portal.call(self.reject_async(run_id, step, by=by, comment=comment))
+        return self._portal.call(self.reject_async(run_id, step, by=by, comment=comment,
+                                                   note=note))
 
     def approvals(self, run_id: str | None = None, limit: int = 100) -> list[Approval]:
         """Blocking :meth:`approvals_async`."""

@@ -34,6 +34,11 @@ def server(
     prune_interval: Annotated[str, typer.Option(
         "--prune-interval", metavar="DURATION", envvar="RATCHET_PRUNE_INTERVAL",
         help="How often to prune with --prune-finished-before.")] = "1h",
+    request_timeout: Annotated[str, typer.Option(
+        "--request-timeout", metavar="DURATION", envvar="RATCHET_REQUEST_TIMEOUT",
+        help="How long a client may take to send a request's head (from its connection "
+             "opening), and then its body; past it the connection is closed (408).")
+    ] = "10s",
     db: DbOption = None,
 ) -> None:
     """Serve APP's HTTP API (under /v1, bearer tokens from `ratchet tokens create`).
@@ -52,11 +57,13 @@ def server(
         import uvicorn
 
         from ratchet.api import create_app, drain
+        from ratchet.api.slow_clients import bounded_protocol
         from ratchet.asgi import Server
 
         prune_age = (parse_age(prune_finished_before)
                      if prune_finished_before is not None else None)
         prune_every = parse_duration(prune_interval)
+        request_timeout_s = parse_duration(request_timeout)
         app = load_app(app_spec)
         url = _given_db(ctx, db)
         if url is not None:
@@ -66,9 +73,12 @@ def server(
                          prune_interval=prune_every)
         # Access logs are off: they would print query strings, and tokens never belong in
         # a log (they travel in headers, but a client may misplace one).
+        # The h11 protocol, bounded: a client that sends its request slowly, or never
+        # finishes it, cannot hold a connection (see ratchet.api.slow_clients).
         config = uvicorn.Config(api, host=host, port=port, log_level=log_level.lower(),
                                 access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=30)
+                                timeout_graceful_shutdown=30,
+                                http=bounded_protocol(request_timeout_s))
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the
         # handler it found: with this one, a graceful stop ends the command with status 0.
         signal.signal(signal.SIGTERM, _stopped)

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ratchet.cli import DbOption, JsonOption, _client, _console, _echo_json, _when, cli
+from ratchet.config import parse_age
 from ratchet.store import tokens as store_tokens
 
 tokens_cli = typer.Typer(help="API tokens for ratchet server: create, list, revoke.",
@@ -23,23 +24,34 @@ def create(
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant the token acts for.")],
     scopes: Annotated[str, typer.Option(
         "--scopes", help="Comma-separated: runs:read, runs:write, admin.")] = "runs:read",
-    name: Annotated[str | None, typer.Option("--name", help="A label, e.g. ci.")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="Who the token is, e.g. ana or ci: the decisions made with it "
+                       "(approvals, a gate turned off) are journaled under this name.")
+    ] = None,
+    expires: Annotated[str | None, typer.Option(
+        "--expires", metavar="AGE",
+        help="Refuse the token after AGE (30d, 12h, 15m); an open event stream bearing it "
+             "ends then. Never, unless set.")] = None,
     db: DbOption = None,
 ) -> None:
     """Create a token. It is printed once, alone on the last line; only its hash is kept."""
     with _client(ctx, db) as app:
         parsed = store_tokens.parse_scopes(scopes)
         store_tokens.check_tenant(tenant)
+        store_tokens.check_token_name(name)
+        expires_in = parse_age(expires) if expires is not None else None
         token, secret = app._portal.call(
-            store_tokens.create_token(app.store, tenant, parsed, name))
+            store_tokens.create_token(app.store, tenant, parsed, name, expires_in))
+    until = f", expires {_when(token.expires_at)}" if token.expires_at is not None else ""
     typer.echo(f"token {token.token_id} for tenant {token.tenant_id} "
-               f"(scopes {','.join(token.scopes)}); it is shown once:")
+               f"(scopes {','.join(token.scopes)}{until}); it is shown once:")
     typer.echo(secret)
 
 
 @tokens_cli.command("list")
 def list_(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) -> None:
-    """Every token: id, tenant, scopes, name, created, revoked (never the secret)."""
+    """Every token: id, tenant, scopes, name, created, revoked, expires (never the
+    secret)."""
     with _client(ctx, db, read_only=True) as app:
         found = app._portal.call(store_tokens.list_tokens(app.store))
     if as_json:
@@ -49,10 +61,11 @@ def list_(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) 
     if not found:
         console.print("no tokens; create one with ratchet tokens create --tenant NAME")
         return
-    table = Table("id", "tenant", "scopes", "name", "created", "revoked")
+    table = Table("id", "tenant", "scopes", "name", "created", "revoked", "expires")
     for t in found:
         table.add_row(Text(t.token_id), Text(t.tenant_id), Text(",".join(t.scopes)),
-                      Text(t.name or "-"), _when(t.created_at), _when(t.revoked_at))
+                      Text(t.name or "-"), _when(t.created_at), _when(t.revoked_at),
+                      _when(t.expires_at))
     console.print(table)
 
 

@@ -49,7 +49,7 @@ from ratchet.demo import (
 )
 from ratchet.errors import ConfigError
 from ratchet.llm.server import LocalProvider, serve
-from ratchet.store import make_store, tokens
+from ratchet.store import make_store, tenants, tokens
 
 #: The queue of the demo's run: only the demo's worker processes take it, never the
 #: server's embedded worker, so the process killed is a worker process, not the server.
@@ -264,7 +264,9 @@ def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvid
 
         ended = stream.wait(WAIT_S)
         journal = _journal(http, run_id)
-        checks = report(demo.console, run_id, journal, _run(http, run_id)["status"],
+        # The steps log the engine's run id: the tenant's, in its namespace.
+        checks = report(demo.console, tenants.scoped_id(TENANT, run_id), journal,
+                        _run(http, run_id)["status"],
                         {w1.pid: 1, w2.pid: 2}, invocations(setup.log_path),
                         provider.requests())
         checks.append(_stream_check(stream, ended, journal))

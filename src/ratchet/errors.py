@@ -203,6 +203,10 @@ class UnknownApproval(InvalidInput, LookupError):
     """The run has no such approval."""
 
 
+class UnknownToken(InvalidInput, LookupError):
+    """Unknown API token id."""
+
+
 class ApprovalNotPending(RatchetError):
     """The approval is no longer pending (decided, timed out, or its run has finished);
     nothing was recorded."""

@@ -573,6 +573,7 @@ class Approval:
     comment: str | None = None
     decided_at: float | None = None
     parent_run_id: str | None = None
+    note: str | None = None  # a name the client gave beside the decider (the HTTP API's token)
 
     @property
     def decision(self) -> Decision | None:
@@ -596,4 +597,5 @@ class Approval:
             "decided_by": self.decided_by,
             "comment": self.comment,
             "decided_at": self.decided_at,
+            "note": self.note,
         }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from typing import Annotated
 
@@ -11,10 +12,10 @@ from fastapi.responses import JSONResponse, Response
 from ratchet.api.auth import scope
 from ratchet.api.errors import error_response
 from ratchet.api.models import DeadLetterOut, Error, Health, StatusAfter, WorkflowOut
-from ratchet.api.runs import ERRORS, Reader, owned
+from ratchet.api.runs import ERRORS, Reader, owned, shown
 from ratchet.app import Ratchet
-from ratchet.errors import StoreNotReady
-from ratchet.store import tokens
+from ratchet.errors import StorageError, StoreNotReady
+from ratchet.store import tenants, tokens
 from ratchet.store.tokens import Token
 
 router = APIRouter(tags=["operations"])
@@ -28,17 +29,18 @@ async def dead_letters(request: Request, token: Admin,
                        ) -> list[DeadLetterOut]:
     """The tenant's dead-lettered runs, newest first (admin scope)."""
     found = await tokens.dead_letters(request.app.state.store, token.tenant_id, limit)
-    return [DeadLetterOut(run_id=d.run_id, workflow=d.workflow, reason=d.reason,
-                          error=d.error, at=d.at) for d in found]
+    return [DeadLetterOut(run_id=shown(token, d.run_id), workflow=d.workflow, reason=d.reason,
+                          error=tenants.external_text(token.tenant_id, d.error), at=d.at)
+            for d in found]
 
 
 @v1.post("/dead-letters/{run_id:path}/retry", response_model=StatusAfter, status_code=202)
 async def retry(run_id: str, request: Request, token: Admin) -> StatusAfter:
     """Re-queue a dead-lettered run; it resumes after its last completed step."""
-    await owned(request, run_id, token)
+    found = await owned(request, run_id, token)
     app: Ratchet = request.app.state.ratchet
-    rec = await app.retry_async(run_id)
-    return StatusAfter(run_id=run_id, status=str(rec.status))
+    rec = await app.retry_async(found.run_id)
+    return StatusAfter(run_id=shown(token, rec.run_id), status=str(rec.status))
 
 
 @v1.get("/workflows", response_model=list[WorkflowOut])
@@ -71,8 +73,18 @@ async def readyz(request: Request) -> Response:
 
 
 @router.get("/metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {}}}})
+            responses={200: {"content": {"text/plain": {}}}, 503: {"model": Error}})
 async def metrics(request: Request) -> Response:
-    """Prometheus metrics."""
-    body, content_type = await request.app.state.metrics.render(request.app.state.store)
+    """Prometheus metrics; 503 with the reason while the database is not ready (the
+    counts by status are read from it), as ``/readyz`` answers."""
+    readiness = request.app.state.readiness
+    try:
+        await readiness.check()
+        body, content_type = await asyncio.wait_for(
+            request.app.state.metrics.render(request.app.state.store), readiness.timeout_s)
+    except StoreNotReady as e:
+        return error_response(503, "unavailable", f"not ready: {e}")
+    except (StorageError, TimeoutError) as e:
+        return error_response(503, "unavailable",
+                              f"not ready: the database did not answer ({type(e).__name__})")
     return Response(body, media_type=content_type)

@@ -28,11 +28,18 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 async def _caller(request: Request, creds: HTTPAuthorizationCredentials | None) -> Token:
+    token = await _token(request, creds)
+    # The error handler speaks the caller's run ids (see ratchet.store.tenants).
+    request.state.tenant = token.tenant_id
+    return token
+
+
+async def _token(request: Request, creds: HTTPAuthorizationCredentials | None) -> Token:
     store = request.app.state.store
     if creds is not None:
         token = await tokens.authenticate(store, creds.credentials)
         if token is None:
-            raise ApiError(401, "invalid or revoked token", headers=_CHALLENGE)
+            raise ApiError(401, "invalid, revoked or expired token", headers=_CHALLENGE)
         return token
     secret = request.cookies.get(SESSION_COOKIE)
     if secret is None:
@@ -66,3 +73,11 @@ def scope(needed: str) -> Callable[..., Awaitable[Token]]:
 def allows(token: Token, needed: str) -> bool:
     """Whether ``token`` carries ``needed`` (or admin)."""
     return needed in token.scopes or "admin" in token.scopes
+
+
+def decider(token: Token) -> str:
+    """Who a decision made with ``token`` is journaled as: the token's name
+    (``ratchet tokens create --name ana``), else its id. Every decision the API records
+    (approvals, a confidence gate turned off at start, going over a budget) names this,
+    never a name from the request's body, which is kept only as a note."""
+    return token.name or token.token_id

@@ -23,7 +23,9 @@ from ratchet.errors import (
     SignalAlreadyConsumed,
     UnknownApproval,
     UnknownRun,
+    UnknownToken,
 )
+from ratchet.store.tenants import external_text
 
 log = logging.getLogger("ratchet.api")
 
@@ -57,7 +59,7 @@ def error_response(status: int, code: str, message: str, details: Any = None,
 
 
 def _status_of(e: Exception) -> int:
-    if isinstance(e, UnknownRun | UnknownApproval):
+    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken):
         return 404
     if isinstance(e, RunFinished | ApprovalNotPending | NotDeadLettered
                   | SignalAlreadyConsumed | RunNotFinished | JournalPruned):
@@ -91,11 +93,18 @@ def install(app: FastAPI) -> None:
         status = _status_of(e)
         if status == 500:
             return _internal(request, e)
-        return error_response(status, _CODES[status], str(e))
+        return error_response(status, _CODES[status], speak(request, str(e)))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, e: Exception) -> JSONResponse:
         return _internal(request, e)
+
+
+def speak(request: Request, text: str) -> str:
+    """``text`` (a message of the engine's, naming runs by the engine's ids) with the
+    calling tenant's own run ids."""
+    tenant = getattr(request.state, "tenant", None)
+    return text if tenant is None else external_text(tenant, text)
 
 
 def _field(loc: Any) -> str:

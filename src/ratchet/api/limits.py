@@ -1,4 +1,5 @@
-"""A request body over the limit is refused with 413 before it is read whole."""
+"""A request body over the limit is refused with 413 before it is read whole; a path or a
+query string holding a NUL character is refused with 422 before any route sees it."""
 
 from __future__ import annotations
 
@@ -68,3 +69,27 @@ class BodyLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode())]})
         await send({"type": "http.response.body", "body": data})
+
+
+class PlainTarget:
+    """ASGI middleware: a NUL character in the path or the query string (``%00``) is
+    answered 422. No name or id may hold one, and PostgreSQL text cannot even be compared
+    with one, so it is refused here, once, rather than in every route."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and ("\x00" in scope.get("path", "")
+                                        or b"%00" in scope.get("query_string", b"")
+                                        or b"\x00" in scope.get("query_string", b"")):
+            body = json.dumps({"error": "invalid_input",
+                               "message": "invalid request: the path or the query string "
+                                          "contains a NUL character",
+                               "details": [{"field": "path"}]}).encode()
+            await send({"type": "http.response.start", "status": 422,
+                        "headers": [(b"content-type", b"application/json"),
+                                    (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
+
+from ratchet.names import MAX_COMMENT, MAX_DECIDER, MAX_QUEUE, MAX_RUN_ID, MAX_WORKFLOW
 
 
 class Error(BaseModel):
@@ -19,15 +21,21 @@ class Error(BaseModel):
 
 
 class StartRun(BaseModel):
-    workflow: str = Field(min_length=1, description="A workflow's or a graph's name.")
+    workflow: str = Field(min_length=1, max_length=MAX_WORKFLOW,
+                          description="A workflow's or a graph's name.")
     input: dict[str, Any] = Field(
         default_factory=dict,
         description="The workflow's arguments by parameter name; for a graph, its input.")
-    run_id: str | None = Field(default=None, description="Makes the start idempotent.")
-    queue: str = "default"
+    run_id: str | None = Field(
+        default=None, min_length=1, max_length=MAX_RUN_ID,
+        description="Makes the start idempotent. The tenant's own: another tenant's run "
+                    "of the same id is another run.")
+    queue: str = Field(default="default", min_length=1, max_length=MAX_QUEUE)
     guards: dict[str, Any] | None = Field(
         default=None, description='Guard overrides for this run (ratchet.Guards fields), '
-                                  'e.g. {"max_steps": 50, "budget_usd": 0.5}.')
+                                  'e.g. {"max_steps": 50, "budget_usd": 0.5}. Raising or '
+                                  'switching off a guard needs the admin scope; a '
+                                  'runs:write token may only tighten them.')
 
 
 class RunAccepted(BaseModel):
@@ -121,17 +129,21 @@ class SignalBody(BaseModel):
 
 
 class Decision(BaseModel):
-    approved: bool
-    by: str = Field(min_length=1)
-    comment: str | None = None
+    approved: StrictBool = Field(description="true or false; nothing else is a decision.")
+    by: str | None = Field(
+        default=None, min_length=1, max_length=MAX_DECIDER,
+        description="A name to keep as a note: who decided is journaled as the token's name "
+                    "(its id when it has none).")
+    comment: str | None = Field(default=None, max_length=MAX_COMMENT)
 
 
 class DecisionMade(BaseModel):
     run_id: str
     step_id: str
     approved: bool
-    by: str
+    by: str = Field(description="Who decided: the token's name, else its id.")
     comment: str | None
+    note: str | None = Field(default=None, description="The body's by, where it differed.")
 
 
 class StatusAfter(BaseModel):
@@ -277,3 +289,29 @@ class RunReceipt(BaseModel):
     payloadType: str = Field(description="application/vnd.in-toto+json")
     payload: str = Field(description="The statement, base64.")
     signatures: list[ReceiptSignature]
+
+
+class NewToken(BaseModel):
+    scopes: list[str] = Field(min_length=1, description="runs:read, runs:write, admin.")
+    name: str | None = Field(
+        default=None, max_length=100,
+        description="What the token's decisions are journaled as (approvals, a gate turned "
+                    "off at start); its id where it has none.")
+    expires_in: float | None = Field(
+        default=None, gt=0, le=10 * 366 * 86400, allow_inf_nan=False,
+        description="Seconds until it expires (null: never); an open event stream ends "
+                    "then.")
+
+
+class TokenOut(BaseModel):
+    id: str
+    tenant: str
+    scopes: list[str]
+    name: str | None
+    created_at: float
+    revoked_at: float | None
+    expires_at: float | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The secret, shown once: only its hash is kept.")

@@ -17,7 +17,9 @@ router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 @router.get("/runs/{run_id:path}/receipt", response_model=RunReceipt)
 async def run_receipt(run_id: str, request: Request, token: Reader) -> Any:
     """The run's signed receipt (DSSE, in-toto statement); 409 while it has not finished.
-    Verify it offline with ``ratchet verify`` and the journal from ``ratchet export``."""
-    await owned(request, run_id, token)
-    stored = await ensure_receipt(_store(request), _app(request).signer, run_id)
+    Verify it offline with ``ratchet verify`` and the journal from ``ratchet export``. The
+    statement names the run as its journal does (the hash chain commits to that id): for
+    a tenant other than ``default``, ``<tenant>~<id>``."""
+    rec = await owned(request, run_id, token)
+    stored = await ensure_receipt(_store(request), _app(request).signer, rec.run_id)
     return stored.envelope

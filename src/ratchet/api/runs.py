@@ -1,6 +1,8 @@
 """``/v1/runs``: start, list, read, wait for, signal, cancel and decide approvals of runs.
 Every route reads the run through :func:`owned`, so another tenant's run is a 404 exactly
-like a missing one."""
+like a missing one. Run ids are the tenant's own (:mod:`ratchet.store.tenants`): a route
+finds the engine's run for the id in its path, acts on it, and answers with the tenant's
+ids again (:func:`shown`)."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ import base64
 import contextlib
 import hashlib
 import json
+import math
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 
-from ratchet.api.auth import scope
-from ratchet.api.errors import ApiError, not_found
+from ratchet.api.auth import allows, decider, scope
+from ratchet.api.errors import ApiError, not_found, speak
+from ratchet.api.guard_policy import authorised
 from ratchet.api.models import (
     BatchRunAccepted,
     ChildRun,
@@ -35,10 +39,11 @@ from ratchet.api.models import (
     StatusAfter,
 )
 from ratchet.app import Ratchet
-from ratchet.errors import BatchItemInvalid, InvalidInput
+from ratchet.errors import ApprovalNotPending, BatchItemInvalid, InvalidInput, RatchetError
 from ratchet.model import RunRecord, RunStatus
+from ratchet.names import MAX_RUN_PATH, MAX_SIGNAL, MAX_STEP, MAX_WORKFLOW
 from ratchet.starts import RunRequest
-from ratchet.store import Store, tokens
+from ratchet.store import Store, tenants, tokens
 from ratchet.store.base import DONE
 from ratchet.store.tokens import Token
 
@@ -64,12 +69,34 @@ def _store(request: Request) -> Store:
     return store
 
 
+def check_path_id(run_id: str, what: str = "run id") -> str:
+    """A run id from a path or a query, before it reaches the database: 422 for one no
+    run can have (too long, or with a control character such as NUL, which PostgreSQL
+    text cannot even be compared with)."""
+    if len(run_id) > MAX_RUN_PATH or any(c < " " or c == "\x7f" for c in run_id):
+        problem = (f"over {MAX_RUN_PATH} characters" if len(run_id) > MAX_RUN_PATH
+                   else "it contains a control character")
+        raise ApiError(422, f"invalid {what}: {problem}", details=[{"field": what}])
+    return run_id
+
+
 async def owned(request: Request, run_id: str, token: Token) -> RunRecord:
-    """The run, if it exists and is the token's tenant's; else 404 (the same either way)."""
-    rec = await _store(request).get_run(run_id)
-    if rec is None or rec.tenant_id != token.tenant_id:
+    """The run, if it exists and is the token's tenant's; else 404 (the same either way).
+    The record carries the engine's run id; answer with :func:`shown`."""
+    check_path_id(run_id)
+    rec = await tenants.find_run(_store(request), token.tenant_id, run_id)
+    if rec is None:
         raise not_found(run_id)
     return rec
+
+
+def shown(token: Token, run_id: str) -> str:
+    """The engine's ``run_id`` as ``token``'s tenant knows it."""
+    return tenants.external_id(token.tenant_id, run_id)
+
+
+def shown_or_none(token: Token, run_id: str | None) -> str | None:
+    return None if run_id is None else tenants.external_id(token.tenant_id, run_id)
 
 
 def _input(stored: Any) -> Any:
@@ -84,11 +111,14 @@ def _input(stored: Any) -> Any:
     return stored
 
 
-def _run(rec: RunRecord) -> Run:
-    return Run(run_id=rec.run_id, workflow=rec.workflow, workflow_version=rec.workflow_version,
-               status=str(rec.status), input=_input(rec.input), output=rec.output, error=rec.error,
-               parent_run_id=rec.parent_run_id, queue=rec.queue, created_at=rec.created_at,
-               updated_at=rec.updated_at)
+def _run(rec: RunRecord, token: Token) -> Run:
+    return Run(run_id=shown(token, rec.run_id), workflow=rec.workflow,
+               workflow_version=rec.workflow_version, status=str(rec.status),
+               input=_input(rec.input), output=rec.output,
+               error=None if rec.error is None else tenants.external_text(token.tenant_id,
+                                                                           rec.error),
+               parent_run_id=shown_or_none(token, rec.parent_run_id), queue=rec.queue,
+               created_at=rec.created_at, updated_at=rec.updated_at)
 
 
 @router.post("/runs", status_code=202, response_model=RunAccepted,
@@ -98,41 +128,52 @@ async def start_run(body: StartRun, request: Request, response: Response, token:
                     idempotency_key: Annotated[str | None, Header(
                         description="Same key, same run; a different body is refused 422."
                     )] = None) -> RunAccepted:
-    """Queue a run and return at once: 202 when created, 200 when it existed."""
+    """Queue a run and return at once: 202 when created, 200 when it existed. Guard
+    overrides that raise or switch off the workflow's guards need the admin scope."""
     app = _app(request)
     run_id = body.run_id
     if run_id is None and idempotency_key is not None:
         run_id = _keyed_run_id(token.tenant_id, idempotency_key)
-    r = _request(app, body, run_id)
+    guards = await authorised(app, _store(request), token, body.workflow, body.guards)
+    r = _request(app, body, run_id, guards)
     try:
         rec, created = await app.start_run_async(r.workflow, r.args, r.kwargs, run_id=run_id,
                                                  queue=body.queue, tenant=token.tenant_id,
-                                                 guards=body.guards)
+                                                 guards=guards)
     except InvalidInput as e:
-        raise ApiError(422, str(e), details={"workflow": body.workflow}) from e
-    if rec.tenant_id != token.tenant_id:
-        raise ApiError(409, f"run id {rec.run_id!r} is taken; choose another")
+        raise ApiError(422, speak(request, str(e)), details={"workflow": body.workflow}) from e
+    _mine(rec, token)
     if created:
         request.app.state.metrics.runs_started.inc()
     else:
         response.status_code = 200
-    return RunAccepted(run_id=rec.run_id, status=str(rec.status))
+    return RunAccepted(run_id=shown(token, rec.run_id), status=str(rec.status))
+
+
+def _mine(rec: RunRecord, token: Token) -> None:
+    # Scoped ids make another tenant's run unreachable from a start; were that ever to
+    # break, the answer is an error of ours, not the other run.
+    if rec.tenant_id != token.tenant_id:
+        raise RatchetError(f"a start of tenant {token.tenant_id!r} reached a run of "
+                           "another tenant")
 
 
 def _keyed_run_id(tenant: str, key: str) -> str:
-    # The key names the run (per tenant), so a repeat finds it and a different body
-    # conflicts with it, with nothing else to store.
+    # The key names the run, so a repeat finds it and a different body conflicts with it,
+    # with nothing else to store. The id lives in the tenant's namespace like any other:
+    # knowing how it is made tells nothing of another tenant's runs.
     digest = hashlib.sha256(f"{tenant}\0{key}".encode()).hexdigest()
     return f"idem-{digest[:40]}"
 
 
-def _request(app: Ratchet, body: StartRun, run_id: str | None) -> RunRequest:
+def _request(app: Ratchet, body: StartRun, run_id: str | None,
+             guards: dict[str, Any] | None) -> RunRequest:
     """A start's body as the app takes it: a graph's input is its one argument, a code
     workflow's its arguments by name."""
     graph = body.workflow not in app.workflows
     args: tuple[Any, ...] = (body.input,) if graph else ()
     kwargs: dict[str, Any] = {} if graph else body.input
-    return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, body.guards)
+    return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, guards)
 
 
 @router.post("/runs:batch", status_code=202, response_model=RunsAccepted,
@@ -146,27 +187,31 @@ async def start_runs(body: StartRuns, request: Request, response: Response, toke
                      )] = None) -> RunsAccepted:
     """Queue many runs in one transaction and return at once, their ids and statuses in
     the order asked: 202 when any was created, 200 when all existed. A bad item is refused
-    422 naming ``runs[i].field`` (409 when its run id is another tenant's), and then
-    nothing is written."""
+    422 naming ``runs[i].field``, and then nothing is written; guard overrides that raise
+    or switch off a workflow's guards need the admin scope (403 naming the item)."""
     app = _app(request)
+    store = _store(request)
     requests = []
     for i, item in enumerate(body.runs):
         run_id = item.run_id
         if run_id is None and idempotency_key is not None:
             run_id = _keyed_run_id(token.tenant_id, f"{idempotency_key}#{i}")
-        requests.append(_request(app, item, run_id))
+        guards = item.guards if item.guards is None else await authorised(
+            app, store, token, item.workflow, item.guards, f"runs[{i}].guards")
+        requests.append(_request(app, item, run_id, guards))
     try:
         started = await app.start_runs_async(requests, tenant=token.tenant_id)
     except BatchItemInvalid as e:
         field = f"runs[{e.index}].{e.field}"
-        raise ApiError(409 if e.taken else 422, f"{field}: {e.problem}",
-                       details=[{"field": field, "message": e.problem}]) from e
+        problem = speak(request, e.problem)
+        raise ApiError(422, f"{field}: {problem}",
+                       details=[{"field": field, "message": problem}]) from e
     created = sum(fresh for _, _, fresh in started)
     if created:
         request.app.state.metrics.runs_started.inc(created)
     else:
         response.status_code = 200
-    return RunsAccepted(runs=[BatchRunAccepted(run_id=run_id, status=str(status),
+    return RunsAccepted(runs=[BatchRunAccepted(run_id=shown(token, run_id), status=str(status),
                                                created=fresh)
                               for run_id, status, fresh in started])
 
@@ -176,28 +221,47 @@ def _cursor(text: str | None) -> tuple[float, str] | None:
         return None
     try:
         at, run_id = json.loads(base64.urlsafe_b64decode(text.encode()))
-        return float(at), str(run_id)
-    except (ValueError, TypeError) as e:
+        at, run_id = float(at), str(run_id)
+        check_path_id(run_id)
+        if not math.isfinite(at):
+            raise ValueError("not a time")
+        return at, run_id
+    except (ValueError, TypeError, ApiError) as e:
         raise ApiError(422, "invalid cursor: pass next_cursor as it came",
                        details=[{"field": "cursor"}]) from e
+
+
+# Unix seconds from year 1 to year 9999: what both databases' timestamps can hold.
+UnixTime = Annotated[float | None, Query(ge=-62135596800, le=253402300799,
+                                         allow_inf_nan=False)]
 
 
 @router.get("/runs", response_model=RunPage)
 async def list_runs(request: Request, token: Reader,
                     status: Annotated[RunStatus | None, Query()] = None,
-                    workflow: str | None = None,
-                    parent: Annotated[str | None, Query(description="Children of this run.")
-                                      ] = None,
-                    created_after: Annotated[float | None, Query(
+                    workflow: Annotated[str | None, Query(max_length=MAX_WORKFLOW)] = None,
+                    parent: Annotated[str | None, Query(description="Children of this run.",
+                                                        max_length=MAX_RUN_PATH)] = None,
+                    created_after: Annotated[UnixTime, Query(
                         description="Unix seconds, inclusive.")] = None,
-                    created_before: Annotated[float | None, Query(
+                    created_before: Annotated[UnixTime, Query(
                         description="Unix seconds, exclusive.")] = None,
-                    cursor: str | None = None,
+                    cursor: Annotated[str | None, Query(max_length=4 * MAX_RUN_PATH)] = None,
                     limit: Annotated[int, Query(ge=1, le=500)] = 50) -> RunPage:
     """The tenant's runs, newest first, a page at a time."""
+    store = _store(request)
+    parent_id = None
+    if parent is not None:
+        found = await tenants.find_run(store, token.tenant_id, check_path_id(parent, "parent"))
+        if found is None:
+            return RunPage(runs=[], next_cursor=None)
+        parent_id = found.run_id
+    if workflow is not None and "\x00" in workflow:
+        raise ApiError(422, "invalid workflow: it contains a NUL character",
+                       details=[{"field": "workflow"}])
     recs = await tokens.runs_page(
-        _store(request), token.tenant_id, status=str(status) if status else None,
-        workflow=workflow, parent=parent, created_after=created_after,
+        store, token.tenant_id, status=str(status) if status else None,
+        workflow=workflow, parent=parent_id, created_after=created_after,
         created_before=created_before, cursor=_cursor(cursor), limit=limit + 1)
     more = len(recs) > limit
     recs = recs[:limit]
@@ -206,7 +270,7 @@ async def list_runs(request: Request, token: Reader,
         last = recs[-1]
         next_cursor = base64.urlsafe_b64encode(
             json.dumps([last.created_at, last.run_id]).encode()).decode()
-    return RunPage(runs=[_run(r) for r in recs], next_cursor=next_cursor)
+    return RunPage(runs=[_run(r, token) for r in recs], next_cursor=next_cursor)
 
 
 @last.get("/runs/{run_id:path}", response_model=RunDetail)
@@ -214,30 +278,36 @@ async def get_run(run_id: str, request: Request, token: Reader) -> RunDetail:
     """A run: status, input, output, error, its model calls' tokens and cost, its children."""
     rec = await owned(request, run_id, token)
     store = _store(request)
-    totals = (await store.llm_totals([run_id])).get(run_id)
-    children = await tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500)
+    totals = (await store.llm_totals([rec.run_id])).get(rec.run_id)
+    children = await tokens.runs_page(store, token.tenant_id, parent=rec.run_id, limit=500)
     llm = LLMUsage(calls=totals.calls if totals else 0,
                    input_tokens=totals.input_tokens if totals else 0,
                    output_tokens=totals.output_tokens if totals else 0,
                    cost_usd=(None if totals and totals.unpriced_calls
                              else (totals.cost_usd if totals else 0.0)))
-    return RunDetail(**_run(rec).model_dump(), llm=llm,
-                     children=[ChildRun(run_id=c.run_id, workflow=c.workflow,
+    return RunDetail(**_run(rec, token).model_dump(), llm=llm,
+                     children=[ChildRun(run_id=shown(token, c.run_id), workflow=c.workflow,
                                         status=str(c.status)) for c in children])
 
 
 @router.get("/runs/{run_id:path}/result", response_model=RunResult,
             responses={202: {"model": RunResult, "description": "Still going after wait."}})
 async def run_result(run_id: str, request: Request, response: Response, token: Reader,
-                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S,
+                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False,
                                                   description="Seconds to wait.")] = 0
                      ) -> RunResult:
     """The run's outcome: 200 once finished; 202 if still going after ``wait`` seconds."""
     store = _store(request)
     deadline = time.monotonic() + wait
-    while True:
-        with store.watching(DONE, run_id) as finished:
-            rec = await owned(request, run_id, token)
+    rec: RunRecord | None = await owned(request, run_id, token)
+    assert rec is not None
+    internal = rec.run_id
+    while not rec.status.terminal and deadline > time.monotonic():
+        with store.watching(DONE, internal) as finished:
+            # Read again once watching: a finish after the first read wakes this wait.
+            rec = await store.get_run(internal)
+            if rec is None:
+                raise not_found(run_id)
             left = deadline - time.monotonic()
             if rec.status.terminal or left <= 0:
                 break
@@ -246,36 +316,49 @@ async def run_result(run_id: str, request: Request, response: Response, token: R
                 await asyncio.wait_for(finished.wait(), min(left, 5.0))
     if not rec.status.terminal:
         response.status_code = 202
-    return RunResult(run_id=rec.run_id, status=str(rec.status), done=rec.status.terminal,
-                     output=rec.output, error=rec.error)
+    return RunResult(run_id=shown(token, rec.run_id), status=str(rec.status),
+                     done=rec.status.terminal, output=rec.output,
+                     error=None if rec.error is None else tenants.external_text(
+                         token.tenant_id, rec.error))
 
 
 @router.post("/runs/{run_id:path}/signals/{name}", response_model=StatusAfter, status_code=202)
-async def send_signal(run_id: str, name: str, request: Request, token: Writer,
+async def send_signal(run_id: str, name: Annotated[str, Path(max_length=MAX_SIGNAL)],
+                      request: Request, token: Writer,
                       body: SignalBody | None = None) -> StatusAfter:
     """Deliver a signal; a run waiting for it wakes. 409 once the run has finished."""
     rec = await owned(request, run_id, token)
-    await _app(request).signal_async(run_id, name, body.data if body else None)
-    return StatusAfter(run_id=run_id, status=str(rec.status))
+    await _app(request).signal_async(rec.run_id, name, body.data if body else None)
+    return StatusAfter(run_id=shown(token, rec.run_id), status=str(rec.status))
 
 
 @router.post("/runs/{run_id:path}/cancel", response_model=StatusAfter, status_code=202)
 async def cancel_run(run_id: str, request: Request, token: Writer) -> StatusAfter:
     """Cancel the run and its children (a running one at its worker's next renewal)."""
-    await owned(request, run_id, token)
-    status = await _app(request).cancel_async(run_id)
-    return StatusAfter(run_id=run_id, status=str(status))
+    rec = await owned(request, run_id, token)
+    status = await _app(request).cancel_async(rec.run_id)
+    return StatusAfter(run_id=shown(token, rec.run_id), status=str(status))
 
 
 @router.post("/runs/{run_id:path}/approvals/{step_id:path}", response_model=DecisionMade)
-async def decide(run_id: str, step_id: str, body: Decision, request: Request,
-                 token: Writer) -> DecisionMade:
-    """Approve or reject a pending approval, once; 409 if already decided or finished."""
-    await owned(request, run_id, token)
+async def decide(run_id: str, step_id: Annotated[str, Path(max_length=MAX_STEP)],
+                 body: Decision, request: Request, token: Writer) -> DecisionMade:
+    """Approve or reject a pending approval, once; 409 if already decided or finished.
+    The decision is journaled as the token's (its name, else its id); a ``by`` in the
+    body is kept beside it as a note."""
+    rec = await owned(request, run_id, token)
     app = _app(request)
-    if body.approved:
-        made = await app.approve_async(run_id, step_id, by=body.by, comment=body.comment)
-    else:
-        made = await app.reject_async(run_id, step_id, by=body.by, comment=body.comment)
-    return DecisionMade(run_id=run_id, step_id=step_id, approved=made.approved, by=made.by,
-                        comment=made.comment)
+    by, note = decider(token), body.by
+    decide_as = app.approve_async if body.approved else app.reject_async
+    try:
+        made = await decide_as(rec.run_id, step_id, by=by, comment=body.comment,
+                               note=None if note == by else note)
+    except ApprovalNotPending as e:
+        if allows(token, "runs:read"):
+            raise
+        # Who decided, and what they wrote, are the run's to read.
+        raise ApiError(409, f"approval {step_id!r} of run {run_id!r} is no longer pending; "
+                            "nothing changed") from e
+    return DecisionMade(run_id=shown(token, rec.run_id), step_id=step_id,
+                        approved=made.approved, by=made.by, comment=made.comment,
+                        note=None if note == by else note)

@@ -13,11 +13,12 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
 from ratchet import __version__
-from ratchet.api import admin, errors, events, receipts, replay, runs
-from ratchet.api.limits import MAX_BODY, BodyLimit
+from ratchet.api import admin, errors, events, receipts, replay, runs, tokens
+from ratchet.api.limits import MAX_BODY, BodyLimit, PlainTarget
 from ratchet.api.metrics import Metrics
 from ratchet.api.readiness import READY_TIMEOUT_S, Readiness
 from ratchet.api.tails import Tails
+from ratchet.api.token_watch import TOKEN_CHECK_S, TokenWatch
 from ratchet.app import Ratchet
 from ratchet.ui import pages
 
@@ -45,11 +46,13 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
                worker_options: dict[str, Any] | None = None,
                ready_timeout_s: float = READY_TIMEOUT_S,
                prune_finished_before: float | None = None,
-               prune_interval: float = PRUNE_INTERVAL_S) -> FastAPI:
+               prune_interval: float = PRUNE_INTERVAL_S,
+               token_check_s: float = TOKEN_CHECK_S) -> FastAPI:
     """The API for ``ratchet``'s workflows, with ``workers`` embedded workers, and the
     dashboard (``live_poll_s``: how often its live runs list looks for changes). With
     ``prune_finished_before`` (seconds), every ``prune_interval`` seconds the journals of
-    runs that finished longer ago than that are pruned (their receipts stay)."""
+    runs that finished longer ago than that are pruned (their receipts stay). Open event
+    streams end within ``token_check_s`` of their token's revocation, and at its expiry."""
 
     @contextlib.asynccontextmanager
     async def lifespan(api: FastAPI) -> AsyncIterator[None]:
@@ -59,6 +62,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         api.state.store = store
         api.state.tails = Tails(store, events.frame)
         api.state.readiness = Readiness(store, ready_timeout_s)
+        api.state.token_watch = TokenWatch(store, token_check_s)
         stop = asyncio.Event()
         tasks = [asyncio.create_task(
             ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
@@ -79,6 +83,7 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
                 tasks.append(pruning)
             await asyncio.gather(*tasks, return_exceptions=True)
             await api.state.tails.close()
+            await api.state.token_watch.close()
             api.state.readiness.close()
             await store.close()
 
@@ -96,12 +101,14 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
     api.include_router(events.router)
     api.include_router(receipts.router)
     api.include_router(admin.v1)
+    api.include_router(tokens.router)
     api.include_router(admin.router)
     api.include_router(runs.last)
     # The dashboard: its pages, and its scripts and stylesheet from the package.
     api.include_router(pages.router)
     api.mount("/ui/static", StaticFiles(directory=pages.HERE / "static"), name="ui-static")
     api.add_middleware(BodyLimit, limit=max_body)
+    api.add_middleware(PlainTarget)
     return api
 
 

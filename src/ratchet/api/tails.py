@@ -63,6 +63,10 @@ class Tail:
 
     def drain(self) -> None:
         self.draining = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake every subscriber's wait, to look at why it might stop."""
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -103,11 +107,13 @@ class Tail:
         rows = await self.store._read(lambda tx: tx.all("events_heads", ids))
         return int(rows[0]["seq"]) if rows else 0
 
-    async def follow(self, after: int, heartbeat_s: float) -> AsyncIterator[bytes | None]:
+    async def follow(self, after: int, heartbeat_s: float,
+                     stop: Callable[[], bool] | None = None) -> AsyncIterator[bytes | None]:
         """The run's events after seq ``after``, encoded, each once and in order, as they
         commit: all those available at once joined in one chunk; None when ``heartbeat_s``
-        passes without one. Ends after the terminal event, or when the server drains."""
-        while not self.draining:
+        passes without one. Ends after the terminal event, when the server drains, or
+        when ``stop()`` says so after a :meth:`wake`."""
+        while not self.draining and not (stop is not None and stop()):
             changed = self._changed
             start = self.window[0].seq if self.window else self.head + 1
             if after + 1 < start:
@@ -146,10 +152,14 @@ class Tails:
         self.draining = False
 
     @contextlib.contextmanager
-    def subscribe(self, run_id: str) -> Iterator[Tail]:
+    def subscribe(self, run_id: str, encode: Callable[[Event], bytes] | None = None
+                  ) -> Iterator[Tail]:
+        """Follow ``run_id`` while the block lasts. ``encode``: how its events are encoded
+        (default: the tails' own), taken by the run's first subscriber; a run has one
+        tenant, so every subscriber of it reads the same encoding."""
         tail = self._tails.get(run_id)
         if tail is None:
-            tail = self._tails[run_id] = Tail(self.store, run_id, self.encode)
+            tail = self._tails[run_id] = Tail(self.store, run_id, encode or self.encode)
             tail.start()
             if self.draining:
                 tail.drain()

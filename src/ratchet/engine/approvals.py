@@ -105,8 +105,10 @@ async def run_approval(ctx: RunContext, step_id: str, step: StepState | None, na
                                "is journaled as asked but has no row")
         decision = found.decision
         if decision is not None:
-            ctx.emit(EventKind.APPROVAL_DECIDED, step_id, attempt,
-                     {"name": name, **decision.as_dict()})
+            decided = {"name": name, **decision.as_dict()}
+            if found.note is not None:
+                decided["note"] = found.note  # the name the client gave, beside the decider
+            ctx.emit(EventKind.APPROVAL_DECIDED, step_id, attempt, decided)
             ctx.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": decision.as_dict()})
             return decision
         if found.status == "expired":

@@ -57,7 +57,9 @@ class Guards:
     * ``pause_timeout_s``: how long a ``pause`` waits for its decision (``None``: for
       ever); past it the guard falls back to ``fail``;
     * ``gate``: ``False`` runs the workflow's confidence gates as passed, journaling
-      ``confidence_gate_bypassed`` with ``gate_bypass_by`` and ``gate_bypass_reason``.
+      ``confidence_gate_bypassed`` with ``gate_bypass_by`` and ``gate_bypass_reason``
+      (and ``gate_bypass_note``: over the HTTP API ``gate_bypass_by`` is the starting
+      token's name, and a name the client gave is kept as this note).
     """
 
     runaway_repeats: int | None = 4
@@ -76,6 +78,7 @@ class Guards:
     gate: bool = True
     gate_bypass_by: str | None = None
     gate_bypass_reason: str | None = None
+    gate_bypass_note: str | None = None
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -153,7 +156,7 @@ def _problems(g: Guards, actions: Any = None) -> list[str]:
                                 f"got {action!r}")
     if not isinstance(g.gate, bool):
         problems.append(f"gate must be true or false, got {g.gate!r}")
-    for name in ("gate_bypass_by", "gate_bypass_reason"):
+    for name in ("gate_bypass_by", "gate_bypass_reason", "gate_bypass_note"):
         v = getattr(g, name)
         if v is not None and (not isinstance(v, str) or not v or "\x00" in v):
             problems.append(f"{name} must be a non-empty string or null, got {v!r}")

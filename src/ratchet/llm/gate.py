@@ -166,9 +166,12 @@ async def apply(ctx: RunContext, gate: Gate, step_id: str, body: dict[str, Any],
     g = ctx.guards.g
     if not g.gate:
         if step_id not in journal:
-            ctx.emit(EventKind.CONFIDENCE_GATE_BYPASSED, step_id, None, {
+            bypassed: dict[str, Any] = {
                 "key": step_id, "by": g.gate_bypass_by,
-                "reason": g.gate_bypass_reason or "gate disabled at start"})
+                "reason": g.gate_bypass_reason or "gate disabled at start"}
+            if g.gate_bypass_note is not None:
+                bypassed["note"] = g.gate_bypass_note  # a name the client gave, beside "by"
+            ctx.emit(EventKind.CONFIDENCE_GATE_BYPASSED, step_id, None, bypassed)
         return Verdict(None, True, body)
     seen = journal.get(step_id)
     if seen is not None:

@@ -1,9 +1,10 @@
 """Offline verification of a run's receipt against its exported journal: no database.
 
 Checks, in order: the envelope's signature with the given public key, the statement's
-form, then every event of the export in turn (its run, its seq, the hash it links to and
-its own hash recomputed from its content), and last that the chain's head and length are
-the ones the receipt signed. The first failure is the answer, naming the seq it found
+form, then every event of the export in turn (a JSON object with exactly the export's
+fields, each key once, at every depth; its run, its seq, the hash it links to and its own
+hash recomputed from its content), and last that the chain's head and length are the ones
+the receipt signed. The first failure is the answer, naming the seq it found
 wrong or the reason.
 """
 
@@ -107,13 +108,37 @@ _FIELDS: dict[str, tuple[type, ...]] = {
     "prev_hash": (str,), "hash": (str,)}
 
 
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are each given once: with a key twice, two readers of the
+    same line could see two different events (one takes the first, another the last),
+    and what was checked need not be what is read."""
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            raise _DuplicateKey(k)
+        d[k] = v
+    return d
+
+
 def _event(line: str, number: int) -> Event:
     try:
-        d = json.loads(line)
+        d = json.loads(line, object_pairs_hook=_unique)
+    except _DuplicateKey as e:
+        raise VerificationFailed(f"line {number} of the events gives the key {e.args[0]!r} "
+                                 "twice") from e
     except ValueError as e:
         raise VerificationFailed(f"line {number} of the events is not JSON ({e})") from e
     if not isinstance(d, dict):
         raise VerificationFailed(f"line {number} of the events is not a journal event")
+    unknown = sorted(set(d) - set(_FIELDS))
+    if unknown:
+        # Nothing outside the hash may ride along: a reader could take it for the event's.
+        raise VerificationFailed(f"line {number} of the events is not a journal event "
+                                 f"(unknown field {unknown[0]!r})")
     for name, types in _FIELDS.items():
         if name not in d:
             raise VerificationFailed(f"line {number} of the events is not a journal event "

@@ -41,7 +41,7 @@ def approval_from_row(row: Any) -> Approval:
         name=row["name"], data=json.loads(row["data"]), root_run_id=row["root_run_id"],
         asked_at=row["asked_at"], deadline=row["deadline"], status=row["status"],
         decided_by=row["decided_by"], comment=row["comment"], decided_at=row["decided_at"],
-        parent_run_id=row["parent_run_id"])
+        parent_run_id=row["parent_run_id"], note=row["note"])
 
 
 def waiting_for(step_id: str) -> str:
@@ -122,7 +122,7 @@ def not_pending(found: Approval) -> ApprovalNotPending:
 
 
 def decide(store: Store, tx: Tx, run_id: str, step: str, approved: bool, by: str,
-           comment: str | None) -> Approval:
+           comment: str | None, note: str | None = None) -> Approval:
     rec = store._locked_run(tx, run_id)
     found = find(tx, run_id, step)
     if found.status != "pending":
@@ -132,7 +132,8 @@ def decide(store: Store, tx: Tx, run_id: str, step: str, approved: bool, by: str
                                  f"{found.step_id}) is no longer pending: the run has "
                                  f"already {rec.status}; nothing changed")
     params = {"run_id": run_id, "step_id": found.step_id, "attempt": found.attempt,
-              "status": "approved" if approved else "rejected", "by": by, "comment": comment}
+              "status": "approved" if approved else "rejected", "by": by, "comment": comment,
+              "note": note}
     if tx.run("approval_decide", params) != 1:
         # Deciders hold the run's row, but the lease holder claims a passed deadline
         # without it: the guarded update lost to that expiry.

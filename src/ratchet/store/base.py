@@ -277,9 +277,21 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _check_same_run(rec: RunRecord, new: NewRun) -> None:
+def _check_same_run(rec: RunRecord, new: NewRun, redact: bool = False) -> None:
     """An idempotent start found ``rec`` under ``new``'s id: the same request, or a
-    conflict named field by field (a different workflow, input, queue or priority)."""
+    conflict named field by field (a different workflow, input, queue or priority).
+    ``redact``: name the fields that differ but quote none of the stored values (the HTTP
+    API, whose caller may not be allowed to read the run)."""
+    if redact:
+        fields = [name for name, same in (
+            ("workflow", rec.workflow == new.workflow),
+            ("input", dumps(rec.input) == dumps(new.input)),
+            ("queue", rec.queue == new.queue), ("priority", rec.priority == new.priority))
+            if not same]
+        if fields:
+            raise RunIdConflict(f"run id {rec.run_id!r} already exists with another "
+                                f"{', '.join(fields)}: use another run id")
+        return
     if rec.workflow != new.workflow:
         raise RunIdConflict(f"run id {rec.run_id!r} already belongs to workflow "
                             f"{rec.workflow!r}, not {new.workflow!r}")
@@ -295,13 +307,13 @@ def _check_same_run(rec: RunRecord, new: NewRun) -> None:
                             f"{'; '.join(diffs)}: use another run id")
 
 
-def _check_in_batch(rec: RunRecord, new: NewRun, index: int) -> None:
+def _check_in_batch(rec: RunRecord, new: NewRun, index: int, redact: bool = False) -> None:
     """:func:`_check_same_run` for item ``index`` of a batch, and the same tenant too."""
     if rec.tenant_id != new.tenant_id:
         raise BatchItemInvalid(index, "run_id", f"run id {rec.run_id!r} is taken; choose "
                                "another", taken=True)
     try:
-        _check_same_run(rec, new)
+        _check_same_run(rec, new, redact)
     except RunIdConflict as e:
         raise BatchItemInvalid(index, "run_id", str(e)) from None
 
@@ -504,25 +516,29 @@ class Store(ABC):
 
     # -- runs ------------------------------------------------------------------------------
 
-    async def create_run(self, new: NewRun) -> tuple[RunRecord, bool]:
+    async def create_run(self, new: NewRun, *, redact: bool = False
+                         ) -> tuple[RunRecord, bool]:
         """Write the run (``queued``) and its ``run_queued`` event; idempotent on run_id:
         an existing run with the same workflow, input, queue and priority is returned with
-        ``created=False``; one that differs raises :class:`RunIdConflict` naming what."""
+        ``created=False``; one that differs raises :class:`RunIdConflict` naming what
+        (``redact``: without quoting the stored run's values)."""
         rec, created = await self._create(new)
         if not created:
-            _check_same_run(rec, new)
+            _check_same_run(rec, new, redact)
         return rec, created
 
     async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
         return await self._run(self._insert_run, new)
 
-    async def create_runs(self, news: Sequence[NewRun]) -> list[tuple[str, RunStatus, bool]]:
+    async def create_runs(self, news: Sequence[NewRun], *, redact: bool = False
+                          ) -> list[tuple[str, RunStatus, bool]]:
         """Write many runs (``queued``) and their ``run_queued`` events in one transaction,
         with one wake-up: ``(run_id, status, created)`` per item, in order. Each item is
         idempotent on its run id as in :meth:`create_run`; an item whose id exists with a
         different workflow, input, queue, priority or tenant raises
-        :class:`BatchItemInvalid` naming its index, and nothing of the batch is written.
-        Top-level runs only (no parent)."""
+        :class:`BatchItemInvalid` naming its index, and nothing of the batch is written
+        (``redact``: without quoting the stored runs' values). Top-level runs only (no
+        parent)."""
         first: dict[str, int] = {}
         for i, new in enumerate(news):
             if new.parent_run_id is not None:
@@ -531,19 +547,20 @@ class Store(ABC):
             if j != i:
                 _check_repeat(news[j], new, j, i)
         unique = [news[i] for i in first.values()]
-        found = await self._run(self._insert_runs, unique)
+        found = await self._run(self._insert_runs, unique, redact)
         created = {run_id for run_id, (_, fresh) in found.items() if fresh}
         return [(n.run_id, found[n.run_id][0],
                  n.run_id in created and first[n.run_id] == i) for i, n in enumerate(news)]
 
-    def _insert_runs(self, tx: Tx, news: list[NewRun]) -> dict[str, tuple[RunStatus, bool]]:
+    def _insert_runs(self, tx: Tx, news: list[NewRun], redact: bool = False
+                     ) -> dict[str, tuple[RunStatus, bool]]:
         index = {n.run_id: i for i, n in enumerate(news)}
         found: dict[str, tuple[RunStatus, bool]] = {}
 
         def check_existing(ids: list[str]) -> None:
             for row in tx.all("runs_get_many", {"ids": self._ids(ids)}):
                 rec = record_from_row(row)
-                _check_in_batch(rec, news[index[rec.run_id]], index[rec.run_id])
+                _check_in_batch(rec, news[index[rec.run_id]], index[rec.run_id], redact)
                 found[rec.run_id] = (rec.status, False)
 
         check_existing(list(index))
@@ -939,13 +956,14 @@ class Store(ABC):
         return await self._run(lambda tx: approvals.expire(self, tx, lease, step_id, attempt))
 
     async def decide_approval(self, run_id: str, step: str, approved: bool, by: str,
-                              comment: str | None) -> Approval:
+                              comment: str | None, note: str | None = None) -> Approval:
         """Record a person's decision on a pending approval (``step``: its step id, or its
-        name when that picks one) and wake the run. Refused, with nothing written, for an
-        unknown run or approval, one already decided (:class:`ApprovalAlreadyDecided`),
-        timed out, or of a finished run (:class:`ApprovalNotPending`)."""
+        name when that picks one) and wake the run; ``note``: a name the client gave
+        beside the decider ``by``. Refused, with nothing written, for an unknown run or
+        approval, one already decided (:class:`ApprovalAlreadyDecided`), timed out, or of
+        a finished run (:class:`ApprovalNotPending`)."""
         return await self._run(lambda tx: approvals.decide(self, tx, run_id, step, approved,
-                                                           by, comment))
+                                                           by, comment, note))
 
     async def pending_approvals(self, run_id: str | None = None,
                                 limit: int = 100) -> list[Approval]:

@@ -9,6 +9,8 @@ Python (:mod:`ratchet.timeline`), so the browser draws rows rather than folding 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import math
 import time
@@ -24,11 +26,12 @@ from fastapi.templating import Jinja2Templates
 
 from ratchet.api.auth import SESSION_COOKIE, allows, scope
 from ratchet.api.errors import ApiError
+from ratchet.api.events import ENDED
 from ratchet.api.replay import waterfall_out
 from ratchet.api.runs import owned
 from ratchet.app import Ratchet
 from ratchet.model import RunRecord, RunStatus
-from ratchet.store import Store, dashboard, sessions, tokens
+from ratchet.store import Store, dashboard, sessions, tenants, tokens
 from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
 
@@ -148,7 +151,7 @@ async def signin(request: Request) -> Response:
     if token is None:
         # The form again, with the reason (a 200: a page, not an API refusal).
         return _page(request, "signin.html", {"next": target, "user": None,
-                                              "error": "invalid or revoked token"})
+                                              "error": "invalid, revoked or expired token"})
     session = await sessions.open_session(_store(request), token)
     response = RedirectResponse(target, status_code=303)
     response.set_cookie(SESSION_COOKIE, session, max_age=int(sessions.SESSION_TTL_S),
@@ -202,7 +205,7 @@ async def _list(request: Request, token: Token, status: str | None, workflow: st
     for r in recs:
         t = totals.get(r.run_id)
         end = r.updated_at if r.status.terminal else now
-        rows.append({"run": r, "duration": max(0.0, end - r.created_at),
+        rows.append({"run": _shown(token, r), "duration": max(0.0, end - r.created_at),
                      "steps": steps.get(r.run_id, 0), "tokens": t.tokens if t else 0,
                      "cost": None if t is None else (None if t.unpriced_calls else t.cost_usd)})
     next_cursor = f"{recs[-1].created_at!r}~{recs[-1].run_id}" if more else None
@@ -224,7 +227,8 @@ async def runs_page(request: Request, status: str | None = None, workflow: str |
         return _to_signin(request)
     token, secret = found
     context = await _list(request, token, status, workflow, q, cursor)
-    letters = (await tokens.dead_letters(_store(request), token.tenant_id, 100)
+    letters = ([dataclasses.replace(d, run_id=tenants.external_id(token.tenant_id, d.run_id))
+                for d in await tokens.dead_letters(_store(request), token.tenant_id, 100)]
                if allows(token, "admin") else [])
     return _page(request, "runs.html", context | {"user": _user(token, secret),
                                                   "dead_letters": letters})
@@ -272,30 +276,37 @@ async def _woken(events: tuple[asyncio.Event, ...], timeout: float) -> bool:
     return bool(done)
 
 
-async def _changes(request: Request, tenant: str, poll_s: float,
+async def _changes(request: Request, token: Token, poll_s: float,
                    seen: Changed) -> AsyncIterator[bytes]:
-    """``changed`` whenever the probe's answer moves from ``seen``."""
+    """``changed`` whenever the probe's answer moves from ``seen``; ends when the token
+    is revoked or expires."""
     store = _store(request)
     probe: RunsProbe = request.app.state.runs_probe
+    tenant = token.tenant_id
     # The first probe is a fresh one: a change since ``seen`` was probed woke nobody.
     beat = since = time.monotonic()
-    while not await request.is_disconnected():
-        # A run becoming claimable (a start, a retry) or finishing in this process, or on
-        # PostgreSQL in any (LISTEN/NOTIFY), wakes the probe at once; what announces
-        # neither (a run parking, another SQLite process's work) is found by the poll.
-        with store.watching(DONE) as finished, store.watching(READY) as queued:
-            now = await probe.probe(store, tenant, since)
-            if now != seen:
-                data = json.dumps({"run_id": now[0] if now else None})
-                yield f"event: changed\ndata: {data}\n\n".encode()
-                seen, beat = now, time.monotonic()
-            elif time.monotonic() - beat > request.app.state.heartbeat_s:
-                yield b": heartbeat\n\n"
-                beat = time.monotonic()
-            # After a wake-up, a probe begun since (pages woken together share one, bar
-            # those that wake while it runs); after a quiet interval, one at most half old.
-            woken = await _woken((finished, queued), poll_s)
-            since = time.monotonic() - (0 if woken else poll_s / 2)
+    with request.app.state.token_watch.watching(token) as watched:
+        while not watched.ended and not await request.is_disconnected():
+            # A run becoming claimable (a start, a retry) or finishing in this process, or
+            # on PostgreSQL in any (LISTEN/NOTIFY), wakes the probe at once; what announces
+            # neither (a run parking, another SQLite process's work) is found by the poll.
+            with store.watching(DONE) as finished, store.watching(READY) as queued:
+                now = await probe.probe(store, tenant, since)
+                if now != seen:
+                    changed = None if now is None else tenants.external_id(tenant, now[0])
+                    data = json.dumps({"run_id": changed})
+                    yield f"event: changed\ndata: {data}\n\n".encode()
+                    seen, beat = now, time.monotonic()
+                elif time.monotonic() - beat > request.app.state.heartbeat_s:
+                    yield b": heartbeat\n\n"
+                    beat = time.monotonic()
+                # After a wake-up, a probe begun since (pages woken together share one, bar
+                # those that wake while it runs); after a quiet interval, one at most half
+                # old.
+                woken = await _woken((finished, queued, watched.event), poll_s)
+                since = time.monotonic() - (0 if woken else poll_s / 2)
+        if watched.ended:
+            yield ENDED
 
 
 @router.get("/ui/runs/live")
@@ -306,7 +317,7 @@ async def runs_live(request: Request,
     list once it is open misses nothing)."""
     poll_s = float(request.app.state.live_poll_s)
     seen = await dashboard.runs_changed(_store(request), token.tenant_id)
-    return StreamingResponse(_changes(request, token.tenant_id, poll_s, seen),
+    return StreamingResponse(_changes(request, token, poll_s, seen),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -333,10 +344,24 @@ async def run_page(request: Request, run_id: str) -> Response:
     # the extra read.
     may_retry = rec.status == RunStatus.FAILED and allows(token, "admin")
     wf, approvals, children, dead_lettered = await asyncio.gather(
-        waterfall_out(store, run_id, None, compact=True), app.approvals_async(run_id),
-        tokens.runs_page(store, token.tenant_id, parent=run_id, limit=500),
-        dashboard.dead_lettered(store, run_id) if may_retry else asyncio.sleep(0, False))
+        waterfall_out(store, rec, None, compact=True), app.approvals_async(rec.run_id),
+        tokens.runs_page(store, token.tenant_id, parent=rec.run_id, limit=500),
+        dashboard.dead_lettered(store, rec.run_id) if may_retry else asyncio.sleep(0, False))
+    # The page speaks the tenant's run ids, as the API does.
+    ext = functools.partial(tenants.external_id, token.tenant_id)
+    approvals = [dataclasses.replace(
+        a, run_id=ext(a.run_id), root_run_id=ext(a.root_run_id),
+        parent_run_id=None if a.parent_run_id is None else ext(a.parent_run_id))
+        for a in approvals]
     return _page(request, "run.html", {
-        "user": user, "run": rec, "waterfall": wf, "approvals": approvals,
-        "children": children, "dead_lettered": dead_lettered})
+        "user": user, "run": _shown(token, rec), "waterfall": wf, "approvals": approvals,
+        "children": [_shown(token, c) for c in children], "dead_lettered": dead_lettered})
+
+
+def _shown(token: Token, rec: RunRecord) -> RunRecord:
+    """``rec`` with its ids as its tenant knows them, for a page."""
+    ext = functools.partial(tenants.external_id, token.tenant_id)
+    return dataclasses.replace(
+        rec, run_id=ext(rec.run_id),
+        parent_run_id=None if rec.parent_run_id is None else ext(rec.parent_run_id))
 

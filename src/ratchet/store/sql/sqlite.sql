@@ -334,18 +334,19 @@ WHERE approvals.attempt < excluded.attempt
 
 -- name: approval_get
 SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
-       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, r.parent_run_id
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, r.parent_run_id
 FROM approvals a JOIN runs r ON r.run_id = a.run_id
 WHERE a.run_id = :run_id AND a.step_id = :step_id
 
 -- name: approvals_named
 SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
-       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, r.parent_run_id
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, r.parent_run_id
 FROM approvals a JOIN runs r ON r.run_id = a.run_id
 WHERE a.run_id = :run_id AND a.name = :name ORDER BY a.asked_at, a.step_id
 
 -- name: approval_decide
 UPDATE approvals SET status = :status, decided_by = :by, comment = :comment,
+                     note = :note,
                      decided_at = ratchet_now()
 WHERE run_id = :run_id AND step_id = :step_id AND attempt = :attempt AND status = 'pending'
 
@@ -357,7 +358,7 @@ WHERE run_id = :run_id AND step_id = :step_id AND attempt = :attempt AND status 
 -- Pending approvals of unfinished runs, oldest first; with :run_id, only that run's and
 -- those of the runs under it (its children, theirs, ...).
 SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
-       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, r.parent_run_id
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, r.parent_run_id
 FROM approvals a JOIN runs r ON r.run_id = a.run_id
 WHERE a.status = 'pending' AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
   AND (:run_id IS NULL OR a.run_id = :run_id OR a.root_run_id = :run_id
@@ -395,15 +396,21 @@ SELECT run_id, MAX(seq) AS seq FROM journal_events
 WHERE run_id IN (SELECT value FROM json_each(:ids)) GROUP BY run_id
 
 -- name: token_insert
-INSERT INTO api_tokens (token_id, token_hash, tenant_id, scopes, name, created_at)
-VALUES (:token_id, :token_hash, :tenant_id, :scopes, :name, ratchet_now())
+-- expires_in: seconds from now on the database's clock (NULL: never expires).
+INSERT INTO api_tokens (token_id, token_hash, tenant_id, scopes, name, created_at,
+                        expires_at)
+VALUES (:token_id, :token_hash, :tenant_id, :scopes, :name, ratchet_now(),
+        ratchet_now() + :expires_in)
 
 -- name: token_by_hash
-SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at, expires_at
+FROM api_tokens
 WHERE token_hash = :token_hash AND revoked_at IS NULL
+  AND (expires_at IS NULL OR expires_at > ratchet_now())
 
 -- name: tokens_list
-SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at, expires_at
+FROM api_tokens
 ORDER BY created_at, token_id
 
 -- name: token_revoke
@@ -411,8 +418,28 @@ UPDATE api_tokens SET revoked_at = ratchet_now()
 WHERE token_id = :token_id AND revoked_at IS NULL
 
 -- name: token_get
-SELECT token_id, tenant_id, scopes, name, created_at, revoked_at FROM api_tokens
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at, expires_at
+FROM api_tokens
 WHERE token_id = :token_id
+
+-- name: tokens_of_tenant
+SELECT token_id, tenant_id, scopes, name, created_at, revoked_at, expires_at
+FROM api_tokens WHERE tenant_id = :tenant_id
+ORDER BY created_at, token_id
+
+-- name: tokens_ended
+-- Of the tokens that open event streams stand for: whether each is revoked or expired by
+-- now, and when it expires (the streams' watch sleeps until the next expiry at most).
+SELECT token_id, (revoked_at IS NOT NULL OR expires_at <= ratchet_now()) AS ended, expires_at
+FROM api_tokens WHERE token_id IN (SELECT value FROM json_each(:ids))
+
+-- Tenant-scoped run ids (migration 015; ratchet.store.tenants) ---------------------------
+
+-- name: tenant_legacy_ids
+SELECT tenant_id FROM tenant_legacy_ids
+
+-- name: run_owners
+SELECT run_id, tenant_id FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids))
 
 -- name: runs_page
 -- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
@@ -453,10 +480,11 @@ DELETE FROM ui_sessions WHERE expires_at <= ratchet_now()
 
 -- name: ui_session_token
 -- The live token behind a live session: an expired session or a revoked token is none.
-SELECT t.token_id, t.tenant_id, t.scopes, t.name, t.created_at, t.revoked_at
+SELECT t.token_id, t.tenant_id, t.scopes, t.name, t.created_at, t.revoked_at,
+       t.expires_at
 FROM ui_sessions s JOIN api_tokens t ON t.token_id = s.token_id
 WHERE s.session_hash = :session_hash AND s.expires_at > ratchet_now()
-  AND t.revoked_at IS NULL
+  AND t.revoked_at IS NULL AND (t.expires_at IS NULL OR t.expires_at > ratchet_now())
 
 -- name: ui_session_delete
 DELETE FROM ui_sessions WHERE session_hash = :session_hash
