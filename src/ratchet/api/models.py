@@ -120,10 +120,16 @@ class SignalBody(BaseModel):
     data: Any = None
 
 
+_GRANT = ("Limits the run may go over to, for a guard's pause of a budget or of max_steps: "
+          '{"budget_tokens": 5000} (budget_tokens, budget_usd, budget_steps, budget_wall_s, '
+          "max_steps, timeout_s; null for off). Journaled with who decided.")
+
+
 class Decision(BaseModel):
     approved: bool
     by: str = Field(min_length=1)
     comment: str | None = None
+    grant: dict[str, Any] | None = Field(None, description=_GRANT)
 
 
 class DecisionMade(BaseModel):
@@ -132,6 +138,14 @@ class DecisionMade(BaseModel):
     approved: bool
     by: str
     comment: str | None
+    grant: dict[str, Any] | None = None
+
+
+class RetryBody(BaseModel):
+    grant: dict[str, Any] | None = Field(
+        None, description="Limits the retried run may go over to (else it keeps its limits: "
+                          "a budget it crossed stops it again). Journaled with the token's "
+                          "name as who granted it.")
 
 
 class StatusAfter(BaseModel):

@@ -274,8 +274,11 @@ async def decide(run_id: str, step_id: str, body: Decision, request: Request,
     await owned(request, run_id, token)
     app = _app(request)
     if body.approved:
-        made = await app.approve_async(run_id, step_id, by=body.by, comment=body.comment)
+        made = await app.approve_async(run_id, step_id, by=body.by, comment=body.comment,
+                                       grant=body.grant)
     else:
+        if body.grant is not None:
+            raise InvalidInput("a rejection grants nothing: give a grant only when approving")
         made = await app.reject_async(run_id, step_id, by=body.by, comment=body.comment)
     return DecisionMade(run_id=run_id, step_id=step_id, approved=made.approved, by=made.by,
-                        comment=made.comment)
+                        comment=made.comment, grant=made.grant)
