@@ -119,13 +119,22 @@ def test_parallel_steps_stop_at_max_steps_and_at_the_steps_budget(
         return list(await asyncio.gather(*(work(i) for i in range(6))))
 
     app.launch()
+    runs = {}
     for wf, limit, reason in ((wide, 3, "excessive_steps"), (wider, 2, "budget_exceeded")):
-        run_id = app.start(wf)
+        run_id = runs[reason] = app.start(wf)
         ended(app, run_id)
         assert dead_letter(app, run_id) == reason
         started = [e.step_id for e in of_kind(app, run_id, EventKind.STEP_STARTED)]
         assert started == [f"{i}:work" for i in range(1, limit + 1)], started
         assert len(of_kind(app, run_id, EventKind.ANOMALY_DETECTED)) == 1
+    # A retry keeps max_steps too, unless a person lifts it.
+    run_id = runs["excessive_steps"]
+    app.retry(run_id)
+    wait_for(lambda: len(of_kind(app, run_id, EventKind.RUN_FAILED)) == 2, what="again")
+    keys = [e.payload["key"] for e in of_kind(app, run_id, EventKind.ANOMALY_DETECTED)]
+    assert keys == ["excessive_steps", "excessive_steps@2"]
+    app.retry(run_id, grant={"max_steps": None}, by="ana")
+    assert app.result(run_id, timeout_s=30) == list(range(6))
 
 
 def test_a_graph_wave_of_ai_steps_reserves_together(
