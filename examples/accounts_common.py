@@ -60,12 +60,15 @@ class Receiver:
 def approve_and_report(app: ratchet.Ratchet, run_id: str, provider: LocalProvider,
                        receiver: Receiver) -> None:
     """Approve the run's one approval once it is asked, make the provider slow for the
-    forecast's first try, and print the result, the journal's steps and the deliveries."""
+    forecast's first try, and print the result, the journal's steps and the deliveries.
+    The first try times out at 3 s; its retry sends the same Idempotency-Key (the outcome
+    of a timeout is unknown) and gets the answer the provider was still working on, billed
+    once."""
     while not app.approvals(run_id):  # a person would see it in `ratchet approvals`
         time.sleep(0.05)
     (asked,) = app.approvals(run_id)
     print(f"approval asked: {asked.data['top']} first")
-    provider.fail("slow", delay_s=8, endpoint="chat")  # the forecast's first try
+    provider.fail("slow", delay_s=4, endpoint="chat")  # the forecast's first try
     app.approve(run_id, asked.step_id, by="ana")
     print(app.result(run_id, timeout_s=60))
     for e in app.events(run_id):

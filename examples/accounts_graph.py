@@ -3,8 +3,8 @@
 
 The run enriches each account with a model (structured output), ranks them, writes a
 summary and parks on an approval. This script then makes the provider slow for one call
-and approves as "ana": the forecast node times out, is retried and succeeds, and the
-summary goes to a webhook once, behind its receipt.
+and approves as "ana": the forecast node times out, is retried under the same key (billed
+once) and succeeds, and the summary goes to a webhook once, behind its receipt.
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ def app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
 
 def test_approve_wakes_the_run_with_the_decision_journaled_as_the_steps_completion(
         app: ratchet.Ratchet) -> None:
-    run_id = app.start("refund", 40, timeout_s=3600)
+    run_id = app.start("refund", 40, 3600)  # by position: timeout_s= is the run's deadline
     [asked] = pending(app)
     assert (asked.run_id, asked.step_id, asked.name, asked.data) == (
         run_id, "1:approval:refund", "refund", {"amount": 40})
@@ -211,7 +211,7 @@ def test_deciding_what_is_not_pending_is_refused_and_writes_nothing(
 
 def test_a_timeout_raises_approval_timeout_journaled_like_a_signal_timeout(
         app: ratchet.Ratchet) -> None:
-    run_id = app.start("refund", 5, timeout_s=0.3)
+    run_id = app.start("refund", 5, 0.3)
     out = app.result(run_id, timeout_s=30)
     assert out == {"timed_out": "no decision on approval 'refund' arrived within 0.3s"}
     events = app.events(run_id)

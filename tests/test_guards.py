@@ -273,10 +273,15 @@ def test_steps_and_wall_time_budgets(make_app: Callable[..., ratchet.Ratchet]) -
     run_id = app.start("waiter", 5, guards={"budget_steps": 2})
     assert failed(app, run_id)["reason"] == "budget_exceeded"
     assert anomalies(app, run_id)[0]["budget"] == "steps"
+    # Under fail, the wall-time budget is the run's deadline: it ends the run in its sleep.
     run_id = app.start(dawdler)
-    assert failed(app, run_id)["reason"] == "budget_exceeded"
+    end = failed(app, run_id)
+    assert end["reason"] == "timeout" and end["error"].startswith("RunTimeout: "), end
     [found] = anomalies(app, run_id)
-    assert found["budget"] == "wall_s" and found["used"] > 0.2
+    assert found["budget"] == "wall_s" and found["used"] >= 0.2
+    assert not any(e.kind == EventKind.STEP_COMPLETED for e in app.events(run_id))
+    with pytest.raises(ratchet.RunTimeout, match="budget_wall_s 0.2s"):
+        app.result(run_id)
 
 
 # -- spikes against the workflow's history --------------------------------------------------

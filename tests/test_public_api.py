@@ -25,6 +25,7 @@ EXPECTED = {
 
     "JournalPruned", "RunNotFinished",
     "Start", "BatchItemInvalid",
+    "RunTimeout",
 }
 
 

@@ -17,7 +17,8 @@ from ratchet.config import DatabaseURL, data_dir, database_url_from_env
 from ratchet.engine import connections, faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
-from ratchet.engine.guards import Guards, check_overrides
+from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
+from ratchet.engine.guards import Guards, check_grant, check_overrides
 from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport, prune
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.engine.worker import Worker
@@ -28,6 +29,7 @@ from ratchet.errors import (
     RunCancelled,
     RunFailed,
     RunIdConflict,
+    RunTimeout,
     UnknownRun,
     UnknownWorkflow,
 )
@@ -178,17 +180,19 @@ class Ratchet:
     @overload
     def workflow(self, name: str | None = None, version: str = "1", *,
                  guards: Guards | None = None, tier: str = "process",
-                 sandbox: Sandbox | None = None
+                 sandbox: Sandbox | None = None, timeout_s: float | None = None
                  ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
     def workflow(self, name: Any = None, version: str = "1", *,
                  guards: Guards | None = None, tier: str = "process",
-                 sandbox: Sandbox | None = None) -> Any:
+                 sandbox: Sandbox | None = None, timeout_s: float | None = None) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
         Its name (default: the function's) and version are stored with each run; a worker
         drives runs of the workflows it has. ``guards`` are its :class:`ratchet.Guards`
-        (default: ``ratchet.Guards()``). ``tier="isolated"`` runs each attempt in a sandbox
-        of its own (``sandbox=ratchet.Sandbox(...)``; see ratchet.sandbox)."""
+        (default: ``ratchet.Guards()``). ``timeout_s`` is each run's deadline, in seconds
+        from its first start (``Guards.timeout_s``): past it the run fails with
+        :class:`RunTimeout`, also while parked. ``tier="isolated"`` runs each attempt in a
+        sandbox of its own (``sandbox=ratchet.Sandbox(...)``; see ratchet.sandbox)."""
         fn = None
         if callable(name):  # used bare: @app.workflow
             fn, name = name, None
@@ -196,6 +200,8 @@ class Ratchet:
             raise InvalidInput(f"invalid workflow name {name!r}: expected a string")
         if guards is not None and not isinstance(guards, Guards):
             raise InvalidInput(f"guards must be a ratchet.Guards, got {guards!r}")
+        if timeout_s is not None:
+            guards = (guards or DEFAULT_GUARDS).override({"timeout_s": timeout_s})
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
             wf_name = name or fn.__name__
@@ -339,11 +345,15 @@ class Ratchet:
 
     async def start_async(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
                           queue: str = "default", priority: int = 0,
-                          guards: Mapping[str, Any] | None = None, **kwargs: Any) -> str:
+                          guards: Mapping[str, Any] | None = None,
+                          timeout_s: float | None = None, **kwargs: Any) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
         explicit ``run_id`` the call is idempotent: the existing run's id comes back.
         ``guards`` overrides some of the workflow's guard fields for this run (their JSON
-        form: ``{"max_steps": 5000, "actions": {"runaway_loop": "pause"}}``)."""
+        form: ``{"max_steps": 5000, "actions": {"runaway_loop": "pause"}}``); ``timeout_s``
+        is the run's deadline (the guard field of that name), in seconds from its start."""
+        if timeout_s is not None:
+            guards = {**(guards or {}), "timeout_s": timeout_s}
         rec, _ = await self.start_run_async(wf, args, kwargs, run_id=run_id, queue=queue,
                                       priority=priority, guards=guards)
         return rec.run_id
@@ -492,7 +502,8 @@ class Ratchet:
                 wd = self.workflows.get(rec.workflow)
                 return wd.revive(rec.output) if wd else rec.output
             if rec.status == RunStatus.FAILED:
-                raise RunFailed(f"run {run_id} failed: {rec.error}")
+                cls = RunTimeout if (rec.error or "").startswith("RunTimeout:") else RunFailed
+                raise cls(f"run {run_id} failed: {rec.error}")
             raise RunCancelled(f"run {run_id} was cancelled")
 
     async def signal_async(self, run_id: str, name: str, data: Any = None) -> None:
@@ -502,15 +513,23 @@ class Ratchet:
         await (await self._astore()).send_signal(run_id, name, data)
 
     async def approve_async(self, run_id: str, step: str, *, by: str,
-                            comment: str | None = None, note: str | None = None) -> Decision:
+                            comment: str | None = None, note: str | None = None,
+                            grant: Mapping[str, Any] | None = None) -> Decision:
         """Approve the run's pending approval ``step`` (its step id, or its name when that
         picks one) as ``by``; the run wakes and ``ratchet.approval`` returns the decision.
         ``note``: a name given beside the decider, journaled with the decision (the HTTP
         API journals the deciding token's name as ``by`` and keeps the body's ``by`` so).
         A decision is recorded once: a second one raises :class:`ApprovalAlreadyDecided`
         (naming who decided what and when), and an approval of a finished run, or timed
-        out, :class:`ApprovalNotPending`; nothing is written then."""
-        return await self._decide(run_id, step, True, by, comment, note)
+        out, :class:`ApprovalNotPending`; nothing is written then.
+
+        On a guard's pause of a limit (``guard:budget_exceeded``, ``guard:excessive_steps``)
+        the approval says how far the run may go over: ``grant`` moves limits to new values
+        (``{"budget_tokens": 5000}``; the fields of :data:`ratchet.engine.guards.LIMITS`,
+        null for off). Without it, a budget rises to what the paused call needed (the next
+        call over it pauses again) and ``max_steps`` is lifted. The grant is journaled with
+        the decision (``approval_decided``: who, and the grant)."""
+        return await self._decide(run_id, step, True, by, comment, note, grant)
 
     async def reject_async(self, run_id: str, step: str, *, by: str,
                            comment: str | None = None, note: str | None = None) -> Decision:
@@ -518,7 +537,8 @@ class Ratchet:
         return await self._decide(run_id, step, False, by, comment, note)
 
     async def _decide(self, run_id: str, step: str, approved: bool, by: str,
-                      comment: str | None, note: str | None = None) -> Decision:
+                      comment: str | None, note: str | None = None,
+                      grant: Mapping[str, Any] | None = None) -> Decision:
         check_name(run_id, "run id")
         check_length(check_name(step, "approval step"), "approval step", MAX_STEP)
         check_length(check_name(by, "decider (by)"), "decider (by)", MAX_DECIDER)
@@ -526,8 +546,9 @@ class Ratchet:
             check_length(check_name(comment, "comment"), "comment", MAX_COMMENT)
         if note is not None:
             check_length(check_name(note, "note"), "note", MAX_DECIDER)
+        granted = check_grant(grant) if grant is not None else None
         found = await (await self._astore()).decide_approval(run_id, step, approved, by,
-                                                             comment, note)
+                                                             comment, note, granted)
         assert found.decision is not None
         return found.decision
 
@@ -545,9 +566,20 @@ class Ratchet:
         by its worker at its next lease renewal)."""
         return await (await self._astore()).cancel(run_id)
 
-    async def retry_async(self, run_id: str) -> RunRecord:
-        """Re-queue a dead-lettered run; it resumes after its last completed step."""
-        return await (await self._astore()).retry_dead(run_id)
+    async def retry_async(self, run_id: str, *, grant: Mapping[str, Any] | None = None,
+                          by: str | None = None) -> RunRecord:
+        """Re-queue a dead-lettered run; it resumes after its last completed step. It keeps
+        its limits: a budget it crossed stops it again at the next call over it. ``grant``
+        moves limits for the rest of the run (``{"budget_tokens": 5000}``, the fields of
+        :data:`ratchet.engine.guards.LIMITS`, null for off) and needs ``by``, who granted
+        it; both are journaled in the run's ``run_queued`` event."""
+        check_name(run_id, "run id")
+        granted = check_grant(grant) if grant is not None else None
+        if by is not None:
+            check_name(by, "retried by (by)")
+        elif granted is not None:
+            raise InvalidInput("a grant needs by=: who let the run go over its limits")
+        return await (await self._astore()).retry_dead(run_id, granted, by)
 
     async def receipts_async(self, run_id: str) -> list[Receipt]:
         """The run's delivery receipts: key, step, delivery, status, response, times."""
@@ -644,10 +676,12 @@ class Ratchet:
 
     def start(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
               queue: str = "default", priority: int = 0,
-              guards: Mapping[str, Any] | None = None, **kwargs: Any) -> str:
+              guards: Mapping[str, Any] | None = None, timeout_s: float | None = None,
+              **kwargs: Any) -> str:
         """Blocking :meth:`start_async`."""
         return self._portal.call(self.start_async(wf, *args, run_id=run_id, queue=queue,
-                                                  priority=priority, guards=guards, **kwargs))
+                                                  priority=priority, guards=guards,
+                                                  timeout_s=timeout_s, **kwargs))
 
     def start_many(self, wf: WorkflowDef | str, items: Iterable[Any], /, *,
                    queue: str = "default", priority: int = 0,
@@ -668,11 +702,11 @@ class Ratchet:
         """Blocking :meth:`signal_async`."""
         self._portal.call(self.signal_async(run_id, name, data))
 
-    def approve(self, run_id: str, step: str, *, by: str,
-                comment: str | None = None, note: str | None = None) -> Decision:
+    def approve(self, run_id: str, step: str, *, by: str, comment: str | None = None,
+                note: str | None = None, grant: Mapping[str, Any] | None = None) -> Decision:
         """Blocking :meth:`approve_async`."""
         return self._portal.call(self.approve_async(run_id, step, by=by, comment=comment,
-                                                    note=note))
+                                                    note=note, grant=grant))
 
     def reject(self, run_id: str, step: str, *, by: str,
                comment: str | None = None, note: str | None = None) -> Decision:
@@ -688,9 +722,10 @@ class Ratchet:
         """Blocking :meth:`cancel_async`."""
         return self._portal.call(self.cancel_async(run_id))
 
-    def retry(self, run_id: str) -> RunRecord:
+    def retry(self, run_id: str, *, grant: Mapping[str, Any] | None = None,
+              by: str | None = None) -> RunRecord:
         """Blocking :meth:`retry_async`."""
-        return self._portal.call(self.retry_async(run_id))
+        return self._portal.call(self.retry_async(run_id, grant=grant, by=by))
 
     def events(self, run_id: str, after: int = 0) -> list[Event]:
         """Blocking :meth:`events_async`."""

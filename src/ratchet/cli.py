@@ -657,12 +657,37 @@ def cancel(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
                    "as cancelled)")
 
 
+GrantOption = Annotated[str | None, typer.Option(
+    "--grant", metavar="JSON", help='Limits the run may go over to, e.g. '
+    '\'{"budget_tokens": 5000}\' (budget_tokens, budget_usd, budget_steps, budget_wall_s, '
+    'max_steps, timeout_s; null for off). Journaled with who granted it.')]
+
+
+def grant_option(text: str | None) -> dict[str, Any] | None:
+    """``--grant``'s JSON, or exit 2 naming the problem."""
+    if text is None:
+        return None
+    try:
+        grant = json.loads(text)
+    except json.JSONDecodeError as e:
+        _die(f"--grant is not JSON: {e}")
+    if not isinstance(grant, dict):
+        _die(f"--grant must be a JSON object of limits to new values, got {text}")
+    return grant
+
+
 @cli.command()
-def retry(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
-    """Re-queue a dead-lettered run; it resumes after its last completed step."""
+def retry(ctx: typer.Context, run_id: RunArg, grant: GrantOption = None,
+          by: Annotated[str | None, typer.Option(
+              "--by", metavar="NAME", help="Who retries it (needed with --grant).")] = None,
+          db: DbOption = None) -> None:
+    """Re-queue a dead-lettered run; it resumes after its last completed step. It keeps
+    its limits (a budget it crossed stops it again) unless --grant moves them."""
+    granted = grant_option(grant)
     with _client(ctx, db) as app:
-        rec: RunRecord = app.retry(run_id)
-    typer.echo(f"run {run_id}: re-queued (status: {rec.status})")
+        rec: RunRecord = app.retry(run_id, grant=granted, by=by)
+    moved = f", granted {dumps(granted)} by {by}" if granted else ""
+    typer.echo(f"run {run_id}: re-queued (status: {rec.status}){moved}")
 
 
 # -- receipts ----------------------------------------------------------------------------

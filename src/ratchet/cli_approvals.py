@@ -9,7 +9,18 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ratchet.cli import DbOption, JsonOption, RunArg, _client, _console, _echo_json, _when, cli
+from ratchet.cli import (
+    DbOption,
+    GrantOption,
+    JsonOption,
+    RunArg,
+    _client,
+    _console,
+    _echo_json,
+    _when,
+    cli,
+    grant_option,
+)
 from ratchet.model import Approval, Decision, dumps
 
 StepArg = Annotated[str, typer.Argument(
@@ -59,15 +70,20 @@ def approvals(
 def _decided(run_id: str, step: str, decision: Decision) -> None:
     verb = "approved" if decision.approved else "rejected"
     comment = f" ({decision.comment})" if decision.comment else ""
-    typer.echo(f"run {run_id}: approval {step!r} {verb} by {decision.by}{comment}")
+    granted = f", granted {dumps(decision.grant)}" if decision.grant is not None else ""
+    typer.echo(f"run {run_id}: approval {step!r} {verb} by {decision.by}{comment}{granted}")
 
 
 @cli.command()
 def approve(ctx: typer.Context, run_id: RunArg, step: StepArg, by: ByOption,
-            comment: CommentOption = None, db: DbOption = None) -> None:
-    """Approve a run's pending approval; the run wakes and goes on. Recorded once."""
+            comment: CommentOption = None, grant: GrantOption = None,
+            db: DbOption = None) -> None:
+    """Approve a run's pending approval; the run wakes and goes on. Recorded once. On a
+    guard's pause of a budget or of max_steps, --grant says how far the run may go over
+    (without it: a budget rises to what the paused call needed, max_steps is lifted)."""
+    granted = grant_option(grant)
     with _client(ctx, db) as app:
-        decision = app.approve(run_id, step, by=by, comment=comment)
+        decision = app.approve(run_id, step, by=by, comment=comment, grant=granted)
     _decided(run_id, step, decision)
 
 

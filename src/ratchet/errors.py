@@ -3,6 +3,10 @@
 Every error derives from :class:`RatchetError`; its docstring is its default message.
 ``retry_class`` names the retry class (DESIGN.md §4) a step failure belongs to, so a
 retry policy can decide without string matching; ``never`` is never retried.
+``outcome_unknown`` says whether the failure leaves open whether the step's effect happened
+(a connection dropped after the request was sent, a timeout): its retry then reuses the
+attempt's idempotency key, so a receiver that honours the key acts once. Any exception may
+carry the attribute; one without it is taken to be answered (a new attempt, a new key).
 Control-flow signals that user code must not swallow (a parked run, a lost lease) derive
 from ``BaseException``.
 
@@ -27,6 +31,7 @@ class RatchetError(Exception):
     """A Ratchet error."""
 
     retry_class: str = "any"
+    outcome_unknown: bool = False
 
     def __init__(self, message: str | None = None) -> None:
         super().__init__(message or (self.__doc__ or "").strip())
@@ -134,9 +139,11 @@ class StepCrashLoop(StepFailed):
 
 
 class StepTimeout(RatchetError):
-    """A step ran past its timeout."""
+    """A step ran past its timeout. What the step had sent by then may have landed: its
+    retry keeps the attempt's idempotency key."""
 
     retry_class = "timeout"
+    outcome_unknown = True
 
 
 class ConnectorError(RatchetError):
@@ -147,24 +154,29 @@ class ConnectorError(RatchetError):
 
 class LLMError(RatchetError):
     """A model call failed (a rate limit, a provider error, a lost connection): retried
-    under the step's policy, each attempt with a key of its own."""
+    under the step's policy. After the provider answered (a 429, a 5xx) the next attempt
+    has a key of its own; after a lost connection (``outcome_unknown``) it keeps the key."""
 
     retry_class = "llm"
 
     def __init__(self, message: str = "", *, provider: str | None = None,
                  status_code: int | None = None, retry_after_s: float | None = None,
-                 request_id: str | None = None) -> None:
+                 request_id: str | None = None, outcome_unknown: bool | None = None) -> None:
         super().__init__(message or None)
         self.provider = provider
         self.status_code = status_code
         self.retry_after_s = retry_after_s
         self.request_id = request_id
+        if outcome_unknown is not None:
+            self.outcome_unknown = outcome_unknown
 
 
 class LLMTimeout(LLMError):
-    """A model call ran past its timeout."""
+    """A model call ran past its timeout: the provider may have billed it, so its retry
+    keeps the attempt's key."""
 
     retry_class = "timeout"
+    outcome_unknown = True
 
 
 class LLMRequestError(LLMError):
@@ -247,6 +259,13 @@ class ChildRunFailed(RatchetError):
 
 class RunFailed(RatchetError):
     """The run failed."""
+
+
+class RunTimeout(RunFailed):
+    """The run passed its deadline (``timeout_s``, or ``budget_wall_s`` whose action is
+    ``fail``): it failed there, wherever it was (in a step, or parked on a signal, an
+    approval, a sleep or a child run), with dead-letter reason ``timeout``, and its unfinished
+    children were cancelled."""
 
 
 class RunCancelled(RatchetError):

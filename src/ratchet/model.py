@@ -236,6 +236,11 @@ class StepState:
     # replay of parallel branches hands journaled outcomes back in (see RunContext.replayed).
     first_seq: int = 0
     finished_seq: int = 0
+    # The attempt whose idempotency key the latest attempt sent (itself, unless it retried
+    # a failure whose outcome is unknown), and whether the latest failure was such a one:
+    # the next attempt then sends the same key.
+    key_attempt: int = 0
+    same_key: bool = False
 
     @property
     def attempts_used(self) -> int:
@@ -298,6 +303,15 @@ class RunState:
     retried_at: list[float] = field(default_factory=list)
     # The confidence gates evaluated or bypassed, by key: a replay takes the journaled verdict.
     gates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Spend reserved by model calls in flight (``reserve`` of their step_started: the call's
+    # worst case), by step; a call whose outcome is unknown keeps its reservation until it
+    # is answered. The limits people granted (approving a guard's pause, retrying the run),
+    # applied over the run's guards; ``limit_epoch`` counts the grants and retries, and
+    # ``limit_trips`` holds, per limit, how often it tripped and in which epoch it last did.
+    reserved: dict[str, dict[str, Any]] = field(default_factory=dict)
+    grants: dict[str, Any] = field(default_factory=dict)
+    limit_epoch: int = 0
+    limit_trips: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     first_at: float | None = None  # the first event's time
     last_at: float | None = None  # the last event's time
@@ -339,8 +353,14 @@ def apply(state: RunState, ev: Event) -> None:
             if attempt != step.attempt:
                 step.interrupted = 0
             step.attempt = attempt
-            step.child_run_id = ev.payload.get("child_run_id", step.child_run_id)
-            step.kind = ev.payload.get("kind", step.kind)
+            payload = ev.payload
+            step.key_attempt = payload.get("key_attempt") or attempt
+            step.same_key = False
+            step.child_run_id = payload.get("child_run_id", step.child_run_id)
+            step.kind = payload.get("kind", step.kind)
+            reserve = payload.get("reserve")
+            if reserve is not None:
+                state.reserved[ev.step_id] = reserve
             step.started_at = ev.at
             if step.first_started_at is None:
                 step.first_started_at = ev.at
@@ -355,17 +375,21 @@ def apply(state: RunState, ev: Event) -> None:
             step.finished_at = ev.at
             step.finished_seq = ev.seq
             step.waiting = None
+            if state.reserved:
+                state.reserved.pop(ev.step_id, None)
         elif kind == EventKind.STEP_FAILED:
             step.status = "failed"
             step.error = ev.payload.get("error")
             step.error_type = ev.payload.get("error_type")
             step.finished_at = ev.at
             step.finished_seq = ev.seq
+            _settle(state, step, ev.payload)
         elif kind == EventKind.STEP_RETRYING:
             state.retried_at.append(ev.at)
             step.status = "retrying"
             step.error = ev.payload.get("error")
             step.waiting = ev.payload
+            _settle(state, step, ev.payload)
         elif kind == EventKind.STEP_WAITING:
             step.status = "waiting"
             step.waiting = ev.payload
@@ -379,6 +403,10 @@ def apply(state: RunState, ev: Event) -> None:
         if ev.seq == 1:
             state.guards = ev.payload.get("guards")
         if ev.payload.get("reason") == "retry":
+            # A retried run keeps its limits: what tripped trips again, unless the retry
+            # granted more (journaled with who retried it).
+            state.limit_epoch += 1
+            state.grants.update(ev.payload.get("grant") or {})
             # A dead-lettered run was re-queued: its failed steps get a fresh budget of
             # attempts, numbered on from the last one so their keys stay distinct.
             # A step its workflow abandoned (a timeout around it) stays as it was: the
@@ -407,12 +435,29 @@ def apply(state: RunState, ev: Event) -> None:
         state.anomalies.add(ev.payload["key"])
         if ev.payload.get("action") == "pause" and ev.step_id is not None:
             state.paused_at.setdefault(ev.step_id, []).append(ev.payload)
+        limit = ev.payload.get("limit_key")
+        if limit is not None:
+            count, _ = state.limit_trips.get(limit, (0, 0))
+            state.limit_trips[limit] = (count + 1, state.limit_epoch)
+    elif kind == EventKind.APPROVAL_DECIDED:
+        grant = ev.payload.get("grant")
+        if grant is not None and ev.payload.get("approved"):
+            state.limit_epoch += 1
+            state.grants.update(grant)
     elif kind in (EventKind.CONFIDENCE_EVALUATED, EventKind.CONFIDENCE_GATE_BYPASSED):
         state.gates[ev.payload["key"]] = ev.payload
     elif kind in TERMINAL_EVENTS:
         state.status = TERMINAL_EVENTS[EventKind(kind)]
         state.output = ev.payload.get("output")
         state.error = ev.payload.get("error")
+
+
+def _settle(state: RunState, step: StepState, payload: dict[str, Any]) -> None:
+    """An attempt failed: its reservation ends, unless its outcome is unknown (the provider
+    may have billed it; the next attempt sends the same key)."""
+    step.same_key = bool(payload.get("outcome_unknown"))
+    if state.reserved and not step.same_key:
+        state.reserved.pop(step.step_id, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -537,22 +582,27 @@ class DeadLetter:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A person's decision on an approval: what ``ratchet.approval`` returns."""
+    """A person's decision on an approval: what ``ratchet.approval`` returns. ``grant``:
+    on a guard's pause, the limits the approval moved (how far the run may go over)."""
 
     approved: bool
     by: str
     comment: str | None
     at: datetime
+    grant: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form journaled as the approval step's output."""
-        return {"approved": self.approved, "by": self.by, "comment": self.comment,
-                "at": self.at.isoformat()}
+        out = {"approved": self.approved, "by": self.by, "comment": self.comment,
+               "at": self.at.isoformat()}
+        if self.grant is not None:
+            out["grant"] = self.grant
+        return out
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Decision:
         return Decision(bool(data["approved"]), str(data["by"]), data.get("comment"),
-                        datetime.fromisoformat(str(data["at"])))
+                        datetime.fromisoformat(str(data["at"])), data.get("grant"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,6 +624,7 @@ class Approval:
     decided_at: float | None = None
     parent_run_id: str | None = None
     note: str | None = None  # a name the client gave beside the decider (the HTTP API's token)
+    grant: dict[str, Any] | None = None  # a guard pause's approval: the limits it moved
 
     @property
     def decision(self) -> Decision | None:
@@ -581,7 +632,7 @@ class Approval:
             return None
         assert self.decided_by is not None and self.decided_at is not None
         return Decision(self.status == "approved", self.decided_by, self.comment,
-                        datetime.fromtimestamp(self.decided_at, UTC))
+                        datetime.fromtimestamp(self.decided_at, UTC), self.grant)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -598,4 +649,5 @@ class Approval:
             "comment": self.comment,
             "decided_at": self.decided_at,
             "note": self.note,
+            "grant": self.grant,
         }

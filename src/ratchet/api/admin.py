@@ -9,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
-from ratchet.api.auth import scope
+from ratchet.api.auth import decider, scope
 from ratchet.api.errors import error_response
-from ratchet.api.models import DeadLetterOut, Error, Health, StatusAfter, WorkflowOut
+from ratchet.api.models import DeadLetterOut, Error, Health, RetryBody, StatusAfter, WorkflowOut
 from ratchet.api.runs import ERRORS, Reader, owned, shown
 from ratchet.app import Ratchet
 from ratchet.errors import StorageError, StoreNotReady
@@ -35,11 +35,14 @@ async def dead_letters(request: Request, token: Admin,
 
 
 @v1.post("/dead-letters/{run_id:path}/retry", response_model=StatusAfter, status_code=202)
-async def retry(run_id: str, request: Request, token: Admin) -> StatusAfter:
-    """Re-queue a dead-lettered run; it resumes after its last completed step."""
+async def retry(run_id: str, request: Request, token: Admin,
+                body: RetryBody | None = None) -> StatusAfter:
+    """Re-queue a dead-lettered run; it resumes after its last completed step, keeping its
+    limits unless the body grants more (journaled with the token's name as who)."""
     found = await owned(request, run_id, token)
     app: Ratchet = request.app.state.ratchet
-    rec = await app.retry_async(found.run_id)
+    grant = body.grant if body is not None else None
+    rec = await app.retry_async(found.run_id, grant=grant, by=decider(token))
     return StatusAfter(run_id=shown(token, rec.run_id), status=str(rec.status))
 
 

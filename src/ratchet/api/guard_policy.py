@@ -25,7 +25,7 @@ from ratchet.store.tokens import Token
 # Limits where a lower number acts sooner; None switches one off (the loosest).
 _LOWER_IS_TIGHTER = ("runaway_repeats", "max_steps", "retry_storm_run", "retry_storm_workflow",
                      "spike_factor", "spike_history", "budget_tokens", "budget_usd",
-                     "budget_steps", "budget_wall_s", "pause_timeout_s")
+                     "budget_steps", "budget_wall_s", "pause_timeout_s", "timeout_s")
 _SEVERITY = {"record": 0, "pause": 1, "fail": 2}
 
 

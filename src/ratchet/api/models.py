@@ -128,6 +128,11 @@ class SignalBody(BaseModel):
     data: Any = None
 
 
+_GRANT = ("Limits the run may go over to, for a guard's pause of a budget or of max_steps: "
+          '{"budget_tokens": 5000} (budget_tokens, budget_usd, budget_steps, budget_wall_s, '
+          "max_steps, timeout_s; null for off). Journaled with who decided.")
+
+
 class Decision(BaseModel):
     approved: StrictBool = Field(description="true or false; nothing else is a decision.")
     by: str | None = Field(
@@ -135,6 +140,7 @@ class Decision(BaseModel):
         description="A name to keep as a note: who decided is journaled as the token's name "
                     "(its id when it has none).")
     comment: str | None = Field(default=None, max_length=MAX_COMMENT)
+    grant: dict[str, Any] | None = Field(None, description=_GRANT)
 
 
 class DecisionMade(BaseModel):
@@ -144,6 +150,14 @@ class DecisionMade(BaseModel):
     by: str = Field(description="Who decided: the token's name, else its id.")
     comment: str | None
     note: str | None = Field(default=None, description="The body's by, where it differed.")
+    grant: dict[str, Any] | None = None
+
+
+class RetryBody(BaseModel):
+    grant: dict[str, Any] | None = Field(
+        None, description="Limits the retried run may go over to (else it keeps its limits: "
+                          "a budget it crossed stops it again). Journaled with the token's "
+                          "name as who granted it.")
 
 
 class StatusAfter(BaseModel):

@@ -349,10 +349,20 @@ async def decide(run_id: str, step_id: Annotated[str, Path(max_length=MAX_STEP)]
     rec = await owned(request, run_id, token)
     app = _app(request)
     by, note = decider(token), body.by
-    decide_as = app.approve_async if body.approved else app.reject_async
+    if body.grant is not None and not allows(token, "admin"):
+        # A grant moves a run's limits; raising a limit takes an admin, as at start.
+        raise ApiError(403, "a grant moves the run's limits: it needs the admin scope",
+                       details={"needed": "admin", "scopes": list(token.scopes)})
+    if not body.approved and body.grant is not None:
+        raise InvalidInput("a rejection grants nothing: give a grant only when approving")
     try:
-        made = await decide_as(rec.run_id, step_id, by=by, comment=body.comment,
-                               note=None if note == by else note)
+        if body.approved:
+            made = await app.approve_async(rec.run_id, step_id, by=by, comment=body.comment,
+                                           note=None if note == by else note,
+                                           grant=body.grant)
+        else:
+            made = await app.reject_async(rec.run_id, step_id, by=by, comment=body.comment,
+                                          note=None if note == by else note)
     except ApprovalNotPending as e:
         if allows(token, "runs:read"):
             raise
@@ -361,4 +371,4 @@ async def decide(run_id: str, step_id: Annotated[str, Path(max_length=MAX_STEP)]
                             "nothing changed") from e
     return DecisionMade(run_id=shown(token, rec.run_id), step_id=step_id,
                         approved=made.approved, by=made.by, comment=made.comment,
-                        note=None if note == by else note)
+                        note=None if note == by else note, grant=made.grant)

@@ -32,9 +32,17 @@ if TYPE_CHECKING:
 STEP_PREFIX = "approval:"
 
 
+# The names of the guards' pauses (ratchet.engine.guarding.PAUSE_PREFIX): approving one of a
+# limit moves the run's limits, so a workflow's own approval may not take such a name.
+_GUARD_NAMES = "guard:"
+
+
 def check_request(name: str, data: Any, timeout_s: float | None) -> Any:
     """Validate what an approval asks; return its data as JSON data."""
     check_name(name, "approval name")
+    if name.startswith(_GUARD_NAMES):
+        raise InvalidInput(f"ratchet.approval: the name {name!r} is reserved: approvals named "
+                           f"{_GUARD_NAMES}... are the guards' pauses")
     if timeout_s is not None and (isinstance(timeout_s, bool) or
                                   not isinstance(timeout_s, int | float) or
                                   not math.isfinite(timeout_s) or timeout_s <= 0):

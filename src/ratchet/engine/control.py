@@ -20,6 +20,7 @@ class StopReason(StrEnum):
     CANCEL = "cancel"  # a person asked: finish the run as cancelled
     SHUTDOWN = "shutdown"  # the worker is stopping: let running steps end, then hand it back
     LEASE_LOST = "lease_lost"  # another worker owns the run now: write nothing more
+    TIMEOUT = "timeout"  # the run's deadline came: fail it with RunTimeout
 
 
 class DriveOutcome(StrEnum):
@@ -46,13 +47,17 @@ class Stopped(BaseException):
 
 
 class Control:
-    """The worker's handle on one drive. ``stop`` may be called at any time, more than once;
-    a lost lease overrides any other reason, a cancel overrides a shutdown."""
+    """The worker's handle on one drive (and the drive's own, for its deadline). ``stop``
+    may be called at any time, more than once; a lost lease overrides any other reason, a
+    cancel a deadline, and a deadline a shutdown."""
 
     __slots__ = ("_listener", "interrupt_steps", "reason")
 
+    # A deadline outranks a shutdown (the run ends rather than being handed on), and a
+    # person's cancel outranks a deadline.
     _RANK: ClassVar[dict[StopReason, int]] = {
-        StopReason.SHUTDOWN: 0, StopReason.CANCEL: 1, StopReason.LEASE_LOST: 2}
+        StopReason.SHUTDOWN: 0, StopReason.TIMEOUT: 1, StopReason.CANCEL: 2,
+        StopReason.LEASE_LOST: 3}
 
     def __init__(self) -> None:
         self.reason: StopReason | None = None

@@ -183,7 +183,7 @@ class StepKey:
 
     run_id: str
     step_id: str
-    attempt: int
+    attempt: int  # the attempt whose key it is: after an unknown outcome, the one before
     workflow: str
 
 

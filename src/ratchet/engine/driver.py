@@ -156,6 +156,7 @@ class RunContext:
         self._closing = False
         self._stepping: set[asyncio.Task[Any]] = set()  # branches inside step code
         self._abandoned: list[StepJob] = []  # threads of `def` steps nobody waits for
+        self._deadline_timer: asyncio.TimerHandle | None = None
         self.guards = RunGuards(self)
 
     # -- progress and stops ----------------------------------------------------------------
@@ -176,6 +177,23 @@ class RunContext:
         if self.control.interrupt_steps:
             for task in list(self._stepping):
                 task.cancel()
+
+    def arm_deadline(self) -> None:
+        """The guards are configured: stop the drive at the run's deadline (now, if it has
+        passed), and let no park outlast it (the park's wake-up time is the deadline at the
+        latest, so the run fails on time with no worker driving it)."""
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        deadline = self.guards.deadline
+        self.waits.deadline = deadline[0] if deadline is not None else None
+        if deadline is None:
+            return
+        left = deadline[0] - time.time()
+        if left <= 0:
+            raise Stopped(StopReason.TIMEOUT)
+        self._deadline_timer = self.loop.call_later(
+            left, lambda: self.control.stop(StopReason.TIMEOUT))
 
     def check_stop(self) -> None:
         """A step boundary: no step starts once a stop was requested."""
@@ -436,7 +454,7 @@ class RunContext:
                 raise self.replayed_failure(step)
         self.check_stop()
         base = step.attempt_base if step else 0
-        attempt, resumed = self._next_attempt(step)
+        attempt, resumed, key_attempt = self._next_attempt(step)
         if resumed and step is not None and step.interrupted >= MAX_STARTS_PER_ATTEMPT:
             error = (f"step {step_id}: attempt {attempt} was started {step.interrupted} times "
                      "and never finished (its worker was lost each time)")
@@ -449,21 +467,28 @@ class RunContext:
                 await self._wait_until(f"backoff:{step_id}", until)
         while True:
             self.check_stop()
-            await guards.before_attempt(sd, step_id, args, kwargs)
-            key = (idempotency_key(self.run_id, step_id, attempt) if sd.key is None
-                   else self._own_key(sd, step_id, attempt))
+            reserve = await guards.before_attempt(sd, step_id, args, kwargs)
+            # The key follows the outcome: an attempt after a failure whose outcome is
+            # unknown sends the key of the attempt before it (key_attempt, journaled).
+            key = (idempotency_key(self.run_id, step_id, key_attempt) if sd.key is None
+                   else self._own_key(sd, step_id, key_attempt))
             if sd.announce is not None and not resumed:
                 kind, announced = sd.announce(args, kwargs)
                 self.emit(kind, step_id, attempt, announced)
             payload: dict[str, Any] = {"idempotency_key": key}
             if resumed:
                 payload["resumed"] = True
-            if sd.kind is None and started is None:
+            if key_attempt != attempt:
+                payload["key_attempt"] = key_attempt
+            if (sd.kind is None and started is None and key_attempt == attempt
+                    and reserve is None):
                 # The key is hex: its canonical JSON is written out rather than encoded.
                 text = (f'{{"idempotency_key":"{key}","resumed":true}}' if resumed
                         else f'{{"idempotency_key":"{key}"}}')
                 self.emit(EventKind.STEP_STARTED, step_id, attempt, payload, text)
             else:
+                if reserve is not None:  # held until the call's outcome is known
+                    payload["reserve"] = reserve
                 self.emit(EventKind.STEP_STARTED, step_id, attempt,
                           {**payload, "kind": sd.kind, **(started or {})})
             await self.flush()
@@ -489,20 +514,26 @@ class RunContext:
                     tracing.end_step(span, "interrupted")
                     raise
                 tracing.end_step(span, "abandoned")
+                # What the step had sent by then may land (and be billed): its outcome is
+                # unknown, and a model call keeps its reservation.
                 self.emit(EventKind.STEP_FAILED, step_id, attempt, {
                     "error": f"step {step_id} was abandoned by its workflow (cancelled while "
-                             "running, e.g. by asyncio.wait_for)", "error_type": ABANDONED})
+                             "running, e.g. by asyncio.wait_for)", "error_type": ABANDONED,
+                    "outcome_unknown": True})
                 raise
             except BaseException as e:  # SystemExit from step code is the step's failure too
                 STATS.step("failed", time.monotonic() - began)
                 error = error_text(e)
                 used = attempt - base
+                unknown = bool(getattr(e, "outcome_unknown", False))
                 if sd.retry.retryable(e) and used < sd.retry.max_attempts:
                     tracing.end_step(span, "retrying", error)
                     # A provider that says when to come back (429 retry-after) is believed.
                     delay = max(sd.retry.delay_s(used), _retry_after(e))
                     retry = {"attempt": attempt, "of": base + sd.retry.max_attempts,
                              "error": error, "delay_s": delay}
+                    if unknown:
+                        retry["outcome_unknown"] = True
                     if delay >= PARK_BACKOFF_S:
                         until = await self.store.now() + delay
                         retry["retry_at"] = until
@@ -518,10 +549,14 @@ class RunContext:
                         await self._wait_until(f"backoff:{step_id}",
                                                await self.store.now() + delay)
                     attempt, resumed = attempt + 1, False
+                    if not unknown:
+                        key_attempt = attempt
                     continue
                 tracing.end_step(span, "failed", error)
-                self.emit(EventKind.STEP_FAILED, step_id, attempt,
-                          {"error": error, "error_type": type(e).__name__})
+                failed: dict[str, Any] = {"error": error, "error_type": type(e).__name__}
+                if unknown:  # a retry of the run sends this attempt's key again
+                    failed["outcome_unknown"] = True
+                self.emit(EventKind.STEP_FAILED, step_id, attempt, failed)
                 raise StepFailed(step_id, error) from e
             STATS.step("completed", time.monotonic() - began)
             tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
@@ -609,16 +644,19 @@ class RunContext:
         return sum(1 for job in self._abandoned if job.running)
 
     @staticmethod
-    def _next_attempt(step: StepState | None) -> tuple[int, bool]:
-        """The attempt to run now, and whether it re-runs one a crash interrupted. Read
-        from the journal, so crashes neither reset nor skip attempts."""
+    def _next_attempt(step: StepState | None) -> tuple[int, bool, int]:
+        """The attempt to run now, whether it re-runs one a crash interrupted, and the
+        attempt whose key it sends. Read from the journal, so crashes neither reset nor
+        skip attempts, and a key is reused exactly when the journal says to."""
         if step is None:
-            return 1, False
-        if step.status == "started":
-            return step.attempt, True  # interrupted in flight: same attempt, same key
+            return 1, False, 1
+        if step.status == "started":  # interrupted in flight: same attempt, same key
+            return step.attempt, True, step.key_attempt or step.attempt
         # After a failed attempt (retrying, or waiting out its backoff), or pending again
-        # after a manual retry of the run: the next attempt.
-        return step.attempt + 1, False
+        # after a manual retry of the run: the next attempt, under a key of its own unless
+        # the failure left its outcome unknown.
+        attempt = step.attempt + 1
+        return attempt, False, (step.key_attempt or step.attempt) if step.same_key else attempt
 
     # -- waiting ---------------------------------------------------------------------------
 
@@ -798,6 +836,8 @@ class RunContext:
         except DriveRefused as e:
             return await self._refused(e)
         finally:
+            if self._deadline_timer is not None:
+                self._deadline_timer.cancel()
             self.waits.close()
 
     async def _refused(self, e: DriveRefused) -> DriveOutcome:
@@ -828,6 +868,14 @@ class RunContext:
                 await self.finish(RunStatus.CANCELLED, error="cancelled")
                 log.info("action=run_cancelled run_id=%s", self.run_id)
                 return DriveOutcome.CANCELLED
+            if reason is StopReason.TIMEOUT:
+                # Wherever its branches were (step code is interrupted, waits end), the run
+                # fails here; the commit that ends it cancels its unfinished children.
+                await self._close_branches()
+                error = self.guards.timed_out()
+                await self.finish(RunStatus.FAILED, error=error, dead_letter="timeout")
+                log.info("action=run_timed_out run_id=%s error=%s", self.run_id, error)
+                return DriveOutcome.FAILED
             await self._settle_steps()
             if self.threads_still_running():
                 # Python cannot stop a thread: the run stays leased to this worker until the

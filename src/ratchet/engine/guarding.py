@@ -14,6 +14,22 @@ the approval step its anomaly names, which returns the journaled decision, so br
 gather that replay in another order than they tripped each get their own decision. A pause
 waits at most ``pause_timeout_s``, then fails the run as ``fail`` would.
 
+Limits (the budgets and ``max_steps``) are held, not noted once: a call over one is stopped
+each time (``fail`` raises at every call over it, ``pause`` asks for each), and a retried
+run keeps them, until a person moves one (a grant: approving the pause, or retrying the run
+with one; journaled with who, folded into ``RunState.grants``). Their occurrences are
+numbered (``budget_exceeded:tokens``, then ``budget_exceeded:tokens@2``...); ``record`` and
+``fail`` journal one per limit until the next grant or retry (``RunState.limit_epoch``).
+Budgets count calls in flight: each model call's worst case is reserved in its
+``step_started`` (``reserve``) before it is sent and released by its outcome, so parallel
+branches together stay within the budget, and a re-drive after a crash counts the calls that
+were in flight from the journal alone (no query). A call whose outcome is unknown keeps its
+reservation: the provider may have billed it.
+
+The run's deadline (``timeout_s``, and ``budget_wall_s`` under ``fail``) is armed as a timer
+on the drive and carried into every park as its wake-up time, so the run fails with
+``RunTimeout`` at the deadline wherever it is (see ``RunContext.arm_deadline``).
+
 Costs on the hot path: a few comparisons per step, and the JSON form of a step's arguments
 (the runaway-loop check) when ``runaway_repeats`` is on. The spike guards query the
 database after LLM steps only, and once per :data:`HISTORY_TTL_S` per workflow (or when a run
@@ -35,8 +51,9 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine import approvals
+from ratchet.engine.control import Stopped, StopReason
 from ratchet.engine.definitions import StepDef
-from ratchet.engine.guards import BUDGET, DEFAULT, Guards
+from ratchet.engine.guards import BUDGET, BUDGET_FIELDS, DEFAULT, Guards
 from ratchet.engine.stats import STATS
 from ratchet.errors import ApprovalTimeout, GuardTripped
 from ratchet.model import Decision, EventKind, dumps
@@ -88,6 +105,9 @@ class RunGuards:
     def __init__(self, ctx: RunContext, guards: Guards = DEFAULT) -> None:
         self.ctx = ctx
         self.g = guards
+        self._configured = guards  # the workflow's guards and the run's overrides
+        # When the run must end (time.time()), and the field that says so.
+        self.deadline: tuple[float, str] | None = None
         # The runaway-loop streak: the last step's (name, arguments, output), how many
         # times in a row it came, and the step id that began the streak.
         self._last: tuple[str, str, Any] | None = None
@@ -99,8 +119,41 @@ class RunGuards:
         self._dropped = False
 
     def configure(self, guards: Guards, overrides: Mapping[str, Any] | None) -> None:
-        """Apply the workflow's guards and the run's journaled overrides."""
-        self.g = guards.override(overrides)
+        """Apply the workflow's guards, the run's journaled overrides and the limits people
+        granted it, and arm its deadline (a drive past it stops at once)."""
+        self._configured = guards.override(overrides)
+        self._regrant()
+        self.ctx.arm_deadline()
+
+    def _regrant(self) -> None:
+        grants = self.ctx.state.grants
+        self.g = self._configured.override(grants) if grants else self._configured
+        self.deadline = self._deadline()
+
+    def _deadline(self) -> tuple[float, str] | None:
+        started, g = self.ctx.state.started_at, self.g
+        if started is None:
+            return None
+        found = []
+        if g.timeout_s is not None:
+            found.append((started + g.timeout_s, "timeout_s"))
+        if g.budget_wall_s is not None and g.action(BUDGET) == "fail":
+            found.append((started + g.budget_wall_s, "budget_wall_s"))
+        return min(found) if found else None
+
+    def timed_out(self) -> str:
+        """The run's error at its deadline; a ``budget_wall_s`` deadline journals its
+        anomaly (once) too."""
+        assert self.deadline is not None
+        at, field = self.deadline
+        started = self.ctx.state.started_at or at
+        limit = getattr(self.g, field)
+        if field == "budget_wall_s":
+            self._journal_limit(BUDGET, f"{BUDGET}:wall_s", None, {
+                "budget": "wall_s", "used": round(time.time() - started, 3), "limit": limit,
+                "limit_field": field}, "fail")
+        return (f"RunTimeout: run {self.ctx.run_id} passed its deadline ({field} "
+                f"{limit:g}s from its first start)")
 
     # -- tripping ------------------------------------------------------------------------
 
@@ -123,6 +176,44 @@ class RunGuards:
                     ctx.run_id, kind, key, action)
         await self._act(payload, fresh=True)
 
+    def _journal_limit(self, kind: str, limit: str, step_id: str | None,
+                       evidence: dict[str, Any], action: str) -> dict[str, Any] | None:
+        """Journal the next occurrence of ``limit`` crossed (the payload), or None when
+        ``record`` or ``fail`` journaled it already since the last grant or retry."""
+        state = self.ctx.state
+        count, epoch = state.limit_trips.get(limit, (0, -1))
+        if action != "pause" and count and epoch == state.limit_epoch:
+            return None
+        n = count + 1
+        key = limit if n == 1 else f"{limit}@{n}"
+        while key in state.anomalies:  # journaled before limits numbered their trips
+            n += 1
+            key = f"{limit}@{n}"
+        payload = {"kind": kind, "key": key, "action": action, **evidence,
+                   "limit_key": limit}
+        if action == "pause":
+            payload["approval_step_id"], _ = self.ctx.next_step(approvals.STEP_PREFIX +
+                                                                PAUSE_PREFIX + kind)
+        self.ctx.emit(EventKind.ANOMALY_DETECTED, step_id, None, payload)
+        STATS.anomaly(kind)
+        log.warning("action=anomaly_detected run_id=%s kind=%s key=%s guard_action=%s",
+                    self.ctx.run_id, kind, key, action)
+        return payload
+
+    async def _limit(self, kind: str, limit: str, step_id: str,
+                     evidence: dict[str, Any]) -> bool:
+        """``limit`` would be crossed by this step: journal it and apply its action. True
+        when a person approved going over (the limits moved: check again)."""
+        action = self.g.action(kind)
+        payload = self._journal_limit(kind, limit, step_id, evidence, action)
+        if payload is None:
+            if action == "fail":  # stopped already; every call over it is stopped too
+                what = _describe({"kind": kind, **evidence})
+                raise GuardTripped(kind, f"guard {kind}: {what}")
+            return False
+        await self._act(payload, fresh=True)
+        return action == "pause"
+
     async def _act(self, payload: dict[str, Any], fresh: bool) -> None:
         kind, action = payload["kind"], payload["action"]
         what = _describe(payload)
@@ -138,6 +229,9 @@ class RunGuards:
                 comment = f": {decision.comment}" if decision.comment else ""
                 raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; "
                                          f"{decision.by} declined to continue{comment}")
+            if decision.grant is not None:  # folded into the state as it was journaled
+                self._regrant()
+                self.ctx.arm_deadline()  # a grant may have moved the deadline
 
     def _ask(self, payload: dict[str, Any], fresh: bool) -> Coroutine[Any, Any, Decision]:
         """The approval "continue?" of a pause: the one its anomaly names, else (a journal
@@ -161,38 +255,77 @@ class RunGuards:
     # -- step boundaries -----------------------------------------------------------------
 
     async def before_attempt(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
-                             kwargs: dict[str, Any]) -> None:
-        """Before an attempt of a step runs: the step count, the wall time and, before an
-        LLM call, the token and money budgets with the call's worst case."""
-        g, state = self.g, self.ctx.state
+                             kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """Before an attempt of a step runs: the deadline, the step count, the wall time
+        and, before an LLM call, the token and money budgets with the call's worst case
+        plus that of every call in flight. Returns what the call reserves (its worst case,
+        for its ``step_started``), or None. Nothing here awaits unless a limit trips, so
+        the check and the ``step_started`` that reserves are one step of the event loop:
+        parallel branches cannot both pass on the same room."""
+        state = self.ctx.state
+        if self.deadline is not None and time.time() >= self.deadline[0]:
+            raise Stopped(StopReason.TIMEOUT)
         count = len(state.steps) + (step_id not in state.steps)
-        if g.max_steps is not None and count > g.max_steps:
-            await self.trip("excessive_steps", "excessive_steps", step_id,
-                            {"steps": count, "max_steps": g.max_steps})
-        if g.budget_steps is not None and count > g.budget_steps:
-            await self._over("steps", step_id, count, g.budget_steps)
-        if g.budget_wall_s is not None and state.started_at is not None:
+        while (limit := self.g.max_steps) is not None and count > limit:
+            if not await self._limit("excessive_steps", "excessive_steps", step_id,
+                                     {"steps": count, "max_steps": limit}):
+                break
+        while (limit := self.g.budget_steps) is not None and count > limit:
+            if not await self._over("steps", step_id, count, limit, count):
+                break
+        # Under fail, the wall-time budget is the run's deadline (checked above, and armed).
+        while ((wall := self.g.budget_wall_s) is not None and state.started_at is not None
+               and self.g.action(BUDGET) != "fail"):
             elapsed = round(time.time() - state.started_at, 3)
-            if elapsed > g.budget_wall_s:
-                await self._over("wall_s", step_id, elapsed, g.budget_wall_s)
-        if sd.worst_case is not None and (g.budget_tokens is not None or
-                                          g.budget_usd is not None):
-            tokens, usd = sd.worst_case(args, kwargs)
-            spent = state.llm
-            if g.budget_tokens is not None and spent.tokens + tokens > g.budget_tokens:
-                await self._over("tokens", step_id, spent.tokens, g.budget_tokens,
-                                 worst_case=tokens)
-            if g.budget_usd is not None and usd is not None and (
-                    spent.cost_usd + usd > g.budget_usd):
-                await self._over("usd", step_id, round(spent.cost_usd, 6), g.budget_usd,
-                                 worst_case=round(usd, 6))
+            if elapsed <= wall or not await self._over("wall_s", step_id, elapsed, wall,
+                                                       elapsed):
+                break
+        g = self.g
+        if sd.worst_case is None or (g.budget_tokens is None and g.budget_usd is None):
+            return None
+        tokens, usd = sd.worst_case(args, kwargs)
+        while await self._spend_over(step_id, tokens, usd):
+            pass  # a person approved going over: the limits moved, check again
+        return {"tokens": tokens} if usd is None else {"tokens": tokens, "usd": usd}
+
+    async def _spend_over(self, step_id: str, tokens: int, usd: float | None) -> bool:
+        """Check the call's worst case, with the calls in flight, against the token and
+        money budgets; True when one tripped and a person approved going over."""
+        g, spent = self.g, self.ctx.state.llm
+        held_tokens, held_usd = self._in_flight(step_id)
+        need = spent.tokens + held_tokens + tokens
+        if g.budget_tokens is not None and need > g.budget_tokens and await self._over(
+                "tokens", step_id, spent.tokens, g.budget_tokens, need, worst_case=tokens,
+                in_flight=held_tokens):
+            return True
+        if usd is None or g.budget_usd is None:
+            return False
+        cost = spent.cost_usd + held_usd + usd
+        return cost > g.budget_usd and await self._over(
+            "usd", step_id, round(spent.cost_usd, 6), g.budget_usd, round(cost, 6),
+            worst_case=round(usd, 6), in_flight=round(held_usd, 6))
+
+    def _in_flight(self, step_id: str) -> tuple[int, float]:
+        """What the calls in flight other than ``step_id`` (whose attempt this replaces)
+        hold reserved: tokens and USD."""
+        tokens, usd = 0, 0.0
+        for other, held in self.ctx.state.reserved.items():
+            if other != step_id:
+                tokens += int(held.get("tokens") or 0)
+                usd += float(held.get("usd") or 0.0)
+        return tokens, usd
 
     async def _over(self, budget: str, step_id: str, used: float, limit: float,
-                    worst_case: float | None = None) -> None:
+                    needed: float, worst_case: float | None = None,
+                    in_flight: float | None = None) -> bool:
+        """A budget would be crossed; True when a person approved going over."""
         evidence: dict[str, Any] = {"budget": budget, "used": used, "limit": limit}
         if worst_case is not None:
             evidence["worst_case"] = worst_case
-        await self.trip(BUDGET, f"{BUDGET}:{budget}", step_id, evidence)
+        if in_flight:
+            evidence["in_flight"] = in_flight
+        evidence.update(needed=needed, limit_field=BUDGET_FIELDS[budget])
+        return await self._limit(BUDGET, f"{BUDGET}:{budget}", step_id, evidence)
 
     async def after_step(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
                          kwargs: dict[str, Any], output: Any,
@@ -339,8 +472,10 @@ class RunGuards:
 def _describe(payload: Mapping[str, Any]) -> str:
     kind = payload["kind"]
     if kind == BUDGET:
+        held = payload.get("in_flight")
         worst = payload.get("worst_case")
-        extra = f" + {worst} for the next call" if worst is not None else ""
+        extra = f" + {held} held by calls in flight" if held else ""
+        extra += f" + {worst} for the next call" if worst is not None else ""
         return (f"the run's {payload['budget']} budget of {payload['limit']} would be "
                 f"crossed ({payload['used']} used{extra})")
     if kind == "excessive_steps":

@@ -29,7 +29,15 @@ DEFAULT_ACTIONS: Mapping[str, str] = {"excessive_steps": "fail", BUDGET: "fail"}
 
 _INTS = ("runaway_repeats", "max_steps", "retry_storm_run", "retry_storm_workflow",
          "spike_history", "budget_tokens", "budget_steps")
-_FLOATS = ("retry_window_s", "spike_factor", "budget_usd", "budget_wall_s", "pause_timeout_s")
+_FLOATS = ("retry_window_s", "spike_factor", "budget_usd", "budget_wall_s", "pause_timeout_s",
+           "timeout_s")
+# The limits a person may move for one run (a grant: approving a guard's pause, or retrying
+# a dead-lettered run), each to a new value or to null (off).
+LIMITS = ("budget_tokens", "budget_usd", "budget_steps", "budget_wall_s", "max_steps",
+          "timeout_s")
+# A budget's name in anomaly_detected (``budget``), and the field that holds its limit.
+BUDGET_FIELDS: Mapping[str, str] = {"tokens": "budget_tokens", "usd": "budget_usd",
+                                    "steps": "budget_steps", "wall_s": "budget_wall_s"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +57,15 @@ class Guards:
       declared before that many runs exist;
     * ``budget_tokens``, ``budget_usd``, ``budget_steps``, ``budget_wall_s``: hard limits
       per run, checked before each step and, for tokens and money, before each LLM call
-      with its ``max_tokens`` as the worst case, so a call that would cross is never sent;
+      with its ``max_tokens`` as the worst case, so a call that would cross is never sent.
+      Calls in flight count with their worst case (reserved before each is sent), so
+      parallel calls together stay within the budget. With the ``fail`` action,
+      ``budget_wall_s`` is the run's deadline, as ``timeout_s`` is;
+    * ``timeout_s``: the run's deadline, in seconds from its first start: past it the run
+      fails with :class:`~ratchet.RunTimeout` (dead-letter reason ``timeout``) wherever it
+      is, in a step or parked on a signal, an approval, a sleep or a child run (its
+      unfinished children are cancelled). ``@app.workflow(timeout_s=...)`` and
+      ``app.start(..., timeout_s=...)`` set it;
     * ``actions``: what each kind does when it trips: ``record`` (journal it and go on),
       ``pause`` (park on an approval "continue?"), ``fail`` (the run fails with the kind as
       its code). Defaults: ``fail`` for ``excessive_steps`` and ``budget_exceeded``,
@@ -79,6 +95,7 @@ class Guards:
     gate_bypass_by: str | None = None
     gate_bypass_reason: str | None = None
     gate_bypass_note: str | None = None
+    timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         problems = _problems(self)
@@ -105,6 +122,19 @@ class Guards:
 
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(Guards))
+
+
+def check_grant(data: Any, what: str = "grant") -> dict[str, Any]:
+    """``data`` if it is a valid grant: an object of limits (:data:`LIMITS`) to their new
+    values (null: off); else :class:`InvalidInput` naming every problem."""
+    if not isinstance(data, Mapping) or not data:
+        raise InvalidInput(f"invalid {what}: expected an object of limits to new values "
+                           f"({', '.join(LIMITS)}), got {data!r}")
+    unknown = sorted(k for k in data if k not in LIMITS)
+    if unknown:
+        raise InvalidInput(f"invalid {what}: {', '.join(map(repr, unknown))} is not a limit "
+                           f"a person can grant (limits: {', '.join(LIMITS)})")
+    return check_overrides(data, what)
 
 
 def check_overrides(data: Any, what: str = "guards") -> dict[str, Any]:

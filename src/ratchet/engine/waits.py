@@ -15,6 +15,11 @@ chooses, in this order:
 * otherwise park the run in one transaction, which first checks that nothing awaited has
   already arrived (then those waits wake and the drive goes on).
 
+A run with a deadline parks until it at the latest: the park's wake-up time (``not_before``,
+which any worker's claim honours) is the soonest of its waits' deadlines and the run's own,
+so a run parked on a signal, an approval, a sleep or a child run is driven again, and
+failed, when its deadline comes, with no worker holding it meanwhile.
+
 A branch that cannot know everything the others wait for is never parked on its own, so a
 step running beside a wait always finishes and is journaled before the run parks.
 """
@@ -81,6 +86,8 @@ class Waits:
         self._settler: asyncio.Task[None] | None = None
         self._stopping: asyncio.Event = asyncio.Event()
         self.stop_reason: StopReason | None = None
+        # The run's deadline (time.time()), set by the drive: a park wakes by then.
+        self.deadline: float | None = None
 
     # -- what the drive reports ------------------------------------------------------------
 
@@ -173,6 +180,9 @@ class Waits:
                 w.wake()
             return False  # the woken branches move; they wait again if they must
         soonest = min((w.not_before for w in waits if w.not_before is not None), default=None)
+        if self.deadline is not None:  # on the database's clock, as the waits' deadlines
+            due_at = now + (self.deadline - time.time())
+            soonest = due_at if soonest is None else min(soonest, due_at)
         if soonest is not None and soonest - now < PARK_MIN_S:
             return False  # its timer wakes it soon; parking would cost more
         children = [cid for w in waits if (cid := w.child_id) is not None]

@@ -1,9 +1,12 @@
 """SDK exceptions as Ratchet's retry classes.
 
 Rate limits, server errors (5xx), a conflict or a request timeout answered by the provider,
-and lost connections are ``llm`` (retried, a new attempt with a new key); the SDK's own
-timeouts are ``timeout``; any other 4xx is the request's fault and is not retried, with the
-provider's message in ``step_failed``.
+and lost connections are ``llm`` (retried); the SDK's own timeouts are ``timeout``; any other
+4xx is the request's fault and is not retried, with the provider's message in
+``step_failed``. A lost connection and a timeout leave the outcome unknown (the provider may
+have received the request, answered and billed it): their retry sends the same
+Idempotency-Key, so a provider that honours it answers from what it stored and bills once.
+Only an answer from the provider (any status) earns the next attempt a key of its own.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ def as_llm_error(provider: str, e: Exception) -> Exception:
     if isinstance(e, sdk.APITimeoutError):
         return LLMTimeout(f"{provider} {name}: the request timed out", provider=provider)
     if isinstance(e, sdk.APIConnectionError):
-        return LLMError(f"{provider} {name}: {e}", provider=provider)
+        return LLMError(f"{provider} {name}: {e}", provider=provider, outcome_unknown=True)
     if not isinstance(e, sdk.APIStatusError):
         return e
     status = int(e.status_code)

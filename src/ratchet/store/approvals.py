@@ -41,7 +41,8 @@ def approval_from_row(row: Any) -> Approval:
         name=row["name"], data=json.loads(row["data"]), root_run_id=row["root_run_id"],
         asked_at=row["asked_at"], deadline=row["deadline"], status=row["status"],
         decided_by=row["decided_by"], comment=row["comment"], decided_at=row["decided_at"],
-        parent_run_id=row["parent_run_id"], note=row["note"])
+        parent_run_id=row["parent_run_id"], note=row["note"],
+        grant=json.loads(row["granted"]) if row["granted"] is not None else None)
 
 
 def waiting_for(step_id: str) -> str:
@@ -105,6 +106,31 @@ def find(tx: Tx, run_id: str, step: str) -> Approval:
                        "name the step id")
 
 
+def granting(found: Approval, approved: bool, grant: dict[str, Any] | None
+             ) -> dict[str, Any] | None:
+    """What approving ``found`` grants: on a pause of a limit (a budget, ``max_steps``),
+    ``grant`` (limits to new values), else what the paused call needed for a budget (so the
+    next call over it pauses again) and no step limit for ``max_steps``. Nothing for a
+    rejection, nor for any other approval, which may not be given a grant."""
+    anomaly = found.data.get("anomaly") if isinstance(found.data, dict) else None
+    limit = anomaly.get("limit_key") if isinstance(anomaly, dict) else None
+    if grant is not None and (limit is None or not found.name.startswith("guard:")):
+        raise InvalidInput(f"approval {found.name!r} (run {found.run_id}, step "
+                           f"{found.step_id}) is not a guard's pause of a budget or of "
+                           "max_steps: it takes no grant")
+    if grant is not None and not approved:
+        raise InvalidInput("a rejection grants nothing: give a grant only when approving")
+    if not approved or limit is None or not isinstance(anomaly, dict):
+        return None
+    if grant is not None:
+        return grant
+    if anomaly.get("kind") == "excessive_steps":
+        return {"max_steps": None}
+    field = anomaly.get("limit_field")
+    needed = anomaly.get("needed", anomaly.get("used"))
+    return {field: needed} if isinstance(field, str) and needed is not None else None
+
+
 def _when(at: float | None) -> str:
     return datetime.fromtimestamp(at or 0, UTC).isoformat(timespec="seconds")
 
@@ -122,7 +148,8 @@ def not_pending(found: Approval) -> ApprovalNotPending:
 
 
 def decide(store: Store, tx: Tx, run_id: str, step: str, approved: bool, by: str,
-           comment: str | None, note: str | None = None) -> Approval:
+           comment: str | None, note: str | None = None,
+           grant: dict[str, Any] | None = None) -> Approval:
     rec = store._locked_run(tx, run_id)
     found = find(tx, run_id, step)
     if found.status != "pending":
@@ -131,9 +158,10 @@ def decide(store: Store, tx: Tx, run_id: str, step: str, approved: bool, by: str
         raise ApprovalNotPending(f"approval {found.name!r} (run {run_id}, step "
                                  f"{found.step_id}) is no longer pending: the run has "
                                  f"already {rec.status}; nothing changed")
+    granted = granting(found, approved, grant)
     params = {"run_id": run_id, "step_id": found.step_id, "attempt": found.attempt,
               "status": "approved" if approved else "rejected", "by": by, "comment": comment,
-              "note": note}
+              "note": note, "grant": dumps(granted) if granted is not None else None}
     if tx.run("approval_decide", params) != 1:
         # Deciders hold the run's row, but the lease holder claims a passed deadline
         # without it: the guarded update lost to that expiry.

@@ -956,14 +956,17 @@ class Store(ABC):
         return await self._run(lambda tx: approvals.expire(self, tx, lease, step_id, attempt))
 
     async def decide_approval(self, run_id: str, step: str, approved: bool, by: str,
-                              comment: str | None, note: str | None = None) -> Approval:
+                              comment: str | None, note: str | None = None,
+                              grant: dict[str, Any] | None = None) -> Approval:
         """Record a person's decision on a pending approval (``step``: its step id, or its
         name when that picks one) and wake the run; ``note``: a name the client gave
         beside the decider ``by``. Refused, with nothing written, for an unknown run or
         approval, one already decided (:class:`ApprovalAlreadyDecided`), timed out, or of
-        a finished run (:class:`ApprovalNotPending`)."""
+        a finished run (:class:`ApprovalNotPending`). ``grant`` (checked by the caller):
+        for a guard's pause of a limit, the limits approving it moves (see
+        :func:`ratchet.store.approvals.granting`)."""
         return await self._run(lambda tx: approvals.decide(self, tx, run_id, step, approved,
-                                                           by, comment, note))
+                                                           by, comment, note, grant))
 
     async def pending_approvals(self, run_id: str | None = None,
                                 limit: int = 100) -> list[Approval]:
@@ -1236,8 +1239,11 @@ class Store(ABC):
         for row in tx.all("runs_children_active", {"run_id": run_id}):
             self._cancel_locked(tx, self._locked_run(tx, row["run_id"]))
 
-    async def retry_dead(self, run_id: str) -> RunRecord:
-        """Re-queue a dead-lettered run; it resumes after its last completed step."""
+    async def retry_dead(self, run_id: str, grant: dict[str, Any] | None = None,
+                         by: str | None = None) -> RunRecord:
+        """Re-queue a dead-lettered run; it resumes after its last completed step, with its
+        limits as they were unless ``grant`` (checked by the caller) moves some; ``by``,
+        who retried it, is journaled in the ``run_queued`` event with the grant."""
 
         def body(tx: Tx) -> RunRecord:
             rec = self._locked_run(tx, run_id)
@@ -1245,7 +1251,12 @@ class Store(ABC):
                                                         {"run_id": run_id}) != 1:
                 raise NotDeadLettered(f"run {run_id} is {rec.status}, not dead-lettered")
             tx.one("lease_row_locked", {"run_id": run_id})
-            self._append_unowned(tx, run_id, EventKind.RUN_QUEUED, {"reason": "retry"})
+            payload: dict[str, Any] = {"reason": "retry"}
+            if by is not None:
+                payload["by"] = by
+            if grant is not None:
+                payload["grant"] = grant
+            self._append_unowned(tx, run_id, EventKind.RUN_QUEUED, payload)
             tx.send("run_requeue", {"run_id": run_id})
             self._announce(tx, READY)
             return record_from_row(tx.one("run_get", {"run_id": run_id}))

@@ -509,25 +509,28 @@ VALUES (%(run_id)s, %(step_id)s, %(attempt)s, %(name)s, %(data)s::jsonb, %(root_
 ON CONFLICT (run_id, step_id) DO UPDATE
 SET attempt = excluded.attempt, name = excluded.name, data = excluded.data,
     asked_at = excluded.asked_at, deadline = excluded.deadline, status = 'pending',
-    decided_by = NULL, comment = NULL, decided_at = NULL
+    decided_by = NULL, comment = NULL, decided_at = NULL, granted = NULL
 WHERE approvals.attempt < excluded.attempt
 
 -- name: approval_get
 SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
-       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, r.parent_run_id
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, a.granted,
+       r.parent_run_id
 FROM approvals a JOIN runs r ON r.run_id = a.run_id
 WHERE a.run_id = %(run_id)s AND a.step_id = %(step_id)s
 
 -- name: approvals_named
 SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
-       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, r.parent_run_id
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, a.granted,
+       r.parent_run_id
 FROM approvals a JOIN runs r ON r.run_id = a.run_id
 WHERE a.run_id = %(run_id)s AND a.name = %(name)s ORDER BY a.asked_at, a.step_id
 
 -- name: approval_decide
+-- grant is what approving a guard's pause lets the run go over to (migration 017).
 UPDATE approvals SET status = %(status)s, decided_by = %(by)s, comment = %(comment)s,
                      note = %(note)s,
-                     decided_at = ratchet_now()
+                     decided_at = ratchet_now(), granted = %(grant)s::jsonb
 WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND attempt = %(attempt)s
   AND status = 'pending'
 
@@ -540,7 +543,8 @@ WHERE run_id = %(run_id)s AND step_id = %(step_id)s AND attempt = %(attempt)s
 -- Pending approvals of unfinished runs, oldest first; with run_id, only that run's and
 -- those of the runs under it (its children, theirs, ...).
 SELECT a.run_id, a.step_id, a.attempt, a.name, a.data, a.root_run_id, a.asked_at,
-       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, r.parent_run_id
+       a.deadline, a.status, a.decided_by, a.comment, a.decided_at, a.note, a.granted,
+       r.parent_run_id
 FROM approvals a JOIN runs r ON r.run_id = a.run_id
 WHERE a.status = 'pending' AND r.status NOT IN ('succeeded', 'failed', 'cancelled')
   AND (%(run_id)s::text IS NULL OR a.run_id = %(run_id)s OR a.root_run_id = %(run_id)s
