@@ -41,6 +41,8 @@ class Outcome:
     error_param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     drop: bool = False
+    # A stream that pauses: (events sent first, seconds before the rest).
+    stall: tuple[int, float] | None = None
 
 
 def new_id(prefix: str) -> str:

@@ -123,7 +123,8 @@ def respond(path: str, outcome: Outcome) -> Response:
                "request-id" if anthropic else "x-request-id": outcome.request_id}
     answer = outcome.answer
     if answer is not None and answer.events is not None:
-        return StreamingResponse(_stream(answer.events), media_type="text/event-stream",
+        return StreamingResponse(_stream(answer.events, outcome.stall),
+                                 media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     if answer is not None:
         return JSONResponse(answer.body, headers=headers)
@@ -140,8 +141,11 @@ def respond(path: str, outcome: Outcome) -> Response:
     return JSONResponse(body, status_code=outcome.status, headers=headers)
 
 
-async def _stream(events: tuple[bytes, ...]) -> AsyncIterator[bytes]:
-    for event in events:
+async def _stream(events: tuple[bytes, ...], stall: tuple[int, float] | None
+                  ) -> AsyncIterator[bytes]:
+    for n, event in enumerate(events):
+        if stall is not None and n == stall[0]:
+            await asyncio.sleep(stall[1])
         yield event
 
 
