@@ -170,6 +170,49 @@ def test_a_stream_the_workflow_stops_reading_ends_its_step_before_the_next_one(
     assert len(server.requests()) == 1
 
 
+def test_a_stream_that_breaks_after_chunks_completes_with_them_and_fails_after_them_on_replay(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    server = LocalProvider({"rules": [{"match": {}, "reply": {"text": LONG}}]})
+    server.fail("cut", after_events=3)  # three chunks, then the connection is closed
+    seen: list[list[Any]] = []
+    with serve(server) as base:
+        oai, _ = clients(base)
+        app = make_app()
+
+        @app.step()
+        async def note(n: int) -> int:
+            return n
+
+        @app.workflow()
+        async def reader() -> list[Any]:
+            stream = await oai.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True)
+            got: list[str] = []
+            try:
+                async for chunk in stream:
+                    got.append(chunk.choices[0].delta.content or "")
+            except ratchet.LLMError as e:
+                got.append(f"error: {e}")
+            seen.append(got)
+            await note(len(got))
+            await ratchet.wait_for_signal("go")
+            return got
+
+        app.launch()
+        run_id = app.start(reader)
+        out = park_then_resume(app, run_id)
+    first, replayed = seen
+    assert replayed == first == out
+    assert out[:3] == ["", LONG[:16], LONG[16:32]] and out[3].startswith("error: ")
+    assert "the stream broke after 3 chunks" in out[3]
+    [completed] = [e for e in events(app, run_id)
+                   if e.kind == "step_completed" and e.step_id == CHAT_STEP]
+    assert completed.payload["output"]["complete"] is False
+    assert completed.payload["llm"]["usage_estimated"] is True
+    assert not [e for e in events(app, run_id) if e.kind in ("step_failed", "step_retrying")]
+    assert len(server.requests()) == 1  # not sent again: the workflow had seen its chunks
+
+
 def test_a_stream_still_held_when_the_workflow_goes_on_is_read_to_its_end_first(
         make_app: Callable[..., ratchet.Ratchet]) -> None:
     server = LocalProvider({"rules": [{"match": {}, "reply": {"text": LONG}}]})

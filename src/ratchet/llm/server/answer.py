@@ -43,6 +43,8 @@ class Outcome:
     drop: bool = False
     # A stream that pauses: (events sent first, seconds before the rest).
     stall: tuple[int, float] | None = None
+    # A stream whose connection is closed after this many events.
+    cut_after: int | None = None
 
 
 def new_id(prefix: str) -> str:

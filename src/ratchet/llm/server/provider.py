@@ -85,6 +85,7 @@ class LocalProvider:
         ``"429"`` (with a ``retry-after`` header when given), ``"500"``, ``"slow"``
         (answers after ``delay_s``), ``"drop"`` (billed, then the connection is closed
         unanswered), ``"stall"`` (a stream pauses ``delay_s`` after its first
+        ``after_events`` events), ``"cut"`` (a stream's connection is closed after its first
         ``after_events`` events). Raises :class:`ScriptError` naming a bad argument."""
         self.add_fault(fault_spec(kind=kind, times=times, retry_after=retry_after,
                                   delay_s=delay_s, after_events=after_events,
@@ -161,9 +162,12 @@ class LocalProvider:
             return done(_faulted(fault, entry["request_id"]))
         drop = fault is not None and fault.kind == "drop"
         stall: tuple[int, float] | None = None
+        cut: int | None = None
+        after = 1 if fault is None or fault.after_events is None else fault.after_events
         if fault is not None and fault.kind == "stall" and getattr(request, "stream", False):
-            stall = (1 if fault.after_events is None else fault.after_events,
-                     fault.delay_s or 0.0)
+            stall = (after, fault.delay_s or 0.0)
+        if fault is not None and fault.kind == "cut":
+            cut = after
         delay = fault.delay_s if fault is not None and stall is None else None
 
         claim: Claim | None = None
@@ -181,7 +185,7 @@ class LocalProvider:
                              output_tokens=usage.output_tokens)
                 return done(Outcome(200, entry["request_id"], answer=found.answer,
                                     headers={"Idempotent-Replayed": "true"}, drop=drop,
-                                    stall=stall))
+                                    stall=stall, cut_after=cut))
             claim = found
         try:
             if delay:
@@ -195,7 +199,8 @@ class LocalProvider:
             self._keys.store(claim, answer)
         entry.update(billed=True, input_tokens=answer.usage.input_tokens,
                      output_tokens=answer.usage.output_tokens)
-        return done(Outcome(200, entry["request_id"], answer=answer, drop=drop, stall=stall))
+        return done(Outcome(200, entry["request_id"], answer=answer, drop=drop, stall=stall,
+                            cut_after=cut))
 
     async def _claim(self, key: str, print_: str) -> Claim | Replay | Conflict:
         """Claim the key, or find its stored answer or a conflict; a duplicate in flight
