@@ -157,4 +157,11 @@ def build(url: str, *, lease_ttl: float | None = None,
 
 
 if __name__ == "__main__":
+    # The agents' libraries, imported before the worker starts: imported by the first run,
+    # they would hold its event loop, and so its lease renewals, for seconds.
+    import fastmcp.client  # noqa: F401
+    import openai  # noqa: F401
+    import pydantic_ai.mcp  # noqa: F401
+    import pydantic_ai.models.openai  # noqa: F401
+
     main(build)
