@@ -161,7 +161,7 @@ if __name__ == "__main__":
     # they would hold its event loop, and so its lease renewals, for seconds.
     import fastmcp.client  # noqa: F401
     import openai  # noqa: F401
-    import pydantic_ai.mcp  # noqa: F401
+    import pydantic_ai.mcp
     import pydantic_ai.models.openai  # noqa: F401
 
     main(build)
