@@ -153,9 +153,14 @@ class _Live:
         self._task = asyncio.ensure_future(self.ctx.run_step(
             self.sd, (self.sink,), dict(self.kwargs), self.step_id, self.journaled,
             self.started))
-        self._task.add_done_callback(lambda _: self.wake())
+        self._task.add_done_callback(self._done)
         if self.journaled is None or self.journaled.status != "completed":
             self.ctx.hold(self)
+
+    def _done(self, _: object) -> None:
+        # The step's end is in the journal's chain (emitted before its task returned).
+        self.ctx.release(self)
+        self.wake()
 
     def _read_output(self, output: Any) -> None:
         if self.sink.ran:  # read live: every chunk the journal holds arrived here
