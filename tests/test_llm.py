@@ -206,7 +206,10 @@ def test_a_stream_passes_chunks_through_and_replays_the_journaled_response(
     assert seen == [out, out]  # the replay saw the same text, rebuilt from the journal
     assert server.stats()["billed_calls"] == 2 and len(server.requests()) == 2
     completed = llm_steps(app, run_id, "step_completed")
-    assert completed[0].payload["output"]["choices"][0]["message"]["content"] == out[0]
+    # The response the chunks assemble into, and what it takes to cut it into them again.
+    output = completed[0].payload["output"]
+    assert output["response"]["choices"][0]["message"]["content"] == out[0]
+    assert output["complete"] is True and output["chunks"]["runs"]
     assert completed[0].payload["llm"]["usage"]["output_tokens"] > 0
     assert completed[1].payload["llm"]["usage"]["output_tokens"] > 0
 

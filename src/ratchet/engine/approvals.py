@@ -86,6 +86,7 @@ def approve_then_call(ctx: RunContext, sd: StepDef, name: str, data: Any,
 
 async def run_approval(ctx: RunContext, step_id: str, step: StepState | None, name: str,
                        data: Any, timeout_s: float | None) -> Decision:
+    await ctx.close_held()
     if step is not None and step.status in ("completed", "failed"):
         await ctx.replayed(step)
         if step.status == "completed":

@@ -6,7 +6,7 @@ import contextvars
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ratchet.errors import RatchetError
 
@@ -34,11 +34,30 @@ class StepInfo:
         return f"#{next(self._deliveries)}"
 
 
+class HeldStep(Protocol):
+    """A step the workflow holds open while it reads it (a stream): it ends before the
+    branch that opened it journals anything else (``RunContext.close_held``)."""
+
+    #: The workflow has let it go (closed it, or dropped its iterator).
+    released: bool
+
+    async def end(self, *, workflow_done: bool) -> None:
+        """End the step (``workflow_done``: the workflow returned or raised) and return
+        once its end is journaled."""
+        ...
+
+
 current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
     "ratchet_run", default=None
 )
 current_step_info: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
     "ratchet_step", default=None
+)
+# The held steps this branch of the workflow opened. A branch started afterwards (a task,
+# asyncio.gather) copies the context, and so counts them as its own; one started earlier
+# does not see them.
+held_here: contextvars.ContextVar[tuple[HeldStep, ...]] = contextvars.ContextVar(
+    "ratchet_held", default=()
 )
 
 

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
 from ratchet.engine import tracing
-from ratchet.engine.context import StepInfo, current_run, current_step_info
+from ratchet.engine.context import HeldStep, StepInfo, current_run, current_step_info, held_here
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, to_json
 from ratchet.engine.drive_store import DriveStore
@@ -157,6 +157,7 @@ class RunContext:
         self._stepping: set[asyncio.Task[Any]] = set()  # branches inside step code
         self._abandoned: list[StepJob] = []  # threads of `def` steps nobody waits for
         self._deadline_timer: asyncio.TimerHandle | None = None
+        self._held: set[HeldStep] = set()  # steps held open while the workflow reads them
         self.guards = RunGuards(self)
 
     # -- progress and stops ----------------------------------------------------------------
@@ -427,6 +428,29 @@ class RunContext:
             return cls(step.error or "")
         return StepFailed(step.step_id, step.error or "failed")
 
+    # -- steps held open ---------------------------------------------------------------------
+
+    def hold(self, step: HeldStep) -> None:
+        """``step`` stays open while the workflow reads it (a stream): until it is read to
+        its end or let go, and at the latest until this branch journals anything else."""
+        self._held.add(step)
+        held_here.set((*held_here.get(), step))
+
+    def release(self, step: HeldStep) -> None:
+        """``step`` has ended (its end is journaled)."""
+        self._held.discard(step)
+
+    async def close_held(self, workflow_done: bool = False) -> None:
+        """The workflow is about to journal something: first end the held steps this branch
+        opened and those the workflow let go (all of them once ``workflow_done``), and wait
+        until their ends are journaled, so that no step's end comes after a later step's
+        start. A branch started before a stream was opened goes on beside it."""
+        if not self._held:
+            return
+        mine = held_here.get()
+        for step in [s for s in self._held if workflow_done or s.released or s in mine]:
+            await step.end(workflow_done=workflow_done)
+
     # -- steps -----------------------------------------------------------------------------
 
     def call_step(self, sd: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -441,6 +465,8 @@ class RunContext:
                        started: dict[str, Any] | None = None) -> Any:
         """Run one journaled step: its saved outcome if the journal has one, else its code,
         under its retry policy. ``started`` adds fields to its ``step_started`` events."""
+        if self._held:
+            await self.close_held()
         guards = self.guards
         if self.state.paused_at:
             await guards.replay_pauses(step_id)
@@ -665,6 +691,8 @@ class RunContext:
             await self.waits.wait(waiting_for, until, now)
 
     async def sleep(self, seconds: float) -> None:
+        if self._held:
+            await self.close_held()
         step_id, step = self.next_step("sleep")
         if step is not None and step.status == "completed":
             await self.replayed(step)
@@ -680,6 +708,8 @@ class RunContext:
         self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": None})
 
     async def wait_for_signal(self, name: str, timeout_s: float | None) -> Any:
+        if self._held:
+            await self.close_held()
         step_id, step = self.next_step(f"signal:{name}")
         if step is not None and step.status in ("completed", "failed"):
             await self.replayed(step)
@@ -717,6 +747,8 @@ class RunContext:
 
     async def child(self, wf: WorkflowDef, args: tuple[Any, ...], kwargs: dict[str, Any],
                     queue: str | None) -> Any:
+        if self._held:
+            await self.close_held()
         step_id, step = self.next_step(f"child:{wf.name}")
         if step is not None and step.status in ("completed", "failed"):
             await self.replayed(step)
@@ -808,6 +840,8 @@ class RunContext:
                 self.guards.configure(wf.guards or DEFAULT_GUARDS, self.state.guards)
                 args, kwargs = wf.call_args(rec.input)
                 result = await wf.fn(*args, **kwargs)
+                if self._held:  # streams still open end before the run does
+                    await self.close_held(workflow_done=True)
                 self.check_complete_replay()
                 output = json.loads(to_json(result, f"the result of workflow {rec.workflow}"))
             except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused, RunFinished):
@@ -817,6 +851,8 @@ class RunContext:
                     raise  # not asked for: the task itself is being cancelled
                 raise Stopped(self.control.reason) from None
             except BaseException as e:
+                if self._held:
+                    await self.close_held(workflow_done=True)
                 await self._close_branches()
                 reason = _dead_letter_reason(e)
                 error = error_text(e) if not isinstance(e, StepFailed) else str(e)

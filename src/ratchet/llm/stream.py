@@ -1,20 +1,38 @@
-"""``create(stream=True)`` in a workflow: the provider's chunks reach the caller as they
-arrive, the assembled response is journaled as the step's output, and a replay (the step
-completed in an earlier drive) yields chunks rebuilt from that response, without calling
-the provider.
+"""``create(stream=True)`` in a workflow: the provider's chunks reach the workflow as they
+arrive, and the step journals them (compactly, :mod:`ratchet.llm.chunks`) with the
+response they assemble into and its usage; a replay yields the same chunks, boundary for
+boundary, without calling the provider.
+
+A stream is one step that stays open while the workflow reads it. It ends, and its
+``step_completed`` is journaled, before anything else of the workflow is:
+
+- read to its end, it completes with the whole answer and the usage the provider reported;
+- let go (``break`` or an exception out of ``async for``, ``aclose()``, leaving
+  ``async with``), the provider's stream is closed at once and the step completes with what
+  had arrived, the usage the provider had reported or, where it had not yet, an estimate
+  (``usage_estimated`` in its llm meta);
+- still held when the workflow goes on to its next step (an iterator kept and read later),
+  the rest of the answer is read first, so the stream's end comes before that step.
+
+A stream that breaks after chunks arrived completes too, with what arrived and the error:
+the workflow's ``async for`` raises :class:`ratchet.LLMError` after those chunks, on the
+first drive and on every replay alike.
 """
 
 from __future__ import annotations
 
 import asyncio
-import copy
-import importlib
-import json
-from collections.abc import AsyncIterator, Iterator
+import contextlib
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from ratchet.errors import LLMError
-from ratchet.llm.endpoints import CHAT, MESSAGES, RESPONSES, Endpoint
+from ratchet.llm import chunks
+from ratchet.llm.assemble import ASSEMBLERS, canonical, sdk_chunk
+from ratchet.llm.endpoints import CHAT, Endpoint
+from ratchet.llm.prices import Usage
+from ratchet.llm.sdk_errors import as_llm_error
+from ratchet.llm.worst_case import CHARS_PER_TOKEN, worst_case
 
 if TYPE_CHECKING:
     from ratchet.engine.definitions import StepDef
@@ -24,300 +42,274 @@ if TYPE_CHECKING:
 
 class DurableStream:
     """What ``await create(..., stream=True)`` returns in a workflow: iterate it (``async
-    for``) as the SDK's stream, optionally inside ``async with``."""
+    for``) as the SDK's stream, optionally inside ``async with``; ``aclose()`` (or
+    ``close()``) ends it early."""
 
     def __init__(self, ctx: RunContext, sd: StepDef, endpoint: Endpoint,
                  kwargs: dict[str, Any], step_id: str, journaled: StepState | None,
                  started: dict[str, Any]) -> None:
-        self._ctx, self._sd, self._endpoint = ctx, sd, endpoint
-        self._step_id, self._journaled, self._started = step_id, journaled, started
-        self._kwargs = dict(kwargs)
+        kwargs = dict(kwargs)
         # OpenAI chat reports usage in a last chunk only when asked; it is asked for here,
         # so that the journal has it, and that chunk reaches the caller only if they asked.
-        self._hide_usage_chunk = False
+        hide_usage = False
         if endpoint is CHAT and not (kwargs.get("stream_options") or {}).get("include_usage"):
-            self._kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}),
-                                              "include_usage": True}
-            self._hide_usage_chunk = True
+            kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}),
+                                        "include_usage": True}
+            hide_usage = True
+        self._live = _Live(ctx, sd, endpoint, kwargs, step_id, journaled, started, hide_usage)
         self._iterating = False
 
-    def __aiter__(self) -> AsyncIterator[Any]:
+    def __aiter__(self) -> _Reader:
         if self._iterating:
-            raise LLMError(f"{self._endpoint.name}: a stream can be iterated once")
+            raise LLMError(f"{self._live.endpoint.name}: a stream can be iterated once")
         self._iterating = True
-        return self._chunks()
+        return _Reader(self._live)
 
     async def __aenter__(self) -> DurableStream:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        return None
+        await self.aclose()
 
-    async def _chunks(self) -> AsyncIterator[Any]:
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        sink = _Sink(queue, self._endpoint)
-        task = asyncio.ensure_future(self._ctx.run_step(
-            self._sd, (sink,), dict(self._kwargs), self._step_id, self._journaled,
-            self._started))
-        passed = 0
-        try:
-            while not (task.done() and queue.empty()):
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
+    async def aclose(self) -> None:
+        """Stop reading: the step completes now with what has arrived."""
+        self._live.released = True
+        await self._live.end(workflow_done=False)
+
+    close = aclose  # the SDKs' streams are closed with close()
+
+
+class _Reader:
+    """The iterator over a stream's chunks. When the workflow drops it (``break``, an
+    exception out of ``async for``), the stream is let go."""
+
+    def __init__(self, live: _Live) -> None:
+        self._live = live
+
+    def __aiter__(self) -> _Reader:
+        return self
+
+    async def __anext__(self) -> Any:
+        return await self._live.next()
+
+    async def aclose(self) -> None:
+        self._live.released = True
+        await self._live.end(workflow_done=False)
+
+    def __del__(self) -> None:
+        self._live.let_go()
+
+
+class _Live:
+    """One stream's step: started on the first read, held open (``RunContext.hold``) while
+    the workflow reads it, ended by :meth:`end`."""
+
+    def __init__(self, ctx: RunContext, sd: StepDef, endpoint: Endpoint,
+                 kwargs: dict[str, Any], step_id: str, journaled: StepState | None,
+                 started: dict[str, Any], hide_usage: bool) -> None:
+        self.ctx, self.sd, self.endpoint, self.kwargs = ctx, sd, endpoint, kwargs
+        self.step_id, self.journaled, self.started = step_id, journaled, started
+        self.hide_usage = hide_usage
+        self.released = False  # the workflow let the stream go (see RunContext.close_held)
+        self.sink = Sink(self)
+        self.arrived: deque[Any] = deque()
+        self._task: asyncio.Task[Any] | None = None
+        # The chunks the journal holds beyond those that arrived here, read from the step's
+        # output once its task is done: all of them on a replay, none after a live read.
+        self._journaled_chunks: deque[dict[str, Any]] | None = None
+        self._error: str | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    # -- reading -------------------------------------------------------------------------
+
+    async def next(self) -> Any:
+        while True:
+            if self._task is None:
+                self._start()
+            assert self._task is not None
+            if self.arrived:
+                chunk = self.arrived.popleft()
+                if self.hide_usage and _usage_only(chunk):
                     continue
-                chunk = getter.result()
-                passed += 1
-                if not (self._hide_usage_chunk and _usage_only(chunk)):
-                    yield chunk
-            body = task.result()  # the step's outcome: its failure is raised here
+                return chunk
+            if not self._task.done():
+                await self._wait()
+                continue
+            if self._journaled_chunks is None:
+                self._read_output(self._task.result())  # the step's failure is raised here
+            assert self._journaled_chunks is not None
+            if self._journaled_chunks:
+                chunk = sdk_chunk(self.endpoint, self._journaled_chunks.popleft())
+                if self.hide_usage and _usage_only(chunk):
+                    continue
+                return chunk
+            if self._error is not None:
+                raise LLMError(self._error, provider=self.endpoint.provider)
+            raise StopAsyncIteration
+
+    def _start(self) -> None:
+        # The step's task runs in a copy of the workflow's context taken now, before the
+        # stream is held: its own step boundary does not end it.
+        self._task = asyncio.ensure_future(self.ctx.run_step(
+            self.sd, (self.sink,), dict(self.kwargs), self.step_id, self.journaled,
+            self.started))
+        self._task.add_done_callback(self._done)
+        if self.journaled is None or self.journaled.status != "completed":
+            self.ctx.hold(self)
+
+    def _done(self, _: object) -> None:
+        # The step's end is in the journal's chain (emitted before its task returned).
+        self.ctx.release(self)
+        self.wake()
+
+    def _read_output(self, output: Any) -> None:
+        if self.sink.ran:  # read live: every chunk the journal holds arrived here
+            self._journaled_chunks, self._error = deque(), self.sink.error
+        elif isinstance(output, dict) and "chunks" in output and "response" in output:
+            self._journaled_chunks = deque(chunks.decode(output["chunks"], output["response"]))
+            self._error = output.get("error")
+        else:  # journaled by a Ratchet that kept the response alone
+            self._journaled_chunks = deque(
+                c.to_dict() if hasattr(c, "to_dict") else dict(c)
+                for c in canonical(self.endpoint, output, usage=True))
+
+    def wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def _wait(self) -> None:
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
         finally:
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        if passed == 0:  # completed in an earlier drive: the journaled response again
-            for chunk in replay(self._endpoint, body, usage=not self._hide_usage_chunk):
-                yield chunk
+            self._waiter = None
 
+    # -- ending --------------------------------------------------------------------------
 
-class _Sink:
-    """Where a streaming step's attempt puts the chunks it receives."""
+    def let_go(self) -> None:
+        """The workflow dropped the iterator: stop reading the provider. The step's end is
+        journaled by its own task, and waited for at the workflow's next step boundary."""
+        if self._task is None or self._task.done() or self.released:
+            return
+        self.released = True
+        try:
+            loop = self._task.get_loop()
+            loop.call_soon_threadsafe(self.sink.stop)
+        except RuntimeError:  # the loop is closed: the drive is over
+            pass
 
-    def __init__(self, queue: asyncio.Queue[Any], endpoint: Endpoint) -> None:
-        self._queue, self._endpoint = queue, endpoint
-
-    def assembler(self) -> Assembler:
-        return _ASSEMBLERS[self._endpoint.name]()
-
-    async def put(self, chunk: Any) -> None:
-        await self._queue.put(chunk)
+    async def end(self, *, workflow_done: bool) -> None:
+        """End the step now (the stream was let go, or the workflow is over) or once the
+        rest of the answer has arrived (the workflow goes on while it still holds the
+        stream); return once its end is journaled."""
+        task = self._task
+        if task is None:
+            return
+        if self.released or workflow_done:
+            self.sink.stop()
+        try:
+            # Shielded: a workflow cancelled while it waits here does not abandon the
+            # stream's step, whose end is journaled all the same.
+            await asyncio.shield(task)
+        except Exception:
+            pass  # journaled as the step's failure; a reader still there gets it next
+        finally:
+            self.ctx.release(self)
 
 
 def _usage_only(chunk: Any) -> bool:
     return not getattr(chunk, "choices", None) and getattr(chunk, "usage", None) is not None
 
 
-def _dict(chunk: Any) -> dict[str, Any]:
-    data: dict[str, Any] = chunk.to_dict() if hasattr(chunk, "to_dict") else dict(chunk)
-    return data
+class Sink:
+    """What a streaming step's attempt reads the provider's stream into: the response it
+    assembles, the chunk log the journal keeps, and the chunks for the workflow."""
 
-
-class Assembler:
-    """Builds the response body a stream amounts to, chunk by chunk."""
-
-    def __init__(self) -> None:
+    def __init__(self, live: _Live) -> None:
+        self._live = live
         self.count = 0
+        self._chunks: list[dict[str, Any]] = []
+        self._assembler = ASSEMBLERS[live.endpoint.name]()
+        self._stopped = False
+        self._pump: asyncio.Task[None] | None = None
+        self.complete = False
+        self.ran = False  # an attempt read the provider's stream in this drive
+        self.error: str | None = None
 
-    def add(self, chunk: Any) -> None:
-        self.count += 1
-        self.take(_dict(chunk))
+    def stop(self) -> None:
+        """Stop reading the provider's stream (the workflow let it go)."""
+        self._stopped = True
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
 
-    def take(self, d: dict[str, Any]) -> None:
-        raise NotImplementedError
+    async def read(self, stream: Any) -> None:
+        """Read ``stream`` (the SDK's) to its end, or until :meth:`stop`. An attempt starts
+        afresh: what an earlier attempt read is not the answer."""
+        self.count, self._chunks = 0, []
+        self._assembler = ASSEMBLERS[self._live.endpoint.name]()
+        self.complete, self.error, self.ran = False, None, True
+        try:
+            if self._stopped:
+                return
+            self._pump = asyncio.ensure_future(self._read_all(stream))
+            try:
+                await self._pump
+                self.complete = True
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not self._stopped or (task is not None and task.cancelling()):
+                    raise  # cancelled from outside (a timeout, the drive stopping)
+            except Exception as e:
+                if not self.count:
+                    raise  # nothing arrived: the step's retry policy decides
+                error = as_llm_error(self._live.endpoint.provider, e)
+                self.error = (f"{self._live.endpoint.name}: the stream broke after "
+                              f"{self.count} chunks: {type(error).__name__}: {error}")
+        finally:
+            if not self.complete:
+                with contextlib.suppress(Exception):
+                    await stream.close()
 
-    def body(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class ChatAssembler(Assembler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.head: dict[str, Any] = {}
-        self.usage: Any = None
-        self.choices: dict[int, dict[str, Any]] = {}
-        self.tools: dict[int, dict[int, dict[str, Any]]] = {}
-
-    def take(self, d: dict[str, Any]) -> None:
-        for key in ("id", "created", "model", "system_fingerprint", "service_tier"):
-            if d.get(key) is not None:
-                self.head[key] = d[key]
-        if d.get("usage") is not None:
-            self.usage = d["usage"]
-        for c in d.get("choices") or []:
-            index = c.get("index", 0)
-            choice = self.choices.setdefault(index, {
-                "index": index, "finish_reason": None, "logprobs": None,
-                "message": {"role": "assistant", "content": None}})
-            message = choice["message"]
-            delta = c.get("delta") or {}
-            if delta.get("role"):
-                message["role"] = delta["role"]
-            for key in ("content", "refusal"):
-                if delta.get(key):
-                    message[key] = (message.get(key) or "") + delta[key]
-            for tc in delta.get("tool_calls") or []:
-                slot = self.tools.setdefault(index, {}).setdefault(tc.get("index", 0), {
-                    "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
-                if tc.get("id"):
-                    slot["id"] = tc["id"]
-                fn = tc.get("function") or {}
-                slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
-            if c.get("finish_reason"):
-                choice["finish_reason"] = c["finish_reason"]
-
-    def body(self) -> dict[str, Any]:
-        choices = []
-        for index in sorted(self.choices):
-            choice = self.choices[index]
-            calls = self.tools.get(index)
-            if calls:
-                choice["message"]["tool_calls"] = [calls[i] for i in sorted(calls)]
-            choices.append(choice)
-        return {**self.head, "object": "chat.completion", "choices": choices,
-                "usage": self.usage}
-
-
-class MessagesAssembler(Assembler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.message: dict[str, Any] = {}
-        self.blocks: dict[int, dict[str, Any]] = {}
-        self.partial: dict[int, str] = {}
-
-    def take(self, d: dict[str, Any]) -> None:
-        kind = d.get("type")
-        if kind == "message_start":
-            self.message = d["message"]
-        elif kind == "content_block_start":
-            self.blocks[d["index"]] = block = dict(d["content_block"])
-            if block.get("type") in ("tool_use", "server_tool_use"):
-                self.partial[d["index"]] = ""
-        elif kind == "content_block_delta":
-            block, delta = self.blocks[d["index"]], d["delta"]
-            dt = delta.get("type")
-            if dt == "text_delta":
-                block["text"] = block.get("text", "") + delta["text"]
-            elif dt == "input_json_delta":
-                self.partial[d["index"]] += delta.get("partial_json", "")
-            elif dt == "thinking_delta":
-                block["thinking"] = block.get("thinking", "") + delta["thinking"]
-            elif dt == "signature_delta":
-                block["signature"] = delta["signature"]
-            elif dt == "citations_delta":
-                block.setdefault("citations", []).append(delta["citation"])
-        elif kind == "content_block_stop":
-            if d["index"] in self.partial:
-                text = self.partial.pop(d["index"])
-                self.blocks[d["index"]]["input"] = json.loads(text) if text else {}
-        elif kind == "message_delta":
-            for key, value in (d.get("delta") or {}).items():
-                self.message[key] = value
-            usage = dict(self.message.get("usage") or {})
-            usage.update({k: v for k, v in (d.get("usage") or {}).items() if v is not None})
-            self.message["usage"] = usage
+    async def _read_all(self, stream: Any) -> None:
+        live = self._live
+        async for chunk in stream:
+            d = chunk.to_dict(mode="json") if hasattr(chunk, "to_dict") else dict(chunk)
+            self._assembler.take(d)
+            self._chunks.append(d)
+            self.count += 1
+            live.arrived.append(chunk)
+            live.wake()
 
     def body(self) -> dict[str, Any]:
-        return {**self.message, "content": [self.blocks[i] for i in sorted(self.blocks)]}
+        """The response: whole, or as far as it came."""
+        return self._assembler.body()
 
+    def output(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The step's journaled output: the response, its chunks, whether it came whole."""
+        assembler = self._assembler
+        out: dict[str, Any] = {
+            "response": body,
+            "chunks": chunks.encode(self._chunks, body, assembler.texts, assembler.counters),
+            "complete": self.complete and self.error is None}
+        if self.error is not None:
+            out["error"] = self.error
+        return out
 
-class ResponsesAssembler(Assembler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.response: dict[str, Any] | None = None
-
-    def take(self, d: dict[str, Any]) -> None:
-        if d.get("type") in ("response.completed", "response.incomplete", "response.failed"):
-            self.response = d["response"]
-
-    def body(self) -> dict[str, Any]:
-        if self.response is None:
-            raise LLMError("openai.responses.create: the stream ended before the response "
-                           "did", provider="openai")
-        return self.response
-
-
-_ASSEMBLERS: dict[str, type[Assembler]] = {
-    CHAT.name: ChatAssembler, MESSAGES.name: MessagesAssembler,
-    RESPONSES.name: ResponsesAssembler,
-}
-
-
-# -- replay ------------------------------------------------------------------------------
-
-
-def replay(endpoint: Endpoint, body: dict[str, Any], *, usage: bool) -> Iterator[Any]:
-    """The SDK's stream objects for a journaled response, as a stream would have brought it."""
-    if endpoint is CHAT:
-        yield from _chat_chunks(body, usage)
-    elif endpoint is MESSAGES:
-        yield from _message_events(body)
-    elif endpoint is RESPONSES:
-        yield from _response_events(body)
-
-
-def _chat_chunks(body: dict[str, Any], usage: bool) -> Iterator[Any]:
-    from openai.types.chat import ChatCompletionChunk
-
-    head = {k: body[k] for k in ("id", "created", "model", "system_fingerprint", "service_tier")
-            if k in body}
-    for choice in body.get("choices") or []:
-        message = choice.get("message") or {}
-        delta = {k: message[k] for k in ("role", "content", "refusal") if message.get(k)}
-        calls = message.get("tool_calls")
-        if calls:
-            delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(calls)]
-        yield ChatCompletionChunk.construct(**head, object="chat.completion.chunk", choices=[{
-            "index": choice.get("index", 0), "delta": delta,
-            "finish_reason": choice.get("finish_reason"), "logprobs": None}])
-    if usage and body.get("usage") is not None:
-        yield ChatCompletionChunk.construct(**head, object="chat.completion.chunk", choices=[],
-                                            usage=body["usage"])
-
-
-def _message_events(body: dict[str, Any]) -> Iterator[Any]:
-    types = importlib.import_module("anthropic.types")
-    usage = dict(body.get("usage") or {})
-    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {**usage, "output_tokens": 0}}
-    yield types.RawMessageStartEvent.construct(type="message_start", message=start)
-    for index, block in enumerate(body.get("content") or []):
-        kind = block.get("type")
-        empty = copy.deepcopy(block)
-        delta: dict[str, Any] | None = None
-        if kind == "text":
-            empty["text"], delta = "", {"type": "text_delta", "text": block.get("text", "")}
-        elif kind in ("tool_use", "server_tool_use"):
-            empty["input"] = {}
-            delta = {"type": "input_json_delta", "partial_json": json.dumps(block.get("input"))}
-        elif kind == "thinking":
-            empty["thinking"] = ""
-            delta = {"type": "thinking_delta", "thinking": block.get("thinking", "")}
-        yield types.RawContentBlockStartEvent.construct(type="content_block_start", index=index,
-                                                        content_block=empty)
-        if delta is not None:
-            yield types.RawContentBlockDeltaEvent.construct(type="content_block_delta",
-                                                            index=index, delta=delta)
-        yield types.RawContentBlockStopEvent.construct(type="content_block_stop", index=index)
-    yield types.RawMessageDeltaEvent.construct(
-        type="message_delta", usage={"output_tokens": usage.get("output_tokens", 0)},
-        delta={"stop_reason": body.get("stop_reason"),
-               "stop_sequence": body.get("stop_sequence")})
-    yield types.RawMessageStopEvent.construct(type="message_stop")
-
-
-def _response_events(body: dict[str, Any]) -> Iterator[Any]:
-    from openai._models import construct_type
-    from openai.types.responses import ResponseStreamEvent
-
-    seq = iter(range(1_000_000))
-
-    def event(**d: Any) -> Any:
-        return construct_type(type_=ResponseStreamEvent, value={**d, "sequence_number": next(seq)})
-
-    yield event(type="response.created",
-                response={**body, "status": "in_progress", "output": []})
-    for index, item in enumerate(body.get("output") or []):
-        yield event(type="response.output_item.added", output_index=index,
-                    item={**item, "content": []} if item.get("type") == "message" else item)
-        for part_index, part in enumerate(item.get("content") or []):
-            if part.get("type") == "output_text":
-                yield event(type="response.output_text.delta", item_id=item.get("id"),
-                            output_index=index, content_index=part_index,
-                            delta=part.get("text", ""), logprobs=[])
-                yield event(type="response.output_text.done", item_id=item.get("id"),
-                            output_index=index, content_index=part_index,
-                            text=part.get("text", ""), logprobs=[])
-        yield event(type="response.output_item.done", output_index=index, item=item)
-    yield event(type="response.completed", response=body)
+    def usage(self, body: dict[str, Any], kwargs: dict[str, Any]) -> Usage | None:
+        """The call's usage where the provider did not report all of it (a stream cut
+        short): what it reported, the rest estimated as the budgets estimate (the prompt's
+        JSON, the answer's text, at :data:`CHARS_PER_TOKEN` characters a token). None when
+        the reported usage is whole."""
+        if self._assembler.usage_final:
+            return None
+        reported = self._live.endpoint.usage(body)
+        prompt, _ = worst_case((), {**kwargs, "max_tokens": 0})
+        chars = sum(len(str(text)) for d in self._chunks
+                    for where, _of in self._assembler.texts(d)
+                    if isinstance(text := chunks.get(d, where), str))
+        return Usage(input_tokens=reported.input_tokens or prompt,
+                     output_tokens=max(reported.output_tokens, -(-chars // CHARS_PER_TOKEN)),
+                     cached_tokens=reported.cached_tokens,
+                     cache_write_tokens=reported.cache_write_tokens,
+                     reasoning_tokens=reported.reasoning_tokens)

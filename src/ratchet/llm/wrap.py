@@ -27,7 +27,7 @@ from ratchet.extras import require
 from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
 from ratchet.llm.gate import Gate
 from ratchet.llm.gate import apply as gate_apply
-from ratchet.llm.prices import cost_usd
+from ratchet.llm.prices import Usage, cost_usd
 from ratchet.llm.sdk_errors import as_llm_error
 from ratchet.llm.stream import DurableStream
 from ratchet.llm.worst_case import worst_case
@@ -205,35 +205,36 @@ class DurableCall:
         return Answer(body, self.meta(body, kwargs, began, request_id))
 
     async def _send_stream(self, sink: Any, **kwargs: Any) -> Answer:
-        """Pass the provider's chunks to ``sink`` as they arrive; return the assembled
-        response. A stream that breaks after the caller has seen part of it is not retried:
-        a new attempt would show the caller its beginning again."""
+        """Read the provider's stream into ``sink`` (:class:`ratchet.llm.stream.Sink`),
+        which passes its chunks on as they arrive; return the response with its chunks. A
+        stream that breaks after chunks arrived completes with them and the error (the
+        caller has seen them: a new attempt would show it their beginning again)."""
         connections.used(self._http)
         headers = self._headers(kwargs)
         began = time.perf_counter()
-        assembler = sink.assembler()
         try:
             stream = await self._bare(**kwargs, extra_headers=headers)
             request_id = stream.response.headers.get(_REQUEST_ID_HEADERS[self.endpoint.provider])
-            async for chunk in stream:
-                assembler.add(chunk)
-                await sink.put(chunk)
+            await sink.read(stream)
         except Exception as e:
-            error = as_llm_error(self.endpoint.provider, e)
-            if assembler.count and getattr(error, "retry_class", "any") != "never":
-                error.retry_class = "never"  # type: ignore[attr-defined]
-            raise error from e
-        body = assembler.body()
-        return Answer(body, self.meta(body, kwargs, began, request_id))
+            raise as_llm_error(self.endpoint.provider, e) from e
+        body = sink.body()
+        return Answer(sink.output(body), self.meta(body, kwargs, began, request_id,
+                                                   sink.usage(body, kwargs)))
 
     def meta(self, body: dict[str, Any], kwargs: dict[str, Any], began: float,
-             request_id: str | None) -> dict[str, Any]:
-        usage = self.endpoint.usage(body)
+             request_id: str | None, estimated: Usage | None = None) -> dict[str, Any]:
+        """The llm meta of a call: its usage as the body reports it, or ``estimated``
+        where the provider did not report all of it (``usage_estimated``)."""
+        usage = estimated or self.endpoint.usage(body)
         model = body.get("model") or kwargs.get("model")
-        return {"provider": self.endpoint.provider, "model": model,
+        meta = {"provider": self.endpoint.provider, "model": model,
                 "usage": usage.as_json(), "cost_usd": cost_usd(model, usage),
                 "latency_ms": round((time.perf_counter() - began) * 1000, 3),
                 "request_id": request_id}
+        if estimated is not None:
+            meta["usage_estimated"] = True
+        return meta
 
 
 def check_gate(gate: Any, endpoint: Endpoint, kwargs: dict[str, Any]) -> Gate:

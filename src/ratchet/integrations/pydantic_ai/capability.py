@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from pydantic_ai._agent_graph import set_agent_graph_sleep
 from pydantic_ai._utils import now_utc
@@ -28,14 +28,18 @@ from pydantic_ai.durable_exec import (
     conversation_id_from_run_id,
     replay_scope,
 )
-from pydantic_ai.messages import ModelResponse
-from pydantic_ai.settings import ModelSettings
+from pydantic_ai.durable_exec._toolset import DurableDynamicToolset
+from pydantic_ai.durable_exec._utils import StreamedActivityResult, StreamedModelRequestResult
+from pydantic_ai.messages import ModelResponseStreamEvent
 from pydantic_ai.tools import AgentDepsT
+from pydantic_ai.toolsets._dynamic import DynamicToolset
 
-from ratchet.engine.context import current_step_info, workflow_run
+from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef
 from ratchet.engine.retry import NO_RETRY, Retry, as_policy
 from ratchet.errors import InvalidInput, NotSerializable
+from ratchet.integrations.pydantic_ai.events import recorder, recording
+from ratchet.integrations.pydantic_ai.toolsets import holding_per_run_step
 from ratchet.integrations.pydantic_ai.units import RatchetOperationBackend, UnitConfig
 from ratchet.llm.wrap import DEFAULT_RETRY
 
@@ -168,26 +172,25 @@ class RatchetDurability(BaseDurabilityCapability[AgentDepsT]):
     def _toolset_base_config(self, kind: ToolsetKind) -> Any:
         return self._tool_config_base()
 
-    async def _model_request_operation(self, params: ModelRequestParams) -> ModelResponse:
-        return await super()._model_request_operation(_with_key(params))
+    # The base's streamed request returns its response alone, and the workflow side then
+    # replays each part as one event; returned with the events it streamed (journaled by
+    # the step, see .events), the workflow side replays those, delta for delta.
+    async def _model_request_stream_operation(  # type: ignore[override]
+            self, params: ModelRequestParams) -> StreamedModelRequestResult:
+        recorded: list[ModelResponseStreamEvent] = []
+        token = recording.set(recorded)
+        try:
+            response = await super()._model_request_stream_operation(params)
+        finally:
+            recording.reset(token)
+        return StreamedActivityResult(response=response, events=recorded)
 
-    async def _model_request_stream_operation(self, params: ModelRequestParams
-                                              ) -> ModelResponse:
-        return await super()._model_request_stream_operation(_with_key(params))
+    def _model_stream_event_handler(self) -> EventStreamHandler[AgentDepsT] | None:
+        return recorder(super()._model_stream_event_handler())
 
-
-def _with_key(params: ModelRequestParams) -> ModelRequestParams:
-    """The request with the step's idempotency key as ``Idempotency-Key``: the same key when
-    a crash re-drives the attempt, so a provider that keeps answers by key does not bill
-    the request twice. Models that speak HTTP send ``extra_headers``; others ignore it."""
-    step = current_step_info.get()
-    if step is None:
-        return params
-    settings: dict[str, Any] = dict(params.model_settings or {})
-    headers: dict[str, str] = dict(settings.get("extra_headers") or {})
-    headers["Idempotency-Key"] = step.idempotency_key
-    settings["extra_headers"] = headers
-    return replace(params, model_settings=cast(ModelSettings, settings))
+    def _build_dynamic_toolset(self, toolset: DynamicToolset[AgentDepsT]
+                               ) -> DurableDynamicToolset[AgentDepsT]:
+        return holding_per_run_step(super()._build_dynamic_toolset(toolset))
 
 
 async def _durable_sleep(seconds: float) -> None:

@@ -33,11 +33,13 @@ from pydantic_ai.durable_exec._utils import streamed_before_failing
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
 from ratchet.engine import connections
-from ratchet.engine.context import workflow_run
+from ratchet.engine.context import current_step_info, workflow_run
 from ratchet.engine.definitions import StepDef, to_json
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput, RatchetError
 from ratchet.integrations.pydantic_ai.errors import as_ratchet_error
+from ratchet.integrations.pydantic_ai.events import compact, expand
+from ratchet.integrations.pydantic_ai.keys import request_key, send_keys
 from ratchet.llm.prices import Usage, cost_usd
 from ratchet.llm.tools import RISKS
 from ratchet.llm.worst_case import worst_case
@@ -105,11 +107,13 @@ class RatchetOperationBackend(CallableOperationBackend[Any]):
 
         if isinstance(operation_id, ModelRequestId | ModelCompactMessagesId):
             settings = unit_config(config, self._defaults["model"], name)
-            connections.used(_http_client(cache_key[-1]))
+            http = _http_client(cache_key[-1])
+            connections.used(http)
+            send_keys(http)
             estimate = (_worst_case(operation_id, cache_key)
                         if isinstance(operation_id, ModelRequestId) else None)
             sd = StepDef(_model_unit(unit), name, settings.retry, settings.timeout_s, kind="llm",
-                         encode=_llm_meta, worst_case=estimate)
+                         encode=_llm_meta, decode=expand, worst_case=estimate)
             started = {"model": operation_id.model_name}
             result = await ctx.call_step(sd, (), {}, started)
         elif isinstance(operation_id, ToolsetCallToolId):
@@ -130,11 +134,14 @@ class RatchetOperationBackend(CallableOperationBackend[Any]):
 
 
 def _model_unit(unit: Callable[..., Awaitable[object]]) -> Callable[..., Awaitable[object]]:
-    """A model request's step code: Pydantic AI's model errors become Ratchet's, so the
-    step's policy retries what is worth retrying; the time it took goes to the llm meta."""
+    """A model request's step code: the step's key goes with its HTTP request (.keys),
+    Pydantic AI's model errors become Ratchet's, so the step's policy retries what is worth
+    retrying; the time it took goes to the llm meta."""
 
     async def request() -> object:
         began = time.perf_counter()
+        step = current_step_info.get()
+        token = request_key.set(step.idempotency_key if step is not None else None)
         try:
             payload = await unit()
         except Exception as e:
@@ -144,6 +151,8 @@ def _model_unit(unit: Callable[..., Awaitable[object]]) -> Callable[..., Awaitab
                 # it the beginning again.
                 error.retry_class = "never"  # type: ignore[attr-defined]
             raise error from e
+        finally:
+            request_key.reset(token)
         return _Timed(payload, round((time.perf_counter() - began) * 1000, 3))
 
     return request
@@ -175,7 +184,7 @@ def _llm_meta(result: Any) -> tuple[Any, dict[str, Any]]:
             "usage": usage.as_json(), "cost_usd": cost_usd(model, usage),
             "latency_ms": result.latency_ms,
             "request_id": response.get("provider_response_id")}
-    return payload, {"llm": meta}
+    return compact(payload), {"llm": meta}
 
 
 def _int(value: Any) -> int:

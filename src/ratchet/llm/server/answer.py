@@ -41,6 +41,10 @@ class Outcome:
     error_param: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
     drop: bool = False
+    # A stream that pauses: (events sent first, seconds before the rest).
+    stall: tuple[int, float] | None = None
+    # A stream whose connection is closed after this many events.
+    cut_after: int | None = None
 
 
 def new_id(prefix: str) -> str:

@@ -79,13 +79,17 @@ class LocalProvider:
         return self._log.entries()
 
     def fail(self, kind: str | int, times: int = 1, *, retry_after: float | None = None,
-             delay_s: float | None = None, endpoint: str | None = None) -> None:
+             delay_s: float | None = None, endpoint: str | None = None,
+             after_events: int | None = None) -> None:
         """Queue a fault for the next ``times`` requests (on ``endpoint``, or any):
         ``"429"`` (with a ``retry-after`` header when given), ``"500"``, ``"slow"``
         (answers after ``delay_s``), ``"drop"`` (billed, then the connection is closed
-        unanswered). Raises :class:`ScriptError` naming a bad argument."""
+        unanswered), ``"stall"`` (a stream pauses ``delay_s`` after its first
+        ``after_events`` events), ``"cut"`` (a stream's connection is closed after its first
+        ``after_events`` events). Raises :class:`ScriptError` naming a bad argument."""
         self.add_fault(fault_spec(kind=kind, times=times, retry_after=retry_after,
-                                  delay_s=delay_s, endpoint=endpoint))
+                                  delay_s=delay_s, after_events=after_events,
+                                  endpoint=endpoint))
 
     def add_fault(self, spec: FaultSpec) -> None:
         """Queue an already validated fault."""
@@ -157,7 +161,14 @@ class LocalProvider:
                 await asyncio.sleep(fault.delay_s)
             return done(_faulted(fault, entry["request_id"]))
         drop = fault is not None and fault.kind == "drop"
-        delay = fault.delay_s if fault is not None else None
+        stall: tuple[int, float] | None = None
+        cut: int | None = None
+        after = 1 if fault is None or fault.after_events is None else fault.after_events
+        if fault is not None and fault.kind == "stall" and getattr(request, "stream", False):
+            stall = (after, fault.delay_s or 0.0)
+        if fault is not None and fault.kind == "cut":
+            cut = after
+        delay = fault.delay_s if fault is not None and stall is None else None
 
         claim: Claim | None = None
         if key is not None:
@@ -173,7 +184,8 @@ class LocalProvider:
                 entry.update(replayed=True, input_tokens=usage.input_tokens,
                              output_tokens=usage.output_tokens)
                 return done(Outcome(200, entry["request_id"], answer=found.answer,
-                                    headers={"Idempotent-Replayed": "true"}, drop=drop))
+                                    headers={"Idempotent-Replayed": "true"}, drop=drop,
+                                    stall=stall, cut_after=cut))
             claim = found
         try:
             if delay:
@@ -187,7 +199,8 @@ class LocalProvider:
             self._keys.store(claim, answer)
         entry.update(billed=True, input_tokens=answer.usage.input_tokens,
                      output_tokens=answer.usage.output_tokens)
-        return done(Outcome(200, entry["request_id"], answer=answer, drop=drop))
+        return done(Outcome(200, entry["request_id"], answer=answer, drop=drop, stall=stall,
+                            cut_after=cut))
 
     async def _claim(self, key: str, print_: str) -> Claim | Replay | Conflict:
         """Claim the key, or find its stored answer or a conflict; a duplicate in flight

@@ -62,7 +62,7 @@ def build_app(provider: LocalProvider) -> ASGIApp:
         if outcome.drop:
             await drop(request)
             return Response(status_code=204)  # never sent: the connection is gone
-        return respond(path, outcome)
+        return respond(path, outcome, request)
 
     async def stats(request: Request) -> Response:
         return JSONResponse(provider.stats())
@@ -116,14 +116,17 @@ def build_app(provider: LocalProvider) -> ASGIApp:
     return Droppable(Starlette(routes=routes))
 
 
-def respond(path: str, outcome: Outcome) -> Response:
-    """The HTTP response for an outcome, in the wire format of ``path``'s API."""
+def respond(path: str, outcome: Outcome, request: Request | None = None) -> Response:
+    """The HTTP response for an outcome, in the wire format of ``path``'s API (a stream cut
+    short needs its ``request``, whose connection it closes)."""
     anthropic = path == "/v1/messages"
     headers = {**outcome.headers,
                "request-id" if anthropic else "x-request-id": outcome.request_id}
     answer = outcome.answer
     if answer is not None and answer.events is not None:
-        return StreamingResponse(_stream(answer.events), media_type="text/event-stream",
+        cut = (outcome.cut_after, request) if outcome.cut_after is not None and request else None
+        return StreamingResponse(_stream(answer.events, outcome.stall, cut),
+                                 media_type="text/event-stream",
                                  headers={**headers, "cache-control": "no-cache"})
     if answer is not None:
         return JSONResponse(answer.body, headers=headers)
@@ -140,8 +143,14 @@ def respond(path: str, outcome: Outcome) -> Response:
     return JSONResponse(body, status_code=outcome.status, headers=headers)
 
 
-async def _stream(events: tuple[bytes, ...]) -> AsyncIterator[bytes]:
-    for event in events:
+async def _stream(events: tuple[bytes, ...], stall: tuple[int, float] | None,
+                  cut: tuple[int, Request] | None = None) -> AsyncIterator[bytes]:
+    for n, event in enumerate(events):
+        if stall is not None and n == stall[0]:
+            await asyncio.sleep(stall[1])
+        if cut is not None and n == cut[0]:
+            await drop(cut[1])
+            return
         yield event
 
 

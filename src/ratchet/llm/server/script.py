@@ -30,7 +30,7 @@ from ratchet.errors import ConfigError
 RuleEndpoint = Literal["chat", "responses", "messages", "any"]
 #: The endpoints a fault can be limited to; ``None`` or ``any`` is every model endpoint.
 FaultEndpoint = Literal["chat", "responses", "messages", "embeddings", "any"]
-FaultKind = Literal["429", "500", "slow", "drop"]
+FaultKind = Literal["429", "500", "slow", "drop", "stall", "cut"]
 
 
 class ScriptError(ConfigError):
@@ -101,14 +101,19 @@ class FaultSpec(_Strict):
 
     ``429`` and ``500`` answer with that error (not billed, nothing stored); ``slow``
     answers after ``delay_s``; ``drop`` computes, stores and bills the answer, then closes
-    the connection without sending it. ``delay_s`` may delay any kind; ``retry_after``
-    (seconds) is sent as the ``retry-after`` header of a 429 or 500.
+    the connection without sending it; ``stall`` sends a stream's first ``after_events``
+    events (default 1), then waits ``delay_s`` before the rest (an answer that is not a
+    stream waits before it is sent); ``cut`` sends a stream's first ``after_events`` events
+    (default 1), then closes the connection (billed and stored: the whole answer). ``delay_s``
+    may delay any other kind; ``retry_after`` (seconds) is sent as the ``retry-after``
+    header of a 429 or 500.
     """
 
     kind: FaultKind
     times: int = Field(default=1, ge=1)
     retry_after: float | None = Field(default=None, ge=0)
     delay_s: float | None = Field(default=None, gt=0)
+    after_events: int | None = Field(default=None, ge=0)
     endpoint: FaultEndpoint | None = None
 
     @field_validator("kind", mode="before")
@@ -121,6 +126,10 @@ class FaultSpec(_Strict):
     def _fits_kind(self) -> FaultSpec:
         if self.kind == "slow" and self.delay_s is None:
             raise ValueError("a slow fault needs delay_s (seconds before it answers)")
+        if self.kind == "stall" and self.delay_s is None:
+            raise ValueError("a stall fault needs delay_s (seconds the stream pauses)")
+        if self.after_events is not None and self.kind not in ("stall", "cut"):
+            raise ValueError(f"after_events is for stall and cut faults, not {self.kind!r}")
         if self.retry_after is not None and self.kind not in ("429", "500"):
             raise ValueError(f"retry_after is for 429 and 500 faults, not {self.kind!r}")
         return self
