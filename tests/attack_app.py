@@ -56,7 +56,7 @@ class _UnixHTTP(http.client.HTTPConnection):
         self.sock.connect(self.unix_path)
 
 
-def _token() -> str:
+def report_token() -> str:
     """The sandbox's own report token: the harness takes it out of its environment, but
     the process's first environment (/proc/self/environ) still holds it."""
     with open("/proc/self/environ", "rb") as f:
@@ -67,9 +67,12 @@ def _token() -> str:
     return ""
 
 
-def _call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
+def channel_call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A request on the report channel with the sandbox's own token, as a workload that
+    found it would send it: the status and the answer."""
     conn = _UnixHTTP(os.environ.get("RATCHET_REPORT_SOCKET", "/run/ratchet/report.sock"))
-    headers = {"Authorization": f"Bearer {_token()}", "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {report_token()}",
+               "Content-Type": "application/json"}
     conn.request(method, path, None if body is None else json.dumps(body), headers)
     answer = conn.getresponse()
     data = answer.read()
@@ -86,7 +89,7 @@ def forge() -> dict[str, Any]:
     step that never started, claiming a billion tokens and $123,456."""
     from ratchet.model import Event
 
-    status, journal = _call("GET", "/v1/runtime/journal")
+    status, journal = channel_call("GET", "/v1/runtime/journal")
     if status != 200:
         return {"journal": status}
     head = journal["events"][-1]
@@ -96,7 +99,7 @@ def forge() -> dict[str, Any]:
         "cost_usd": 123456.0, "latency_ms": 1.0}}
     ev = Event.chain(os.environ["RATCHET_RUN_ID"], head["seq"] + 1, "step_completed",
                      "99:ghost", 1, payload, head["at"] + 0.001, head["hash"])
-    status, answer = _call("POST", "/v1/runtime/report", {
+    status, answer = channel_call("POST", "/v1/runtime/report", {
         "run_id": ev.run_id, "sandbox_id": os.environ["RATCHET_SANDBOX_ID"],
         "op": "append", "events": [{
             "seq": ev.seq, "kind": ev.kind, "step_id": ev.step_id, "attempt": ev.attempt,

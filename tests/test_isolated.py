@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -160,6 +161,51 @@ def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratche
     listener.close()
     _ended(app, run_id, 1)
     assert not live_sandboxes(run_id)  # the fork bomb's children went with their sandbox
+
+
+def test_a_file_kept_private_is_closed_to_a_sandbox_even_in_a_folder_it_is_shown(
+        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
+    shown = Path(iso.SHOWN)
+    shutil.rmtree(shown, ignore_errors=True)
+    shown.mkdir()
+    shown.chmod(0o755)
+    (shown / "open.txt").write_text("anyone")
+    (shown / "open.txt").chmod(0o644)
+    (shown / "private.txt").write_text("owner only")
+    (shown / "private.txt").chmod(0o600)
+    # Ratchet's data directory inside the shown folder: its key is masked there.
+    monkeypatch.setenv("RATCHET_DATA_DIR", str(shown / "data"))
+    app = _app(make_app)
+    app.launch()
+    key = shown / "data" / "signing_key.pem"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    run_id = app.start(iso.peek, [str(shown / "open.txt"), str(shown / "private.txt"),
+                                  str(key)])
+    out = app.result(run_id, timeout_s=RESULT_S)
+    assert out[0] == "READ anyone"
+    # The second fence: the sandbox's user is not the file's owner (as root, a worker
+    # makes its sandboxes nobody); the first: the data directory is masked.
+    expected = "denied PermissionError" if os.geteuid() == 0 else "READ owner only"
+    assert out[1:] == [expected, "denied FileNotFoundError"]
+
+
+def test_the_worker_judges_an_isolated_runs_guards(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.too_many, 1)
+    with pytest.raises(ratchet.RunFailed, match="excessive_steps"):
+        app.result(run_id, timeout_s=RESULT_S)
+    events = app.events(run_id)
+    assert [e.kind for e in events][-2:] == ["anomaly_detected", "run_failed"]
+    assert events[-2].payload["kind"] == "excessive_steps"
+    assert events[-1].payload["reason"] == "excessive_steps"
+    # The third step never started: the worker refused it and ended the run.
+    assert [e.step_id for e in events if e.kind == "step_started"] == ["1:quick", "2:quick"]
+    assert [d.reason for d in app.dead_letters()] == ["excessive_steps"]
+    [row] = _ended(app, run_id, 1)
+    assert row.end_reason == "finished"
 
 
 def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(

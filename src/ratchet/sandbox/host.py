@@ -359,8 +359,6 @@ class HostJournal:
         if view is None and p.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
                                        EventKind.STEP_RETRYING):
             raise ValueRefused(f"step {step_id} never started")
-        if p.kind != EventKind.STEP_WAITING:
-            _fields(p)
         if view is not None and view.status in ("completed", "failed"):
             if (p.kind == EventKind.STEP_COMPLETED and step_id in self._completed_here
                     and p.attempt == view.attempt
@@ -368,6 +366,8 @@ class HostJournal:
                 return  # the host's own journaling of a model call's end, reported back
             raise ValueRefused(f"step {step_id} has {view.status}: nothing follows a step's "
                                "end")
+        if p.kind != EventKind.STEP_WAITING:
+            _fields(p)
         kind = p.kind
         if kind == EventKind.STEP_STARTED:
             self._check_start(p, step_id, name, view)
