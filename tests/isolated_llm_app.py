@@ -72,8 +72,10 @@ def forge_usage(step_id: str) -> dict[str, Any]:
 
 @app.workflow(tier="isolated", sandbox=SANDBOX)
 async def ask(question: str, key_sha256: str) -> dict[str, Any]:
+    # A header that would stand in for the worker's key: the worker sends its own.
     answer = await llm.chat.completions.create(
-        model=MODEL, max_tokens=64, messages=[{"role": "user", "content": question}])
+        model=MODEL, max_tokens=64, messages=[{"role": "user", "content": question}],
+        extra_headers={"Authorization": "Bearer from-the-sandbox"})
     return {"answer": answer.choices[0].message.content,
             "usage": answer.usage.model_dump() if answer.usage else None,
             "seen": await key_seen(key_sha256),

@@ -173,6 +173,13 @@ class BubblewrapBackend(SandboxBackend):
         self.user: int | None = NOBODY if os.geteuid() == 0 else None
         self._stage_dir: str | None = None
 
+    def close(self) -> None:
+        """Remove the staging folder (empty on the host)."""
+        if self._stage_dir is not None:
+            with contextlib.suppress(OSError):
+                os.rmdir(self._stage_dir)
+            self._stage_dir = None
+
     def _stage(self) -> str:
         """The folder the launcher mounts its staging tmpfs on (see
         :mod:`ratchet.sandbox.launch`): made once, empty on the host."""

@@ -49,6 +49,7 @@ from ratchet.errors import (
     LLMRequestError,
     LLMTimeout,
     RunFinished,
+    StorageError,
     ValueRefused,
 )
 from ratchet.llm import routing
@@ -95,6 +96,10 @@ _FIELDS: dict[str, frozenset[str] | None] = {
 }
 _WAITING_FIELDS = {"sleep": frozenset({"reason", "seconds", "until"}),
                    "backoff": frozenset({"reason", "retry_at"})}
+# Headers a sandbox's call may not set: the worker's client sends its own credentials and
+# the attempt's key.
+_WORKER_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "idempotency-key",
+                             "openai-organization", "openai-project"})
 _STEP_ID = re.compile(r"([1-9][0-9]{0,17}):(.+)", re.DOTALL)
 
 
@@ -227,8 +232,8 @@ class HostJournal:
     def _usable(self) -> None:
         if self.finished is not None:
             raise RunFinished(f"run {self.run_id} has already finished ({self.finished})")
-        if self.broken is not None:
-            raise RunFinished(f"run {self.run_id}: {self.broken}")
+        if self.broken is not None:  # the next sandbox starts from what the database holds
+            raise StorageError(f"run {self.run_id}: {self.broken}")
 
     # -- reports ---------------------------------------------------------------------------
 
@@ -482,6 +487,7 @@ class HostJournal:
             if (step_id, attempt) in self._calls or step_id in self._completed_here:
                 raise ValueRefused(f"attempt {attempt} of step {step_id} has made its call")
             call = routing.call_at(site, step.name)
+            kwargs = _own_credentials(kwargs)
             key = self._keys[(step_id, attempt)]
             tokens, usd = worst_case((), kwargs)
             try:
@@ -550,6 +556,15 @@ async def _send(call: Any, kwargs: dict[str, Any], key: str) -> Any:
     except Exception as e:  # the SDK refused the arguments: the request's fault
         raise LLMRequestError(f"{call.endpoint.name}: {type(e).__name__}: {e}",
                               provider=call.endpoint.provider) from e
+
+
+def _own_credentials(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's arguments without headers that would stand in for the worker's own."""
+    headers = kwargs.get("extra_headers")
+    if not isinstance(headers, dict):
+        return kwargs
+    return {**kwargs, "extra_headers": {k: v for k, v in headers.items()
+                                        if str(k).lower() not in _WORKER_HEADERS}}
 
 
 def _call_of(called: str) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:

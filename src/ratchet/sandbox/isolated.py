@@ -116,6 +116,9 @@ class IsolatedRunner:
 
     async def close(self) -> None:
         await self.channel.close()
+        close = getattr(self._backend, "close", None)
+        if callable(close):
+            close()
 
     async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
                     relet: Relet) -> DriveOutcome:
