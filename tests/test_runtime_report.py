@@ -162,7 +162,10 @@ REFUSED: list[tuple[str, list[dict[str, Any]], str]] = [
     ("a second end", [completed("1:a", 1), completed("1:a", 2)], "nothing follows"),
     ("a start after the end", [completed("1:a", 1), started("1:a", 2)], "nothing follows"),
     ("an attempt out of turn", [started("2:b", 3)], "goes on with attempt 1"),
-    ("the same attempt twice", [started("1:a")], "has started already"),
+    ("the same attempt twice", [started("1:a")], "has started and not ended"),
+    ("the next attempt without a retry", [started("1:a", 2)], "has started and not ended"),
+    ("a sleep that starts", [ev("step_waiting", "2:sleep", None, reason="sleep", seconds=0.1,
+                                until=1.0), started("2:sleep")], "it does not start again"),
     ("usage and cost on a step's end", [completed("1:a", 1, llm={"cost_usd": 1.0})],
      "no field 'llm'"),
     ("a model call's end", [

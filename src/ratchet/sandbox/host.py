@@ -192,6 +192,10 @@ class HostJournal:
         self.pending.append(ev)
         return ev
 
+    def _break(self, e: BaseException) -> None:
+        """What was folded in did not reach the journal: nothing more is written here."""
+        self.broken = f"a write of this sandbox's run failed: {type(e).__name__}: {e}"
+
     async def _write(self) -> None:
         events, self.pending = self.pending, []
         if not events:
@@ -199,7 +203,7 @@ class HostJournal:
         try:
             await self.store.append(self.lease, events)
         except BaseException as e:
-            self.broken = f"a write of this sandbox's run failed: {type(e).__name__}: {e}"
+            self._break(e)
             raise
 
     async def _finish(self, status: RunStatus, output: Any, error: str | None,
@@ -209,7 +213,7 @@ class HostJournal:
             await self.store.finish(self.lease, events, status, output, error, dead_letter,
                                     receipt_for(self.signer, self.record, self.state))
         except BaseException as e:
-            self.broken = f"the end of this sandbox's run failed: {type(e).__name__}: {e}"
+            self._break(e)
             raise
         self.finished = str(status)
         self.guards.run_finished()
@@ -256,6 +260,9 @@ class HostJournal:
         except GuardTripped as e:
             await self._tripped(e)
             raise RunFinished(f"run {self.run_id} was ended by its guards: {e}") from None
+        except BaseException as e:  # the fold is ahead of the journal now: stop here
+            self._break(e)
+            raise
         if not finish:
             await self._write()
             return self.state.last_seq
@@ -419,12 +426,15 @@ class HostJournal:
         key = p.payload.get("idempotency_key")
         if not isinstance(key, str) or not key or len(key) > 255:
             raise ValueRefused("a step_started carries the attempt's idempotency_key")
-        if view is not None and view.status == "started" and attempt == view.attempt:
-            if (step_id, attempt) in self._started_here:
-                raise ValueRefused(f"attempt {attempt} of step {step_id} has started already")
-        elif attempt != _next_attempt(view):
-            raise ValueRefused(f"step {step_id} goes on with attempt {_next_attempt(view)}, "
-                               f"not {attempt}")
+        if view is not None and view.status == "started":
+            # The attempt a crashed sandbox left in flight runs again, once per sandbox.
+            if attempt != view.attempt or (step_id, attempt) in self._started_here:
+                raise ValueRefused(f"attempt {view.attempt} of step {step_id} has started "
+                                   "and not ended (step_retrying comes before the next)")
+        elif attempt != (expected := _next_attempt(view)):
+            if view is not None and not expected:
+                raise ValueRefused(f"step {step_id} is {view.status}: it does not start again")
+            raise ValueRefused(f"step {step_id} goes on with attempt {expected}, not {attempt}")
         if name in MODEL_STEPS:
             if p.payload.get("kind") != "llm":
                 raise ValueRefused(f"step {step_id} is a model call (kind llm)")
@@ -518,6 +528,9 @@ class HostJournal:
             except GuardTripped as e:
                 await self._tripped(e)
                 raise RunFinished(f"run {self.run_id} was ended by its guards: {e}") from None
+            except BaseException as e:
+                self._break(e)
+                raise
             await self._write()
         return {"body": payload["output"], "meta": payload["llm"]}
 
@@ -574,8 +587,15 @@ def _call_of(called: str) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]
 
 
 def _next_attempt(view: _View | None) -> int:
-    """The attempt a step goes on with: 1, or the one after its last."""
-    return 1 if view is None else view.attempt + 1
+    """The attempt a step goes on with: 1, or the one after its last when that one
+    failed and is retried (``step_retrying``, its backoff, or a retry of the run); 0 (none)
+    for a step in any other state."""
+    if view is None:
+        return 1
+    if view.status in ("retrying", "pending") or (view.status, view.waiting) == (
+            "waiting", "backoff"):
+        return view.attempt + 1
+    return 0
 
 
 def _fields(p: Proposal) -> None:

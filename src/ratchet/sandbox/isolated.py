@@ -91,9 +91,9 @@ class IsolatedRunner:
         # Ratchet's own files (the data directory, the database's), hidden from sandboxes.
         self.private = list(private)
         # Signs the receipt of each run that ends here, in the commit that ends it: by a
-        # sandbox's report (the channel) or by this worker (_finish, _settled).
+        # sandbox's report (its HostJournal) or by this worker (_finish, _settled).
         self.signer = signer
-        self.channel = ReportChannel(store, signer)
+        self.channel = ReportChannel(store)
         # The sandbox alive per run on this worker: a drive that takes a run over from an
         # older drive here (a retake) waits for the older one's sandbox to be gone.
         self._live: dict[str, tuple[SandboxProcess, asyncio.Future[Exit]]] = {}
