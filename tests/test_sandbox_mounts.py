@@ -5,6 +5,8 @@ tests/test_sandbox_attack.py and tests/test_isolated.py."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import types
 from collections.abc import Iterator
@@ -13,7 +15,10 @@ from pathlib import Path
 import pytest
 
 from ratchet.errors import SandboxUnavailable
+from ratchet.sandbox.backend import SpawnRequest
+from ratchet.sandbox.bwrap import BubblewrapBackend
 from ratchet.sandbox.mounts import Op, module_paths, plan
+from ratchet.sandbox.spec import Sandbox
 
 
 @pytest.fixture
@@ -95,3 +100,24 @@ def test_a_package_that_is_the_working_directory_is_shown_file_by_file(
     found = module_paths(str(cwd_package))
     assert str(cwd_package) not in found
     assert {str(cwd_package / "__init__.py"), str(cwd_package / "flows.py")} <= set(found)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
+                    reason="needs bubblewrap and a worker running as root")
+def test_an_imported_module_others_may_not_read_is_not_shown(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    shared, secret = tmp_path / "ratchet_test_shared.py", tmp_path / "ratchet_test_secret.py"
+    for path, mode in ((shared, 0o644), (secret, 0o600)):
+        path.write_text("")
+        path.chmod(mode)
+        module = types.ModuleType(path.stem)
+        module.__file__ = str(path)
+        sys.modules[path.stem] = module
+    try:
+        backend = BubblewrapBackend()
+        request = SpawnRequest("sbx-test", Sandbox(), ["python"], {}, "/dev/null")
+        argv = backend.command(request)[0]
+    finally:
+        del sys.modules[shared.stem], sys.modules[secret.stem]
+    assert str(shared) in argv and str(secret) not in argv
+    assert "action=sandbox_code_not_shown" in caplog.text and str(secret) in caplog.text

@@ -172,6 +172,7 @@ class BubblewrapBackend(SandboxBackend):
         # Root starts its sandboxes as nobody; any other user can only give them its own.
         self.user: int | None = NOBODY if os.geteuid() == 0 else None
         self._stage_dir: str | None = None
+        self._unshared: set[str] = set()  # imported code the sandbox's user may not read
 
     def close(self) -> None:
         """Remove the staging folder (empty on the host)."""
@@ -187,6 +188,21 @@ class BubblewrapBackend(SandboxBackend):
             self._stage_dir = tempfile.mkdtemp(prefix="ratchet-stage-")
         return self._stage_dir
 
+    def _shareable(self, module: str) -> bool:
+        """Whether the sandbox's user may read an imported module's file or folder. One
+        kept from others (a module of secrets at mode 0600) is not shown: a sandbox that
+        needs it fails to import it, saying so in the worker's log."""
+        if self.user is None:
+            return True
+        try:
+            check_readable(module, self.user)
+        except SandboxUnavailable as e:
+            if module not in self._unshared:
+                self._unshared.add(module)
+                log.warning("action=sandbox_code_not_shown path=%s: %s", module, e)
+            return False
+        return True
+
     def _shown(self, source: str, dest: str, staged: list[str]) -> list[str]:
         """``--ro-bind`` of ``source`` at ``dest``; staged when the sandbox's user cannot
         walk down to it."""
@@ -200,7 +216,8 @@ class BubblewrapBackend(SandboxBackend):
     def command(self, request: SpawnRequest) -> tuple[list[str], list[str]]:
         """The bwrap command line for ``request``, and the sources its launcher stages."""
         system = [p for p in mounts.SYSTEM_PATHS if os.path.isdir(p) and not os.path.islink(p)]
-        layout = mounts.plan(mounts.interpreter_paths(), mounts.module_paths(os.getcwd()),
+        code = [p for p in mounts.module_paths(os.getcwd()) if self._shareable(p)]
+        layout = mounts.plan(mounts.interpreter_paths(), code,
                              [*request.spec.mounts, *request.readable], request.hidden,
                              os.getcwd(), system)
         staged: list[str] = []
