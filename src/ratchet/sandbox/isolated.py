@@ -15,11 +15,10 @@ unless three were already spawned for the run, in which case the run fails with
 (``run_started`` / ``run_resumed``, naming the sandbox) and spawns it; from then on it
 writes what the sandbox proposes, once checked (:mod:`ratchet.sandbox.host`). From the
 second sandbox on it starts with ``RATCHET_RESUME=1``: the harness replays the completed
-steps and runs the rest. A crash,
-an OOM kill or a timeout ends the sandbox without the run's end, and the next pass spawns
-again. A cancel kills the sandbox and ends the run as cancelled; a shutdown lets the
-sandbox run through the grace period, then kills it and hands the run back (that sandbox
-is not counted against the three).
+steps and runs the rest. A crash, an OOM kill or a timeout ends the sandbox without the
+run's end, and the next pass spawns again. A cancel kills the sandbox and ends the run
+as cancelled; a shutdown lets the sandbox run through the grace period, then kills it and
+hands the run back (that sandbox is not counted against the three).
 """
 
 from __future__ import annotations
@@ -47,7 +46,16 @@ from ratchet.errors import (
 )
 from ratchet.extras import require
 from ratchet.graphs.registry import GraphWorkflow
-from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunStatus, dumps, fold
+from ratchet.model import (
+    ClaimedRun,
+    Event,
+    EventKind,
+    Lease,
+    RunState,
+    RunStatus,
+    dumps,
+    fold,
+)
 from ratchet.receipts import Signer
 from ratchet.sandbox import mounts
 from ratchet.sandbox.backend import (
@@ -169,7 +177,7 @@ class IsolatedRunner:
                                                         counted_since(events, claimed.lease))
             if row is None:
                 return await self._exhausted(lease, events, reason, counted)
-            events = [*events, await self._mark(lease, events, reason, sandbox_id)]
+            events = [*events, await self._mark(lease, state, reason, sandbox_id)]
             journal = HostJournal(self.store, lease, claimed.record, events,
                                   wd.guards or DEFAULT_GUARDS, self.signer)
             grant, token = self.channel.grants.issue(journal, sandbox_id, wd.sandbox.timeout_s)
@@ -186,15 +194,15 @@ class IsolatedRunner:
                         else DriveOutcome.FAILED)
             reason = RESPAWN
 
-    async def _mark(self, lease: Lease, events: list[Event], reason: str,
+    async def _mark(self, lease: Lease, state: RunState, reason: str,
                     sandbox_id: str) -> Event:
         """Journal the start of this drive, the sandbox's: the marker an in-process drive
         writes itself, written by the worker (a sandbox proposes step events only)."""
-        state, last = fold(lease.run_id, events), events[-1]
         kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
-        marker = Event.chain(lease.run_id, last.seq + 1, kind, None, None, {
+        marker = Event.chain(lease.run_id, state.last_seq + 1, kind, None, None, {
             "worker_id": lease.worker_id, "epoch": lease.epoch, "reason": reason,
-            "drive": state.drives + 1, "sandbox_id": sandbox_id}, time.time(), last.hash)
+            "drive": state.drives + 1, "sandbox_id": sandbox_id}, time.time(),
+            state.last_hash)
         await self.store.append(lease, [marker])
         return marker
 
