@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 from attack_app import channel_call
 
@@ -28,6 +29,9 @@ SANDBOX = ratchet.Sandbox(memory_mb=256, timeout_s=120)
 llm = ratchet.llm.wrap(openai.AsyncOpenAI(
     base_url=os.environ.get("ISO_LLM_URL", "http://127.0.0.1:9/v1"),
     api_key=os.environ.get("ISO_LLM_KEY") or os.environ.get("OPENAI_API_KEY") or "none"))
+claude = ratchet.llm.wrap(anthropic.AsyncAnthropic(
+    base_url=os.environ.get("ISO_LLM_URL", "http://127.0.0.1:9/v1").removesuffix("/v1"),
+    api_key=os.environ.get("ISO_LLM_KEY") or os.environ.get("ANTHROPIC_API_KEY") or "none"))
 
 
 def _digest(value: str) -> str:
@@ -76,7 +80,11 @@ async def ask(question: str, key_sha256: str) -> dict[str, Any]:
     answer = await llm.chat.completions.create(
         model=MODEL, max_tokens=64, messages=[{"role": "user", "content": question}],
         extra_headers={"Authorization": "Bearer from-the-sandbox"})
+    message = await claude.messages.create(
+        model="claude-sonnet-4-6", max_tokens=64,
+        messages=[{"role": "user", "content": question}])
     return {"answer": answer.choices[0].message.content,
+            "claude": message.content[0].text if message.content[0].type == "text" else "",
             "usage": answer.usage.model_dump() if answer.usage else None,
             "seen": await key_seen(key_sha256),
             "forged": await forge_usage("1:openai.chat.completions.create")}

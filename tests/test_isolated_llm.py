@@ -38,8 +38,8 @@ def _bwrap() -> None:
 
 
 class _Keys:
-    """ASGI middleware in front of the provider: the Authorization header of each model
-    request, which the provider itself never logs."""
+    """ASGI middleware in front of the provider: the key each model request carried
+    (OpenAI's Authorization, Anthropic's x-api-key), which the provider never logs."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
@@ -48,7 +48,8 @@ class _Keys:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
-            self.seen.append(headers.get(b"authorization", b"").decode())
+            self.seen.append(" ".join(headers.get(h, b"").decode()
+                                      for h in (b"authorization", b"x-api-key")).strip())
         await self.inner(scope, receive, send)
 
 
@@ -89,12 +90,15 @@ def test_a_sandboxed_model_call_is_made_by_the_worker_with_its_key_and_journaled
     run_id = app.start(iso.ask, "hello from the sandbox", digest)
     out = app.result(run_id, timeout_s=RESULT_S)
 
-    # The sandbox got the provider's answer.
+    # The sandbox got the provider's answers, OpenAI's and Anthropic's.
     assert "hello from the sandbox" in out["answer"]
-    # The provider saw one request, with the worker's key and the step's key.
-    [request] = server.requests()
+    assert "hello from the sandbox" in out["claude"]
+    # The provider saw one request per call, with the worker's key and the step's key.
+    request, other = server.requests()
     assert request["idempotency_key"] == idempotency_key(run_id, STEP, 1)
-    assert keys.seen == [f"Bearer {SECRET}"]
+    assert other["idempotency_key"] == idempotency_key(run_id, "2:anthropic.messages.create", 1)
+    assert keys.seen[0] == f"Bearer {SECRET}"  # not the sandbox's own Authorization
+    assert SECRET in keys.seen[1] and len(keys.seen) == 2
     # The key never entered the sandbox: not in its environment, not in any of its
     # processes' first environment, not in the client it made (a placeholder).
     assert out["seen"] == {"found": [], "client_key": "ratchet-sandbox-no-key"}
@@ -112,7 +116,7 @@ def test_a_sandboxed_model_call_is_made_by_the_worker_with_its_key_and_journaled
     forged = out["forged"]
     assert forged["report"] == 422 and "nothing follows" in forged["report_says"], forged
     assert forged["again"] == 422 and "no step_started" in forged["again_says"], forged
-    assert len(server.requests()) == 1
+    assert len(server.requests()) == 2
     assert [e.step_id for e in events if e.kind == "step_completed"].count(STEP) == 1
     assert app.get(run_id).status == "succeeded"
 
