@@ -163,12 +163,21 @@ def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratche
     assert not live_sandboxes(run_id)  # the fork bomb's children went with their sandbox
 
 
+@pytest.fixture
+def shown() -> Iterator[Path]:
+    """The folder isolated_app.peek's sandbox is shown, empty, removed afterwards (after
+    the test's apps, set up after it, are shut down)."""
+    folder = Path(iso.SHOWN)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_a_file_kept_private_is_closed_to_a_sandbox_even_in_a_folder_it_is_shown(
-        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
-    shown = Path(iso.SHOWN)
-    shutil.rmtree(shown, ignore_errors=True)
-    shown.mkdir()
-    shown.chmod(0o755)
+        shown: Path, make_app: Callable[..., ratchet.Ratchet],
+        monkeypatch: pytest.MonkeyPatch) -> None:
     (shown / "open.txt").write_text("anyone")
     (shown / "open.txt").chmod(0o644)
     (shown / "private.txt").write_text("owner only")
