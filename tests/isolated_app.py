@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -165,6 +166,31 @@ def hog() -> int:
 @app.workflow(tier="isolated", sandbox=ratchet.Sandbox(memory_mb=128, timeout_s=120))
 async def hungry() -> int:
     return await hog()
+
+
+# A folder a sandbox is shown (Sandbox(mounts=...)): the tests put a file that is its
+# owner's only (mode 0600) and Ratchet's data directory in it.
+SHOWN = os.path.join(tempfile.gettempdir(), "ratchet-sandbox-shown")
+
+
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(mounts=[SHOWN], timeout_s=120))
+async def peek(paths: list[str]) -> list[str]:
+    return [await read_host(p) for p in paths]
+
+
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(timeout_s=120),
+              guards=ratchet.Guards(max_steps=2))
+async def too_many(n: int) -> int:
+    for _ in range(3):
+        n = await quick(n)
+    await ratchet.sleep(1.5)  # never reached: the worker ends the run at the third step
+    return n
+
+
+if os.environ.get("RATCHET_SANDBOX_ID"):
+    # Inside its sandbox the workload switches its own guards off; the worker's own import
+    # of this module keeps them, and the worker is the one that judges them.
+    too_many.guards = ratchet.Guards(max_steps=None)
 
 
 @app.tool

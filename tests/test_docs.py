@@ -158,6 +158,9 @@ def _command_lines(text: str) -> list[str]:
             line = line.strip().removeprefix("$ ")
             for part in re.split(r"\s(?:\|\|?|&&|;|&)\s|\s&$", line):
                 words = part.split("#", 1)[0].split()
+                # A redirection ends the command's own words (> server.log 2>&1).
+                cut = [i for i, w in enumerate(words) if re.match(r"(\d|&)?>", w)]
+                words = words[:cut[0]] if cut else words
                 while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
                     words.pop(0)  # VAR=value before the command
                 if words and words[0] == "ratchet":

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -146,7 +147,9 @@ def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratche
     out = app.result(run_id, timeout_s=RESULT_S)
     assert out["read"] == "denied FileNotFoundError"  # not mounted: not there at all
     assert out["etc"] == "denied FileNotFoundError"
-    assert out["write"] == "denied OSError"  # read-only (EROFS)
+    # Not its user's file (EACCES: a worker running as root makes its sandboxes nobody),
+    # and a read-only mount besides (EROFS).
+    assert out["write"] in ("denied PermissionError", "denied OSError")
     assert all(t.startswith("denied") for t in out["tcp"]), out["tcp"]
     assert out["fork"].startswith("denied BlockingIOError after ")
     assert int(out["fork"].rsplit(" ", 1)[1]) < 48  # the process limit, not the loop's end
@@ -158,6 +161,60 @@ def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratche
     listener.close()
     _ended(app, run_id, 1)
     assert not live_sandboxes(run_id)  # the fork bomb's children went with their sandbox
+
+
+@pytest.fixture
+def shown() -> Iterator[Path]:
+    """The folder isolated_app.peek's sandbox is shown, empty, removed afterwards (after
+    the test's apps, set up after it, are shut down)."""
+    folder = Path(iso.SHOWN)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_file_kept_private_is_closed_to_a_sandbox_even_in_a_folder_it_is_shown(
+        shown: Path, make_app: Callable[..., ratchet.Ratchet],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    (shown / "open.txt").write_text("anyone")
+    (shown / "open.txt").chmod(0o644)
+    (shown / "private.txt").write_text("owner only")
+    (shown / "private.txt").chmod(0o600)
+    # Ratchet's data directory inside the shown folder: its key is masked there.
+    monkeypatch.setenv("RATCHET_DATA_DIR", str(shown / "data"))
+    app = _app(make_app)
+    app.launch()
+    key = shown / "data" / "signing_key.pem"
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
+    run_id = app.start(iso.peek, [str(shown / "open.txt"), str(shown / "private.txt"),
+                                  str(key)])
+    out = app.result(run_id, timeout_s=RESULT_S)
+    assert out[0] == "READ anyone"
+    # The second fence: the sandbox's user is not the file's owner (as root, a worker
+    # makes its sandboxes nobody); the first: the data directory is masked.
+    expected = "denied PermissionError" if os.geteuid() == 0 else "READ owner only"
+    assert out[1:] == [expected, "denied FileNotFoundError"]
+
+
+def test_the_worker_judges_an_isolated_runs_guards(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = _app(make_app)
+    app.launch()
+    run_id = app.start(iso.too_many, 1)
+    with pytest.raises(ratchet.RunFailed, match="excessive_steps"):
+        app.result(run_id, timeout_s=RESULT_S)
+    events = app.events(run_id)
+    assert [e.kind for e in events][-2:] == ["anomaly_detected", "run_failed"]
+    assert events[-2].payload["kind"] == "excessive_steps"
+    assert events[-1].payload["reason"] == "excessive_steps"
+    # The third step never started: the worker refused it and ended the run.
+    assert [e.step_id for e in events if e.kind == "step_started"] == ["1:quick", "2:quick"]
+    assert [d.reason for d in app.dead_letters()] == ["excessive_steps"]
+    [row] = _ended(app, run_id, 1)
+    assert row.end_reason == "finished"
 
 
 def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(

@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
-from ratchet.config import DatabaseURL, data_dir, database_url_from_env
+from ratchet.config import DatabaseURL, data_dir, database_url_from_env, private_paths
 from ratchet.engine import connections, faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
@@ -798,7 +798,9 @@ class Ratchet:
                 wd.sandbox is not None for wd in self.workflows.values())):
             from ratchet.sandbox.on_demand import OnDemandRunner
 
-            options["isolation"] = OnDemandRunner(self.store, signer=options["signer"])
+            options["isolation"] = OnDemandRunner(
+                self.store, signer=options["signer"],
+                private=private_paths(self.database_url))
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:

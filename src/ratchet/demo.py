@@ -91,7 +91,9 @@ class Demo:
     def start_worker(self, env: dict[str, str]) -> _Worker:
         number = len(self.workers) + 1
         log_path = os.path.join(self.folder, f"{self.prefix}-worker-{number}.log")
-        log_file = open(log_path, "wb")  # noqa: SIM115 - closed in stop_all
+
+        log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                             "wb")
         cmd = [sys.executable, "-m", "ratchet.cli", "worker", "ratchet.demo_app:app",
                "--worker-id", WORKER_ID, "--concurrency", "4", *self.worker_args]
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
@@ -202,7 +204,7 @@ def prepare(db: str | None, name: str) -> Setup:
     """A fresh ``.ratchet/NAME.db`` (or the database ``db`` names, as it is) and fresh
     ``.ratchet/NAME-*.jsonl`` record files."""
     folder = os.path.abspath(".ratchet")
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(folder, mode=0o700, exist_ok=True)  # the data directory: its owner's only
     if db is None:
         relative = os.path.join(".ratchet", f"{name}.db")
         path = os.path.abspath(relative)

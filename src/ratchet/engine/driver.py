@@ -19,6 +19,7 @@ import asyncio
 import bisect
 import contextvars
 import functools
+import hashlib
 import heapq
 import json
 import logging
@@ -34,6 +35,7 @@ from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
 from ratchet.engine.guarding import RunGuards
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
+from ratchet.engine.guards import Guards
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import PARK_MIN_S, Waits
@@ -68,6 +70,7 @@ from ratchet.model import (
     RunStatus,
     StepState,
     apply,
+    dumps,
     fold,
     idempotency_key,
     output_payload,
@@ -118,14 +121,44 @@ def child_run_id(parent_run_id: str, ordinal: int, attempt: int) -> str:
     return parent_run_id + suffix
 
 
+# No guard at all: what a host-judged drive runs with (see HostJudgedGuards).
+UNGUARDED = Guards(runaway_repeats=None, max_steps=None, retry_storm_run=None,
+                   retry_storm_workflow=None, spike_factor=None)
+
+
+class HostJudgedGuards(RunGuards):
+    """The guards of a drive whose host judges them (an isolated run's sandbox: the
+    worker outside checks each reported step against the run's guards and journals what
+    trips, see ratchet.sandbox.host): none here, and nothing tripped is journaled."""
+
+    def configure(self, guards: Guards, overrides: Mapping[str, Any] | None) -> None:
+        self.g = UNGUARDED
+
+    async def trip(self, kind: str, key: str, step_id: str | None,
+                   evidence: dict[str, Any], action: str | None = None) -> None:
+        return None
+
+
+def call_digest(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """What a host-judged drive tells its host of a step's call, for the runaway-loop
+    guard (the same arguments give the same digest); None for arguments that are not
+    data."""
+    try:
+        return hashlib.sha256(dumps([list(args), kwargs]).encode()).hexdigest()[:16]
+    except (TypeError, ValueError):
+        return None
+
+
 class RunContext:
     """One drive of one run: its lease, its folded journal, the events not yet committed,
     and the branches at work."""
 
     def __init__(self, store: Store, claimed: ClaimedRun, state: RunState,
                  workflows: Mapping[str, WorkflowDef], control: Control,
-                 threads: StepThreads, signer: Signer | None = None) -> None:
+                 threads: StepThreads, signer: Signer | None = None,
+                 host_judged: bool = False) -> None:
         self.control = control
+        self.host_judged = host_judged
         self.signer = signer
         self.trace: tracing.DriveTrace | None = None
         self.loop = asyncio.get_running_loop()
@@ -158,7 +191,7 @@ class RunContext:
         self._abandoned: list[StepJob] = []  # threads of `def` steps nobody waits for
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._held: set[HeldStep] = set()  # steps held open while the workflow reads them
-        self.guards = RunGuards(self)
+        self.guards = HostJudgedGuards(self) if host_judged else RunGuards(self)
 
     # -- progress and stops ----------------------------------------------------------------
 
@@ -491,6 +524,10 @@ class RunContext:
             until = (step.waiting or {}).get("retry_at")
             if until is not None:
                 await self._wait_until(f"backoff:{step_id}", until)
+        if self.host_judged:
+            digest = call_digest(args, kwargs)
+            if digest is not None:
+                started = {**(started or {}), "call_sha256": digest}
         while True:
             self.check_stop()
             reserve = await guards.before_attempt(sd, step_id, args, kwargs)
@@ -810,6 +847,8 @@ class RunContext:
     # -- the drive -------------------------------------------------------------------------
 
     async def drive(self) -> DriveOutcome:
+        if self.host_judged:  # its host has journaled this drive's start
+            return await self._drive()
         rec, lease, state = self.record, self.lease, self.state
         kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
         payload: dict[str, Any] = {"worker_id": lease.worker_id, "epoch": lease.epoch,
@@ -938,9 +977,12 @@ class RunContext:
 
 async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, WorkflowDef],
                 control: Control, threads: StepThreads | None = None,
-                signer: Signer | None = None) -> DriveOutcome:
+                signer: Signer | None = None, *, host_judged: bool = False) -> DriveOutcome:
     """Drive one claimed run until it finishes, parks, stops or loses its lease; return how
-    the drive ended. With ``signer``, a run that ends gets its signed receipt."""
+    the drive ended. With ``signer``, a run that ends gets its signed receipt.
+    ``host_judged``: a drive inside an isolated run's sandbox, whose host (the worker
+    outside) has journaled the drive's start and judges its guards: it writes neither a
+    drive marker nor an anomaly, and tells the host each step's call digest."""
     rec = claimed.record
     try:
         events = await store.load_events(rec.run_id)
@@ -957,7 +999,7 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
         return DriveOutcome.ABORTED
     ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads(),
-                     signer)
+                     signer, host_judged)
     control.listen(ctx.interrupt)
     token = current_run.set(ctx)
     try:

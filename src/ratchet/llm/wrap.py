@@ -6,6 +6,9 @@ when a crash re-drives the attempt, a new one for each retry), the SDK's own ret
 (the step's retry policy is the only one), and the step's output is the provider's response
 body, from which a replay rebuilds the SDK's typed object without calling the provider.
 Called anywhere else, and for everything else on the client, it is the plain SDK.
+
+In an isolated run's sandbox the call goes to the worker outside, which makes it with its
+own client made at the same place of the app's code (:mod:`ratchet.llm.routing`).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import sys
 import time
 from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
@@ -22,8 +26,9 @@ from ratchet.engine import connections
 from ratchet.engine.context import current_step, workflow_run
 from ratchet.engine.definitions import StepDef
 from ratchet.engine.retry import Retry, as_policy
-from ratchet.errors import InvalidInput
+from ratchet.errors import InvalidInput, NotIsolatable
 from ratchet.extras import require
+from ratchet.llm import routing
 from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
 from ratchet.llm.gate import Gate
 from ratchet.llm.gate import apply as gate_apply
@@ -52,7 +57,8 @@ def wrap(client: C, *, retry: Retry | Mapping[str, Any] | None = None,
     (the SDK's own timeout applies too)."""
     provider = _provider_of(client)
     policy = as_policy(retry, DEFAULT_RETRY)
-    return cast(C, DurableClient(client, provider, policy, timeout_s))
+    return cast(C, DurableClient(client, provider, policy, timeout_s,
+                                 routing.site_of(sys._getframe(1))))
 
 
 def _provider_of(client: Any) -> str:
@@ -94,12 +100,15 @@ class DurableClient(_Proxy):
     """What :func:`wrap` returns: the client, with its model calls made durable."""
 
     def __init__(self, client: Any, provider: str, retry: Retry,
-                 timeout_s: float | None) -> None:
+                 timeout_s: float | None, site: str = "") -> None:
         bare = client.with_options(max_retries=0)  # the step's policy is the only retry
         tree: dict[str, Any] = {}
+        calls: dict[str, DurableCall] = {}
         for endpoint in BY_PROVIDER[provider]:
             call = DurableCall(endpoint, endpoint.resource(client), endpoint.resource(bare),
                                retry, timeout_s, connections.http_client_of(bare))
+            call.site = site
+            calls[endpoint.name] = call
             node = tree
             for attr in endpoint.path:
                 node = node.setdefault(attr, {})
@@ -107,6 +116,9 @@ class DurableClient(_Proxy):
         super().__init__(client, _build(client, tree))
         self.__dict__["unwrapped"] = client
         self.__dict__["provider"] = provider
+        self.__dict__["calls"] = calls  # by step name, for the worker of an isolated run
+        self.__dict__["site"] = site
+        routing.register(site, self)
 
 
 def _build(target: Any, tree: Mapping[str, Any]) -> dict[str, Any]:
@@ -139,6 +151,7 @@ class DurableCall:
     def __init__(self, endpoint: Endpoint, plain: Any, bare: Any, retry: Retry,
                  timeout_s: float | None, http: Any = None) -> None:
         self.endpoint = endpoint
+        self.site = ""  # where its client was made (see ratchet.llm.routing)
         self._http = http  # its SDK client's HTTP client, whose connections a loop owns
         self._plain = plain.create
         self._raw = bare.with_raw_response.create
@@ -159,6 +172,9 @@ class DurableCall:
             raise InvalidInput(f"{self.endpoint.name}: pass its arguments by keyword, as the "
                                "SDK does")
         started = {"provider": self.endpoint.provider, "model": kwargs.get("model")}
+        if routing.route is not None and (gate is not None or kwargs.get("stream")):
+            raise NotIsolatable(f"{self.endpoint.name}: a confidence gate or a stream is not "
+                                "available in the isolated tier; call it plainly there")
         if gate is not None:
             checked = check_gate(gate, self.endpoint, kwargs)
             # The call's ordinal is taken now, at call time, as for an ungated call.
@@ -187,14 +203,23 @@ class DurableCall:
         verdict = await gate_apply(ctx, gate, step_id, body, kwargs, call, judge)
         return self.endpoint.revive(verdict.body)
 
-    def _headers(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _headers(self, kwargs: dict[str, Any], key: str | None = None) -> dict[str, Any]:
         headers = dict(kwargs.pop("extra_headers", None) or {})
-        headers["Idempotency-Key"] = current_step().idempotency_key
+        headers["Idempotency-Key"] = key or current_step().idempotency_key
         return headers
 
     async def _send(self, **kwargs: Any) -> Answer:
+        if routing.route is not None:  # in a sandbox: the worker outside makes the call
+            body, meta = await routing.route(self.site, kwargs)
+            return Answer(body, meta)
+        return await self.send(kwargs, current_step().idempotency_key)
+
+    async def send(self, kwargs: dict[str, Any], key: str) -> Answer:
+        """The provider call itself, sent with ``Idempotency-Key: key``: its body and
+        what the journal says of it. The worker of an isolated run calls it for the
+        step its sandbox runs."""
         connections.used(self._http)
-        headers = self._headers(kwargs)
+        headers = self._headers(kwargs, key)
         began = time.perf_counter()
         try:
             raw = await self._raw(**kwargs, extra_headers=headers)

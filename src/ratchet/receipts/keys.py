@@ -95,7 +95,7 @@ def _load_private(path: Path, source: str) -> Ed25519PrivateKey:
 
 def _generate(path: Path) -> None:
     """Write a new key to ``path`` unless a file is there already (then keep that one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the data directory
     pem = Ed25519PrivateKey.generate().private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
         serialization.NoEncryption())

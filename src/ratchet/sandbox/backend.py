@@ -23,6 +23,9 @@ class SpawnRequest:
     env: dict[str, str]
     report_socket: str  # the host path of the report channel, bound at REPORT_SOCKET
     readable: list[str] = field(default_factory=list)  # host paths shown read-only
+    # Host paths the sandbox must not see (Ratchet's data directory, database, key,
+    # logs): masked wherever a path it is shown holds them.
+    hidden: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ from collections.abc import Generator
 from typing import Any
 
 from ratchet.extras import require
-from ratchet.receipts import Signer
 from ratchet.sandbox.grants import Grants
 from ratchet.store.base import Store
 
@@ -32,9 +31,8 @@ MAX_REPORT = 64 << 20
 class ReportChannel:
     """The worker's report endpoint, for all its sandboxes."""
 
-    def __init__(self, store: Store, signer: Signer | None = None) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self.signer = signer
         self.grants = Grants()
         self.path = ""
         self._server: object | None = None
@@ -71,7 +69,6 @@ class ReportChannel:
                       redoc_url=None)
         api.state.store = self.store
         api.state.grants = self.grants
-        api.state.signer = self.signer
         errors.install(api)
         api.include_router(runtime.router)
         api.add_middleware(BodyLimit, limit=MAX_REPORT)

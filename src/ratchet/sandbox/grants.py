@@ -2,21 +2,20 @@
 that spawned it and serves its report channel.
 
 A grant is found by its token's sha256 (the token itself is kept nowhere); it carries the
-lease the sandbox writes under (its owner's, at the epoch the sandbox was spawned under,
-so the store's fence refuses it once the run has moved on), and the head of the run's
-journal that the next report must continue, so a report out of order is refused before
-the database is asked. A grant ends with its sandbox, or at its deadline.
+run's journal as its host writes it (:class:`ratchet.sandbox.host.HostJournal`: the fold
+every report is checked against, and the lease the sandbox writes under, its owner's at
+the epoch the sandbox was spawned under, so the store's fence refuses it once the run has
+moved on). A grant ends with its sandbox, or at its deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from ratchet.model import Lease
+from ratchet.sandbox.host import HostJournal
 
 # A sandbox without a timeout still gets a token that ends.
 DEFAULT_TTL_S = 24 * 3600.0
@@ -34,12 +33,13 @@ class Grant:
 
     run_id: str
     sandbox_id: str
-    lease: Lease
-    next_seq: int  # the seq the next reported event must carry
-    head: str  # the hash it must chain from
+    journal: HostJournal
     expires_at: float  # time.monotonic()
-    finished: str | None = None  # the terminal status it reported
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def finished(self) -> str | None:
+        """The run's end, once journaled (by the sandbox's report or by the host)."""
+        return self.journal.finished
 
 
 class Grants:
@@ -49,11 +49,11 @@ class Grants:
         self._by_hash: dict[str, Grant] = {}
         self._ended: dict[str, None] = {}
 
-    def issue(self, run_id: str, sandbox_id: str, lease: Lease, head_seq: int, head: str,
+    def issue(self, journal: HostJournal, sandbox_id: str,
               ttl_s: float | None = None) -> tuple[Grant, str]:
-        """A new grant and its token (shown once, to the sandbox)."""
+        """A new grant on ``journal`` and its token (shown once, to the sandbox)."""
         token = secrets.token_urlsafe(32)
-        grant = Grant(run_id, sandbox_id, lease, head_seq + 1, head,
+        grant = Grant(journal.run_id, sandbox_id, journal,
                       time.monotonic() + (ttl_s or DEFAULT_TTL_S))
         self._by_hash[token_hash(token)] = grant
         return grant, token
@@ -71,7 +71,9 @@ class Grants:
         return grant
 
     def revoke(self, grant: Grant) -> None:
-        """The sandbox ended: its token is refused from now on."""
+        """The sandbox ended: its token is refused from now on, and its model calls still
+        being made are given up."""
+        grant.journal.close()
         for digest, held in list(self._by_hash.items()):
             if held is grant:
                 self._end(digest)

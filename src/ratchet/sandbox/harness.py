@@ -5,13 +5,16 @@ Runs the workflow with the engine's own driver, so its ``@app.step`` code is the
 in-process: the journal is read from the report channel (with ``RATCHET_RESUME=1``, the
 completed steps it holds are replayed from their saved outputs, not run again; a step an
 earlier sandbox left in flight runs again under the same attempt and idempotency key),
-and every journal write goes back as a report. The worker outside owns the run; this
-process only reports. Its exit code tells the worker what happened: 0 the run ended,
-3 the sandbox was fenced off (another owns the run), anything else a crash.
+and every journal write goes back as a report. The worker outside owns the run and writes
+its journal: it has journaled this drive's start before spawning the sandbox, it checks
+each report against the step state machine, judges the run's guards, and makes the run's
+model calls (wrapped clients send them over the channel). This process only proposes.
+Its exit code tells the worker what happened: 0 the run ended, 3 the sandbox was fenced
+off (another owns the run), anything else a crash.
 
 Environment (set by the worker): RATCHET_RUN_ID, RATCHET_SANDBOX_ID, RATCHET_REPORT_TOKEN,
-RATCHET_WORKER_ID, RATCHET_LEASE_EPOCH, RATCHET_DRIVE_REASON, RATCHET_REPORT_SOCKET,
-RATCHET_NETWORK, and RATCHET_RESUME=1 from the second sandbox of a run on. A graph's
+RATCHET_WORKER_ID, RATCHET_LEASE_EPOCH, RATCHET_REPORT_SOCKET, RATCHET_NETWORK, and
+RATCHET_RESUME=1 from the second sandbox of a run on. A graph's
 harness gets its definition (RATCHET_GRAPH, checked against the run's version) and where
 its tools are (RATCHET_GRAPH_TOOLS: ``{tool: "module:name"}``), and runs the interpreter.
 """
@@ -31,9 +34,10 @@ from ratchet.engine.control import Control, DriveOutcome
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import drive
 from ratchet.engine.threads import StepThreads
+from ratchet.llm import routing
 from ratchet.model import ClaimedRun, Lease
 from ratchet.sandbox.backend import REPORT_SOCKET
-from ratchet.sandbox.remote import RemoteStore, Reporter
+from ratchet.sandbox.remote import RemoteModels, RemoteStore, Reporter
 from ratchet.store.base import Store
 
 EXIT_ENDED = 0
@@ -126,6 +130,7 @@ async def run(wd: WorkflowDef) -> int:
     if env.get("RATCHET_NETWORK") == "report-only":
         env["RATCHET_REPORT_URL"] = await _relay(socket_path)
     reporter = Reporter(socket_path, env.pop("RATCHET_REPORT_TOKEN"), run_id, sandbox_id)
+    routing.route = RemoteModels(reporter)
     try:
         record, events = await reporter.journal()
         if (record.workflow, record.workflow_version) != (wd.name, wd.version):
@@ -133,13 +138,10 @@ async def run(wd: WorkflowDef) -> int:
                       run_id, record.workflow, record.workflow_version, wd.name, wd.version)
             return EXIT_USAGE
         lease = Lease(run_id, env["RATCHET_WORKER_ID"], int(env["RATCHET_LEASE_EPOCH"]))
-        # Why the worker holds the run (claim, sweep, reclaim), or "resume" when it spawns
-        # again after a sandbox of this drive ended unfinished; the drive marker says so.
-        reason = env.get("RATCHET_DRIVE_REASON") or (
-            "resume" if env.get("RATCHET_RESUME") == "1" else "claim")
         store = cast(Store, RemoteStore(reporter, events))  # the calls a drive makes
-        outcome = await drive(store, ClaimedRun(record, lease, reason), {wd.name: wd},
-                              Control(), StepThreads(8))
+        # The worker outside has journaled this drive's start and judges its guards.
+        outcome = await drive(store, ClaimedRun(record, lease, "sandbox"), {wd.name: wd},
+                              Control(), StepThreads(8), host_judged=True)
     finally:
         await reporter.close()
     return _OUTCOME_EXIT.get(outcome, EXIT_CRASHED)

@@ -11,12 +11,14 @@ sandbox: it only takes runs whose lease expired, and then none of their sandboxe
 Each pass: if the journal holds the run's end, it is over. Otherwise the next sandbox is
 opened in the store (under the lease; the rows a dead owner left are closed as orphaned),
 unless three were already spawned for the run, in which case the run fails with
-``{code: sandbox_resume_exhausted, attempts}``. From the second sandbox on it starts with
-``RATCHET_RESUME=1``: the harness replays the completed steps and runs the rest. A crash,
-an OOM kill or a timeout ends the sandbox without the run's end, and the next pass spawns
-again. A cancel kills the sandbox and ends the run as cancelled; a shutdown lets the
-sandbox run through the grace period, then kills it and hands the run back (that sandbox
-is not counted against the three).
+``{code: sandbox_resume_exhausted, attempts}``. The worker journals the drive's start
+(``run_started`` / ``run_resumed``, naming the sandbox) and spawns it; from then on it
+writes what the sandbox proposes, once checked (:mod:`ratchet.sandbox.host`). From the
+second sandbox on it starts with ``RATCHET_RESUME=1``: the harness replays the completed
+steps and runs the rest. A crash, an OOM kill or a timeout ends the sandbox without the
+run's end, and the next pass spawns again. A cancel kills the sandbox and ends the run
+as cancelled; a shutdown lets the sandbox run through the grace period, then kills it and
+hands the run back (that sandbox is not counted against the three).
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import os
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import receipt_for
+from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.worker import Relet
 from ratchet.errors import (
     LeaseLost,
@@ -42,8 +46,18 @@ from ratchet.errors import (
 )
 from ratchet.extras import require
 from ratchet.graphs.registry import GraphWorkflow
-from ratchet.model import ClaimedRun, Event, EventKind, Lease, RunStatus, dumps, fold
+from ratchet.model import (
+    ClaimedRun,
+    Event,
+    EventKind,
+    Lease,
+    RunState,
+    RunStatus,
+    dumps,
+    fold,
+)
 from ratchet.receipts import Signer
+from ratchet.sandbox import mounts
 from ratchet.sandbox.backend import (
     REPORT_SOCKET,
     Exit,
@@ -51,9 +65,10 @@ from ratchet.sandbox.backend import (
     SandboxProcess,
     SpawnRequest,
 )
-from ratchet.sandbox.bwrap import code_paths, default_backend
+from ratchet.sandbox.bwrap import default_backend
 from ratchet.sandbox.channel import ReportChannel
 from ratchet.sandbox.grants import Grant
+from ratchet.sandbox.host import HostJournal
 from ratchet.store import sandboxes as rows
 from ratchet.store.base import Store
 
@@ -68,19 +83,25 @@ RESPAWN = "resume"
 
 # The harness module, run as ``python -m`` inside the sandbox.
 HARNESS = "ratchet.sandbox.harness"
+# The SDKs refuse to make a client without a key: a sandbox's clients get this one, which
+# never leaves it (its model calls are made by the worker, with the worker's key).
+PLACEHOLDER_KEYS = {"OPENAI_API_KEY": "ratchet-sandbox-no-key",
+                    "ANTHROPIC_API_KEY": "ratchet-sandbox-no-key"}
 
 
 class IsolatedRunner:
     """Drives isolated runs for one worker: its report channel and its backend."""
 
     def __init__(self, store: Store, backend: SandboxBackend | None = None,
-                 signer: Signer | None = None) -> None:
+                 signer: Signer | None = None, private: Sequence[str] = ()) -> None:
         self.store = store
         self._backend = backend
+        # Ratchet's own files (the data directory, the database's), hidden from sandboxes.
+        self.private = list(private)
         # Signs the receipt of each run that ends here, in the commit that ends it: by a
-        # sandbox's report (the channel) or by this worker (_finish, _settled).
+        # sandbox's report (its HostJournal) or by this worker (_finish, _settled).
         self.signer = signer
-        self.channel = ReportChannel(store, signer)
+        self.channel = ReportChannel(store)
         # The sandbox alive per run on this worker: a drive that takes a run over from an
         # older drive here (a retake) waits for the older one's sandbox to be gone.
         self._live: dict[str, tuple[SandboxProcess, asyncio.Future[Exit]]] = {}
@@ -103,6 +124,9 @@ class IsolatedRunner:
 
     async def close(self) -> None:
         await self.channel.close()
+        close = getattr(self._backend, "close", None)
+        if callable(close):
+            close()
 
     async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
                     relet: Relet) -> DriveOutcome:
@@ -153,12 +177,13 @@ class IsolatedRunner:
                                                         counted_since(events, claimed.lease))
             if row is None:
                 return await self._exhausted(lease, events, reason, counted)
-            grant, token = self.channel.grants.issue(run_id, sandbox_id, lease,
-                                                     events[-1].seq, events[-1].hash,
-                                                     wd.sandbox.timeout_s)
+            events = [*events, await self._mark(lease, state, reason, sandbox_id)]
+            journal = HostJournal(self.store, lease, claimed.record, events,
+                                  wd.guards or DEFAULT_GUARDS, self.signer)
+            grant, token = self.channel.grants.issue(journal, sandbox_id, wd.sandbox.timeout_s)
             try:
                 exit, why = await self._run_sandbox(backend, socket, row, wd, token, control,
-                                                    reason)
+                                                    grant)
             finally:
                 self.channel.grants.revoke(grant)
             await self._ended(row, grant, exit, why)
@@ -169,19 +194,44 @@ class IsolatedRunner:
                         else DriveOutcome.FAILED)
             reason = RESPAWN
 
+    async def _mark(self, lease: Lease, state: RunState, reason: str,
+                    sandbox_id: str) -> Event:
+        """Journal the start of this drive, the sandbox's: the marker an in-process drive
+        writes itself, written by the worker (a sandbox proposes step events only)."""
+        kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
+        marker = Event.chain(lease.run_id, state.last_seq + 1, kind, None, None, {
+            "worker_id": lease.worker_id, "epoch": lease.epoch, "reason": reason,
+            "drive": state.drives + 1, "sandbox_id": sandbox_id}, time.time(),
+            state.last_hash)
+        await self.store.append(lease, [marker])
+        return marker
+
+    def hidden(self) -> list[str]:
+        """What no sandbox may see: Ratchet's files (the data directory, the database's),
+        the signing key, and the files this worker logs to."""
+        paths = [*self.private, *mounts.log_files()]
+        if self.signer is not None:
+            paths.append(str(self.signer.path))
+        for name in ("RATCHET_SIGNING_KEY", "RATCHET_DATA_DIR"):
+            if os.environ.get(name):
+                paths.append(os.path.abspath(os.path.expanduser(os.environ[name])))
+        return paths
+
     async def _run_sandbox(self, backend: SandboxBackend, socket: str,
                            row: rows.SandboxRecord, wd: WorkflowDef, token: str,
-                           control: Control, reason: str) -> tuple[Exit, str]:
+                           control: Control, grant: Grant) -> tuple[Exit, str]:
         """Spawn the sandbox and wait until it is gone: its exit, and why it ended
-        (``exited``, ``timeout``, or the stop that killed it)."""
+        (``exited``, ``timeout``, ``ended`` when the worker ended the run itself, or the
+        stop that killed it)."""
         assert wd.sandbox is not None
         env = {
             "RATCHET_RUN_ID": row.run_id, "RATCHET_SANDBOX_ID": row.sandbox_id,
             "RATCHET_REPORT_TOKEN": token, "RATCHET_WORKER_ID": row.worker_id,
-            "RATCHET_LEASE_EPOCH": str(row.epoch), "RATCHET_DRIVE_REASON": reason,
-            "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
-            "RATCHET_NETWORK": wd.sandbox.network, "PYTHONPATH": os.pathsep.join(code_paths()),
+            "RATCHET_LEASE_EPOCH": str(row.epoch), "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
+            "RATCHET_NETWORK": wd.sandbox.network,
+            "PYTHONPATH": os.pathsep.join(mounts.import_path()),
             "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "LANG": "C.UTF-8",
+            **PLACEHOLDER_KEYS,
         }
         if row.attempt > 1:
             env["RATCHET_RESUME"] = "1"
@@ -190,7 +240,8 @@ class IsolatedRunner:
             args, more = harness_args(wd)
             env.update(more)
             argv = [sys.executable, "-m", HARNESS, *args]
-            request = SpawnRequest(row.sandbox_id, wd.sandbox, argv, env, socket)
+            request = SpawnRequest(row.sandbox_id, wd.sandbox, argv, env, socket,
+                                   hidden=self.hidden())
             previous = self._live.get(row.run_id)
             if previous is not None:
                 previous[0].kill()
@@ -216,18 +267,23 @@ class IsolatedRunner:
         waiting = asyncio.ensure_future(proc.wait())
         self._live[row.run_id] = (proc, waiting)
         stopping = asyncio.ensure_future(stopped.wait())
+        # The worker ended the run itself (a guard failed it): the sandbox has nothing
+        # left to do that would land.
+        ended = asyncio.ensure_future(grant.journal.ended.wait())
         why = "exited"
         try:
             timeout = wd.sandbox.timeout_s
-            done, _ = await asyncio.wait({waiting, stopping}, timeout=timeout,
+            done, _ = await asyncio.wait({waiting, stopping, ended}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
             if waiting not in done:
-                why = str(control.reason) if stopping in done else "timeout"
+                why = (str(control.reason) if stopping in done else "ended"
+                       if ended in done else "timeout")
                 proc.kill()
             exit = await asyncio.shield(waiting)
         finally:
             control.listen(None)
             stopping.cancel()
+            ended.cancel()
             if self._live.get(row.run_id, (None, None))[1] is waiting:
                 del self._live[row.run_id]
             if not waiting.done():  # the drive itself is being cancelled

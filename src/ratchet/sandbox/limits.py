@@ -2,18 +2,19 @@
 worker create them (v2 with the memory, pids and cpu controllers delegated, or the v1
 hierarchies), else rlimits set just before bubblewrap starts.
 
-A sandbox joins its cgroup before bubblewrap runs (a shell writes its own pid, then
-execs), so nothing the sandbox forks can start outside it. rlimits are weaker: the
-address-space limit bounds each process rather than the sandbox, and the process-count
-limit is not enforced for a worker running as root; :attr:`Limits.name` says which
-applies, and the docs tell users to prefer a machine with cgroups.
+A sandbox joins its cgroup before bubblewrap runs (its launcher, :mod:`ratchet.sandbox.launch`,
+writes its own pid, then becomes bubblewrap), so nothing the sandbox forks can start
+outside it. rlimits are weaker: the address-space limit bounds each process rather than
+the sandbox, and the process-count limit counts every process of the sandbox's user (for
+a worker running as root, ``nobody``: all its sandboxes together, and anything else that
+runs as ``nobody``); :attr:`Limits.name` says which applies, and the docs tell users to
+prefer a machine with cgroups.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 from pathlib import Path
 
@@ -25,19 +26,15 @@ _V1 = ("memory", "pids", "cpu")
 
 
 class Cell:
-    """One sandbox's limits: the shell lines that put the sandbox under them, what they
-    measured once it is gone, and their removal."""
+    """One sandbox's limits: what puts the sandbox under them (the ``cgroup.procs`` files
+    its launcher joins, the rlimits it sets), what they measured once it is gone, and
+    their removal."""
 
-    def __init__(self, dirs: list[Path], prelude: list[str]) -> None:
+    def __init__(self, dirs: list[Path], join: list[str],
+                 rlimits: dict[str, int] | None = None) -> None:
         self.dirs = dirs
-        self.prelude = prelude
-
-    def wrap(self, argv: list[str]) -> list[str]:
-        """``argv`` started under these limits."""
-        if not self.prelude:
-            return argv
-        script = " && ".join([*self.prelude, 'exec "$@"'])
-        return ["/bin/sh", "-c", script, "sh", *argv]
+        self.join = join
+        self.rlimits = rlimits or {}
 
     def kill_all(self) -> None:
         """SIGKILL every process still in the cgroup (the sandbox's own init normally
@@ -108,7 +105,7 @@ class Limits:
                 (d / "memory.swap.max").write_text("0")
             (d / "pids.max").write_text(str(spec.max_processes))
             (d / "cpu.max").write_text(f"{quota} {PERIOD_US}")
-            return Cell([d], [f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}"])
+            return Cell([d], [str(d / "cgroup.procs")])
         if self.name == "cgroup v1":
             dirs = {c: self.root / c / "ratchet" / sandbox_id for c in _V1}
             for d in dirs.values():
@@ -121,10 +118,8 @@ class Limits:
             (dirs["cpu"] / "cpu.cfs_quota_us").write_text(str(quota))
             # The memory hierarchy first: peak and OOM are read from it.
             order = [dirs["memory"], dirs["pids"], dirs["cpu"]]
-            return Cell(order, [f"echo $$ > {shlex.quote(str(d / 'cgroup.procs'))}"
-                                for d in order])
-        cpu_s = None if spec.timeout_s is None else int(spec.timeout_s * spec.cpus) + 1
-        prelude = [f"ulimit -v {memory // 1024}", f"ulimit -u {spec.max_processes}"]
-        if cpu_s is not None:
-            prelude.append(f"ulimit -t {cpu_s}")
-        return Cell([], prelude)
+            return Cell(order, [str(d / "cgroup.procs") for d in order])
+        rlimits = {"as": memory, "nproc": spec.max_processes}
+        if spec.timeout_s is not None:
+            rlimits["cpu"] = int(spec.timeout_s * spec.cpus) + 1
+        return Cell([], [], rlimits)

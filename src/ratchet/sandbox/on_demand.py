@@ -8,6 +8,7 @@ latency.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,16 +24,19 @@ if TYPE_CHECKING:
 class OnDemandRunner:
     """An :class:`ratchet.sandbox.isolated.IsolatedRunner`, made on first use."""
 
-    def __init__(self, store: Store, signer: Signer | None = None) -> None:
+    def __init__(self, store: Store, signer: Signer | None = None,
+                 private: Sequence[str] = ()) -> None:
         self.store = store
         self.signer = signer
+        self.private = list(private)
         self.runner: IsolatedRunner | None = None
 
     def _runner(self) -> IsolatedRunner:
         if self.runner is None:
             from ratchet.sandbox.isolated import IsolatedRunner
 
-            self.runner = IsolatedRunner(self.store, signer=self.signer)
+            self.runner = IsolatedRunner(self.store, signer=self.signer,
+                                         private=self.private)
         return self.runner
 
     async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,

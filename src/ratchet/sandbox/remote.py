@@ -1,7 +1,9 @@
 """The store as a drive inside a sandbox sees it: its journal writes become reports on the
-report channel, its journal is read from the channel, and everything else a drive may ask
-of a store (parks, child runs, signals, approvals, receipts) is refused with
-:class:`NotIsolatable`, since only the worker outside may write those.
+report channel (proposals: the worker outside checks and writes them, see
+:mod:`ratchet.sandbox.host`), its journal is read from the channel, and everything else a
+drive may ask of a store (parks, child runs, signals, approvals, receipts) is refused
+with :class:`NotIsolatable`, since only the worker outside may write those. Its model
+calls go to the worker too (:class:`RemoteModels`), which makes them.
 
 Answers map back to what the driver expects from a store: the fence's 409 is
 ``LeaseLost``, a finished run ``RunFinished``, another conflict ``StoreConflict``, an
@@ -20,6 +22,9 @@ import httpx
 
 from ratchet.errors import (
     LeaseLost,
+    LLMError,
+    LLMRequestError,
+    LLMTimeout,
     NotIsolatable,
     RunFinished,
     StorageError,
@@ -29,12 +34,15 @@ from ratchet.errors import (
 from ratchet.model import Event, Lease, RunRecord, RunStatus, dumps
 
 TIMEOUT_S = 60.0
+_LLM_ERRORS: dict[str, type[LLMError]] = {
+    "LLMError": LLMError, "LLMTimeout": LLMTimeout, "LLMRequestError": LLMRequestError}
 
 
 def event_body(ev: Event) -> dict[str, Any]:
-    return {"seq": ev.seq, "kind": ev.kind, "step_id": ev.step_id, "attempt": ev.attempt,
-            "payload_json": ev.payload_json or dumps(ev.payload), "at": ev.at,
-            "prev_hash": ev.prev_hash, "hash": ev.hash}
+    """What a report says of one of the drive's events: its place and time in the journal
+    are the worker's."""
+    return {"kind": ev.kind, "step_id": ev.step_id, "attempt": ev.attempt,
+            "payload_json": ev.payload_json or dumps(ev.payload)}
 
 
 def event_from(run_id: str, body: dict[str, Any]) -> Event:
@@ -64,9 +72,10 @@ class Reporter:
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def _send(self, method: str, path: str, body: Any = None) -> Any:
+    async def _send(self, method: str, path: str, body: Any = None,
+                    timeout: float | None = TIMEOUT_S) -> Any:
         try:
-            answer = await self.client.request(method, path, json=body)
+            answer = await self.client.request(method, path, json=body, timeout=timeout)
         except httpx.HTTPError as e:
             raise StorageError(f"the report channel is unreachable: {e}") from e
         if answer.status_code == 200:
@@ -75,7 +84,14 @@ class Reporter:
             err = answer.json()
             code, message = err.get("error"), err.get("message", "")
         except ValueError:
-            code, message = None, answer.text
+            err, code, message = {}, None, answer.text
+        if code == "llm_error":
+            details = err.get("details") or {}
+            cls = _LLM_ERRORS.get(str(details.get("type")), LLMRequestError)
+            raise cls(message, provider=details.get("provider"),
+                      status_code=details.get("status_code"),
+                      retry_after_s=details.get("retry_after_s"),
+                      request_id=details.get("request_id"))
         if code == "fenced":
             raise LeaseLost(self.run_id, message)
         if code == "finished":
@@ -90,10 +106,41 @@ class Reporter:
         body = await self._send("GET", "/v1/runtime/journal")
         return record_from(body["run"]), [event_from(self.run_id, e) for e in body["events"]]
 
-    async def report(self, op: str, events: Sequence[Event], **fields: Any) -> None:
+    async def report(self, op: str, events: Sequence[Event]) -> None:
         await self._send("POST", "/v1/runtime/report", {
             "run_id": self.run_id, "sandbox_id": self.sandbox_id, "op": op,
-            "events": [event_body(e) for e in events], **fields})
+            "events": [event_body(e) for e in events]})
+
+    async def model_call(self, step_id: str, attempt: int, site: str,
+                         kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The worker's answer to a model call of this step's attempt: (body, meta). No
+        deadline of the channel's own: a model may take long, and the step's timeout
+        bounds it."""
+        answer = await self._send("POST", "/v1/runtime/llm", {
+            "run_id": self.run_id, "sandbox_id": self.sandbox_id, "step_id": step_id,
+            "attempt": attempt, "site": site, "kwargs_json": dumps(kwargs)}, timeout=None)
+        return answer["body"], answer["meta"]
+
+
+class RemoteModels:
+    """A sandbox's model calls (``ratchet.llm.wrap``'s clients): each goes to the worker,
+    which makes it with its own client and credentials (see
+    :meth:`ratchet.sandbox.host.HostJournal.call_model`)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+
+    async def __call__(self, site: str, kwargs: dict[str, Any]
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+        from ratchet.engine.context import current_step
+
+        step = current_step()
+        try:
+            dumps(kwargs)
+        except (TypeError, ValueError) as e:
+            raise LLMRequestError(f"a model call of an isolated run goes to its worker as "
+                                  f"JSON, and its arguments are not: {e}") from e
+        return await self.reporter.model_call(step.step_id, step.attempt, site, kwargs)
 
 
 def _refuse(what: str) -> NoReturn:
@@ -138,8 +185,8 @@ class RemoteStore:
             raise RunFinished(f"run {lease.run_id} has already finished")
         if status not in (RunStatus.SUCCEEDED, RunStatus.FAILED):
             _refuse(f"ending a run as {status}")
-        await self.reporter.report("finish", events, status=str(status), output=output,
-                                   error=error, dead_letter=dead_letter)
+        # The run's end is the last event; the worker sets the run's row from it.
+        await self.reporter.report("finish", events)
 
     async def hand_back(self, lease: Lease, events: Sequence[Event]) -> None:
         _refuse("handing a run back")

@@ -95,7 +95,7 @@ class SqliteStore(Store):
                                        isolation_level=None, check_same_thread=False,
                                        timeout=self._busy_timeout_s)
             else:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
+                _create_private(path)
                 conn = sqlite3.connect(self.path, isolation_level=None,
                                        check_same_thread=False, timeout=self._busy_timeout_s)
             conn.row_factory = sqlite3.Row  # rows are read by column name
@@ -447,3 +447,16 @@ def _statements(sql: str) -> list[str]:
     if "".join(buf).strip():
         out.append("\n".join(buf))
     return out
+
+
+def _create_private(path: str) -> None:
+    """Make the database file for its owner only (mode 0600; a folder made for it, 0700)
+    before SQLite opens it: SQLite gives its -wal, -shm and -journal files the database's
+    mode, so all of them are closed to other users, a sandbox's among them."""
+    if path.endswith(":memory:"):
+        return
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass
