@@ -103,7 +103,8 @@ def test_unannotated_values_are_written_in_pydantics_json_form_and_read_back_as_
     async def loose():  # type: ignore[no-untyped-def]  # no annotation on purpose
         return {"at": WHEN, "invoice": INVOICE, "ids": {3}, "blob": b"\x00\xff",
                 "ticket": Ticket(id=uuid.UUID(int=1), opened=dt.date(2024, 1, 2)),
-                "span": dt.timedelta(minutes=90), "tier": Tier.GOLD}
+                "span": dt.timedelta(minutes=90), "tier": Tier.GOLD,
+                "counts": {Tier.GOLD: 1, dt.date(2024, 1, 1): 2, 3: "int beside str keys"}}
 
     @app.workflow()
     async def wf(when, invoice):  # type: ignore[no-untyped-def]
@@ -114,7 +115,8 @@ def test_unannotated_values_are_written_in_pydantics_json_form_and_read_back_as_
     expected = {"at": "2024-05-06T07:08:09Z", "invoice": INVOICE_JSON, "ids": [3],
                 "blob": "AP8=", "ticket": {"id": "00000000-0000-0000-0000-000000000001",
                                            "opened": "2024-01-02"},
-                "span": "PT1H30M", "tier": "gold"}
+                "span": "PT1H30M", "tier": "gold",
+                "counts": {"gold": 1, "2024-01-01": 2, "3": "int beside str keys"}}
     app.launch()
     run_id = app.start(wf, WHEN, INVOICE)
     assert app.get(run_id).input == {"args": ["2024-05-06T07:08:09Z", INVOICE_JSON],
@@ -153,11 +155,15 @@ def test_annotated_outputs_come_back_as_their_types_on_the_first_drive_and_on_re
     async def blob() -> bytes:
         return bytes(range(256))
 
+    @app.step
+    async def tally() -> dict[Tier, int]:
+        return {Tier.GOLD: 3}
+
     @app.workflow()
     async def wf(first: Invoice, at: dt.datetime) -> Invoice:
         drives.append({"first": first, "at": at, "when": await when(),
                        "invoice": await invoice(), "tickets": await tickets(),
-                       "blob": await blob()})
+                       "blob": await blob(), "tally": await tally()})
         await ratchet.wait_for_signal("again")  # parks: the next drive replays everything
         return await invoice()
 
@@ -171,7 +177,7 @@ def test_annotated_outputs_come_back_as_their_types_on_the_first_drive_and_on_re
     assert first == replay == {
         "first": INVOICE, "at": WHEN, "when": WHEN, "invoice": INVOICE,
         "tickets": {"open": [Ticket(id=uuid.UUID(int=2), opened=dt.date(2024, 3, 4))]},
-        "blob": bytes(range(256))}
+        "blob": bytes(range(256)), "tally": {Tier.GOLD: 3}}
     assert type(replay["invoice"].total) is decimal.Decimal
     assert type(replay["tickets"]["open"][0]) is Ticket
     assert repr(first) == repr(replay)

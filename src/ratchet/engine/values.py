@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import re
 import types
 import typing
@@ -53,6 +54,8 @@ _NATIVE = {int: int, str: str, bool: bool, float: float, dict: dict, list: list,
 _SCALARS = frozenset({int, str, bool, float, type(None)})
 # Leaves of an annotation whose values the json module writes as the adapter would.
 _PLAIN_LEAVES = frozenset({int, str, bool, float, type(None), None, dict, list, Any, object})
+# How json says that it cannot write a dict's keys, or cannot sort them.
+_KEY_ERRORS = ("keys must be", "'<' not supported between instances")
 # The JSON escape of a NUL character, not preceded by a backslash that escapes its own.
 _NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
@@ -102,7 +105,14 @@ def to_json(value: Any, what: str) -> str:
     """``value`` as canonical JSON (pydantic's JSON form for what json cannot write), or
     :class:`NotSerializable` naming ``what``."""
     try:
-        text = dumps(value, jsonable)
+        try:
+            text = dumps(value, jsonable)
+        except TypeError as e:
+            if not str(e).startswith(_KEY_ERRORS):
+                raise
+            # A dict keyed by what json cannot write as a key (an Enum, a date, a UUID) or
+            # cannot sort (an int beside a str): every key as text, on this second try only.
+            text = dumps(_keyed(value), _keyed_jsonable)
     except (TypeError, ValueError, RecursionError) as e:
         raise NotSerializable(f"{what} is not JSON-serialisable: {e}") from e
     # A NUL character is written \u0000, and PostgreSQL's jsonb refuses it: refused here on
@@ -121,6 +131,37 @@ def to_json(value: Any, what: str) -> str:
                 f"{what} is not JSON-serialisable: it holds a lone surrogate "
                 f"{text[e.start]!r}, which UTF-8 cannot store") from None
     return text
+
+
+def _keyed(value: Any) -> Any:
+    """``value`` with every dict's keys as json can write them (see :func:`to_json`)."""
+    if isinstance(value, dict):
+        return {_key(k): _keyed(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_keyed(v) for v in value]
+    return value
+
+
+def _keyed_jsonable(value: Any) -> Any:
+    return _keyed(jsonable(value))
+
+
+def _key(key: Any) -> str:
+    """A dict key as text: as json writes it where json can, else as pydantic does."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool):
+        return json.dumps(key)
+    if isinstance(key, int):
+        return int.__repr__(key)
+    if isinstance(key, float):
+        return json.dumps(key, allow_nan=False)
+    from pydantic_core import PydanticSerializationError, to_jsonable_python
+
+    try:
+        return str(next(iter(to_jsonable_python({key: None}, bytes_mode="base64"))))
+    except PydanticSerializationError as e:
+        raise TypeError(cannot_encode(key, e)) from None
 
 
 class Invalid(Exception):
