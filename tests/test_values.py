@@ -240,8 +240,10 @@ def test_a_signal_comes_back_as_the_type_the_workflow_waits_for(
                "integer, unable to parse string as an integer at number (and 3 more)")
     expected = [refused, INVOICE, decision, [Ticket(id=uuid.UUID(int=3),
                                                     opened=dt.date(2024, 6, 7))]]
-    assert drives[0] == [refused]  # then it parked on the second wait
-    assert drives[-1] == expected  # the last drive replayed every signal, the bad one too
+    # Each drive got what the journal held by then, the bad one refused every time; the
+    # last replayed every signal.
+    assert all(got == expected[:len(got)] for got in drives) and len(drives) >= 2
+    assert drives[-1] == expected
     assert type(drives[-1][2]) is ratchet.Decision
     [sent] = [e for e in app.events(run_id)
               if e.kind == EventKind.STEP_COMPLETED and e.step_id == "2:signal:invoice"]
