@@ -249,7 +249,7 @@ def test_settling_refuses_bad_input_and_changes_nothing(
     with pytest.raises(ratchet.InvalidInput, match="not neither"):
         app.settle_receipt(key)
     with pytest.raises(ratchet.NotSerializable):
-        app.settle_receipt(key, response={1, 2})
+        app.settle_receipt(key, response={object()})  # a set pydantic cannot encode
     [r] = app.receipts(run_id)
     assert (r.status, r.response, r.settled_at) == ("claimed", None, None)
 

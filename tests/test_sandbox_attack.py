@@ -24,6 +24,8 @@ import attack_app
 import httpx
 import pytest
 
+from ratchet.store import tenants
+
 RESULT_S = 90
 RATCHET = str(Path(sys.executable).with_name("ratchet"))
 
@@ -141,9 +143,11 @@ def test_a_sandbox_reads_none_of_ratchets_files_and_cannot_write_the_journal(
     assert "99:ghost" not in events.text and "123456" not in events.text
 
     # The receipt holds for the journal as it is, and not for a changed one.
-    (folder / "receipt.json").write_text(served.ratchet("receipt", run_id).stdout)
+    # The CLI is the operator's: it names runs by the engine's id (the tenant's, scoped).
+    engine_id = tenants.scoped_id("acme", run_id)
+    (folder / "receipt.json").write_text(served.ratchet("receipt", engine_id).stdout)
     (folder / "key.pem").write_text(served.ratchet("keys", "show").stdout)
-    (folder / "journal.jsonl").write_text(served.ratchet("export", run_id).stdout)
+    (folder / "journal.jsonl").write_text(served.ratchet("export", engine_id).stdout)
     checked = served.ratchet("verify", "receipt.json", "--events", "journal.jsonl",
                              "--public-key", "key.pem")
     assert checked.returncode == 0 and checked.stdout.startswith("ok: "), checked

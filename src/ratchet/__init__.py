@@ -6,7 +6,7 @@ What users may import is listed in ``__all__``; a test pins the list.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ratchet.app import Ratchet
 from ratchet.effects.deliver import deliver, deliver_sync
@@ -14,6 +14,7 @@ from ratchet.engine.context import StepInfo, current_step, require_run
 from ratchet.engine.definitions import StepKey, WorkflowDef, check_name
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import Retry
+from ratchet.engine.values import codec_for
 from ratchet.errors import (
     ApprovalAlreadyDecided,
     ApprovalNotPending,
@@ -140,6 +141,8 @@ __all__ = [
 ]
 
 
+_T = TypeVar("_T")
+
 # The LLM layer (ratchet.llm, the agent loop) loads on first use: a worker of plain
 # workflows never imports the SDKs, pydantic or the price table for it.
 _LAZY = {"Agent": "ratchet.llm.agent", "AgentResult": "ratchet.llm.agent",
@@ -165,15 +168,30 @@ async def sleep(seconds: float) -> None:
     await require_run("ratchet.sleep()").sleep(float(seconds))
 
 
-async def wait_for_signal(name: str, timeout_s: float | None = None) -> Any:
-    """Park until signal ``name`` arrives (``app.signal``); return its data. After
-    ``timeout_s`` raise :class:`SignalTimeout`."""
+@overload
+async def wait_for_signal(name: str, timeout_s: float | None = None) -> Any: ...
+@overload
+async def wait_for_signal(name: str, timeout_s: float | None = None, *,
+                          type: type[_T]) -> _T: ...
+@overload
+async def wait_for_signal(name: str, timeout_s: float | None = None, *, type: Any) -> Any: ...
+
+
+async def wait_for_signal(name: str, timeout_s: float | None = None, *,
+                          type: Any = None) -> Any:
+    """Park until signal ``name`` arrives (``app.signal``); return its data, as ``type``
+    where one is given (any type pydantic reads: a model, a dataclass, ``Decision``,
+    ``list[Item]``; data that does not fit raises :class:`NotSerializable`, on every
+    replay alike), else as the JSON data that was sent. After ``timeout_s`` raise
+    :class:`SignalTimeout`."""
     check_name(name, "signal name")
     if timeout_s is not None and (isinstance(timeout_s, bool) or
                                   not isinstance(timeout_s, int | float) or timeout_s <= 0):
         raise InvalidInput(
             f"ratchet.wait_for_signal: timeout_s must be positive, got {timeout_s!r}")
-    return await require_run("ratchet.wait_for_signal()").wait_for_signal(name, timeout_s)
+    codec = None if type is None else codec_for(type)
+    return await require_run("ratchet.wait_for_signal()").wait_for_signal(name, timeout_s,
+                                                                           codec)
 
 
 def approval(name: str, data: Any = None, *, timeout_s: float | None = None

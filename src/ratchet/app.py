@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
+import json
 import re
 import threading
 import time
@@ -507,9 +508,11 @@ class Ratchet:
             raise RunCancelled(f"run {run_id} was cancelled")
 
     async def signal_async(self, run_id: str, name: str, data: Any = None) -> None:
-        """Send signal ``name`` with ``data``; a run waiting for it wakes up."""
+        """Send signal ``name`` with ``data``; a run waiting for it wakes up and gets it
+        as the type it waits for (``wait_for_signal(name, type=...)``). Stored in its JSON
+        form: pydantic's for what json cannot write (a datetime, a dataclass)."""
         check_length(check_name(name, "signal name"), "signal name", MAX_SIGNAL)
-        to_json(data, f"the data of signal {name!r}")
+        data = json.loads(to_json(data, f"the data of signal {name!r}"))
         await (await self._astore()).send_signal(run_id, name, data)
 
     async def approve_async(self, run_id: str, step: str, *, by: str,
@@ -601,7 +604,7 @@ class Ratchet:
                                "answered) or failed=True (it did not happen), not "
                                + ("both" if failed else "neither"))
         if not failed:
-            to_json(response, f"the response for receipt {key}")
+            response = json.loads(to_json(response, f"the response for receipt {key}"))
         return await (await self._astore()).resolve_receipt(
             key, None if failed else response, failed)
 

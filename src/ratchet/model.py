@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -84,15 +85,17 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-def dumps(value: Any) -> str:
+def dumps(value: Any, default: Callable[[Any], Any] = _jsonable) -> str:
     """Canonical JSON: the form payloads, inputs and outputs are stored in.
 
     Numbers are written as PostgreSQL's jsonb gives them back, on both backends, so that a
     value reads back the same from either and the journal's hashes hold: a float of
     magnitude 1e16 or more (always integral) is written as the integer it equals, and -0.0
-    as 0.0."""
+    as 0.0. ``default`` gives the JSON form of what the json module cannot write (by
+    default a pydantic model's; values from user code pass pydantic's encoder, see
+    :mod:`ratchet.engine.values`), else raises TypeError."""
     text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
-                      allow_nan=False, default=_jsonable)
+                      allow_nan=False, default=default)
     # Python writes those floats as 1e+16 and -0.0, so any other text needs no second look.
     if "e+" in text or "-0.0" in text:
         text = json.dumps(_jsonb_numbers(json.loads(text)), separators=(",", ":"),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -116,8 +117,7 @@ async def deliver(dispatch: Callable[[str], Any], *, policy: Policy = "resend",
     if inspect.isawaitable(response):
         response = await response
     crash_point("after_dispatch")
-    to_json(response, f"the response of delivery {delivery} in step {info.step_id}")
-    await store.settle_receipt(lease, key, response)
+    await store.settle_receipt(lease, key, _stored(response, delivery, info.step_id))
     return response
 
 
@@ -152,6 +152,11 @@ def deliver_sync(dispatch: Callable[[str], Any], *, policy: Policy = "resend",
     crash_point("after_receipt_claim")
     response = dispatch(key)
     crash_point("after_dispatch")
-    to_json(response, f"the response of delivery {delivery} in step {info.step_id}")
-    on_loop(store.settle_receipt(lease, key, response))
+    on_loop(store.settle_receipt(lease, key, _stored(response, delivery, info.step_id)))
     return response
+
+
+def _stored(response: Any, delivery: str, step_id: str) -> Any:
+    """The response as its receipt stores it: its JSON form (pydantic's for what json
+    cannot write), which a later drive gets back."""
+    return json.loads(to_json(response, f"the response of delivery {delivery} in step {step_id}"))

@@ -1,43 +1,30 @@
 """What the decorators produce: workflow and step definitions.
 
-Values cross the journal as JSON. A definition's annotations say what they become again:
-each parameter and each return annotation gets a pydantic ``TypeAdapter``, built on first
-use (so a forward reference to a class defined later in the module resolves), which checks
-a workflow's arguments at start, stores their JSON form, and revives stored arguments and
-outputs as the annotated types (a model, ``User | None``, ``list[User]``, a datetime).
+Values cross the journal as JSON (see :mod:`ratchet.engine.values`). A definition's
+annotations say what they become again: each parameter and each return annotation gets a
+:class:`~ratchet.engine.values.Codec`, built on first use (so a forward reference to a
+class defined later in the module resolves), which checks a workflow's arguments at start,
+writes their JSON form and a step's output and a workflow's result through the
+annotation's pydantic ``TypeAdapter``, and revives stored values as the annotated types (a
+model, ``User | None``, ``list[User]``, a datetime, a dataclass).
 """
 
 from __future__ import annotations
 
 import inspect
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import NO_RETRY, Retry
+from ratchet.engine.values import Codec, Invalid, opaque_name
+from ratchet.engine.values import to_json as to_json  # where the features import it from
 from ratchet.errors import InvalidInput, NotSerializable
-from ratchet.model import dumps
 from ratchet.sandbox.spec import Sandbox
 
-if TYPE_CHECKING:
-    from pydantic import TypeAdapter, ValidationError
-
 _EMPTY = inspect.Parameter.empty
-# The JSON escape of a NUL character, not preceded by a backslash that escapes its own.
-_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-# Annotations that say nothing about a JSON value: the value is used as it is.
-_OPAQUE: tuple[Any, ...] = (_EMPTY, Any, object)
-_OPAQUE_NAMES = frozenset({"Any", "typing.Any", "object"})
-# A value of exactly this type already is what the annotation asks for: no validation
-# (and no copy) on the per-step hot path for the commonest annotations.
-_NATIVE = {int: int, str: str, bool: bool, float: float, dict: dict, list: list,
-           None: type(None), type(None): type(None)}
-# Of those, the ones whose value is its own JSON form (a dict or list may hold values that
-# the adapter would turn into JSON, a datetime say).
-_SCALARS = frozenset({int, str, bool, float, type(None)})
 
 
 def check_name(value: Any, what: str) -> str:
@@ -58,123 +45,24 @@ def check_name(value: Any, what: str) -> str:
     return value
 
 
-def to_json(value: Any, what: str) -> str:
-    """``value`` as canonical JSON, or :class:`NotSerializable` naming ``what``."""
-    try:
-        text = dumps(value)
-    except (TypeError, ValueError) as e:
-        raise NotSerializable(f"{what} is not JSON-serialisable: {e}") from e
-    # A NUL character is written \u0000, and PostgreSQL's jsonb refuses it: refused here on
-    # both backends, so a value stores the same everywhere. (An escaped backslash before
-    # "u0000" is text, not a NUL: the regex asks for an even run of backslashes before it.)
-    if "\\u0000" in text and _NUL.search(text):
-        raise NotSerializable(f"{what} is not JSON-serialisable: it holds a NUL character "
-                              "(\\u0000), which PostgreSQL's jsonb cannot store")
-    # str.isascii() is O(1) in CPython, so only text with non-ASCII characters pays for
-    # the check that it can be stored as UTF-8 (a lone surrogate cannot).
-    if not text.isascii():
-        try:
-            text.encode()
-        except UnicodeEncodeError as e:
-            raise NotSerializable(
-                f"{what} is not JSON-serialisable: it holds a lone surrogate "
-                f"{text[e.start]!r}, which UTF-8 cannot store") from None
-    return text
-
-
-class _Codec:
-    """One annotation's way between a value and its JSON form. The pydantic adapter is
-    built on first need: a value whose type already is the annotation's (an ``int`` for
-    ``int``) never needs one, and building the first adapter of a process costs
-    milliseconds (pydantic looks for plugins), which a recovering worker should not pay."""
-
-    __slots__ = ("_adapter", "annotation", "native")
-
-    _UNBUILT: Any = object()
-
-    def __init__(self, annotation: Any) -> None:
-        self.annotation = annotation
-        self.native = _NATIVE.get(annotation) if _hashable(annotation) else None
-        opaque = any(annotation is o for o in _OPAQUE)
-        self._adapter: TypeAdapter[Any] | None = None if opaque else self._UNBUILT
-
-    @property
-    def adapter(self) -> TypeAdapter[Any] | None:
-        if self._adapter is self._UNBUILT:
-            # Imported here: a process whose values are all plain JSON never loads pydantic.
-            from pydantic import TypeAdapter
-            from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
-
-            try:
-                self._adapter = TypeAdapter(self.annotation)
-            except (PydanticSchemaGenerationError, PydanticUserError):
-                # A type pydantic cannot describe (a queue, a callable): it cannot come
-                # from JSON either, so the value is left as the journal holds it.
-                self._adapter = None
-        return self._adapter
-
-    def check(self, value: Any) -> Any:
-        """Validate a caller's value; return its JSON form."""
-        if self._adapter is None or (type(value) is self.native and self.native in _SCALARS):
-            return value
-        adapter = self.adapter
-        if adapter is None:
-            return value
-        return _validated(lambda: adapter.dump_python(adapter.validate_python(value),
-                                                      mode="json"))
-
-    def revive(self, value: Any) -> Any:
-        """The annotated type from a JSON value."""
-        if self._adapter is None or type(value) is self.native:
-            return value
-        adapter = self.adapter
-        return value if adapter is None else _validated(lambda: adapter.validate_python(value))
-
-
-class _Invalid(Exception):
-    """A value does not fit its annotation; the message says where and why."""
-
-
-def _validated(call: Callable[[], Any]) -> Any:
-    import pydantic
-
-    try:
-        return call()
-    except pydantic.ValidationError as e:
-        raise _Invalid(_message(e)) from None
-
-
-def _hashable(value: Any) -> bool:
-    try:
-        hash(value)
-    except TypeError:
-        return False
-    return True
-
-
-def _annotation(fn: Callable[..., Any], key: str, what: str) -> Any:
+def _annotation(fn: Callable[..., Any], key: str, what: str,
+                error: type[InvalidInput] = InvalidInput) -> Any:
     """The annotation ``key`` (a parameter's name, or ``return``) of ``fn``, evaluated if
-    it is a string (``from __future__ import annotations``, forward references)."""
+    it is a string (``from __future__ import annotations``, forward references); raises
+    ``error`` where it cannot be."""
     fn = inspect.unwrap(fn)
     raw = getattr(fn, "__annotations__", {}).get(key, _EMPTY)
     if not isinstance(raw, str):
         return raw
-    if raw in _OPAQUE_NAMES:
+    if opaque_name(raw):
         return Any
     try:
         scope = dict(inspect.getclosurevars(fn).nonlocals)
         return eval(raw, getattr(fn, "__globals__", {}), scope)
     except Exception as e:
-        raise InvalidInput(f"cannot resolve the annotation {raw!r} of {what}: "
+        raise error(f"cannot resolve the annotation {raw!r} of {what}: "
                            f"{type(e).__name__}: {e} (define the types it names at module "
                            "level)") from e
-
-
-def _message(e: ValidationError) -> str:
-    first = e.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
-    return f"{first['msg']}{f' at {where}' if where else ''}{more}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +100,7 @@ class StepDef:
     # The most a call may spend, from its arguments: (tokens, USD or None when unpriced),
     # which the budgets check before it is sent; None: the step spends nothing they count.
     worst_case: Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float | None]] | None = None
-    _returns: _Codec | None = None
+    _returns: Codec | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "step name")
@@ -225,17 +113,33 @@ class StepDef:
             raise InvalidInput(f"step {self.name}: timeout_s must be a positive number, "
                                f"got {self.timeout_s!r}")
 
-    def revive(self, value: Any) -> Any:
-        """The step's output as its return annotation says, from its JSON form."""
-        if self.decode is not None:
-            return self.decode(value)
+    def _codec(self) -> Codec:
         codec = self._returns
         if codec is None:
-            what = f"step {self.name}"
-            codec = self._returns = _Codec(_annotation(self.fn, "return", what))
+            # Asked for once the step's code has returned: never retried (its code would
+            # run again for nothing), as no later attempt could resolve it either.
+            annotation = _annotation(self.fn, "return", f"step {self.name}", NotSerializable)
+            codec = self._returns = Codec(annotation)
+        return codec
+
+    def output_json(self, result: Any, step_id: str) -> str:
+        """The canonical JSON of what the step returned (after :attr:`encode`, which
+        already gives the journal's form), through its return annotation's adapter;
+        :class:`NotSerializable` naming the step and the type where it cannot be written."""
+        what = f"the output of step {step_id}"
+        if self.encode is not None:
+            return to_json(result, what)
+        return self._codec().encode(result, what)
+
+    def revive(self, value: Any, text: str | None = None) -> Any:
+        """The step's output as its return annotation says, from its JSON form (``text``:
+        that JSON, if at hand)."""
+        if self.decode is not None:
+            return self.decode(value)
+        codec = self._codec()
         try:
-            return codec.revive(value)
-        except _Invalid as e:
+            return codec.revive(value, text)
+        except Invalid as e:
             raise NotSerializable(f"the output of step {self.name} does not fit its return "
                                   f"annotation {codec.annotation!r}: {e}") from None
 
@@ -252,8 +156,8 @@ class WorkflowDef:
     # Set for the isolated tier: each attempt runs in a sandbox of this shape.
     sandbox: Sandbox | None = None
     signature: inspect.Signature = field(init=False)
-    _returns: _Codec | None = None
-    _params: dict[str, _Codec] = field(default_factory=dict)
+    _returns: Codec | None = None
+    _params: dict[str, Codec] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name(self.name, "workflow name")
@@ -279,13 +183,13 @@ class WorkflowDef:
                 return p
         return next((p for p in params if p.kind == p.VAR_KEYWORD), None)
 
-    def _codec(self, param: inspect.Parameter | None) -> _Codec | None:
+    def _codec(self, param: inspect.Parameter | None) -> Codec | None:
         if param is None:
             return None
         codec = self._params.get(param.name)
         if codec is None:
             what = f"parameter {param.name!r} of workflow {self.name}"
-            codec = self._params[param.name] = _Codec(_annotation(self.fn, param.name, what))
+            codec = self._params[param.name] = Codec(_annotation(self.fn, param.name, what))
         return codec
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -309,7 +213,7 @@ class WorkflowDef:
             return value
         try:
             return codec.check(value)
-        except _Invalid as e:
+        except Invalid as e:
             raise InvalidInput(f"invalid argument {param.name!r} of workflow {self.name}: "
                                f"expected {codec.annotation!r}, got {value!r}: "
                                f"{e}") from None
@@ -329,20 +233,31 @@ class WorkflowDef:
             return value
         try:
             return codec.revive(value)
-        except _Invalid as e:
+        except Invalid as e:
             raise NotSerializable(f"the stored argument {param.name!r} of workflow "
                                   f"{self.name} does not fit its annotation "
                                   f"{codec.annotation!r}: {e}") from None
 
-    def revive(self, value: Any) -> Any:
-        """The workflow's result as its return annotation says, from its JSON form."""
+    def _result_codec(self) -> Codec:
         codec = self._returns
         if codec is None:
             what = f"workflow {self.name}"
-            codec = self._returns = _Codec(_annotation(self.fn, "return", what))
+            codec = self._returns = Codec(_annotation(self.fn, "return", what))
+        return codec
+
+    def result_json(self, result: Any) -> str:
+        """The canonical JSON of the workflow's result, through its return annotation's
+        adapter; :class:`NotSerializable` naming the workflow and the type where it
+        cannot be written."""
+        return self._result_codec().encode(result, f"the result of workflow {self.name}")
+
+    def revive(self, value: Any, text: str | None = None) -> Any:
+        """The workflow's result as its return annotation says, from its JSON form
+        (``text``: that JSON, if at hand)."""
+        codec = self._result_codec()
         try:
-            return codec.revive(value)
-        except _Invalid as e:
+            return codec.revive(value, text)
+        except Invalid as e:
             raise NotSerializable(f"the result of workflow {self.name} does not fit its "
                                   f"return annotation {codec.annotation!r}: "
                                   f"{e}") from None

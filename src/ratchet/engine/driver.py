@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from ratchet.engine import tracing
 from ratchet.engine.context import HeldStep, StepInfo, current_run, current_step_info, held_here
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
-from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, to_json
+from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
 from ratchet.engine.guarding import RunGuards
@@ -38,6 +38,7 @@ from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.guards import Guards
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
+from ratchet.engine.values import Codec, Invalid
 from ratchet.engine.waits import PARK_MIN_S, Waits
 from ratchet.errors import (
     ApprovalRejected,
@@ -568,7 +569,13 @@ class RunContext:
                 extra: dict[str, Any] | None = None
                 if sd.encode is not None:
                     result, extra = sd.encode(result)
-                text = to_json(result, f"the output of step {step_id}")
+                text = sd.output_json(result, step_id)
+                output = json.loads(text)
+                # Read back now as every replay will read it, so what this drive returns
+                # is what a replay returns, and a value that does not fit its annotation
+                # fails the step rather than completing it. (A step with a decoder of its
+                # own, a model call, is rebuilt after it is journaled.)
+                value = sd.revive(output, text) if sd.decode is None else None
             except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused):
                 tracing.end_step(span, "interrupted")
                 raise
@@ -623,7 +630,6 @@ class RunContext:
                 raise StepFailed(step_id, error) from e
             STATS.step("completed", time.monotonic() - began)
             tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
-            output = json.loads(text)
             if extra:
                 self.emit(EventKind.STEP_COMPLETED, step_id, attempt,
                           *output_payload(output, text, extra))
@@ -633,7 +639,7 @@ class RunContext:
                           f'{{"output":{text}}}')
             await guards.after_step(sd, step_id, args, kwargs, output,
                                     extra.get("llm") if extra else None, True)
-            return sd.revive(output)
+            return value if sd.decode is None else sd.decode(output)
 
     def _own_key(self, sd: StepDef, step_id: str, attempt: int) -> str:
         assert sd.key is not None
@@ -744,14 +750,17 @@ class RunContext:
         await self._wait_until(f"sleep:{step_id}", until)
         self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": None})
 
-    async def wait_for_signal(self, name: str, timeout_s: float | None) -> Any:
+    async def wait_for_signal(self, name: str, timeout_s: float | None,
+                              codec: Codec | None = None) -> Any:
+        """The data of signal ``name``, once it arrives, read as ``codec`` says (the type
+        the workflow waits for; None: the JSON data)."""
         if self._held:
             await self.close_held()
         step_id, step = self.next_step(f"signal:{name}")
         if step is not None and step.status in ("completed", "failed"):
             await self.replayed(step)
             if step.status == "completed":
-                return step.output
+                return _signal_data(codec, name, step.output)
             raise self.replayed_failure(step)
         self.check_stop()
         while True:
@@ -762,7 +771,7 @@ class RunContext:
                           {"name": name, "signal_id": signal_id})
                 self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": payload})
                 await self._consume_signal(signal_id)
-                return payload
+                return _signal_data(codec, name, payload)
             now = await self.store.now()
             step = self.state.steps.get(step_id)
             if step is not None and step.waiting is not None:
@@ -882,7 +891,9 @@ class RunContext:
                 if self._held:  # streams still open end before the run does
                     await self.close_held(workflow_done=True)
                 self.check_complete_replay()
-                output = json.loads(to_json(result, f"the result of workflow {rec.workflow}"))
+                text = wf.result_json(result)
+                output = json.loads(text)
+                wf.revive(output, text)  # a result its annotation cannot read fails the run
             except (Stopped, Parked, LeaseLost, DriveAborted, DriveRefused, RunFinished):
                 raise
             except asyncio.CancelledError:
@@ -1039,6 +1050,18 @@ def _retry_after(e: BaseException) -> float:
     """Seconds the error asks to wait before trying again (``retry_after_s``), else 0."""
     value = getattr(e, "retry_after_s", None)
     return float(value) if isinstance(value, int | float) and value > 0 else 0.0
+
+
+def _signal_data(codec: Codec | None, name: str, payload: Any) -> Any:
+    """A signal's data as the type its workflow waits for. The journal keeps what was
+    sent, so data that does not fit raises here on the first drive and on every replay."""
+    if codec is None:
+        return payload
+    try:
+        return codec.revive(payload)
+    except Invalid as e:
+        raise NotSerializable(f"the data of signal {name!r} does not fit {codec.name}: "
+                              f"{e}") from None
 
 
 def _dead_letter_reason(e: BaseException) -> str:
