@@ -61,6 +61,19 @@ async def simple(n: int) -> int:
 
 
 @app.step
+def hang() -> int:
+    time.sleep(600)
+    return 0
+
+
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(memory_mb=256, timeout_s=120),
+              timeout_s=2.0)
+async def past_its_deadline() -> int:
+    """Its step outlives the run's deadline (2 s), well inside its sandbox's own 120 s."""
+    return await quick(1) + await hang()
+
+
+@app.step
 def crash() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 

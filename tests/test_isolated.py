@@ -449,3 +449,25 @@ def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
     assert [e.payload["reason"] for e in events if e.kind == "run_resumed"] == ["sweep"]
     assert len(_started(events, "1:first")) == 1 and len(_started(events, "2:slow")) == 2
     assert app.result(run_id)["n"] == 30
+
+
+def test_an_isolated_run_fails_at_its_deadline_and_its_sandbox_is_killed(
+        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    """The run's deadline (``timeout_s``) holds in the isolated tier as in-process: the
+    worker kills the sandbox there, long before the sandbox's own time limit, and ends
+    the run with ``RunTimeout`` (dead letter ``timeout``)."""
+    app = _app(make_app)
+    app.launch()
+    began = time.monotonic()
+    run_id = app.start(iso.past_its_deadline)
+    with pytest.raises(ratchet.RunTimeout, match="passed its deadline"):
+        app.result(run_id, timeout_s=RESULT_S)
+    assert time.monotonic() - began < 60  # the sandbox's own limit is 120 s
+    [row] = _ended(app, run_id, 1)
+    assert row.end_reason == "timeout", row
+    [dead] = [d for d in app.dead_letters() if d.run_id == run_id]
+    assert dead.reason == "timeout"
+    events = app.events(run_id)
+    assert [e.kind for e in events][-1] == "run_failed"
+    assert events[-1].payload == {"error": dead.error, "reason": "timeout"}
+    assert _started(events, "1:quick") and _started(events, "2:hang")

@@ -202,7 +202,10 @@ def test_model_errors_take_ratchets_retry_classes(
     assert app.result(run_id, timeout_s=30) == "It is sunny in Paris."
     first = [e for e in events(app, run_id, "step_started") if e.step_id == f"1:{MODEL_STEP}"]
     assert [e.attempt for e in first] == [1, 2, 3]
-    assert len({e.payload["idempotency_key"] for e in first}) == 3  # a key per attempt
+    # A new key after the provider answered (429); the same key after a lost connection,
+    # which leaves open whether the request got there.
+    keys = [e.payload["idempotency_key"] for e in first]
+    assert keys[0] != keys[1] and keys[1] == keys[2], keys
     retrying = events(app, run_id, "step_retrying")
     assert ["429" in retrying[0].payload["error"], "connection reset" in
             retrying[1].payload["error"]] == [True, True]
@@ -228,6 +231,8 @@ def test_model_error_mapping() -> None:
     assert mapped(ModelHTTPError(401, "m")) == ("LLMRequestError", "never")
     assert mapped(ModelHTTPError(404, "m")) == ("LLMRequestError", "never")
     assert mapped(ModelConnectionError("m", "reset")) == ("LLMError", "llm")
+    assert as_ratchet_error(ModelConnectionError("m", "reset")).outcome_unknown
+    assert not as_ratchet_error(ModelHTTPError(503, "m")).outcome_unknown
     assert mapped(ModelTimeoutError("m", "timed out")) == ("LLMTimeout", "timeout")
     assert mapped(ModelRequestTimeout("m", 5.0)) == ("LLMTimeout", "timeout")
     other = UnexpectedModelBehavior("odd")

@@ -141,11 +141,18 @@ class RunGuards:
             found.append((started + g.budget_wall_s, "budget_wall_s"))
         return min(found) if found else None
 
-    def timed_out(self) -> str:
-        """The run's error at its deadline; a ``budget_wall_s`` deadline journals its
-        anomaly (once) too."""
-        assert self.deadline is not None
-        at, field = self.deadline
+    def due(self) -> tuple[float, str] | None:
+        """When the run must end (``time.time()``) and the guard field that says so, or
+        None: for a host that judges the guards of a drive it does not run (an isolated
+        run's sandbox), and arms the deadline itself."""
+        return self._deadline()
+
+    def timed_out(self, due: tuple[float, str] | None = None) -> str:
+        """The run's error at its deadline (this drive's, or ``due``); a ``budget_wall_s``
+        deadline journals its anomaly (once) too."""
+        due = due or self.deadline
+        assert due is not None
+        at, field = due
         started = self.ctx.state.started_at or at
         limit = getattr(self.g, field)
         if field == "budget_wall_s":

@@ -172,7 +172,13 @@ class HostJournal:
             if ev.kind == EventKind.STEP_STARTED and ev.step_id and ev.attempt:
                 self._note_started(ev.step_id, ev.attempt, ev.payload)
         self.guards = RunGuards(cast("RunContext", self))
-        self.guards.g = _unparked(guards.override(self.state.guards))
+        # The workflow's guards, the run's overrides and what people granted it since.
+        configured = guards.override(self.state.guards)
+        if self.state.grants:
+            configured = configured.override(self.state.grants)
+        self.guards.g = _unparked(configured)
+        # The run's deadline, kept by the worker: it kills the sandbox there (time_out).
+        self.deadline = self.guards.due()
         # The runaway-loop streak goes on from the steps the journal holds, as a re-drive's.
         for step in sorted((s for s in self.state.steps.values() if s.status == "completed"),
                            key=lambda s: s.finished_seq):
@@ -224,6 +230,20 @@ class HostJournal:
         self.emit(EventKind.RUN_FAILED, payload={"error": error, "reason": e.code})
         await self._finish(RunStatus.FAILED, None, error, e.code)
         self.ended.set()
+
+    async def time_out(self) -> bool:
+        """The run passed its deadline (its sandbox is gone): journal its end, a
+        ``RunTimeout`` with dead-letter reason ``timeout``, as an in-process drive ends
+        one; False when the run had ended already or nothing more can be written here."""
+        async with self.lock:
+            if self.finished is not None or self.broken is not None or self.deadline is None:
+                return False
+            # A budget_wall_s deadline journals its anomaly too.
+            error = self.guards.timed_out(self.deadline)
+            self.emit(EventKind.RUN_FAILED, payload={"error": error, "reason": "timeout"})
+            await self._finish(RunStatus.FAILED, None, error, "timeout")
+            self.ended.set()
+            return True
 
     def close(self) -> None:
         """The sandbox has ended: its model calls still being made are given up (a

@@ -187,6 +187,9 @@ class IsolatedRunner:
             finally:
                 self.channel.grants.revoke(grant)
             await self._ended(row, grant, exit, why)
+            if why == "deadline" and await journal.time_out():
+                log.info("action=run_timed_out run_id=%s sandbox_id=%s", run_id, sandbox_id)
+                return DriveOutcome.FAILED
             if why.startswith("unavailable"):
                 return await self._unavailable(lease, events, reason, why[13:])
             if grant.finished is not None:
@@ -221,8 +224,8 @@ class IsolatedRunner:
                            row: rows.SandboxRecord, wd: WorkflowDef, token: str,
                            control: Control, grant: Grant) -> tuple[Exit, str]:
         """Spawn the sandbox and wait until it is gone: its exit, and why it ended
-        (``exited``, ``timeout``, ``ended`` when the worker ended the run itself, or the
-        stop that killed it)."""
+        (``exited``, ``timeout``, ``deadline`` at the run's deadline, ``ended`` when the
+        worker ended the run itself, or the stop that killed it)."""
         assert wd.sandbox is not None
         env = {
             "RATCHET_RUN_ID": row.run_id, "RATCHET_SANDBOX_ID": row.sandbox_id,
@@ -272,12 +275,16 @@ class IsolatedRunner:
         ended = asyncio.ensure_future(grant.journal.ended.wait())
         why = "exited"
         try:
-            timeout = wd.sandbox.timeout_s
+            # The sandbox's own time limit, or the run's deadline where that comes first.
+            timeout, at_deadline = wd.sandbox.timeout_s, False
+            deadline = grant.journal.deadline
+            if deadline is not None and (timeout is None or deadline[0] - time.time() < timeout):
+                timeout, at_deadline = max(0.0, deadline[0] - time.time()), True
             done, _ = await asyncio.wait({waiting, stopping, ended}, timeout=timeout,
                                          return_when=asyncio.FIRST_COMPLETED)
             if waiting not in done:
                 why = (str(control.reason) if stopping in done else "ended"
-                       if ended in done else "timeout")
+                       if ended in done else "deadline" if at_deadline else "timeout")
                 proc.kill()
             exit = await asyncio.shield(waiting)
         finally:
@@ -303,7 +310,7 @@ class IsolatedRunner:
             reason = rows.KILLED
         elif exit.oom:
             reason = rows.OOM
-        elif why == "timeout":
+        elif why in ("timeout", "deadline"):
             reason = rows.TIMEOUT
         else:
             reason = rows.CRASHED

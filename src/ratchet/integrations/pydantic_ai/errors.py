@@ -1,7 +1,9 @@
 """Pydantic AI's model errors as Ratchet's retry classes, the way :mod:`ratchet.llm.sdk_errors`
 maps the SDKs' own: rate limits, server errors (5xx), a conflict or a request timeout
 answered by the provider, and lost connections are ``llm``; timeouts are ``timeout``; a
-request the provider refused (any other 4xx, exhausted quota) is ``never``.
+request the provider refused (any other 4xx, exhausted quota) is ``never``. A lost
+connection or a timeout leaves open whether the provider got the request
+(``outcome_unknown``): its retry sends the same Idempotency-Key.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ def as_ratchet_error(e: BaseException) -> BaseException:
         cls = LLMError if status in _RETRIED_STATUSES or status >= 500 else LLMRequestError
     elif isinstance(e, pai.ModelRequestRejectedError | pai.ModelQuotaExceededError):
         cls = LLMRequestError
-    else:  # rate limits, unavailable, server errors, lost connections, uncategorised
+    elif isinstance(e, pai.ModelConnectionError):  # sent or not: nobody answered
+        return LLMError(message, provider=provider, outcome_unknown=True)
+    else:  # rate limits, unavailable, server errors, uncategorised
         cls = LLMError
     return cls(message, provider=provider, status_code=status, retry_after_s=e.retry_after)
 
