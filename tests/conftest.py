@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -63,6 +64,16 @@ def pg_url() -> Iterator[str]:
     finally:
         with psycopg.connect(PG_URL, autocommit=True) as conn:
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture
+def bwrap() -> None:
+    """Tests of real sandboxes need bubblewrap: skipped without it, except under
+    ``CI=true``, where its absence fails the run."""
+    if shutil.which("bwrap") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("bubblewrap (bwrap) is not installed (CI=true requires it)")
+        pytest.skip("bubblewrap (bwrap) is not installed")
 
 
 @pytest.fixture

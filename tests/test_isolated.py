@@ -32,13 +32,8 @@ from ratchet.store import retention, tokens
 from ratchet.store.sandboxes import SandboxRecord
 from tests.proc import wait_for
 
-
-@pytest.fixture(autouse=True)
-def _bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("bubblewrap (bwrap) is not installed (CI=true requires it)")
-        pytest.skip("bubblewrap (bwrap) is not installed")
+# Real sandboxes: bubblewrap must be there (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("bwrap")
 
 RESULT_S = 90.0
 

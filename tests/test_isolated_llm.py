@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -29,12 +28,8 @@ SECRET = "sk-worker-only-" + "7" * 24
 STEP = "1:openai.chat.completions.create"
 
 
-@pytest.fixture(autouse=True)
-def _bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("bubblewrap (bwrap) is not installed (CI=true requires it)")
-        pytest.skip("bubblewrap (bwrap) is not installed")
+# Real sandboxes: bubblewrap must be there (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("bwrap")
 
 
 class _Keys:

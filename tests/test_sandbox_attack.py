@@ -30,12 +30,8 @@ RESULT_S = 90
 RATCHET = str(Path(sys.executable).with_name("ratchet"))
 
 
-@pytest.fixture(autouse=True)
-def _bwrap() -> None:
-    if shutil.which("bwrap") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("bubblewrap (bwrap) is not installed (CI=true requires it)")
-        pytest.skip("bubblewrap (bwrap) is not installed")
+# Real sandboxes: bubblewrap must be there (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("bwrap")
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

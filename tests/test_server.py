@@ -10,7 +10,8 @@ import asyncio
 import json
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,14 +62,20 @@ class Api:
         return str(r.json()["run_id"])
 
 
-@pytest.fixture
-def api(h: Harness) -> Iterator[Api]:
+TENANTS = (("acme", "acme-ops"), ("globex", "globex-ops"))
+
+
+@contextmanager
+def api_of(h: Harness, tenants: Sequence[tuple[str, str | None]] = TENANTS,
+           **options: Any) -> Iterator[Api]:
+    """An API-only server on the harness's database (``create_app`` options as given), with
+    a client per tenant (a token of each, named as given), closed at the end."""
     app = crash_app.build(h.db_url)
     try:
-        with serving(app, workers=0, heartbeat_s=0.3) as base:
+        with serving(app, workers=0, **options) as base:
             a = Api(base, h, [])
-            a.client(a.token("acme", name="acme-ops"))
-            a.client(a.token("globex", name="globex-ops"))
+            for tenant, name in tenants:
+                a.client(a.token(tenant, name=name))
             try:
                 yield a
             finally:
@@ -76,6 +83,12 @@ def api(h: Harness) -> Iterator[Api]:
                     client.close()
     finally:
         app.shutdown()
+
+
+@pytest.fixture
+def api(h: Harness) -> Iterator[Api]:
+    with api_of(h, heartbeat_s=0.3) as a:
+        yield a
 
 
 def problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:

@@ -8,29 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import crash_app
 import pytest
 from proc import Harness
-from serving import serving
-from test_server import Api, engine_id, problem
+from test_server import Api, api_of, engine_id, problem
 
 
 @pytest.fixture
 def served(h: Harness) -> Iterator[Api]:
     """An API-only server on the harness's database, with clients of two tenants."""
-    app = crash_app.build(h.db_url)
-    try:
-        with serving(app, workers=0) as base:
-            a = Api(base, h, [])
-            a.client(a.token("acme"))
-            a.client(a.token("globex"))
-            try:
-                yield a
-            finally:
-                for client in a.clients:
-                    client.close()
-    finally:
-        app.shutdown()
+    with api_of(h, (("acme", None), ("globex", None))) as a:
+        yield a
 
 
 def _runs(api: Api) -> set[str]:

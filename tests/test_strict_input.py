@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import crash_app
 import httpx
 import psycopg
 import pytest
@@ -16,25 +15,15 @@ from conftest import PG_URL
 from proc import Harness
 from serving import serving
 from test_readyz import migrate
-from test_server import Api, engine_id, problem
+from test_server import TENANTS, Api, api_of, engine_id, problem
 
 import ratchet
 
 
 @pytest.fixture
 def api(h: Harness) -> Iterator[Api]:
-    app = crash_app.build(h.db_url)
-    try:
-        with serving(app, workers=0) as base:
-            a = Api(base, h, [])
-            a.client(a.token("acme", name="acme-ops"))
-            try:
-                yield a
-            finally:
-                for client in a.clients:
-                    client.close()
-    finally:
-        app.shutdown()
+    with api_of(h, TENANTS[:1]) as a:
+        yield a
 
 
 def test_a_decision_is_a_boolean_and_nothing_else(api: Api) -> None:

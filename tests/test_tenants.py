@@ -15,7 +15,7 @@ import pytest
 from httpx_sse import connect_sse
 from proc import Harness, wait_for
 from serving import serving
-from test_server import ALL, Api, engine_id, frames, problem
+from test_server import ALL, Api, api_of, engine_id, frames, problem
 
 from ratchet.model import NewRun
 from ratchet.store import make_store
@@ -23,19 +23,8 @@ from ratchet.store import make_store
 
 @pytest.fixture
 def api(h: Harness) -> Iterator[Api]:
-    app = crash_app.build(h.db_url)
-    try:
-        with serving(app, workers=0, heartbeat_s=0.3) as base:
-            a = Api(base, h, [])
-            a.client(a.token("acme", name="acme-ops"))
-            a.client(a.token("globex", name="globex-ops"))
-            try:
-                yield a
-            finally:
-                for client in a.clients:
-                    client.close()
-    finally:
-        app.shutdown()
+    with api_of(h, heartbeat_s=0.3) as a:
+        yield a
 
 
 def kinds(h: Harness, run_id: str) -> list[str]:

@@ -9,31 +9,18 @@ import json
 import time
 from collections.abc import Iterator
 
-import crash_app
 import httpx
 import pytest
 from httpx_sse import connect_sse
 from proc import Harness, wait_for
-from serving import serving
 from test_cli import invoke
-from test_server import Api, engine_id, problem
+from test_server import Api, api_of, engine_id, problem
 
 
 @pytest.fixture
 def api(h: Harness) -> Iterator[Api]:
-    app = crash_app.build(h.db_url)
-    try:
-        with serving(app, workers=0, heartbeat_s=0.2, token_check_s=0.2) as base:
-            a = Api(base, h, [])
-            a.client(a.token("acme", name="acme-ops"))
-            a.client(a.token("globex", name="globex-ops"))
-            try:
-                yield a
-            finally:
-                for client in a.clients:
-                    client.close()
-    finally:
-        app.shutdown()
+    with api_of(h, heartbeat_s=0.2, token_check_s=0.2) as a:
+        yield a
 
 
 def test_tokens_create_expires_on_the_command_line(db_url: str) -> None:
