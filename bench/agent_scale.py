@@ -42,6 +42,7 @@ DBOS_POLL_S = 0.1  # the queue's polling interval (DBOS's default is 1 s)
 
 # -- Ratchet ------------------------------------------------------------------------------
 
+
 def ratchet_app(url: str) -> tuple[Any, Any]:
     import ratchet
 
@@ -81,10 +82,13 @@ class _GcClock:
             self.count[info["generation"]] += 1
 
     def report(self) -> dict[str, Any]:
-        return {"cpu_s": round(time.process_time() - self._cpu, 2),
-                "gc_s": round(sum(self.seconds), 3),
-                "gc_by_generation": [f"{c}x {s:.3f}s" for c, s in zip(self.count, self.seconds,
-                                                                     strict=True)]}
+        return {
+            "cpu_s": round(time.process_time() - self._cpu, 2),
+            "gc_s": round(sum(self.seconds), 3),
+            "gc_by_generation": [
+                f"{c}x {s:.3f}s" for c, s in zip(self.count, self.seconds, strict=True)
+            ],
+        }
 
 
 async def _ratchet_worker(url: str, n: int) -> None:
@@ -99,8 +103,9 @@ async def _ratchet_worker(url: str, n: int) -> None:
     await app.shutdown_async()
 
 
-def _ratchet_client(url: str, n: int, worker: subprocess.Popen[str], timeout: float
-                    ) -> dict[str, Any]:
+def _ratchet_client(
+    url: str, n: int, worker: subprocess.Popen[str], timeout: float
+) -> dict[str, Any]:
     app, agent = ratchet_app(url)
     try:
         app.store  # noqa: B018 - connected before the clock starts
@@ -108,16 +113,24 @@ def _ratchet_client(url: str, n: int, worker: subprocess.Popen[str], timeout: fl
         ids = app.start_many(agent, [(i,) for i in range(n)])
         last = time.perf_counter()
         assert len(ids) == n
-        done = _wait_done(lambda: app.count_runs("succeeded") + app.count_runs("failed"),
-                          n, last, timeout)
+        done = _wait_done(
+            lambda: app.count_runs("succeeded") + app.count_runs("failed"), n, last, timeout
+        )
         failed = app.count_runs("failed")
     finally:
         app.shutdown()
-    return _figures(first, last, done, worker, failed=failed,
-                    setting=f"app.start_many of {n:,} runs; worker concurrency {n:,}")
+    return _figures(
+        first,
+        last,
+        done,
+        worker,
+        failed=failed,
+        setting=f"app.start_many of {n:,} runs; worker concurrency {n:,}",
+    )
 
 
 # -- DBOS ---------------------------------------------------------------------------------
+
 
 def _dbos_url(backend: str, db: str) -> str:
     return f"sqlite:///{os.path.abspath(db)}" if backend == "sqlite" else db
@@ -140,16 +153,20 @@ def _dbos_worker(backend: str, db: str, n: int) -> None:
             reply = await call_model(turn)
         return reply
 
-    dbos_peer.launch(argparse.Namespace(backend=backend, db=db,
-                                        variant="wal" if backend == "sqlite" else "default"))
+    dbos_peer.launch(
+        argparse.Namespace(
+            backend=backend, db=db, variant="wal" if backend == "sqlite" else "default"
+        )
+    )
     DBOS.register_queue(DBOS_QUEUE, worker_concurrency=n, polling_interval_sec=DBOS_POLL_S)
     print("ready", flush=True)
     signal.sigwait({signal.SIGTERM})
     os._exit(0)
 
 
-def _dbos_client(backend: str, db: str, n: int, worker: subprocess.Popen[str],
-                 timeout: float) -> dict[str, Any]:
+def _dbos_client(
+    backend: str, db: str, n: int, worker: subprocess.Popen[str], timeout: float
+) -> dict[str, Any]:
     from dbos import DBOSClient
     from sqlalchemy import text
 
@@ -159,9 +176,15 @@ def _dbos_client(backend: str, db: str, n: int, worker: subprocess.Popen[str],
 
     def finished() -> int:
         with engine.connect() as conn:
-            return int(conn.execute(text(
-                f"SELECT count(*) FROM {table} WHERE status IN ('SUCCESS', 'ERROR') "
-                "AND name LIKE '%agent'")).scalar() or 0)
+            return int(
+                conn.execute(
+                    text(
+                        f"SELECT count(*) FROM {table} WHERE status IN ('SUCCESS', 'ERROR') "
+                        "AND name LIKE '%agent'"
+                    )
+                ).scalar()
+                or 0
+            )
 
     options: Any = {"workflow_name": "_dbos_worker.<locals>.agent", "queue_name": DBOS_QUEUE}
     try:
@@ -171,17 +194,26 @@ def _dbos_client(backend: str, db: str, n: int, worker: subprocess.Popen[str],
         last = time.perf_counter()
         done = _wait_done(finished, n, last, timeout)
         with engine.connect() as conn:
-            failed = int(conn.execute(text(
-                f"SELECT count(*) FROM {table} WHERE status = 'ERROR'")).scalar() or 0)
+            failed = int(
+                conn.execute(text(f"SELECT count(*) FROM {table} WHERE status = 'ERROR'")).scalar()
+                or 0
+            )
     finally:
         client.destroy()
-    return _figures(first, last, done, worker, failed=failed,
-                    setting=f"DBOSClient.enqueue x {n:,} (no batch enqueue); "
-                            f"Queue(worker_concurrency={n:,}, polling_interval_sec="
-                            f"{DBOS_POLL_S})" + ("; WAL" if backend == "sqlite" else ""))
+    return _figures(
+        first,
+        last,
+        done,
+        worker,
+        failed=failed,
+        setting=f"DBOSClient.enqueue x {n:,} (no batch enqueue); "
+        f"Queue(worker_concurrency={n:,}, polling_interval_sec="
+        f"{DBOS_POLL_S})" + ("; WAL" if backend == "sqlite" else ""),
+    )
 
 
 # -- the measure --------------------------------------------------------------------------
+
 
 def _wait_done(count: Any, n: int, since: float, timeout: float) -> float | None:
     deadline = since + timeout
@@ -202,11 +234,21 @@ def _peak_rss_mb(pid: int) -> float | None:
     return None
 
 
-def _figures(first: float, last: float, done: float | None, worker: subprocess.Popen[str], *,
-             failed: int, setting: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"start_s": round(last - first, 3), "setting": setting,
-                           "peak_rss_mb": _peak_rss_mb(worker.pid),
-                           "model_call": f"{CALLS} steps awaiting asyncio.sleep({CALL_S:g})"}
+def _figures(
+    first: float,
+    last: float,
+    done: float | None,
+    worker: subprocess.Popen[str],
+    *,
+    failed: int,
+    setting: str,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "start_s": round(last - first, 3),
+        "setting": setting,
+        "peak_rss_mb": _peak_rss_mb(worker.pid),
+        "model_call": f"{CALLS} steps awaiting asyncio.sleep({CALL_S:g})",
+    }
     if done is None:
         out["error"] = "not all runs finished within the timeout"
         return out
@@ -218,8 +260,21 @@ def _figures(first: float, last: float, done: float | None, worker: subprocess.P
 
 def measure(system: str, backend: str, db: str, n: int, timeout: float) -> dict[str, Any]:
     """One measure in fresh processes (this module as the client, and its worker)."""
-    argv = [sys.executable, "-m", "bench.agent_scale", "--system", system, "--backend",
-            backend, "--db", db, "--n", str(n), "--timeout", str(timeout)]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.agent_scale",
+        "--system",
+        system,
+        "--backend",
+        backend,
+        "--db",
+        db,
+        "--n",
+        str(n),
+        "--timeout",
+        str(timeout),
+    ]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 60)
     except subprocess.TimeoutExpired:
@@ -234,10 +289,23 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _measure(args: argparse.Namespace, worker_said: dict[str, Any]) -> dict[str, Any]:
-    url = f"sqlite:///{args.db}" if args.backend == "sqlite" and args.system == "ratchet" \
-        else args.db
-    argv = [sys.executable, "-m", "bench.agent_scale", "--worker", "--system", args.system,
-            "--backend", args.backend, "--db", args.db, "--n", str(args.n)]
+    url = (
+        f"sqlite:///{args.db}" if args.backend == "sqlite" and args.system == "ratchet" else args.db
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.agent_scale",
+        "--worker",
+        "--system",
+        args.system,
+        "--backend",
+        args.backend,
+        "--db",
+        args.db,
+        "--n",
+        str(args.n),
+    ]
     worker = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
     spy = None
     try:
@@ -245,9 +313,22 @@ def _measure(args: argparse.Namespace, worker_said: dict[str, Any]) -> dict[str,
         if worker.stdout.readline().strip() != "ready":
             return {"error": "the worker did not start"}
         if args.profile:  # the worker under py-spy: collapsed stacks, for flame graphs
-            spy = subprocess.Popen(["py-spy", "record", "--format", "raw", "--rate", "200",
-                                    "-o", args.profile, "--pid", str(worker.pid)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "200",
+                    "-o",
+                    args.profile,
+                    "--pid",
+                    str(worker.pid),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(1.0)  # attached
         if args.system == "ratchet":
             return _ratchet_client(url, args.n, worker, args.timeout)

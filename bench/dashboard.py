@@ -82,8 +82,14 @@ def fill(url: str, events: int, runs: int) -> str:
 
 @contextmanager
 def serving(app: ratchet.Ratchet) -> Iterator[str]:
-    config = uvicorn.Config(create_app(app), host="127.0.0.1", port=0, log_level="warning",
-                            lifespan="on", access_log=False)
+    config = uvicorn.Config(
+        create_app(app),
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -101,8 +107,9 @@ def serving(app: ratchet.Ratchet) -> Iterator[str]:
 DONE = "performance.getEntriesByName('ratchet:complete').length > 0"
 MARK_MS = "performance.getEntriesByName('ratchet:{}')[0].startTime"
 HTML_MS = "performance.getEntriesByType('navigation')[0].responseEnd"
-FCP_MS = ("performance.getEntriesByType('paint')"
-          ".find(e => e.name === 'first-contentful-paint').startTime")
+FCP_MS = (
+    "performance.getEntriesByType('paint').find(e => e.name === 'first-contentful-paint').startTime"
+)
 
 
 def measure(base: str, secret: str, run_id: str, repeats: int) -> dict[str, list[float]]:
@@ -154,9 +161,15 @@ def collect(events: int, runs: int, repeats: int) -> dict[str, Any]:
                 times = measure(base, secret, run_id, repeats)
         finally:
             app.shutdown()
-    return {"events": n_events, "runs": runs + 1, "repeats": repeats,
-            "fill_s": round(filled, 1), "chromium": CHROMIUM, "ms": times,
-            "load_average": os.getloadavg()}
+    return {
+        "events": n_events,
+        "runs": runs + 1,
+        "repeats": repeats,
+        "fill_s": round(filled, 1),
+        "chromium": CHROMIUM,
+        "ms": times,
+        "load_average": os.getloadavg(),
+    }
 
 
 def table(result: dict[str, Any]) -> list[str]:
@@ -164,9 +177,11 @@ def table(result: dict[str, Any]) -> list[str]:
     lines = ["| page | first load (cold) ms | median ms | min–max ms |", "|---|---|---|---|"]
     for key, label in DASHBOARD_ROWS:
         xs = result["ms"][key]
-        lines.append(f"| {label.format(events=result['events'], runs=result['runs'])} | "
-                     f"{xs[0]:.0f} | {statistics.median(xs):.0f} | "
-                     f"{min(xs):.0f}–{max(xs):.0f} |")
+        lines.append(
+            f"| {label.format(events=result['events'], runs=result['runs'])} | "
+            f"{xs[0]:.0f} | {statistics.median(xs):.0f} | "
+            f"{min(xs):.0f}–{max(xs):.0f} |"
+        )
     return lines
 
 
@@ -175,8 +190,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=1_000)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--json", action="store_true",
-                        help="print the samples as JSON; write no file")
+    parser.add_argument(
+        "--json", action="store_true", help="print the samples as JSON; write no file"
+    )
     args = parser.parse_args()
     result = collect(args.events, args.runs, args.repeats)
     if args.json:
@@ -186,10 +202,14 @@ def main() -> None:
         raise SystemExit(result["skipped"])
     now = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
-        "# Dashboard: time to first render", "",
+        "# Dashboard: time to first render",
+        "",
         f"{now}; {os.cpu_count()} cores, {platform.platform()}; SQLite; Chromium "
         f"({CHROMIUM}), headless; {args.repeats} loads each, after sign-in; "
-        f"database filled in {result['fill_s']:.1f} s.", "", *table(result)]
+        f"database filled in {result['fill_s']:.1f} s.",
+        "",
+        *table(result),
+    ]
     text = "\n".join(lines) + "\n"
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "dashboard.md").write_text(text)

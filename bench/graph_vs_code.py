@@ -29,13 +29,30 @@ def build(path: Path, n: int) -> tuple[ratchet.Ratchet, Any]:
     async def code(accounts: list[str]) -> list[int]:
         return [await score(a) for a in accounts]
 
-    app.graph({"name": "scoring", "nodes": [
-        {"id": "start", "type": "trigger"},
-        {"id": "each", "type": "loop", "data": {"over": "{{ input.accounts }}", "item": "a",
-                                                "body": ["rate"], "max_iterations": n}},
-        {"id": "rate", "type": "tool", "data": {"tool": "score",
-                                                "args": {"account": "{{ a }}"}}}],
-        "edges": [{"from": "start", "to": "each"}, {"from": "each", "to": "rate"}]})
+    app.graph(
+        {
+            "name": "scoring",
+            "nodes": [
+                {"id": "start", "type": "trigger"},
+                {
+                    "id": "each",
+                    "type": "loop",
+                    "data": {
+                        "over": "{{ input.accounts }}",
+                        "item": "a",
+                        "body": ["rate"],
+                        "max_iterations": n,
+                    },
+                },
+                {
+                    "id": "rate",
+                    "type": "tool",
+                    "data": {"tool": "score", "args": {"account": "{{ a }}"}},
+                },
+            ],
+            "edges": [{"from": "start", "to": "each"}, {"from": "each", "to": "rate"}],
+        }
+    )
     return app, code
 
 
@@ -49,13 +66,18 @@ def main(n: int = 500, repeats: int = 3) -> dict[str, list[float]]:
                 with app:
                     app.launch()
                     t0 = time.perf_counter()
-                    run_id = (app.start(code, accounts) if kind == "code"
-                              else app.start("scoring", {"accounts": accounts}))
+                    run_id = (
+                        app.start(code, accounts)
+                        if kind == "code"
+                        else app.start("scoring", {"accounts": accounts})
+                    )
                     app.result(run_id, timeout_s=300)
                     took[kind].append((time.perf_counter() - t0) / n * 1e6)
     for kind, samples in took.items():
-        print(f"{kind}: {statistics.median(samples):,.0f} µs per step, median "
-              f"({min(samples):,.0f}–{max(samples):,.0f}) over {repeats} runs of {n} steps")
+        print(
+            f"{kind}: {statistics.median(samples):,.0f} µs per step, median "
+            f"({min(samples):,.0f}–{max(samples):,.0f}) over {repeats} runs of {n} steps"
+        )
     ratio = statistics.median(took["graph"]) / statistics.median(took["code"])
     print(f"graph / code: {ratio:.2f}×")
     return took

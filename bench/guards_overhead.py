@@ -22,8 +22,13 @@ from ratchet.engine.guarding import RunGuards
 from ratchet.engine.guards import DEFAULT, Guards
 from ratchet.model import RunState, StepState
 
-OFF = Guards(runaway_repeats=None, max_steps=None, retry_storm_run=None,
-             retry_storm_workflow=None, spike_factor=None)
+OFF = Guards(
+    runaway_repeats=None,
+    max_steps=None,
+    retry_storm_run=None,
+    retry_storm_workflow=None,
+    spike_factor=None,
+)
 
 
 async def noop(job: str, page: int) -> dict[str, Any]:
@@ -32,8 +37,9 @@ async def noop(job: str, page: int) -> dict[str, Any]:
 
 async def per_step(guards: Guards, n: int) -> float:
     state = RunState("bench")
-    ctx: Any = SimpleNamespace(state=state, run_id="bench",
-                               record=SimpleNamespace(workflow="bench"))
+    ctx: Any = SimpleNamespace(
+        state=state, run_id="bench", record=SimpleNamespace(workflow="bench")
+    )
     g = RunGuards(ctx, guards)
     sd = StepDef(noop, "noop")
     t0 = time.perf_counter()
@@ -47,8 +53,10 @@ async def per_step(guards: Guards, n: int) -> float:
 
 
 def main(n: int = 1000) -> dict[str, float]:
-    took = {name: min(asyncio.run(per_step(g, n)) for _ in range(20))
-            for name, g in (("defaults", DEFAULT), ("off", OFF))}
+    took = {
+        name: min(asyncio.run(per_step(g, n)) for _ in range(20))
+        for name, g in (("defaults", DEFAULT), ("off", OFF))
+    }
     for name, us in took.items():
         print(f"guards {name}: {us:.2f} µs per step (best of 20 runs of {n} steps)")
     print(f"the default guards add {took['defaults'] - took['off']:.2f} µs per step")

@@ -67,8 +67,7 @@ def measure(backend: str, db: str, clients: int, seconds: float) -> dict[str, fl
     commits = sum(n for n, _ in results)
     elapsed = max(t for _, t in results)
     per_client = results[0][1] / max(results[0][0], 1)
-    return {"commits_per_s": commits / elapsed, "commit_us": per_client * 1e6,
-            "clients": clients}
+    return {"commits_per_s": commits / elapsed, "commit_us": per_client * 1e6, "clients": clients}
 
 
 def main() -> None:

@@ -53,7 +53,8 @@ def calls(backend: str, db: str, n: int, timeout: float) -> dict[str, Any]:
     async def timed(client: Any, i: int) -> float:
         t0 = clock()
         await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"ping {i}"}])
+            model=MODEL, messages=[{"role": "user", "content": f"ping {i}"}]
+        )
         return (clock() - t0) * 1e6
 
     @app.workflow(name="llm_overhead", guards=ratchet.Guards(max_steps=None))
@@ -74,7 +75,8 @@ def calls(backend: str, db: str, n: int, timeout: float) -> dict[str, Any]:
         await worker.started.wait()
         try:
             result: dict[str, list[float]] = await app.result_async(
-                await app.start_async(overhead, n), timeout_s=timeout)
+                await app.start_async(overhead, n), timeout_s=timeout
+            )
             return result
         finally:
             stop.set()
@@ -83,55 +85,95 @@ def calls(backend: str, db: str, n: int, timeout: float) -> dict[str, Any]:
     samples = asyncio.run(main())
     wrapped_us = statistics.median(samples["wrapped"])
     bare_us = statistics.median(samples["bare"])
-    return {"backend": backend, "n": n, "wrapped_us": round(wrapped_us, 1),
-            "bare_us": round(bare_us, 1), "overhead_us": round(wrapped_us - bare_us, 1)}
+    return {
+        "backend": backend,
+        "n": n,
+        "wrapped_us": round(wrapped_us, 1),
+        "bare_us": round(bare_us, 1),
+        "overhead_us": round(wrapped_us - bare_us, 1),
+    }
 
 
 def _commit_us(backend: str, db: str, seconds: float) -> float | None:
-    argv = [sys.executable, "-m", "bench.limit", "--backend", backend, "--db", db,
-            "--clients", "1", "--seconds", str(seconds)]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True,
-                          timeout=seconds * 4 + 60)
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.limit",
+        "--backend",
+        backend,
+        "--db",
+        db,
+        "--clients",
+        "1",
+        "--seconds",
+        str(seconds),
+    ]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=seconds * 4 + 60)
     value = last_json(done.stdout, done.stderr).get("commit_us")
     return float(value) if isinstance(value, int | float) else None
 
 
-def measure(backend: str, db: str, limit_db: str, n: int, timeout: float,
-            limit_seconds: float = 1.0) -> dict[str, Any]:
+def measure(
+    backend: str, db: str, limit_db: str, n: int, timeout: float, limit_seconds: float = 1.0
+) -> dict[str, Any]:
     """One sample on ``backend``: the calls (database ``db``) in a child process against a
     provider served from here, then one commit's µs on ``limit_db``."""
     from ratchet.llm.server import LocalProvider, serve
 
     provider = LocalProvider()
     with serve(provider) as base:
-        argv = [sys.executable, "-m", "bench.llm_overhead", "--calls", "--backend", backend,
-                "--db", db, "--n", str(n), "--timeout", str(timeout)]
+        argv = [
+            sys.executable,
+            "-m",
+            "bench.llm_overhead",
+            "--calls",
+            "--backend",
+            backend,
+            "--db",
+            db,
+            "--n",
+            str(n),
+            "--timeout",
+            str(timeout),
+        ]
         env = {**os.environ, "OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": "local"}
         try:
-            done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=timeout + 30)
+            done = subprocess.run(
+                argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout + 30
+            )
         except subprocess.TimeoutExpired:
             return {"backend": backend, "error": f"no answer within {timeout + 30:g} s"}
         faults = provider.stats()["faults"]
     answer = last_json(done.stdout, done.stderr)
     if faults:
-        return {"backend": backend,
-                "error": f"the provider applied {faults} fault(s) during the run"}
+        return {
+            "backend": backend,
+            "error": f"the provider applied {faults} fault(s) during the run",
+        }
     if "wrapped_us" not in answer:
         return {"backend": backend, **answer}
     commit = _commit_us(backend, limit_db, limit_seconds)
     if commit is None:
         return {**answer, "error": "the commit limit gave no figure"}
-    return {**answer, "commit_us": round(commit, 1),
-            "setting": ("SQLite (WAL, synchronous=FULL)" if backend == "sqlite"
-                        else "PostgreSQL (fsync=on, synchronous_commit=on)")
-            + "; each wrapped call one journaled step"}
+    return {
+        **answer,
+        "commit_us": round(commit, 1),
+        "setting": (
+            "SQLite (WAL, synchronous=FULL)"
+            if backend == "sqlite"
+            else "PostgreSQL (fsync=on, synchronous_commit=on)"
+        )
+        + "; each wrapped call one journaled step",
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--calls", action="store_true",
-                        help="run the calls in this process (the provider is elsewhere)")
+    parser.add_argument(
+        "--calls",
+        action="store_true",
+        help="run the calls in this process (the provider is elsewhere)",
+    )
     parser.add_argument("--backend", choices=("sqlite", "postgres"), required=True)
     parser.add_argument("--db", required=True, help="SQLite file path or PostgreSQL URL")
     parser.add_argument("--n", type=int, default=300, help="calls of each kind")

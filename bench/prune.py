@@ -62,12 +62,15 @@ def _seed(url: str, events: int, log: Any) -> int:
             last = min(runs, first + 9_999)
             for statement in SEED.split(";"):
                 if statement.strip():
-                    conn.execute(statement, {"first": first, "last": last,
-                                             "per_run": EVENTS_PER_RUN})
+                    conn.execute(
+                        statement, {"first": first, "last": last, "per_run": EVENTS_PER_RUN}
+                    )
         conn.execute("VACUUM ANALYZE")
         total = conn.execute("SELECT count(*) FROM journal_events").fetchone()
-    log(f"seeded {runs} runs, {total[0] if total else 0} events in "
-        f"{time.monotonic() - started:.1f}s")
+    log(
+        f"seeded {runs} runs, {total[0] if total else 0} events in "
+        f"{time.monotonic() - started:.1f}s"
+    )
     return runs
 
 
@@ -92,11 +95,14 @@ def _phase(stamps: list[float], start: float, end: float) -> dict[str, float]:
     inside = [t for t in stamps if start <= t <= end]
     gaps = [(b - a, a) for a, b in zip([start, *inside], [*inside, end], strict=True)]
     longest, at = max(gaps)
-    return {"seconds": round(end - start, 2), "steps": len(inside),
-            "steps_per_s": round(len(inside) / (end - start), 1),
-            "longest_stall_ms": round(1000 * longest, 1),
-            "longest_stall_at_s": round(at - start, 2),
-            "stalls_over_100ms": sum(1 for g, _ in gaps if g > 0.1)}
+    return {
+        "seconds": round(end - start, 2),
+        "steps": len(inside),
+        "steps_per_s": round(len(inside) / (end - start), 1),
+        "longest_stall_ms": round(1000 * longest, 1),
+        "longest_stall_at_s": round(at - start, 2),
+        "stalls_over_100ms": sum(1 for g, _ in gaps if g > 0.1),
+    }
 
 
 async def _measure(url: str, window: float, log: Any) -> dict[str, Any]:
@@ -117,8 +123,18 @@ async def _measure(url: str, window: float, log: Any) -> dict[str, Any]:
         base_end = prune_start = time.monotonic()
         env = {**os.environ, "RATCHET_DATA_DIR": str(RESULTS / ".tmp")}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ratchet.cli", "prune", "--finished-before", "30d",
-            "--db", url, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            sys.executable,
+            "-m",
+            "ratchet.cli",
+            "prune",
+            "--finished-before",
+            "30d",
+            "--db",
+            url,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out, err = await proc.communicate()
         prune_end = time.monotonic()
         if proc.returncode != 0:
@@ -135,15 +151,21 @@ async def _measure(url: str, window: float, log: Any) -> dict[str, Any]:
     after = _phase(stamps, prune_end, after_end)
     baseline = (before["steps_per_s"] + after["steps_per_s"]) / 2
     drop = 100 * (1 - during["steps_per_s"] / baseline)
-    return {"before": before, "during_prune": during, "after": after,
-            "prune": out.decode().strip(), "throughput_drop_pct": round(drop, 1)}
+    return {
+        "before": before,
+        "during_prune": during,
+        "after": after,
+        "prune": out.decode().strip(),
+        "throughput_drop_pct": round(drop, 1),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--window", type=float, default=20.0,
-                        help="seconds of baseline before the prune starts")
+    parser.add_argument(
+        "--window", type=float, default=20.0, help="seconds of baseline before the prune starts"
+    )
     args = parser.parse_args()
 
     def log(line: str) -> None:

@@ -115,28 +115,51 @@ class Plan:
     dashboard_loads: int = 5
     # Agent scale (bench.agent_scale): N runs of 3 one-second model calls, per system.
     agent_scale_n: dict[str, tuple[int, ...]] = field(
-        default_factory=lambda: {"ratchet": (2_000, 10_000), "dbos": (2_000,)})
+        default_factory=lambda: {"ratchet": (2_000, 10_000), "dbos": (2_000,)}
+    )
     agent_scale_repeats: int = 1
 
 
 def plan(quick: bool) -> Plan:
     if quick:
-        return Plan(repeats=1, sequential_n=10, concurrent_n=100, replay_steps=1000,
-                    pickup_n=10, limit_seconds=0.5, timeout=60,
-                    pickup_n_for={"dbos": 2, "absurd": 5},
-                    recovery_options={"absurd": ["--lease", "3"]},
-                    claim_backlogs=(0, 10_000), llm_overhead_n=100, server_repeats=1,
-                    sandbox_runs=10, sandbox_steps=50, dashboard_events=2_000,
-                    dashboard_runs=200, dashboard_loads=2,
-                    agent_scale_n={"ratchet": (200,), "dbos": (200,)}, agent_scale_repeats=1,
-                    server_backends=("postgres",))
+        return Plan(
+            repeats=1,
+            sequential_n=10,
+            concurrent_n=100,
+            replay_steps=1000,
+            pickup_n=10,
+            limit_seconds=0.5,
+            timeout=60,
+            pickup_n_for={"dbos": 2, "absurd": 5},
+            recovery_options={"absurd": ["--lease", "3"]},
+            claim_backlogs=(0, 10_000),
+            llm_overhead_n=100,
+            server_repeats=1,
+            sandbox_runs=10,
+            sandbox_steps=50,
+            dashboard_events=2_000,
+            dashboard_runs=200,
+            dashboard_loads=2,
+            agent_scale_n={"ratchet": (200,), "dbos": (200,)},
+            agent_scale_repeats=1,
+            server_backends=("postgres",),
+        )
     # Three repeats, two of the crash bills (counts, the same every repeat so far), one of
     # the server (its figures are medians of thousands of events already): the whole run
     # fits its 15 minutes on 2 cores (about 15.7 with two server passes).
-    return Plan(repeats=3, sequential_n=30, concurrent_n=1000, replay_steps=10_000,
-                pickup_n=30, limit_seconds=1.0, timeout=110, bill_repeats=2, server_repeats=1,
-                concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
-                pickup_n_for={"dbos": 3, "absurd": 15})
+    return Plan(
+        repeats=3,
+        sequential_n=30,
+        concurrent_n=1000,
+        replay_steps=10_000,
+        pickup_n=30,
+        limit_seconds=1.0,
+        timeout=110,
+        bill_repeats=2,
+        server_repeats=1,
+        concurrent_n_for={"dbos": 100, "langgraph": 200, "absurd": 500},
+        pickup_n_for={"dbos": 3, "absurd": 15},
+    )
 
 
 class Databases:
@@ -172,8 +195,11 @@ class Databases:
         source = db.rsplit("/", 1)[1]
         name = f"{source}_copy"
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                         "WHERE datname = %s AND pid <> pg_backend_pid()", (source,))
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                (source,),
+            )
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{source}"')
         return PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
@@ -182,8 +208,8 @@ class Databases:
         shutil.rmtree(self.folder, ignore_errors=True)
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
             rows = conn.execute(
-                "SELECT datname FROM pg_database WHERE starts_with(datname, %s)",
-                (self.prefix,)).fetchall()
+                "SELECT datname FROM pg_database WHERE starts_with(datname, %s)", (self.prefix,)
+            ).fetchall()
             for (name,) in rows:
                 if name.startswith(self.prefix) or _orphaned(name):
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -211,9 +237,21 @@ def _disk_tmp() -> str:
 
 
 def adapter(system: System, measure: str, db: str, timeout: float, *extra: str) -> dict[str, Any]:
-    argv = [sys.executable, "-m", f"bench.peers.{system.name}_peer", measure,
-            "--backend", system.backend, "--db", db, "--variant", system.variant,
-            "--timeout", str(timeout), *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        f"bench.peers.{system.name}_peer",
+        measure,
+        "--backend",
+        system.backend,
+        "--db",
+        db,
+        "--variant",
+        system.variant,
+        "--timeout",
+        str(timeout),
+        *extra,
+    ]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout + 15)
     except subprocess.TimeoutExpired:
@@ -223,8 +261,16 @@ def adapter(system: System, measure: str, db: str, timeout: float, *extra: str) 
 
 def sandbox_measure(p: Plan) -> dict[str, Any]:
     """The isolated tier's spawn-to-first-step latency and per-step overhead (SQLite)."""
-    argv = [sys.executable, "-m", "bench.sandbox", "--json", "--runs", str(p.sandbox_runs),
-            "--steps", str(p.sandbox_steps)]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.sandbox",
+        "--json",
+        "--runs",
+        str(p.sandbox_runs),
+        "--steps",
+        str(p.sandbox_steps),
+    ]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=p.timeout * 5)
     except subprocess.TimeoutExpired:
@@ -234,9 +280,18 @@ def sandbox_measure(p: Plan) -> dict[str, Any]:
 
 def dashboard_measure(p: Plan, record: Record) -> None:
     """The dashboard's time to first render in Chromium (SQLite), in a process of its own."""
-    argv = [sys.executable, "-m", "bench.dashboard", "--json", "--events",
-            str(p.dashboard_events), "--runs", str(p.dashboard_runs), "--repeats",
-            str(p.dashboard_loads)]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.dashboard",
+        "--json",
+        "--events",
+        str(p.dashboard_events),
+        "--runs",
+        str(p.dashboard_runs),
+        "--repeats",
+        str(p.dashboard_loads),
+    ]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=p.timeout * 10)
     except subprocess.TimeoutExpired:
@@ -249,12 +304,30 @@ def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, 
     """Kill a worker in step 5 of 10 with SIGKILL, then time a fresh one's recovery."""
     folder = Path(tempfile.mkdtemp(prefix="recovery-", dir=_disk_tmp()))
     marker = folder / "step5.marker"
-    common = ["--backend", system.backend, "--db", db, "--variant", system.variant,
-              "--steps", "10", "--kill-at", "5", "--marker", str(marker),
-              "--timeout", str(timeout), *extra]
+    common = [
+        "--backend",
+        system.backend,
+        "--db",
+        db,
+        "--variant",
+        system.variant,
+        "--steps",
+        "10",
+        "--kill-at",
+        "5",
+        "--marker",
+        str(marker),
+        "--timeout",
+        str(timeout),
+        *extra,
+    ]
     module = f"bench.peers.{system.name}_peer"
-    child = subprocess.Popen([sys.executable, "-m", module, "recovery-crash", *common],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", module, "recovery-crash", *common],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + timeout
         while not marker.exists():
@@ -267,8 +340,12 @@ def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, 
             time.sleep(0.005)
         child.send_signal(signal.SIGKILL)
         child.wait()
-        done = subprocess.run([sys.executable, "-m", module, "recovery-resume", *common],
-                              capture_output=True, text=True, timeout=timeout + 15)
+        done = subprocess.run(
+            [sys.executable, "-m", module, "recovery-resume", *common],
+            capture_output=True,
+            text=True,
+            timeout=timeout + 15,
+        )
         return last_json(done.stdout, done.stderr)
     finally:
         if child.poll() is None:
@@ -277,23 +354,40 @@ def recovery(system: System, db: str, timeout: float, *extra: str) -> dict[str, 
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: float,
-           graph: bool = False) -> list[dict[str, Any]]:
+def replay(
+    system: System, dbs: Databases, steps: int, repeats: int, timeout: float, graph: bool = False
+) -> list[dict[str, Any]]:
     """Build a run with ``steps`` completed steps and one left (its worker SIGKILLed in the
     last), snapshot the database, then resume a fresh copy of it ``repeats`` times. With
     ``graph``, the run is Ratchet's graph ``chain`` (a loop over a tool node), resumed at
     its first open node."""
-    crash, resume = ("graph-crash", "graph-resume") if graph else ("recovery-crash",
-                                                                    "recovery-resume")
+    crash, resume = (
+        ("graph-crash", "graph-resume") if graph else ("recovery-crash", "recovery-resume")
+    )
     folder = Path(tempfile.mkdtemp(prefix="replay-", dir=_disk_tmp()))
     marker = folder / "last.marker"
     built = dbs.fresh(system)
-    common = ["--backend", system.backend, "--variant", system.variant,
-              "--steps", str(steps + 1), "--kill-at", str(steps + 1), "--marker", str(marker),
-              "--timeout", str(timeout)]
+    common = [
+        "--backend",
+        system.backend,
+        "--variant",
+        system.variant,
+        "--steps",
+        str(steps + 1),
+        "--kill-at",
+        str(steps + 1),
+        "--marker",
+        str(marker),
+        "--timeout",
+        str(timeout),
+    ]
     module = f"bench.peers.{system.name}_peer"
-    child = subprocess.Popen([sys.executable, "-m", module, crash, "--db", built, *common],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", module, crash, "--db", built, *common],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         started, deadline = time.monotonic(), time.monotonic() + timeout
         while not marker.exists():
@@ -310,9 +404,12 @@ def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: fl
         results = []
         for _ in range(repeats):
             copy = dbs.copy(system, built)
-            done = subprocess.run([sys.executable, "-m", module, resume, "--db", copy,
-                                   *common], capture_output=True, text=True,
-                                  timeout=timeout + 15)
+            done = subprocess.run(
+                [sys.executable, "-m", module, resume, "--db", copy, *common],
+                capture_output=True,
+                text=True,
+                timeout=timeout + 15,
+            )
             answer = last_json(done.stdout, done.stderr)
             if "to_step5_ms" in answer:
                 # A lease the killed worker held is waited out by peers that need it; that
@@ -330,20 +427,46 @@ def replay(system: System, dbs: Databases, steps: int, repeats: int, timeout: fl
 
 
 def limit(backend: str, db: str, clients: int, seconds: float) -> dict[str, Any]:
-    argv = [sys.executable, "-m", "bench.limit", "--backend", backend, "--db", db,
-            "--clients", str(clients), "--seconds", str(seconds)]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.limit",
+        "--backend",
+        backend,
+        "--db",
+        db,
+        "--clients",
+        str(clients),
+        "--seconds",
+        str(seconds),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds * 4 + 60)
     return last_json(done.stdout, done.stderr)
 
 
 # The families of measures a run makes (``--measures`` picks some; a full run makes all).
-MEASURES = ("replay", "graphreplay", "limit", "sequential", "concurrent", "recovery",
-            "takeover", "pickup", "claimbacklog", "llm", "agentscale", "llmoverhead", "server",
-            "sandbox", "dashboard")
+MEASURES = (
+    "replay",
+    "graphreplay",
+    "limit",
+    "sequential",
+    "concurrent",
+    "recovery",
+    "takeover",
+    "pickup",
+    "claimbacklog",
+    "llm",
+    "agentscale",
+    "llmoverhead",
+    "server",
+    "sandbox",
+    "dashboard",
+)
 
 
-def run(quick: bool, only: set[str] | None, log: Callable[[str], None],
-        measures: set[str] | None = None) -> dict[str, Any]:
+def run(
+    quick: bool, only: set[str] | None, log: Callable[[str], None], measures: set[str] | None = None
+) -> dict[str, Any]:
     p = plan(quick)
 
     def want(measure: str) -> bool:
@@ -374,8 +497,9 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None],
                     record(f"replay|{key}", answer)
             if system.name == "ratchet" and want("graphreplay"):
                 # Building a graph run of that many iterations takes longer than a code one.
-                for answer in replay(system, dbs, p.replay_steps, p.repeats, p.timeout * 3,
-                                     graph=True):
+                for answer in replay(
+                    system, dbs, p.replay_steps, p.repeats, p.timeout * 3, graph=True
+                ):
                     record(f"graphreplay|{key}", answer)
         for _ in range(p.repeats):
             for backend in ("sqlite", "postgres"):
@@ -383,37 +507,89 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None],
                     if not want("limit"):
                         continue
                     db = dbs.fresh(System("limit", backend))
-                    record(f"limit|{backend}|{clients}",
-                           limit(backend, db, clients, p.limit_seconds))
+                    record(
+                        f"limit|{backend}|{clients}", limit(backend, db, clients, p.limit_seconds)
+                    )
             for system in systems:
                 key = f"{system.name}|{system.backend}|{system.variant}"
                 for steps in (0, 10):
                     if not want("sequential"):
                         continue
-                    record(f"sequential{steps}|{key}",
-                           adapter(system, "sequential", dbs.fresh(system), p.timeout,
-                                   "--steps", str(steps), "--n", str(p.sequential_n)))
+                    record(
+                        f"sequential{steps}|{key}",
+                        adapter(
+                            system,
+                            "sequential",
+                            dbs.fresh(system),
+                            p.timeout,
+                            "--steps",
+                            str(steps),
+                            "--n",
+                            str(p.sequential_n),
+                        ),
+                    )
                 n = p.concurrent_n_for.get(system.name, p.concurrent_n)
                 if want("concurrent"):
-                    answer = adapter(system, "concurrent", dbs.fresh(system), p.timeout,
-                                     "--n", str(n), "--steps", "10")
+                    answer = adapter(
+                        system,
+                        "concurrent",
+                        dbs.fresh(system),
+                        p.timeout,
+                        "--n",
+                        str(n),
+                        "--steps",
+                        "10",
+                    )
                     record(f"concurrent|{key}", answer | {"n": n})
                 if want("recovery"):
-                    record(f"recovery|{key}", recovery(system, dbs.fresh(system), p.timeout,
-                                                       *p.recovery_options.get(system.name, [])))
+                    record(
+                        f"recovery|{key}",
+                        recovery(
+                            system,
+                            dbs.fresh(system),
+                            p.timeout,
+                            *p.recovery_options.get(system.name, []),
+                        ),
+                    )
                 if system.name == "ratchet" and want("takeover"):
-                    record(f"takeover|{key}",
-                           adapter(system, "takeover", dbs.fresh(system), p.timeout,
-                                   "--steps", "10", "--kill-at", "5"))
+                    record(
+                        f"takeover|{key}",
+                        adapter(
+                            system,
+                            "takeover",
+                            dbs.fresh(system),
+                            p.timeout,
+                            "--steps",
+                            "10",
+                            "--kill-at",
+                            "5",
+                        ),
+                    )
                 if want("pickup"):
-                    record(f"pickup|{key}",
-                           adapter(system, "pickup", dbs.fresh(system), p.timeout,
-                                   "--n", str(p.pickup_n_for.get(system.name, p.pickup_n))))
+                    record(
+                        f"pickup|{key}",
+                        adapter(
+                            system,
+                            "pickup",
+                            dbs.fresh(system),
+                            p.timeout,
+                            "--n",
+                            str(p.pickup_n_for.get(system.name, p.pickup_n)),
+                        ),
+                    )
                 if system.name == "ratchet" and want("claimbacklog"):
                     for backlog in p.claim_backlogs:
-                        record(f"claimbacklog|{system.backend}|{backlog}",
-                               adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
-                                       "--n", str(backlog)))
+                        record(
+                            f"claimbacklog|{system.backend}|{backlog}",
+                            adapter(
+                                system,
+                                "claim-backlog",
+                                dbs.fresh(system),
+                                p.timeout,
+                                "--n",
+                                str(backlog),
+                            ),
+                        )
         if want("llm"):
             llm_measures(p, dbs, {s.name for s in systems}, record)
         if want("agentscale"):
@@ -433,9 +609,13 @@ def run(quick: bool, only: set[str] | None, log: Callable[[str], None],
         "quick": quick,
         "repeats": p.repeats,
         "spent_s": {family: round(seconds, 1) for family, seconds in spent.items()},
-        "plan": {"sequential_n": p.sequential_n, "concurrent_n": p.concurrent_n,
-                 "replay_steps": p.replay_steps, "pickup_n": p.pickup_n,
-                 "claim_backlogs": list(p.claim_backlogs)},
+        "plan": {
+            "sequential_n": p.sequential_n,
+            "concurrent_n": p.concurrent_n,
+            "replay_steps": p.replay_steps,
+            "pickup_n": p.pickup_n,
+            "claim_backlogs": list(p.claim_backlogs),
+        },
         "machine": machine(),
         "samples": samples,
     }
@@ -452,14 +632,20 @@ def claim_only(quick: bool, log: Callable[[str], None]) -> dict[str, Any]:
                 system = System("ratchet", backend)
                 for backlog in p.claim_backlogs:
                     key = f"claimbacklog|{backend}|{backlog}"
-                    answer = adapter(system, "claim-backlog", dbs.fresh(system), p.timeout,
-                                     "--n", str(backlog))
+                    answer = adapter(
+                        system, "claim-backlog", dbs.fresh(system), p.timeout, "--n", str(backlog)
+                    )
                     samples.setdefault(key, []).append(answer)
                     log(f"{key}: {json.dumps(answer)[:160]}")
     finally:
         dbs.close()
-    return {"quick": quick, "repeats": p.repeats, "machine": machine(), "samples": samples,
-            "plan": {"claim_backlogs": list(p.claim_backlogs)}}
+    return {
+        "quick": quick,
+        "repeats": p.repeats,
+        "machine": machine(),
+        "samples": samples,
+        "plan": {"claim_backlogs": list(p.claim_backlogs)},
+    }
 
 
 def llm_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
@@ -467,8 +653,10 @@ def llm_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> No
     for _ in range(p.bill_repeats):
         for name in llm.SYSTEMS:
             if name in names:
-                record(f"llmbill|{name}",
-                       llm.crash_bill(name, dbs.fresh(System(name, "sqlite")), p.timeout))
+                record(
+                    f"llmbill|{name}",
+                    llm.crash_bill(name, dbs.fresh(System(name, "sqlite")), p.timeout),
+                )
 
 
 def llm_overhead_measures(p: Plan, dbs: Databases, record: Record) -> None:
@@ -476,10 +664,17 @@ def llm_overhead_measures(p: Plan, dbs: Databases, record: Record) -> None:
     (bench/llm_overhead.py), on both backends, ``p.repeats`` times each."""
     for _ in range(p.repeats):
         for backend in ("sqlite", "postgres"):
-            record(f"{LLM_OVERHEAD_PREFIX}{backend}", llm_overhead.measure(
-                backend, dbs.fresh(System("ratchet", backend)),
-                dbs.fresh(System("limit", backend)), p.llm_overhead_n, p.timeout,
-                p.limit_seconds))
+            record(
+                f"{LLM_OVERHEAD_PREFIX}{backend}",
+                llm_overhead.measure(
+                    backend,
+                    dbs.fresh(System("ratchet", backend)),
+                    dbs.fresh(System("limit", backend)),
+                    p.llm_overhead_n,
+                    p.timeout,
+                    p.limit_seconds,
+                ),
+            )
 
 
 def agent_scale_measures(p: Plan, dbs: Databases, names: set[str], record: Record) -> None:
@@ -493,8 +688,10 @@ def agent_scale_measures(p: Plan, dbs: Databases, names: set[str], record: Recor
                 for n in sizes:
                     db = dbs.fresh(System(name, backend))
                     answer = agent_scale.measure(name, backend, db, n, p.timeout * 2)
-                    record(f"{AGENT_SCALE_PREFIX}{name}|{backend}|{n}",
-                           answer | {"load_average": os.getloadavg()})
+                    record(
+                        f"{AGENT_SCALE_PREFIX}{name}|{backend}|{n}",
+                        answer | {"load_average": os.getloadavg()},
+                    )
 
 
 def server_measures(quick: bool, p: Plan, dbs: Databases, record: Record) -> None:
@@ -507,9 +704,12 @@ def server_measures(quick: bool, p: Plan, dbs: Databases, record: Record) -> Non
             record(f"{SERVER_PREFIX}{backend}", server.measure(backend, url, quick))
 
 
-def family_only(quick: bool, log: Callable[[str], None],
-                measures: Callable[[Plan, Databases, Record], None], repeats: int
-                ) -> dict[str, Any]:
+def family_only(
+    quick: bool,
+    log: Callable[[str], None],
+    measures: Callable[[Plan, Databases, Record], None],
+    repeats: int,
+) -> dict[str, Any]:
     """Just one family of measures (its report has only its sections), each sample logged."""
     p = plan(quick)
     dbs = Databases()
@@ -530,8 +730,10 @@ def family_only(quick: bool, log: Callable[[str], None],
 def machine() -> dict[str, Any]:
     with psycopg.connect(PG_ADMIN) as conn:
         pg = conn.execute("SHOW server_version").fetchone()
-        settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
-                    for name in ("fsync", "synchronous_commit")}
+        settings = {
+            name: conn.execute(f"SHOW {name}").fetchone()[0]  # type: ignore[index]
+            for name in ("fsync", "synchronous_commit")
+        }
     import sqlite3
 
     return {
@@ -546,15 +748,20 @@ def machine() -> dict[str, Any]:
     }
 
 
-def _merged(measured: dict[str, Any], prefixes: tuple[str, ...], run_key: str,
-            quick: bool) -> dict[str, Any]:
+def _merged(
+    measured: dict[str, Any], prefixes: tuple[str, ...], run_key: str, quick: bool
+) -> dict[str, Any]:
     """The latest full results with one family of measures (samples keyed by
     ``prefixes``) replaced by ``measured``, as --claim-only does; written back, both files."""
     results = json.loads((RESULTS / "latest.json").read_text())
-    results["samples"] = {k: v for k, v in results["samples"].items()
-                          if not k.startswith(prefixes)} | measured["samples"]
-    results[run_key] = {"date": measured["machine"]["date"], "quick": quick,
-                        "repeats": measured["repeats"]}
+    results["samples"] = {
+        k: v for k, v in results["samples"].items() if not k.startswith(prefixes)
+    } | measured["samples"]
+    results[run_key] = {
+        "date": measured["machine"]["date"],
+        "quick": quick,
+        "repeats": measured["repeats"],
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
     (RESULTS / "latest.md").write_text(write_reports(results))
@@ -573,28 +780,51 @@ def _update_readme(results: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true",
-                        default=os.environ.get("QUICK") not in (None, "", "0"))
+    parser.add_argument(
+        "--quick", action="store_true", default=os.environ.get("QUICK") not in (None, "", "0")
+    )
     parser.add_argument("--only", help="comma-separated systems, e.g. ratchet,dbos")
-    parser.add_argument("--measures",
-                        help="comma-separated measures, e.g. replay,graphreplay,recovery,pickup "
-                             f"(of {', '.join(MEASURES)}); written to measures.json and "
-                             "measures.md, leaving the full run's latest.* as they are")
-    parser.add_argument("--claim-only", action="store_true",
-                        help="measure only claim latency against backlog size (Ratchet)")
-    parser.add_argument("--llm-only", action="store_true",
-                        help="measure only the LLM crash bill and the wrapped client's overhead")
-    parser.add_argument("--llm-overhead-only", action="store_true",
-                        help="measure only the wrapped LLM client's per-call overhead")
-    parser.add_argument("--server-only", action="store_true",
-                        help="measure only ratchet server: starts/s and SSE latency")
-    parser.add_argument("--dashboard-only", action="store_true",
-                        help="measure only the dashboard's time to first render (Chromium)")
-    parser.add_argument("--agent-scale-only", action="store_true",
-                        help="measure only agent scale: N runs of 3 one-second model calls "
-                             "(Ratchet and DBOS)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="re-write latest.md from latest.json without measuring")
+    parser.add_argument(
+        "--measures",
+        help="comma-separated measures, e.g. replay,graphreplay,recovery,pickup "
+        f"(of {', '.join(MEASURES)}); written to measures.json and "
+        "measures.md, leaving the full run's latest.* as they are",
+    )
+    parser.add_argument(
+        "--claim-only",
+        action="store_true",
+        help="measure only claim latency against backlog size (Ratchet)",
+    )
+    parser.add_argument(
+        "--llm-only",
+        action="store_true",
+        help="measure only the LLM crash bill and the wrapped client's overhead",
+    )
+    parser.add_argument(
+        "--llm-overhead-only",
+        action="store_true",
+        help="measure only the wrapped LLM client's per-call overhead",
+    )
+    parser.add_argument(
+        "--server-only",
+        action="store_true",
+        help="measure only ratchet server: starts/s and SSE latency",
+    )
+    parser.add_argument(
+        "--dashboard-only",
+        action="store_true",
+        help="measure only the dashboard's time to first render (Chromium)",
+    )
+    parser.add_argument(
+        "--agent-scale-only",
+        action="store_true",
+        help="measure only agent scale: N runs of 3 one-second model calls (Ratchet and DBOS)",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="re-write latest.md from latest.json without measuring",
+    )
     args = parser.parse_args()
     if args.report_only:
         results = json.loads((RESULTS / "latest.json").read_text())
@@ -613,17 +843,22 @@ def main() -> None:
         # others kept as they were measured.
         claim = claim_only(args.quick, log)
         results = json.loads((RESULTS / "latest.json").read_text())
-        results["samples"] = {k: v for k, v in results["samples"].items()
-                              if not k.startswith("claimbacklog|")} | claim["samples"]
+        results["samples"] = {
+            k: v for k, v in results["samples"].items() if not k.startswith("claimbacklog|")
+        } | claim["samples"]
         results.setdefault("plan", {})["claim_backlogs"] = claim["plan"]["claim_backlogs"]
-        results["claim_backlog_run"] = {"date": claim["machine"]["date"],
-                                        "quick": args.quick, "repeats": claim["repeats"]}
+        results["claim_backlog_run"] = {
+            "date": claim["machine"]["date"],
+            "quick": args.quick,
+            "repeats": claim["repeats"],
+        }
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=True))
         (RESULTS / "latest.md").write_text(write_reports(results))
         print("\n".join(_claim_section(results)))
         return
     if args.llm_only:
+
         def both(p: Plan, dbs: Databases, record: Record) -> None:
             llm_measures(p, dbs, set(llm.SYSTEMS), record)
             llm_overhead_measures(p, dbs, record)
@@ -634,26 +869,41 @@ def main() -> None:
         print("\n".join(llm_sections(results) + llm_overhead_section(results)))
         return
     if args.llm_overhead_only:
-        measured = family_only(args.quick, log, lambda p, dbs, record: llm_overhead_measures(
-            p, dbs, record), plan(args.quick).repeats)
+        measured = family_only(
+            args.quick,
+            log,
+            lambda p, dbs, record: llm_overhead_measures(p, dbs, record),
+            plan(args.quick).repeats,
+        )
         results = _merged(measured, (LLM_OVERHEAD_PREFIX,), "llm_overhead_run", args.quick)
         print("\n".join(llm_overhead_section(results)))
         return
     if args.server_only:
-        measured = family_only(args.quick, log, lambda p, dbs, record: server_measures(
-            args.quick, p, dbs, record), plan(args.quick).server_repeats)
+        measured = family_only(
+            args.quick,
+            log,
+            lambda p, dbs, record: server_measures(args.quick, p, dbs, record),
+            plan(args.quick).server_repeats,
+        )
         results = _merged(measured, (SERVER_PREFIX,), "server_run", args.quick)
         print("\n".join(server_section(results)))
         return
     if args.dashboard_only:
-        measured = family_only(args.quick, log, lambda p, dbs, record: dashboard_measure(
-            p, record), 1)
+        measured = family_only(
+            args.quick, log, lambda p, dbs, record: dashboard_measure(p, record), 1
+        )
         results = _merged(measured, (DASHBOARD_KEY,), "dashboard_run", args.quick)
         print("\n".join(dashboard_section(results)))
         return
     if args.agent_scale_only:
-        measured = family_only(args.quick, log, lambda p, dbs, record: agent_scale_measures(
-            p, dbs, only or {"ratchet", "dbos"}, record), plan(args.quick).agent_scale_repeats)
+        measured = family_only(
+            args.quick,
+            log,
+            lambda p, dbs, record: agent_scale_measures(
+                p, dbs, only or {"ratchet", "dbos"}, record
+            ),
+            plan(args.quick).agent_scale_repeats,
+        )
         results = _merged(measured, (AGENT_SCALE_PREFIX,), "agent_scale_run", args.quick)
         print("\n".join(agent_scale_section(results)))
         return

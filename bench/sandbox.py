@@ -76,8 +76,7 @@ def measure(runs: int, steps: int) -> dict[str, Any]:
                 run_id = bench_app.start(isolated_steps, 1)
                 bench_app.result(run_id, timeout_s=120)
                 [row] = bench_app.sandboxes(run_id)
-                started = next(e.at for e in bench_app.events(run_id)
-                               if e.kind == "step_started")
+                started = next(e.at for e in bench_app.events(run_id) if e.kind == "step_started")
                 first_ms.append((started - row.started_at) * 1000)
             per_step: dict[str, float] = {}
             for name, wf in (("process", process_steps), ("isolated", isolated_steps)):
@@ -85,9 +84,12 @@ def measure(runs: int, steps: int) -> dict[str, Any]:
                 bench_app.result(run_id, timeout_s=300)
                 per_step[name] = _step_span_us(bench_app.events(run_id), steps)
     return {
-        "runs": runs, "steps": steps,
-        "spawn_to_first_step_ms": {"p50": round(statistics.median(first_ms), 1),
-                                   "p99": round(_pct(first_ms, 0.99), 1)},
+        "runs": runs,
+        "steps": steps,
+        "spawn_to_first_step_ms": {
+            "p50": round(statistics.median(first_ms), 1),
+            "p99": round(_pct(first_ms, 0.99), 1),
+        },
         "step_us": {k: round(v) for k, v in per_step.items()},
         "step_overhead_us": round(per_step["isolated"] - per_step["process"]),
     }
@@ -111,11 +113,15 @@ def main() -> None:
         print(f"skipped: {result['skipped']}")
         sys.exit(0)
     first = result["spawn_to_first_step_ms"]
-    print(f"spawn → first step reported: p50 {first['p50']} ms, p99 {first['p99']} ms "
-          f"({args.runs} sandboxes)")
-    print(f"per step: in-process {result['step_us']['process']} µs, isolated "
-          f"{result['step_us']['isolated']} µs, overhead {result['step_overhead_us']} µs "
-          f"({args.steps} steps)")
+    print(
+        f"spawn → first step reported: p50 {first['p50']} ms, p99 {first['p99']} ms "
+        f"({args.runs} sandboxes)"
+    )
+    print(
+        f"per step: in-process {result['step_us']['process']} µs, isolated "
+        f"{result['step_us']['isolated']} µs, overhead {result['step_overhead_us']} µs "
+        f"({args.steps} steps)"
+    )
 
 
 if __name__ == "__main__":

@@ -65,10 +65,26 @@ class Plan:
 
 def plan(quick: bool) -> Plan:
     if quick:
-        return Plan(post_processes=1, post_connections=8, post_seconds=1.5, single_seconds=1.5,
-                    fanout_subscribers=50, fanout_processes=2, fanout_seconds=1.5, timeout=60)
-    return Plan(post_processes=2, post_connections=16, post_seconds=6, single_seconds=6,
-                fanout_subscribers=1000, fanout_processes=4, fanout_seconds=6, timeout=180)
+        return Plan(
+            post_processes=1,
+            post_connections=8,
+            post_seconds=1.5,
+            single_seconds=1.5,
+            fanout_subscribers=50,
+            fanout_processes=2,
+            fanout_seconds=1.5,
+            timeout=60,
+        )
+    return Plan(
+        post_processes=2,
+        post_connections=16,
+        post_seconds=6,
+        single_seconds=6,
+        fanout_subscribers=1000,
+        fanout_processes=4,
+        fanout_seconds=6,
+        timeout=180,
+    )
 
 
 def _python(*args: str) -> list[str]:
@@ -80,10 +96,23 @@ class Server:
 
     def __init__(self, url: str) -> None:
         self.db = url
-        argv = [RATCHET, "server", "--app", "bench.server_app:app", "--port", "0",
-                "--workers", "0", "--log-level", "info", "--db", url]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True)
+        argv = [
+            RATCHET,
+            "server",
+            "--app",
+            "bench.server_app:app",
+            "--port",
+            "0",
+            "--workers",
+            "0",
+            "--log-level",
+            "info",
+            "--db",
+            url,
+        ]
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         self.ps = psutil.Process(self.proc.pid)
         self.log: collections.deque[str] = collections.deque(maxlen=50)
         self._drainer = threading.Thread(target=self._drain, daemon=True)
@@ -95,8 +124,9 @@ class Server:
             self.proc.kill()
             self.proc.wait()
             raise
-        self.http = httpx.Client(base_url=self.base, timeout=30,
-                                 headers={"Authorization": f"Bearer {self.token}"})
+        self.http = httpx.Client(
+            base_url=self.base, timeout=30, headers={"Authorization": f"Bearer {self.token}"}
+        )
 
     def _address(self) -> str:
         assert self.proc.stderr is not None
@@ -112,9 +142,23 @@ class Server:
             self.log.append(line)
 
     def _token(self) -> str:
-        done = subprocess.run([RATCHET, "tokens", "create", "--tenant", TENANT, "--scopes",
-                               "runs:read,runs:write", "--db", self.db],
-                              cwd=ROOT, capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [
+                RATCHET,
+                "tokens",
+                "create",
+                "--tenant",
+                TENANT,
+                "--scopes",
+                "runs:read,runs:write",
+                "--db",
+                self.db,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return done.stdout.strip().splitlines()[-1]
 
     def used(self) -> tuple[float, float]:
@@ -150,13 +194,29 @@ def _percent(cpu_s: float, seconds: float) -> float:
 def accept(server: Server, p: Plan) -> dict[str, Any]:
     """POST /v1/runs from ``post_processes × post_connections`` keep-alive clients."""
     start_at = time.time() + 1.5  # the client processes start meanwhile
-    procs = [subprocess.Popen(_python("bench.server_clients", "post", "--url", server.base,
-                                      "--token", server.token,
-                                      "--n", str(p.post_connections),
-                                      "--start-at", repr(start_at),
-                                      "--seconds", str(p.post_seconds)),
-                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(p.post_processes)]
+    procs = [
+        subprocess.Popen(
+            _python(
+                "bench.server_clients",
+                "post",
+                "--url",
+                server.base,
+                "--token",
+                server.token,
+                "--n",
+                str(p.post_connections),
+                "--start-at",
+                repr(start_at),
+                "--seconds",
+                str(p.post_seconds),
+            ),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(p.post_processes)
+    ]
     time.sleep(max(0.0, start_at - time.time()))
     before = server.used()
     answers = [last_json(*proc.communicate(timeout=p.post_seconds + p.timeout)) for proc in procs]
@@ -170,20 +230,30 @@ def accept(server: Server, p: Plan) -> dict[str, Any]:
     if errors or not latencies:
         first = next((a["first_error"] for a in answers if a["first_error"]), "no request")
         return {"error": f"{errors} requests refused: {first}"}
-    return {"clients": p.post_processes * p.post_connections, "accepted": len(latencies),
-            "accepted_per_s": round(len(latencies) / seconds, 1), **latency_summary(latencies),
-            **_load(before, used, answers, seconds)}
+    return {
+        "clients": p.post_processes * p.post_connections,
+        "accepted": len(latencies),
+        "accepted_per_s": round(len(latencies) / seconds, 1),
+        **latency_summary(latencies),
+        **_load(before, used, answers, seconds),
+    }
 
 
-def _load(before: tuple[float, float], after: tuple[float, float],
-          clients: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+def _load(
+    before: tuple[float, float],
+    after: tuple[float, float],
+    clients: list[dict[str, Any]],
+    seconds: float,
+) -> dict[str, Any]:
     """CPU used and CPU waited for (runnable, not running: the machine was busy), by the
     server and by all the clients, in percent of one core over ``seconds``."""
-    return {"server_cpu_pct": _percent(after[0] - before[0], seconds),
-            "server_cpu_wait_pct": _percent(after[1] - before[1], seconds),
-            "client_cpu_pct": _percent(sum(a["cpu_s"] for a in clients), seconds),
-            "client_cpu_wait_pct": _percent(sum(a["runqueue_s"] for a in clients), seconds),
-            "load_average": round(os.getloadavg()[0], 2)}
+    return {
+        "server_cpu_pct": _percent(after[0] - before[0], seconds),
+        "server_cpu_wait_pct": _percent(after[1] - before[1], seconds),
+        "client_cpu_pct": _percent(sum(a["cpu_s"] for a in clients), seconds),
+        "client_cpu_wait_pct": _percent(sum(a["runqueue_s"] for a in clients), seconds),
+        "load_average": round(os.getloadavg()[0], 2),
+    }
 
 
 def _ready(proc: subprocess.Popen[str], timeout: float) -> None:
@@ -204,21 +274,41 @@ def _line(stream: IO[str] | None) -> str:
     return stream.readline().strip()
 
 
-def follow(server: Server, subscribers: int, processes: int, seconds: float,
-           timeout: float) -> dict[str, Any]:
+def follow(
+    server: Server, subscribers: int, processes: int, seconds: float, timeout: float
+) -> dict[str, Any]:
     """A run driven at EVENTS_PER_S by a worker in another process, followed by
     ``subscribers`` SSE streams spread over ``processes`` client processes."""
     steps = max(1, round(seconds / STEP_S))
     run_id = server.start("paced", {"steps": steps, "every_s": STEP_S})
     folder = Path(tempfile.mkdtemp(prefix="server-bench-"))
-    shares = [subscribers // processes + (i < subscribers % processes)
-              for i in range(processes)]
-    clients = [subprocess.Popen(
-        _python("bench.server_clients", "subscribe", "--url", server.base, "--token",
-                server.token, "--run-id", run_id, "--n", str(n), "--out",
-                str(folder / f"arrivals-{i}"), "--timeout", str(timeout)),
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for i, n in enumerate(shares) if n]
+    shares = [subscribers // processes + (i < subscribers % processes) for i in range(processes)]
+    clients = [
+        subprocess.Popen(
+            _python(
+                "bench.server_clients",
+                "subscribe",
+                "--url",
+                server.base,
+                "--token",
+                server.token,
+                "--run-id",
+                run_id,
+                "--n",
+                str(n),
+                "--out",
+                str(folder / f"arrivals-{i}"),
+                "--timeout",
+                str(timeout),
+            ),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i, n in enumerate(shares)
+        if n
+    ]
     writer: subprocess.Popen[str] | None = None
     try:
         for proc in clients:
@@ -228,10 +318,23 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
         # The writer drives the run through the engine, which knows it by the engine's id
         # (the tenant's namespace); the subscribers follow it through the API.
         writer = subprocess.Popen(
-            _python("bench.server_app", "writer", "--db", server.db, "--run-id",
-                    scoped_id(TENANT, run_id),
-                    "--out", str(folder / "commits.json"), "--timeout", str(timeout)),
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            _python(
+                "bench.server_app",
+                "writer",
+                "--db",
+                server.db,
+                "--run-id",
+                scoped_id(TENANT, run_id),
+                "--out",
+                str(folder / "commits.json"),
+                "--timeout",
+                str(timeout),
+            ),
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         peak = rss_before
         while any(proc.poll() is None for proc in clients):
             if time.time() - began > timeout:
@@ -248,18 +351,25 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
         if bad:
             raise RuntimeError(f"a subscriber process failed: {str(bad[0])[:300]}")
         written = json.loads((folder / "commits.json").read_text())
-        commits = {int(seq): (committed, created)
-                   for seq, (committed, created) in written["commits"].items()}
-        streams = [s for i in range(len(clients))
-                   for s in read_arrivals(str(folder / f"arrivals-{i}"))]
+        commits = {
+            int(seq): (committed, created)
+            for seq, (committed, created) in written["commits"].items()
+        }
+        streams = [
+            s for i in range(len(clients)) for s in read_arrivals(str(folder / f"arrivals-{i}"))
+        ]
         delivered = deliveries(streams, commits)
         return delivered | {
             "deliveries_per_s": round(delivered["deliveries"] / seconds, 1),
-            "subscribers": subscribers, "client_processes": len(clients),
-            "events_per_s": EVENTS_PER_S, "seconds": round(seconds, 2),
-            "server_rss_mb": round(rss_before, 1), "server_peak_rss_mb": round(peak, 1),
+            "subscribers": subscribers,
+            "client_processes": len(clients),
+            "events_per_s": EVENTS_PER_S,
+            "seconds": round(seconds, 2),
+            "server_rss_mb": round(rss_before, 1),
+            "server_peak_rss_mb": round(peak, 1),
             **_load(before, used, answers, seconds),
-            "writer_cpu_pct": _percent(written["cpu_s"], written["seconds"])}
+            "writer_cpu_pct": _percent(written["cpu_s"], written["seconds"]),
+        }
     finally:
         for proc in [*clients, *([writer] if writer else [])]:
             if proc.poll() is None:
@@ -268,8 +378,9 @@ def follow(server: Server, subscribers: int, processes: int, seconds: float,
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def deliveries(streams: list[tuple[Any, Any]], commits: dict[int, tuple[float, float]]
-               ) -> dict[str, Any]:
+def deliveries(
+    streams: list[tuple[Any, Any]], commits: dict[int, tuple[float, float]]
+) -> dict[str, Any]:
     """Check every stream got seqs 1..last once, in order; the latencies to each arrival
     from the event's commit stamp, and from its creation (before the commit: an upper
     bound, should the stamps be late)."""
@@ -278,20 +389,32 @@ def deliveries(streams: list[tuple[Any, Any]], commits: dict[int, tuple[float, f
     for i, (seqs, _) in enumerate(streams):
         got = list(seqs)
         if got != expected:
-            where = next((j for j, (a, b) in enumerate(zip(got, expected, strict=False))
-                          if a != b),
-                         min(len(got), len(expected)))
-            raise RuntimeError(f"stream {i} received {len(got)} events, not seqs 1..{last} "
-                               f"once each in order (from position {where}: "
-                               f"{got[where:where + 3]})")
-    arrivals = [(commits[seq], at) for seqs, times in streams
-                for seq, at in zip(seqs, times, strict=True) if seq in commits]
+            where = next(
+                (j for j, (a, b) in enumerate(zip(got, expected, strict=False)) if a != b),
+                min(len(got), len(expected)),
+            )
+            raise RuntimeError(
+                f"stream {i} received {len(got)} events, not seqs 1..{last} "
+                f"once each in order (from position {where}: "
+                f"{got[where : where + 3]})"
+            )
+    arrivals = [
+        (commits[seq], at)
+        for seqs, times in streams
+        for seq, at in zip(seqs, times, strict=True)
+        if seq in commits
+    ]
     latencies = [(at - committed) * 1000 for (committed, _), at in arrivals]
     upper = latency_summary([(at - created) * 1000 for (_, created), at in arrivals])
-    return {"events": last, "timed_events": len(commits), "deliveries": len(latencies),
-            "every_event_once": True, "min_ms": round(min(latencies), 3),
-            **latency_summary(latencies),
-            **{f"created_{k}": v for k, v in upper.items()}}
+    return {
+        "events": last,
+        "timed_events": len(commits),
+        "deliveries": len(latencies),
+        "every_event_once": True,
+        "min_ms": round(min(latencies), 3),
+        **latency_summary(latencies),
+        **{f"created_{k}": v for k, v in upper.items()},
+    }
 
 
 def measure(backend: str, url: str, quick: bool) -> dict[str, Any]:
@@ -303,10 +426,15 @@ def measure(backend: str, url: str, quick: bool) -> dict[str, Any]:
         # accept goes last: the thousands of runs it starts stay queued (no worker serves
         # them) and must not be there for a stream measure's writer to claim.
         for name, fn in (
-                ("single", lambda: follow(server, 1, 1, p.single_seconds, p.timeout)),
-                ("fanout", lambda: follow(server, p.fanout_subscribers, p.fanout_processes,
-                                          p.fanout_seconds, p.timeout)),
-                ("accept", lambda: accept(server, p))):
+            ("single", lambda: follow(server, 1, 1, p.single_seconds, p.timeout)),
+            (
+                "fanout",
+                lambda: follow(
+                    server, p.fanout_subscribers, p.fanout_processes, p.fanout_seconds, p.timeout
+                ),
+            ),
+            ("accept", lambda: accept(server, p)),
+        ):
             try:
                 result[name] = fn()
             except Exception as e:  # a failed measure is reported, the others still run

@@ -106,8 +106,12 @@ async def drive(url: str, run_id: str, timeout: float) -> dict[str, Any]:
         await app.shutdown_async()
     now = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
-    return {"commits": commits, "result": output, "cpu_s": round(cpu, 3),
-            "seconds": round(time.time() - began, 3)}
+    return {
+        "commits": commits,
+        "result": output,
+        "cpu_s": round(cpu, 3),
+        "seconds": round(time.time() - began, 3),
+    }
 
 
 def main() -> None:

@@ -77,11 +77,11 @@ class Stream(asyncio.Protocol):
             end = self.buf.find(b"\r\n\r\n")
             if end < 0:
                 return
-            status = bytes(self.buf[:self.buf.find(b"\r\n")])
+            status = bytes(self.buf[: self.buf.find(b"\r\n")])
             if b" 200 " not in status:
                 self.connection_lost(ValueError(status.decode(errors="replace")))
                 return
-            del self.buf[:end + 4]
+            del self.buf[: end + 4]
             self.started = True
         while True:
             if self.chunk is None:
@@ -89,15 +89,15 @@ class Stream(asyncio.Protocol):
                 if line < 0:
                     break
                 self.chunk = int(bytes(self.buf[:line]).split(b";")[0], 16)
-                del self.buf[:line + 2]
+                del self.buf[: line + 2]
             if len(self.buf) < self.chunk + 2:
                 break
-            self.text += self.buf[:self.chunk]
-            del self.buf[:self.chunk + 2]
+            self.text += self.buf[: self.chunk]
+            del self.buf[: self.chunk + 2]
             self.chunk = None
         while (end := self.text.find(b"\n\n")) >= 0:
             frame = bytes(self.text[:end])
-            del self.text[:end + 2]
+            del self.text[: end + 2]
             if not frame.startswith(b"id: "):
                 continue  # a heartbeat comment
             line = frame.index(b"\n")
@@ -105,20 +105,24 @@ class Stream(asyncio.Protocol):
             self.times.append(now)
             if not self.first.done():
                 self.first.set_result(None)
-            if frame[line + 8:].startswith(TERMINAL) and not self.ended.done():
+            if frame[line + 8 :].startswith(TERMINAL) and not self.ended.done():
                 self.ended.set_result(None)
 
 
-async def subscribe(url: str, token: str, run_id: str, n: int, out: str,
-                    timeout: float) -> dict[str, Any]:
+async def subscribe(
+    url: str, token: str, run_id: str, n: int, out: str, timeout: float
+) -> dict[str, Any]:
     where = urlsplit(url)
-    request = (f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: {where.netloc}\r\n"
-               f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n").encode()
+    request = (
+        f"GET /v1/runs/{run_id}/events HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: Bearer {token}\r\nAccept: text/event-stream\r\n\r\n"
+    ).encode()
     loop = asyncio.get_running_loop()
     streams: list[Stream] = []
     for _ in range(n):  # one by one: a burst of connects would overflow the listen backlog
-        _, stream = await loop.create_connection(lambda: Stream(request), where.hostname,
-                                                 where.port)
+        _, stream = await loop.create_connection(
+            lambda: Stream(request), where.hostname, where.port
+        )
         streams.append(stream)
     await asyncio.wait_for(asyncio.gather(*(s.first for s in streams)), timeout)
     cpu, waited = _cpu_s(), runqueue_s()
@@ -146,8 +150,9 @@ def read_arrivals(path: str) -> list[tuple[array[int], array[float]]]:
     return streams
 
 
-async def _poster(host: str, port: int, request: bytes, until: float,
-                  latencies: list[float], errors: list[str]) -> None:
+async def _poster(
+    host: str, port: int, request: bytes, until: float, latencies: list[float], errors: list[str]
+) -> None:
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while time.time() < until:
@@ -168,24 +173,36 @@ async def _poster(host: str, port: int, request: bytes, until: float,
         writer.close()
 
 
-async def post(url: str, token: str, connections: int, start_at: float,
-               seconds: float) -> dict[str, Any]:
+async def post(
+    url: str, token: str, connections: int, start_at: float, seconds: float
+) -> dict[str, Any]:
     where = urlsplit(url)
     body = json.dumps({"workflow": "noop", "input": {}}).encode()
-    request = (f"POST /v1/runs HTTP/1.1\r\nHost: {where.netloc}\r\n"
-               f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    request = (
+        f"POST /v1/runs HTTP/1.1\r\nHost: {where.netloc}\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     latencies: list[float] = []
     errors: list[str] = []
     await asyncio.sleep(max(0.0, start_at - time.time()))
     cpu, waited = _cpu_s(), runqueue_s()
     assert where.hostname is not None and where.port is not None
-    await asyncio.gather(*(_poster(where.hostname, where.port, request, start_at + seconds,
-                                   latencies, errors) for _ in range(connections)))
-    return {"accepted": len(latencies), "latencies_ms": [round(x, 3) for x in latencies],
-            "errors": len(errors), "first_error": errors[0] if errors else None,
-            "cpu_s": round(_cpu_s() - cpu, 3), "runqueue_s": round(runqueue_s() - waited, 3),
-            "seconds": round(time.time() - start_at, 3)}
+    await asyncio.gather(
+        *(
+            _poster(where.hostname, where.port, request, start_at + seconds, latencies, errors)
+            for _ in range(connections)
+        )
+    )
+    return {
+        "accepted": len(latencies),
+        "latencies_ms": [round(x, 3) for x in latencies],
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "cpu_s": round(_cpu_s() - cpu, 3),
+        "runqueue_s": round(runqueue_s() - waited, 3),
+        "seconds": round(time.time() - start_at, 3),
+    }
 
 
 def main() -> None:
@@ -201,8 +218,9 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()
     if args.role == "subscribe":
-        answer = asyncio.run(subscribe(args.url, args.token, args.run_id, args.n, args.out,
-                                       args.timeout))
+        answer = asyncio.run(
+            subscribe(args.url, args.token, args.run_id, args.n, args.out, args.timeout)
+        )
     else:
         answer = asyncio.run(post(args.url, args.token, args.n, args.start_at, args.seconds))
     json.dump(answer, sys.stdout)

@@ -56,22 +56,32 @@ ISOLATED = ("boxed",)  # workflows whose every attempt runs in a sandbox
 SEND_RETRY = ratchet.Retry(max_attempts=4, backoff_ms=200, retry_on=("connector",))
 # Its own failures (up to 2) come on top of what faults cost.
 FLAKY_RETRY = ratchet.Retry(max_attempts=6, backoff_ms=200, retry_on=("connector",))
-MAX_ATTEMPTS = {"work": 1, "tick": 1, "send": SEND_RETRY.max_attempts,
-                "send2": SEND_RETRY.max_attempts, "flaky_send": FLAKY_RETRY.max_attempts}
+MAX_ATTEMPTS = {
+    "work": 1,
+    "tick": 1,
+    "send": SEND_RETRY.max_attempts,
+    "send2": SEND_RETRY.max_attempts,
+    "flaky_send": FLAKY_RETRY.max_attempts,
+}
 # How many deliveries each sending step makes; its output holds their answers.
 DELIVERIES = {"send": 1, "send2": 2, "flaky_send": 1}
 
 
 def _post(url: str, key: str, info: ratchet.StepInfo, delivery: str) -> Any:
     body = json.dumps({"run": info.run_id, "step": info.step_id}).encode()
-    request = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json",
-        "Idempotency-Key": key,
-        "X-Ratchet-Run": info.run_id,
-        "X-Ratchet-Step": info.step_id,
-        "X-Ratchet-Delivery": delivery,
-        "X-Ratchet-Epoch": str(info.lease_epoch),
-    })
+    request = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={
+            "Content-Type": "application/json",
+            "Idempotency-Key": key,
+            "X-Ratchet-Run": info.run_id,
+            "X-Ratchet-Step": info.step_id,
+            "X-Ratchet-Delivery": delivery,
+            "X-Ratchet-Epoch": str(info.lease_epoch),
+        },
+    )
     try:
         with urllib.request.urlopen(request, timeout=POST_TIMEOUT_S) as response:
             return json.loads(response.read())
@@ -118,7 +128,9 @@ def build(url: str, receiver_url: str | None = None, version: str = "1") -> ratc
             raise ratchet.ConnectorError("no receiver configured in this process")
         return await ratchet.deliver(
             lambda key: asyncio.to_thread(_post, receiver_url, key, info, delivery),
-            policy="resend", name=name)
+            policy="resend",
+            name=name,
+        )
 
     @app.step
     async def work(i: int) -> str:
@@ -175,8 +187,7 @@ def build(url: str, receiver_url: str | None = None, version: str = "1") -> ratc
             elif kind == "signal":
                 out.append(await ratchet.wait_for_signal("go"))
             elif kind == "par_signal":
-                out.append(list(await asyncio.gather(
-                    work(i), ratchet.wait_for_signal(f"go{i}"))))
+                out.append(list(await asyncio.gather(work(i), ratchet.wait_for_signal(f"go{i}"))))
             elif kind == "par_sleep":
                 out.append((await asyncio.gather(send(i), ratchet.sleep(float(arg))))[0])
             elif kind == "send2":
@@ -185,8 +196,16 @@ def build(url: str, receiver_url: str | None = None, version: str = "1") -> ratc
                 out.append(await flaky_send(i, int(arg)))
             elif kind == "children":
                 n, _, ticks = arg.partition(":")
-                out.append(list(await asyncio.gather(
-                    *(ratchet.child(leaf, 10 * i + j, int(ticks or 0)) for j in range(int(n))))))
+                out.append(
+                    list(
+                        await asyncio.gather(
+                            *(
+                                ratchet.child(leaf, 10 * i + j, int(ticks or 0))
+                                for j in range(int(n))
+                            )
+                        )
+                    )
+                )
             elif kind == "spin":
                 out.append(sum([await tick(j) for j in range(int(arg))]))
             else:
@@ -204,6 +223,7 @@ def build(url: str, receiver_url: str | None = None, version: str = "1") -> ratc
     app.workflows[isolated.name] = isolated
 
     if version == "2":
+
         @app.workflow(version="2")
         async def audit(plan: list[str]) -> list[Any]:
             """The new release's workflow: only version-2 workers have it."""
@@ -214,17 +234,22 @@ def build(url: str, receiver_url: str | None = None, version: str = "1") -> ratc
 
 def main() -> None:
     """One worker process, until SIGTERM."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s pid=%(process)d %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s pid=%(process)d %(name)s %(message)s",
+    )
     env = os.environ
-    app = build(env["CHAOS_DB_URL"], env["CHAOS_RECEIVER_URL"],
-                env.get("CHAOS_APP_VERSION", "1"))
+    app = build(env["CHAOS_DB_URL"], env["CHAOS_RECEIVER_URL"], env.get("CHAOS_APP_VERSION", "1"))
 
     async def serve() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await app.run_worker(stop, worker_id=env["CHAOS_WORKER_ID"],
-                             concurrency=int(env.get("CHAOS_CONCURRENCY", CONCURRENCY)))
+        await app.run_worker(
+            stop,
+            worker_id=env["CHAOS_WORKER_ID"],
+            concurrency=int(env.get("CHAOS_CONCURRENCY", CONCURRENCY)),
+        )
 
     try:
         asyncio.run(serve())

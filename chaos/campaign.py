@@ -39,8 +39,11 @@ from ratchet.errors import InvalidInput, StorageError
 
 # The server to fault: its maintenance database; each campaign creates a database of its own.
 # The cluster restarted and stopped is the one listening on this URL's port.
-PG_ADMIN_URL = (os.environ.get("CHAOS_PG_ADMIN_URL") or os.environ.get("RATCHET_CHAOS_POSTGRES")
-                or "postgresql://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = (
+    os.environ.get("CHAOS_PG_ADMIN_URL")
+    or os.environ.get("RATCHET_CHAOS_POSTGRES")
+    or "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 TTL = chaos_app.LEASE_TTL
 SWEEP = chaos_app.RECOVERY_INTERVAL
 SUPERVISE_S = 0.02
@@ -156,16 +159,24 @@ class Campaign:
         clean = False
         report: dict[str, Any] = {}
         try:
-            print(f"chaos: {self.cfg.backend}: seed {self.cfg.seed}, {self.cfg.runs} runs, "
-                  f"{self.cfg.faults} scheduled faults; work folder {self.workdir}", flush=True)
+            print(
+                f"chaos: {self.cfg.backend}: seed {self.cfg.seed}, {self.cfg.runs} runs, "
+                f"{self.cfg.faults} scheduled faults; work folder {self.workdir}",
+                flush=True,
+            )
             self.setup()
-            schedule = fault_schedule(self.rng_faults, self.cfg.backend, self.cfg.faults,
-                                      self.cfg.workers, self.cfg.gap_s)
+            schedule = fault_schedule(
+                self.rng_faults, self.cfg.backend, self.cfg.faults, self.cfg.workers, self.cfg.gap_s
+            )
             specs = run_specs(self.rng_plan, self.cfg.runs)
             threads = [
                 threading.Thread(target=self.supervise, name="supervisor", daemon=True),
-                threading.Thread(target=self.submit, args=(specs, expected_s(schedule) * 0.9),
-                                 name="submitter", daemon=True),
+                threading.Thread(
+                    target=self.submit,
+                    args=(specs, expected_s(schedule) * 0.9),
+                    name="submitter",
+                    daemon=True,
+                ),
                 threading.Thread(target=self.signaller, name="signaller", daemon=True),
                 threading.Thread(target=self.canceller, name="canceller", daemon=True),
             ]
@@ -236,8 +247,10 @@ class Campaign:
             _ = client.store
         port = self.start_receiver()
         receiver_url = f"http://127.0.0.1:{port}/deliver"
-        slots = [Slot(i, {"CHAOS_DB_URL": self.url, "CHAOS_RECEIVER_URL": receiver_url})
-                 for i in range(cfg.workers)]
+        slots = [
+            Slot(i, {"CHAOS_DB_URL": self.url, "CHAOS_RECEIVER_URL": receiver_url})
+            for i in range(cfg.workers)
+        ]
         # A rolling deploy: some slots run the new release, the others the old one.
         for index in self.v2_slots:
             slots[index].env["CHAOS_APP_VERSION"] = "2"
@@ -249,10 +262,14 @@ class Campaign:
             else:
                 host = self.partition.host_ip
                 slots[0].netns = self.partition.ns
-                slots[0].env.update({
-                    "CHAOS_DB_URL": self.url.replace(urlsplit(self.url).hostname or "", host, 1),
-                    "CHAOS_RECEIVER_URL": f"http://{host}:{port}/deliver",
-                })
+                slots[0].env.update(
+                    {
+                        "CHAOS_DB_URL": self.url.replace(
+                            urlsplit(self.url).hostname or "", host, 1
+                        ),
+                        "CHAOS_RECEIVER_URL": f"http://{host}:{port}/deliver",
+                    }
+                )
         elif self.disk is not None:
             self.disk.start_checkpointer(self.workdir)
         self.fleet = Fleet(self.workdir, slots, cfg.concurrency)
@@ -262,14 +279,26 @@ class Campaign:
         port_file = self.workdir / "receiver.port"
         sink = (self.workdir / "receiver.out").open("wb")
         self.receiver = subprocess.Popen(
-            [sys.executable, "-m", "chaos.receiver", str(self.workdir / "receiver.jsonl"),
-             str(port_file)], cwd=self.workdir, stdout=sink, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+            [
+                sys.executable,
+                "-m",
+                "chaos.receiver",
+                str(self.workdir / "receiver.jsonl"),
+                str(port_file),
+            ],
+            cwd=self.workdir,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        )
         deadline = time.monotonic() + 15
         while not port_file.exists():
             if self.receiver.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("the receiver did not start: " + (
-                    self.workdir / "receiver.out").read_text(errors="replace"))
+                raise RuntimeError(
+                    "the receiver did not start: "
+                    + (self.workdir / "receiver.out").read_text(errors="replace")
+                )
             time.sleep(0.02)
         return int(port_file.read_text())
 
@@ -312,8 +341,10 @@ class Campaign:
         assert self.fleet is not None
         arm = self.arming.next() if self.phase == "faults" else None
         self.fleet.start(slot, reclaim=reclaim, arm=arm)
-        self.log(f"start slot={slot.index} worker={slot.worker_id} armed={arm} "
-                 f"pid={slot.popen.pid if slot.popen else None}")
+        self.log(
+            f"start slot={slot.index} worker={slot.worker_id} armed={arm} "
+            f"pid={slot.popen.pid if slot.popen else None}"
+        )
 
     def supervise(self) -> None:
         """Reap worker processes as they end; restart them when their time comes."""
@@ -324,8 +355,11 @@ class Campaign:
             now = time.time()
             with self.fleet.lock:
                 for slot in self.fleet.slots:
-                    if (slot.restart_at is not None and slot.restart_at <= now
-                            and self.phase in ("faults", "healing")):
+                    if (
+                        slot.restart_at is not None
+                        and slot.restart_at <= now
+                        and self.phase in ("faults", "healing")
+                    ):
                         self.start_worker(slot, reclaim=slot.reclaim_next)
             time.sleep(SUPERVISE_S)
 
@@ -346,12 +380,21 @@ class Campaign:
             reclaim, delay = slot.reclaim_next, slot.restart_delay
         else:
             tail = slot.logs[-1].read_text(errors="replace")[-1500:] if slot.logs else ""
-            error = next((line for line in reversed(tail.splitlines())
-                          if line.startswith("ratchet.errors.")), "")
+            error = next(
+                (
+                    line
+                    for line in reversed(tail.splitlines())
+                    if line.startswith("ratchet.errors.")
+                ),
+                "",
+            )
             # A worker that cannot reach its database when it starts exits: expected while
             # the disk is full, the server is down or its connection was just terminated.
-            kind = ("storage_error_at_start" if error.startswith("ratchet.errors.StorageError")
-                    else f"exit {ex.returncode}")
+            kind = (
+                "storage_error_at_start"
+                if error.startswith("ratchet.errors.StorageError")
+                else f"exit {ex.returncode}"
+            )
             self.exits[kind] += 1
             if kind != "storage_error_at_start":
                 last = (tail.strip().splitlines() or [""])[-1]
@@ -387,8 +430,15 @@ class Campaign:
             else:
                 self.unconfirmed.append(run_id)
 
-    def start_once(self, client: Any, spec: RunSpec, run_id: str, *, counted: bool = False,
-                   plan: list[str] | None = None) -> str:
+    def start_once(
+        self,
+        client: Any,
+        spec: RunSpec,
+        run_id: str,
+        *,
+        counted: bool = False,
+        plan: list[str] | None = None,
+    ) -> str:
         """One caller's start: the id it got back, or ``Type: message`` of what it raised.
         A storage failure (the server down, the disk full) is retried for up to 120 s;
         any other error is the answer."""
@@ -424,8 +474,10 @@ class Campaign:
                 barrier.wait(timeout=30)
             results[n] = self.start_once(self.dup_clients[n], spec, run_id)
 
-        callers = [threading.Thread(target=call, args=(n,), name=f"dup-start-{n}", daemon=True)
-                   for n in range(len(self.dup_clients))]
+        callers = [
+            threading.Thread(target=call, args=(n,), name=f"dup-start-{n}", daemon=True)
+            for n in range(len(self.dup_clients))
+        ]
         for t in callers:
             t.start()
         for t in callers:
@@ -462,8 +514,9 @@ class Campaign:
         seen: dict[str, float] = {}
         while not self.stop_threads.wait(0.1):
             with self.lock:
-                pending = {r: d for r, d in self.to_cancel.items()
-                           if r not in self.cancel_requested}
+                pending = {
+                    r: d for r, d in self.to_cancel.items() if r not in self.cancel_requested
+                }
             if not pending:
                 continue
             try:
@@ -504,8 +557,11 @@ class Campaign:
                 else:
                     lanes[lane].put(fault)
                 if n % 25 == 0:
-                    print(f"chaos: {self.cfg.backend}: {n}/{len(schedule)} faults, "
-                          f"{len(self.submitted)} runs submitted", flush=True)
+                    print(
+                        f"chaos: {self.cfg.backend}: {n}/{len(schedule)} faults, "
+                        f"{len(self.submitted)} runs submitted",
+                        flush=True,
+                    )
         finally:
             for lane_ in lanes.values():
                 lane_.close()
@@ -528,8 +584,12 @@ class Campaign:
         slots = self.fleet_slots()
         for i in range(len(slots)):
             slot = slots[(start + i) % len(slots)]
-            if (slot.up() and not slot.paused and slot.restart_at is None
-                    and not (slot.netns and self.partition and self.partition.is_down)):
+            if (
+                slot.up()
+                and not slot.paused
+                and slot.restart_at is None
+                and not (slot.netns and self.partition and self.partition.is_down)
+            ):
                 return slot
         return None
 
@@ -577,8 +637,7 @@ class Campaign:
                     self.later(p["ttls"] * TTL, lambda: fleet.resume(slot, pid))
         elif kind == "pg_terminate":
             assert self.pg is not None
-            done, listen = self.pg.terminate(Random(p["rng_seed"]), p["how_many"],
-                                             p["listen_only"])
+            done, listen = self.pg.terminate(Random(p["rng_seed"]), p["how_many"], p["listen_only"])
             if done:
                 self.count(kind)
                 self.details["pg_backends_terminated"] += done
@@ -699,8 +758,9 @@ class Campaign:
         last: tuple[int, int] | None = None
         while True:
             counts = self.statuses_now()
-            remaining = sum(n for s, n in counts.items()
-                            if s not in ("succeeded", "failed", "cancelled"))
+            remaining = sum(
+                n for s, n in counts.items() if s not in ("succeeded", "failed", "cancelled")
+            )
             now = time.monotonic()
             if remaining == 0 or now > deadline or now > cap:
                 break
@@ -714,47 +774,90 @@ class Campaign:
 
     # -- the verdict ---------------------------------------------------------------------------
 
-    def check(self, began: float, fault_s: float, drain: dict[str, Any],
-              snapshot: Counter[str]) -> dict[str, Any]:
+    def check(
+        self, began: float, fault_s: float, drain: dict[str, Any], snapshot: Counter[str]
+    ) -> dict[str, Any]:
         """Collect the evidence, check the invariants, assemble the report."""
         arrivals = read_log(self.workdir / "receiver.jsonl")
         v2_workers = {wid for i in self.v2_slots for wid in self.fleet_slots()[i].ids}
-        ev = collect.evidence(self.url, self.submitted, arrivals, time.time(),
-                              chaos_app.MAX_ATTEMPTS,
-                              deliveries_per_step=chaos_app.DELIVERIES,
-                              cancel_requested=dict(self.cancel_requested),
-                              v2_only=chaos_app.V2_ONLY, v2_workers=v2_workers,
-                              dup_starts=dict(self.dup_starts))
+        ev = collect.evidence(
+            self.url,
+            self.submitted,
+            arrivals,
+            time.time(),
+            chaos_app.MAX_ATTEMPTS,
+            deliveries_per_step=chaos_app.DELIVERIES,
+            cancel_requested=dict(self.cancel_requested),
+            v2_only=chaos_app.V2_ONLY,
+            v2_workers=v2_workers,
+            dup_starts=dict(self.dup_starts),
+        )
         findings = check_all(ev)
         from_logs = collect.log_figures(p for s in self.fleet_slots() for p in s.logs)
-        recs = recoveries(ev.events, [(t, worker_id, kind)
-                                      for kind, at in sorted(self.outages.items())
-                                      for t, worker_id in at])
-        return assemble(self, findings, from_logs, self.recovery(recs, ev.runs), {
-            "duration_s": round(time.time() - began, 1), "fault_phase_s": round(fault_s, 1),
-            "drain": drain, "statuses_at_drain_end": dict(snapshot)})
+        recs = recoveries(
+            ev.events,
+            [
+                (t, worker_id, kind)
+                for kind, at in sorted(self.outages.items())
+                for t, worker_id in at
+            ],
+        )
+        return assemble(
+            self,
+            findings,
+            from_logs,
+            self.recovery(recs, ev.runs),
+            {
+                "duration_s": round(time.time() - began, 1),
+                "fault_phase_s": round(fault_s, 1),
+                "drain": drain,
+                "statuses_at_drain_end": dict(snapshot),
+            },
+        )
 
     def recovery(self, recs: list[Recovery], runs: dict[str, Any]) -> dict[str, Any]:
         """The recovery samples by fault and by cause, and the slowest ones."""
         workflows = {run_id: row.workflow for run_id, row in runs.items()}
-        causes = by_cause(recs, workflows, self.windows, chaos_app.V2_ONLY,
-                          chaos_app.ISOLATED, within=OUTAGE_REACH_S)
+        causes = by_cause(
+            recs,
+            workflows,
+            self.windows,
+            chaos_app.V2_ONLY,
+            chaos_app.ISOLATED,
+            within=OUTAGE_REACH_S,
+        )
         faults: dict[str, list[float]] = {}
         for r in recs:
             faults.setdefault(r.fault, []).append(r.seconds)
         slowest = sorted(recs, key=lambda r: -r.seconds)[:10]
-        return {"all": [r.seconds for r in recs],
-                "outside_partitions": [x for c, xs in causes.items() if c != "partition"
-                                       for x in xs],
-                "by_fault": dict(sorted(faults.items())), "by_cause": causes,
-                "slowest": [{"run_id": r.run_id, "seconds": round(r.seconds, 3),
-                             "fault": r.fault, "next_drive": f"{r.reason} by {r.by}",
-                             "workflow": workflows.get(r.run_id),
-                             "cause": next(iter(by_cause([r], workflows, self.windows,
-                                                         chaos_app.V2_ONLY,
-                                                         chaos_app.ISOLATED,
-                                                         within=OUTAGE_REACH_S)))}
-                            for r in slowest]}
+        return {
+            "all": [r.seconds for r in recs],
+            "outside_partitions": [x for c, xs in causes.items() if c != "partition" for x in xs],
+            "by_fault": dict(sorted(faults.items())),
+            "by_cause": causes,
+            "slowest": [
+                {
+                    "run_id": r.run_id,
+                    "seconds": round(r.seconds, 3),
+                    "fault": r.fault,
+                    "next_drive": f"{r.reason} by {r.by}",
+                    "workflow": workflows.get(r.run_id),
+                    "cause": next(
+                        iter(
+                            by_cause(
+                                [r],
+                                workflows,
+                                self.windows,
+                                chaos_app.V2_ONLY,
+                                chaos_app.ISOLATED,
+                                within=OUTAGE_REACH_S,
+                            )
+                        )
+                    ),
+                }
+                for r in slowest
+            ],
+        }
 
 
 def expected_s(schedule: list[Fault]) -> float:

@@ -220,9 +220,13 @@ def check_lost(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
                     if loop:
                         out.append(Violation("failure", run_id, loop))
                 elif not _failure_explained(ev, row):
-                    out.append(Violation("failure", run_id,
-                                         f"failed for no reason the campaign expects: "
-                                         f"{row.error}"))
+                    out.append(
+                        Violation(
+                            "failure",
+                            run_id,
+                            f"failed for no reason the campaign expects: {row.error}",
+                        )
+                    )
             elif row.status == "cancelled" and not _cancel_asked(ev, run_id):
                 out.append(Violation("failure", run_id, "cancelled, though nobody asked"))
         if problem is not None:
@@ -249,8 +253,14 @@ def crash_loop(events: Sequence[Event], starts: int) -> str | None:
     verdict out (the attempt, in flight, was taken over ``starts`` times from a drive that
     never came back: a sweep or a reclaim found it started), or what is wrong with it.
     Drives after a hand-back or a storage failure do not count."""
-    failed = next((e for e in reversed(events) if e.kind == EventKind.STEP_FAILED
-                   and e.payload.get("error_type") == "StepCrashLoop"), None)
+    failed = next(
+        (
+            e
+            for e in reversed(events)
+            if e.kind == EventKind.STEP_FAILED and e.payload.get("error_type") == "StepCrashLoop"
+        ),
+        None,
+    )
     if failed is None:
         return None
     attempt = (failed.step_id, failed.attempt)
@@ -260,14 +270,18 @@ def crash_loop(events: Sequence[Event], starts: int) -> str | None:
             break
         if _attempted(e) and (e.step_id, e.attempt) == attempt:
             in_flight = 1
-        elif e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
-                        EventKind.STEP_RETRYING) and (e.step_id, e.attempt) == attempt:
+        elif (
+            e.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED, EventKind.STEP_RETRYING)
+            and (e.step_id, e.attempt) == attempt
+        ):
             in_flight = 0
         elif e.kind == EventKind.RUN_RESUMED and e.payload.get("reason") in TAKEOVERS:
             taken_over += in_flight
     if taken_over < starts:
-        return (f"failed as a crash loop of {failed.step_id} attempt {failed.attempt}, but "
-                f"the journal shows it taken over in flight {taken_over} times, not {starts}")
+        return (
+            f"failed as a crash loop of {failed.step_id} attempt {failed.attempt}, but "
+            f"the journal shows it taken over in flight {taken_over} times, not {starts}"
+        )
     return ""
 
 
@@ -275,9 +289,12 @@ def sandboxes_exhausted(events: Sequence[Event]) -> bool:
     """An isolated run failed after its three sandboxes all ended unfinished (the fleet's
     kills and the campaign's sandbox kills took them)."""
     last = events[-1] if events else None
-    return (last is not None and last.kind == EventKind.RUN_FAILED
-            and last.payload.get("code") == "sandbox_resume_exhausted"
-            and last.payload.get("attempts") == 3)
+    return (
+        last is not None
+        and last.kind == EventKind.RUN_FAILED
+        and last.payload.get("code") == "sandbox_resume_exhausted"
+        and last.payload.get("attempts") == 3
+    )
 
 
 def _ancestry(ev: Evidence, run_id: str) -> list[str]:
@@ -330,9 +347,12 @@ def _waiting_problem(ev: Evidence, row: RunRow) -> str | None:
         if kind == "signal" and name in ev.pending_signals.get(row.run_id, set()):
             return f"waiting for signal {name!r} although it was sent (a lost wake-up)"
         if kind in ("sleep", "backoff") and (
-                row.not_before is None or row.not_before < ev.now - ev.timer_grace_s):
-            return (f"waiting on {waiting_for} whose timer was due at {row.not_before} "
-                    f"(now {ev.now:.3f}): the timer never fired")
+            row.not_before is None or row.not_before < ev.now - ev.timer_grace_s
+        ):
+            return (
+                f"waiting on {waiting_for} whose timer was due at {row.not_before} "
+                f"(now {ev.now:.3f}): the timer never fired"
+            )
     return None
 
 
@@ -383,8 +403,10 @@ def check_journal(run_id: str, events: Sequence[Event], row: RunRow | None) -> l
         if len(terminal) != 1:
             bad(f"{len(terminal)} terminal events: {[(e.seq, e.kind) for e in terminal]}")
         elif events[-1] is not terminal[0]:
-            bad(f"events after the terminal one (seq {terminal[0].seq}): "
-                f"{[(e.seq, e.kind) for e in events if e.seq > terminal[0].seq][:5]}")
+            bad(
+                f"events after the terminal one (seq {terminal[0].seq}): "
+                f"{[(e.seq, e.kind) for e in events if e.seq > terminal[0].seq][:5]}"
+            )
         if terminal and str(TERMINAL_EVENTS[EventKind(terminal[-1].kind)]) != status:
             bad(f"status {status} but terminal event {terminal[-1].kind}")
     elif terminal:
@@ -408,12 +430,19 @@ def check_completions(run_id: str, events: Sequence[Event]) -> tuple[int, list[V
             completed[e.step_id] += 1
             if completed[e.step_id] > 1:
                 surplus += 1
-                out.append(Violation("completion", run_id,
-                                     f"step {e.step_id} completed again at seq {e.seq}"))
+                out.append(
+                    Violation(
+                        "completion", run_id, f"step {e.step_id} completed again at seq {e.seq}"
+                    )
+                )
         elif e.kind == EventKind.STEP_STARTED and completed[e.step_id]:
-            out.append(Violation("completion", run_id,
-                                 f"step {e.step_id} started again at seq {e.seq} after it "
-                                 "completed"))
+            out.append(
+                Violation(
+                    "completion",
+                    run_id,
+                    f"step {e.step_id} started again at seq {e.seq} after it completed",
+                )
+            )
     return surplus, out
 
 
@@ -438,8 +467,9 @@ def _attempted(e: Event) -> bool:
     return e.kind == EventKind.STEP_STARTED and "idempotency_key" in e.payload
 
 
-def check_fencing(run_id: str, events: Sequence[Event], receipts: Iterable[ReceiptRow],
-                  lock: LockRow | None) -> list[Violation]:
+def check_fencing(
+    run_id: str, events: Sequence[Event], receipts: Iterable[ReceiptRow], lock: LockRow | None
+) -> list[Violation]:
     """No journal, receipt or terminal write from a drive that no longer held the lease."""
     out: list[Violation] = []
 
@@ -448,11 +478,17 @@ def check_fencing(run_id: str, events: Sequence[Event], receipts: Iterable[Recei
 
     attempted_steps = {e.step_id for e in events if _attempted(e)}
     segs = segments(events)
-    stray = [e for e in segs[0][1] if e.kind != EventKind.RUN_QUEUED
-             and not (e.kind == EventKind.RUN_CANCELLED and e.payload.get("by") == "request")]
+    stray = [
+        e
+        for e in segs[0][1]
+        if e.kind != EventKind.RUN_QUEUED
+        and not (e.kind == EventKind.RUN_CANCELLED and e.payload.get("by") == "request")
+    ]
     if stray:
-        bad(f"events written before any drive held the lease: "
-            f"{[(e.seq, e.kind) for e in stray][:5]}")
+        bad(
+            f"events written before any drive held the lease: "
+            f"{[(e.seq, e.kind) for e in stray][:5]}"
+        )
     epochs: list[int] = []
     workers: list[Any] = []
     completed_at_epoch: dict[str, int] = {}
@@ -463,48 +499,67 @@ def check_fencing(run_id: str, events: Sequence[Event], receipts: Iterable[Recei
         if marker.kind != expected_kind:
             bad(f"drive {n} (seq {marker.seq}) is journaled as {marker.kind}")
         if marker.payload.get("drive") != n:
-            bad(f"drive marker at seq {marker.seq} says drive {marker.payload.get('drive')}, "
-                f"but it is drive {n} of the journal")
+            bad(
+                f"drive marker at seq {marker.seq} says drive {marker.payload.get('drive')}, "
+                f"but it is drive {n} of the journal"
+            )
         worker = marker.payload.get("worker_id")
         # Every drive holds a newer epoch, even the same worker's drive after a storage
         # failure abandoned its last one (it takes its lease again, one epoch up).
         if epochs and epoch <= epochs[-1]:
-            bad(f"drive at seq {marker.seq} holds epoch {epoch} ({worker}), not above the "
-                f"previous drive's {epochs[-1]} ({workers[-1]}): a stale lease wrote a drive")
+            bad(
+                f"drive at seq {marker.seq} holds epoch {epoch} ({worker}), not above the "
+                f"previous drive's {epochs[-1]} ({workers[-1]}): a stale lease wrote a drive"
+            )
         epochs.append(epoch)
         workers.append(worker)
         started: set[tuple[str, int | None]] = set()
         for e in body:
             if _attempted(e):
                 started.add((e.step_id or "", e.attempt))
-            elif (e.kind in ATTEMPT_OUTCOMES and e.step_id in attempted_steps
-                  and (e.step_id, e.attempt) not in started
-                  # The crash-loop verdict is given at the step boundary, without a start.
-                  and e.payload.get("error_type") != "StepCrashLoop"):
-                bad(f"{e.kind} of {e.step_id} attempt {e.attempt} at seq {e.seq} lands in "
+            elif (
+                e.kind in ATTEMPT_OUTCOMES
+                and e.step_id in attempted_steps
+                and (e.step_id, e.attempt) not in started
+                # The crash-loop verdict is given at the step boundary, without a start.
+                and e.payload.get("error_type") != "StepCrashLoop"
+            ):
+                bad(
+                    f"{e.kind} of {e.step_id} attempt {e.attempt} at seq {e.seq} lands in "
                     f"drive {n} (epoch {epoch}), which never started that attempt: a write "
-                    "from an earlier drive after the lease moved on")
+                    "from an earlier drive after the lease moved on"
+                )
             if e.kind == EventKind.STEP_COMPLETED and e.step_id is not None:
                 completed_at_epoch.setdefault(e.step_id, epoch)
     known = set(epochs)
     for r in receipts:
         if r.epoch not in known:
-            bad(f"receipt {r.key[:12]}… of {r.step_id} written at epoch {r.epoch}, which no "
-                f"drive of the run held (drives: {sorted(known)})")
+            bad(
+                f"receipt {r.key[:12]}… of {r.step_id} written at epoch {r.epoch}, which no "
+                f"drive of the run held (drives: {sorted(known)})"
+            )
         elif r.step_id in completed_at_epoch and r.epoch > completed_at_epoch[r.step_id]:
-            bad(f"receipt of {r.step_id} written at epoch {r.epoch} after the step completed "
-                f"under epoch {completed_at_epoch[r.step_id]}")
+            bad(
+                f"receipt of {r.step_id} written at epoch {r.epoch} after the step completed "
+                f"under epoch {completed_at_epoch[r.step_id]}"
+            )
     if epochs and (lock is None or lock.epoch < max(epochs)):
-        bad(f"run_locks epoch {lock.epoch if lock else None} is below the journal's "
-            f"highest drive epoch {max(epochs)}")
+        bad(
+            f"run_locks epoch {lock.epoch if lock else None} is below the journal's "
+            f"highest drive epoch {max(epochs)}"
+        )
     return out
 
 
 # -- 6. keys ---------------------------------------------------------------------------------
 
 
-def check_keys(run_id: str, events: Sequence[Event], receipts: Iterable[ReceiptRow],
-               max_attempts: dict[str, int]) -> list[Violation]:
+def check_keys(
+    run_id: str,
+    events: Sequence[Event],
+    receipts: Iterable[ReceiptRow],
+    max_attempts: dict[str, int],
+) -> list[Violation]:
     """Keys are sha256(run|step|attempt); a re-drive reuses its attempt's key; a new attempt
     follows a journaled failure of the one before; attempts stay within budget."""
     out: list[Violation] = []
@@ -526,20 +581,28 @@ def check_keys(run_id: str, events: Sequence[Event], receipts: Iterable[ReceiptR
         key = e.payload["idempotency_key"]
         want = idempotency_key(run_id, e.step_id, e.attempt)
         if key != want:
-            bad(f"step {e.step_id} attempt {e.attempt} at seq {e.seq} carries key "
-                f"{key[:12]}…, not sha256(run|step|attempt) {want[:12]}…")
+            bad(
+                f"step {e.step_id} attempt {e.attempt} at seq {e.seq} carries key "
+                f"{key[:12]}…, not sha256(run|step|attempt) {want[:12]}…"
+            )
         keys[key] = e.step_id
         if at in seen:
             if not e.payload.get("resumed"):
-                bad(f"step {e.step_id} attempt {e.attempt} started again at seq {e.seq} "
-                    "without being marked as the resumed attempt")
+                bad(
+                    f"step {e.step_id} attempt {e.attempt} started again at seq {e.seq} "
+                    "without being marked as the resumed attempt"
+                )
         else:
             if e.payload.get("resumed"):
-                bad(f"step {e.step_id} attempt {e.attempt} at seq {e.seq} claims to resume "
-                    "an attempt the journal never started")
+                bad(
+                    f"step {e.step_id} attempt {e.attempt} at seq {e.seq} claims to resume "
+                    "an attempt the journal never started"
+                )
             if e.attempt > 1 and (e.step_id, e.attempt - 1) not in failed:
-                bad(f"step {e.step_id} attempt {e.attempt} at seq {e.seq} without a journaled "
-                    f"failure of attempt {e.attempt - 1}")
+                bad(
+                    f"step {e.step_id} attempt {e.attempt} at seq {e.seq} without a journaled "
+                    f"failure of attempt {e.attempt - 1}"
+                )
             seen.add(at)
         name = e.step_id.partition(":")[2]
         budget = max_attempts.get(name)
@@ -550,20 +613,28 @@ def check_keys(run_id: str, events: Sequence[Event], receipts: Iterable[ReceiptR
     for r in receipts:
         deliveries[(r.step_id, r.delivery)] += 1
         if deliveries[(r.step_id, r.delivery)] == 2:
-            bad(f"delivery {r.delivery} of {r.step_id} has more than one receipt: it was "
-                "claimed (and maybe dispatched) under more than one key")
+            bad(
+                f"delivery {r.delivery} of {r.step_id} has more than one receipt: it was "
+                "claimed (and maybe dispatched) under more than one key"
+            )
         if r.attempt is None:  # a receipt from before deliveries had identities
             if keys.get(r.key) != r.step_id:
-                bad(f"receipt {r.key[:12]}… of {r.step_id} does not carry the key of any "
-                    "journaled attempt of that step")
+                bad(
+                    f"receipt {r.key[:12]}… of {r.step_id} does not carry the key of any "
+                    "journaled attempt of that step"
+                )
             continue
         if (r.step_id, r.attempt) not in attempts:
-            bad(f"receipt {r.key[:12]}… of {r.step_id} delivery {r.delivery} was claimed by "
-                f"attempt {r.attempt}, which the journal never started")
+            bad(
+                f"receipt {r.key[:12]}… of {r.step_id} delivery {r.delivery} was claimed by "
+                f"attempt {r.attempt}, which the journal never started"
+            )
         want = delivery_key(run_id, r.step_id, r.attempt, r.delivery)
         if r.key != want:
-            bad(f"receipt {r.key[:12]}… of {r.step_id} delivery {r.delivery} is not the key "
-                f"attempt {r.attempt} derives for it ({want[:12]}…)")
+            bad(
+                f"receipt {r.key[:12]}… of {r.step_id} delivery {r.delivery} is not the key "
+                f"attempt {r.attempt} derives for it ({want[:12]}…)"
+            )
     return out
 
 
@@ -593,31 +664,57 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
             applied.setdefault(key, a.get("response"))
         owner = receipt_keys.get(key)
         if owner is None:
-            out.append(Violation("receiver", a.get("run") or None,
-                                 f"arrival {a.get('arrival')} with key {key[:12]}… was "
-                                 "dispatched without a receipt claiming it"))
+            out.append(
+                Violation(
+                    "receiver",
+                    a.get("run") or None,
+                    f"arrival {a.get('arrival')} with key {key[:12]}… was "
+                    "dispatched without a receipt claiming it",
+                )
+            )
         elif (a.get("run"), a.get("step")) != owner[:2]:
-            out.append(Violation("receiver", owner[0],
-                                 f"arrival {a.get('arrival')} names run {a.get('run')} step "
-                                 f"{a.get('step')} but its key is {owner[1]}'s"))
+            out.append(
+                Violation(
+                    "receiver",
+                    owner[0],
+                    f"arrival {a.get('arrival')} names run {a.get('run')} step "
+                    f"{a.get('step')} but its key is {owner[1]}'s",
+                )
+            )
         epoch = a.get("epoch")
-        if epoch is not None and any(at < a["t"] and e > epoch
-                                     for at, e in drive_epochs.get(a.get("run", ""), ())):
+        if epoch is not None and any(
+            at < a["t"] and e > epoch for at, e in drive_epochs.get(a.get("run", ""), ())
+        ):
             stale += 1  # a zombie's dispatch: allowed, deduped; its settle is fenced
     double = {k: n for k, n in applies.items() if n > 1}
     for key, n in double.items():
-        out.append(Violation("receiver", receipt_keys.get(key, ("?",))[0],
-                             f"key {key[:12]}… applied {n} times"))
+        out.append(
+            Violation(
+                "receiver", receipt_keys.get(key, ("?",))[0], f"key {key[:12]}… applied {n} times"
+            )
+        )
     for r in ev.receipts:
         if r.status != "settled":
             continue
         if r.key not in applied:
-            out.append(Violation("receiver", r.run_id, f"receipt {r.key[:12]}… of {r.step_id} "
-                                 "settled, but the receiver never applied its key"))
+            out.append(
+                Violation(
+                    "receiver",
+                    r.run_id,
+                    f"receipt {r.key[:12]}… of {r.step_id} "
+                    "settled, but the receiver never applied its key",
+                )
+            )
         elif applied[r.key] != r.response:
-            out.append(Violation("receiver", r.run_id, f"receipt {r.key[:12]}… of {r.step_id} "
-                                 f"recorded {r.response!r}; the receiver answered "
-                                 f"{applied[r.key]!r}"))
+            out.append(
+                Violation(
+                    "receiver",
+                    r.run_id,
+                    f"receipt {r.key[:12]}… of {r.step_id} "
+                    f"recorded {r.response!r}; the receiver answered "
+                    f"{applied[r.key]!r}",
+                )
+            )
     # One delivery of a step goes out under one key, whatever retries and re-drives
     # happen: a second key for it means it was claimed, and sent, again.
     keys_by_delivery: dict[tuple[str, str, str], set[str]] = defaultdict(set)
@@ -626,9 +723,15 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
             keys_by_delivery[(a.get("run", ""), a.get("step", ""), a["delivery"])].add(a["key"])
     for (run_id, step_id, delivery), found_keys in sorted(keys_by_delivery.items()):
         if len(found_keys) > 1:
-            out.append(Violation("receiver", run_id, f"delivery {delivery} of {step_id} "
-                                 f"arrived under {len(found_keys)} keys: sent again by a "
-                                 "later attempt"))
+            out.append(
+                Violation(
+                    "receiver",
+                    run_id,
+                    f"delivery {delivery} of {step_id} "
+                    f"arrived under {len(found_keys)} keys: sent again by a "
+                    "later attempt",
+                )
+            )
     completed_attempt: dict[tuple[str, str], int] = {}
     for run_id, events in ev.events.items():
         for e in events:
@@ -640,8 +743,11 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
             if count is None:
                 continue
             out += _check_answers(run_id, e, count, receipt_keys, applied)
-    reused = sum(1 for r in ev.receipts if r.attempt is not None
-                 and completed_attempt.get((r.run_id, r.step_id), 0) > r.attempt)
+    reused = sum(
+        1
+        for r in ev.receipts
+        if r.attempt is not None and completed_attempt.get((r.run_id, r.step_id), 0) > r.attempt
+    )
     figures = {
         "dispatches": len(ev.arrivals),
         "unique_keys": len({a["key"] for a in ev.arrivals}),
@@ -656,29 +762,52 @@ def check_receiver(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
     return figures, out
 
 
-def _check_answers(run_id: str, e: Event, count: int,
-                   receipt_keys: dict[str, tuple[str, str, int]],
-                   applied: dict[str, Any]) -> list[Violation]:
+def _check_answers(
+    run_id: str,
+    e: Event,
+    count: int,
+    receipt_keys: dict[str, tuple[str, str, int]],
+    applied: dict[str, Any],
+) -> list[Violation]:
     """A sending step's output: ``count`` answers (one bare, several as a list), each the
     receiver's answer to a key of one of the step's own receipts, no key twice."""
     out: list[Violation] = []
     output = e.payload.get("output")
     answers = [output] if count == 1 else output if isinstance(output, list) else None
     if answers is None or len(answers) != count:
-        return [Violation("receiver", run_id, f"{e.step_id} completed with {output!r}, not "
-                          f"{count} answers")]
+        return [
+            Violation(
+                "receiver", run_id, f"{e.step_id} completed with {output!r}, not {count} answers"
+            )
+        ]
     seen: set[str] = set()
     for answer in answers:
         key = answer.get("key") if isinstance(answer, dict) else None
         if key is None or receipt_keys.get(key, ("", ""))[:2] != (run_id, e.step_id):
-            out.append(Violation("receiver", run_id, f"{e.step_id} completed with "
-                                 f"{answer!r}, not an answer to one of its own keys"))
+            out.append(
+                Violation(
+                    "receiver",
+                    run_id,
+                    f"{e.step_id} completed with {answer!r}, not an answer to one of its own keys",
+                )
+            )
         elif applied.get(key) != answer:
-            out.append(Violation("receiver", run_id, f"{e.step_id} completed with "
-                                 f"{answer!r}; the receiver answered {applied.get(key)!r}"))
+            out.append(
+                Violation(
+                    "receiver",
+                    run_id,
+                    f"{e.step_id} completed with "
+                    f"{answer!r}; the receiver answered {applied.get(key)!r}",
+                )
+            )
         elif key in seen:
-            out.append(Violation("receiver", run_id, f"{e.step_id} completed with the answer "
-                                 f"to key {key[:12]}… twice"))
+            out.append(
+                Violation(
+                    "receiver",
+                    run_id,
+                    f"{e.step_id} completed with the answer to key {key[:12]}… twice",
+                )
+            )
         if key is not None:
             seen.add(key)
     return out
@@ -705,11 +834,16 @@ def check_branches(run_id: str, events: Sequence[Event]) -> list[Violation]:
             elif e.kind in ATTEMPT_OUTCOMES:
                 in_flight.pop((e.step_id or "", e.attempt), None)
         for (step_id, attempt), e in sorted(in_flight.items(), key=lambda x: x[1].seq):
-            out.append(Violation("branches", run_id,
-                                 f"drive {marker.payload.get('drive')} let the run go with "
-                                 f"step {step_id} attempt {attempt} (seq {e.seq}) in flight: "
-                                 f"drive {following.payload.get('drive')} (seq {following.seq}) "
-                                 "claimed it afresh"))
+            out.append(
+                Violation(
+                    "branches",
+                    run_id,
+                    f"drive {marker.payload.get('drive')} let the run go with "
+                    f"step {step_id} attempt {attempt} (seq {e.seq}) in flight: "
+                    f"drive {following.payload.get('drive')} (seq {following.seq}) "
+                    "claimed it afresh",
+                )
+            )
     return out
 
 
@@ -725,20 +859,39 @@ def check_cancels(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
         events = ev.events.get(row.run_id, [])
         cancels = [e for e in events if e.kind == EventKind.RUN_CANCELLED]
         if row.status == "cancelled" and len(cancels) != 1:
-            out.append(Violation("cancel", row.run_id, f"cancelled with {len(cancels)} "
-                                 "run_cancelled events"))
+            out.append(
+                Violation(
+                    "cancel", row.run_id, f"cancelled with {len(cancels)} run_cancelled events"
+                )
+            )
         if cancels:
-            after = [e for e in events if e.seq > cancels[0].seq
-                     and e.kind == EventKind.STEP_STARTED]
+            after = [
+                e for e in events if e.seq > cancels[0].seq and e.kind == EventKind.STEP_STARTED
+            ]
             if after:
-                out.append(Violation("cancel", row.run_id, f"step {after[0].step_id} started "
-                                     f"at seq {after[0].seq}, after run_cancelled at seq "
-                                     f"{cancels[0].seq}"))
+                out.append(
+                    Violation(
+                        "cancel",
+                        row.run_id,
+                        f"step {after[0].step_id} started "
+                        f"at seq {after[0].seq}, after run_cancelled at seq "
+                        f"{cancels[0].seq}",
+                    )
+                )
         parent = ev.runs.get(row.parent_run_id) if row.parent_run_id else None
-        if (parent is not None and parent.status in TERMINAL_STATUSES
-                and row.status not in TERMINAL_STATUSES):
-            out.append(Violation("cancel", row.run_id, f"child run left {row.status} after "
-                                 f"its parent {parent.run_id} ended {parent.status}"))
+        if (
+            parent is not None
+            and parent.status in TERMINAL_STATUSES
+            and row.status not in TERMINAL_STATUSES
+        ):
+            out.append(
+                Violation(
+                    "cancel",
+                    row.run_id,
+                    f"child run left {row.status} after "
+                    f"its parent {parent.run_id} ended {parent.status}",
+                )
+            )
     outcomes: Counter[str] = Counter()
     latency: list[float] = []
     late_steps = 0
@@ -749,17 +902,20 @@ def check_cancels(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
         cancelled = next((e for e in events if e.kind == EventKind.RUN_CANCELLED), None)
         if cancelled is not None:
             latency.append(max(0.0, cancelled.at - asked_at))
-        late_steps += sum(1 for e in events if e.kind == EventKind.STEP_STARTED
-                          and e.at > asked_at)
-    children_cancelled = sum(1 for r in ev.runs.values() if r.parent_run_id
-                             and r.status == "cancelled")
+        late_steps += sum(1 for e in events if e.kind == EventKind.STEP_STARTED and e.at > asked_at)
+    children_cancelled = sum(
+        1 for r in ev.runs.values() if r.parent_run_id and r.status == "cancelled"
+    )
     figures = {
         "requested": len(ev.cancel_requested),
         "outcomes": dict(sorted(outcomes.items())),
         "children_cancelled": children_cancelled,
         "steps_started_after_request": late_steps,
-        "latency_s": {"p50": _r(percentile(latency, 50)), "p99": _r(percentile(latency, 99)),
-                      "max": _r(max(latency) if latency else None)},
+        "latency_s": {
+            "p50": _r(percentile(latency, 50)),
+            "p99": _r(percentile(latency, 99)),
+            "max": _r(max(latency) if latency else None),
+        },
     }
     return figures, out
 
@@ -778,8 +934,13 @@ def check_versions(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
     runs = drives = 0
     for row in ev.runs.values():
         if row.status == "failed" and "not registered" in (row.error or ""):
-            out.append(Violation("versions", row.run_id, f"failed on a worker that does not "
-                                 f"serve it: {row.error}"))
+            out.append(
+                Violation(
+                    "versions",
+                    row.run_id,
+                    f"failed on a worker that does not serve it: {row.error}",
+                )
+            )
         if row.workflow not in ev.v2_only:
             continue
         runs += 1
@@ -789,10 +950,15 @@ def check_versions(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
             drives += 1
             worker = e.payload.get("worker_id")
             if worker not in ev.v2_workers:
-                out.append(Violation("versions", row.run_id, f"{row.workflow} run driven at "
-                                     f"seq {e.seq} by {worker}, not a version-2 worker"))
-    return {"v2_only_runs": runs, "v2_only_drives": drives,
-            "v2_workers": len(ev.v2_workers)}, out
+                out.append(
+                    Violation(
+                        "versions",
+                        row.run_id,
+                        f"{row.workflow} run driven at "
+                        f"seq {e.seq} by {worker}, not a version-2 worker",
+                    )
+                )
+    return {"v2_only_runs": runs, "v2_only_drives": drives, "v2_workers": len(ev.v2_workers)}, out
 
 
 # -- 10. duplicate starts --------------------------------------------------------------------
@@ -810,18 +976,33 @@ def check_starts(ev: Evidence) -> tuple[dict[str, Any], list[Violation]]:
             if result == run_id:
                 answered += 1
             else:
-                out.append(Violation("starts", run_id, f"caller {n} of {len(dup.results)} got "
-                                     f"{result!r}, not the run id"))
+                out.append(
+                    Violation(
+                        "starts",
+                        run_id,
+                        f"caller {n} of {len(dup.results)} got {result!r}, not the run id",
+                    )
+                )
         if run_id not in ev.runs:
             out.append(Violation("starts", run_id, "no run exists under the id"))
-        created = [e for e in ev.events.get(run_id, [])
-                   if e.kind == EventKind.RUN_QUEUED and "reason" not in e.payload]
+        created = [
+            e
+            for e in ev.events.get(run_id, [])
+            if e.kind == EventKind.RUN_QUEUED and "reason" not in e.payload
+        ]
         if len(created) != 1:
-            out.append(Violation("starts", run_id, f"{len(created)} creations journaled "
-                                 "under one run id"))
+            out.append(
+                Violation("starts", run_id, f"{len(created)} creations journaled under one run id")
+            )
         if dup.conflict is not None and not dup.conflict.startswith("RunIdConflict"):
-            out.append(Violation("starts", run_id, f"a start with another input under the id "
-                                 f"got {dup.conflict!r}, not RunIdConflict"))
+            out.append(
+                Violation(
+                    "starts",
+                    run_id,
+                    f"a start with another input under the id "
+                    f"got {dup.conflict!r}, not RunIdConflict",
+                )
+            )
     return {"runs": len(ev.dup_starts), "callers": callers, "answered_with_id": answered}, out
 
 
@@ -845,10 +1026,10 @@ def check_all(ev: Evidence) -> Findings:
         n, found = check_completions(run_id, events)
         surplus += n
         violations += found
-        violations += check_fencing(run_id, events, receipts_by_run.get(run_id, []),
-                                    ev.locks.get(run_id))
-        violations += check_keys(run_id, events, receipts_by_run.get(run_id, []),
-                                 ev.max_attempts)
+        violations += check_fencing(
+            run_id, events, receipts_by_run.get(run_id, []), ev.locks.get(run_id)
+        )
+        violations += check_keys(run_id, events, receipts_by_run.get(run_id, []), ev.max_attempts)
         violations += check_branches(run_id, events)
     receiver_figures, found = check_receiver(ev)
     violations += found
@@ -859,8 +1040,9 @@ def check_all(ev: Evidence) -> Findings:
     start_figures, found = check_starts(ev)
     violations += found
     if ev.integrity not in (None, "ok"):
-        violations.append(Violation("storage", None,
-                                    f"the database fails its integrity check: {ev.integrity}"))
+        violations.append(
+            Violation("storage", None, f"the database fails its integrity check: {ev.integrity}")
+        )
     findings.violations = violations
     findings.figures = {
         "runs": lost_figures,
@@ -875,8 +1057,9 @@ def check_all(ev: Evidence) -> Findings:
     return findings
 
 
-def recovery_times(events: dict[str, list[Event]], outages: Iterable[tuple[float, str]]
-                   ) -> list[float]:
+def recovery_times(
+    events: dict[str, list[Event]], outages: Iterable[tuple[float, str]]
+) -> list[float]:
     """Seconds from each outage ``(time, worker_id)`` (a kill, a crash point, a pause, a
     partition) to the next drive of each run that worker held at that time (see
     :func:`chaos.recovery.recoveries`)."""

@@ -74,22 +74,30 @@ class Postgres:
         # cluster of the machine.
         found = cluster_on_port(urlsplit(admin_url).port or 5432)
         if found is None:
-            self.unavailable = (f"no local cluster listens on port "
-                                f"{urlsplit(admin_url).port or 5432} (pg_lsclusters)")
+            self.unavailable = (
+                f"no local cluster listens on port "
+                f"{urlsplit(admin_url).port or 5432} (pg_lsclusters)"
+            )
         else:
             self.version, self.cluster = found
 
     def create_db(self) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(self.dbname)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(self.dbname)
+                )
+            )
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.dbname)))
 
     def drop_db(self) -> None:
         self.ensure_up()
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
-                sql.Identifier(self.dbname)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(self.dbname)
+                )
+            )
 
     def terminate(self, rng: Random, how_many: int, listen_only: bool) -> tuple[int, int]:
         """Terminate up to ``how_many`` backends of the campaign's database, picked with
@@ -99,7 +107,8 @@ class Postgres:
             rows = conn.execute(
                 "SELECT pid, coalesce(query, '') FROM pg_stat_activity "
                 "WHERE datname = %s AND pid <> pg_backend_pid() ORDER BY pid",
-                (self.dbname,)).fetchall()
+                (self.dbname,),
+            ).fetchall()
             if listen_only:
                 rows = [r for r in rows if r[1].lstrip().upper().startswith("LISTEN")]
             picked = []
@@ -115,8 +124,7 @@ class Postgres:
 
     def _ctl(self, *args: str) -> None:
         assert self.version is not None
-        res = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.cluster,
-                  *args)
+        res = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.cluster, *args)
         if res.returncode != 0 and "is not running" not in res.stderr:
             raise RuntimeError(f"pg_ctlcluster {' '.join(args)}: {res.stderr.strip()}")
 
@@ -142,8 +150,19 @@ class Postgres:
 
     def ready(self) -> bool:
         url = urlsplit(self.admin_url)
-        return _sh("pg_isready", "-h", url.hostname or "127.0.0.1", "-p", str(url.port or 5432),
-                   "-t", "2", timeout=10).returncode == 0
+        return (
+            _sh(
+                "pg_isready",
+                "-h",
+                url.hostname or "127.0.0.1",
+                "-p",
+                str(url.port or 5432),
+                "-t",
+                "2",
+                timeout=10,
+            ).returncode
+            == 0
+        )
 
     def ensure_up(self) -> None:
         """Start the cluster if it is down; wait until it accepts connections."""
@@ -151,15 +170,24 @@ class Postgres:
         started = False
         while not self.ready():
             if not started and self.version is not None:
-                status = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version,
-                             self.cluster, "status")
+                status = _sh(
+                    "pg_ctlcluster",
+                    "--skip-systemctl-redirect",
+                    self.version,
+                    self.cluster,
+                    "status",
+                )
                 if status.returncode != 0:  # 3: not running
-                    _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version,
-                        self.cluster, "start")
+                    _sh(
+                        "pg_ctlcluster",
+                        "--skip-systemctl-redirect",
+                        self.version,
+                        self.cluster,
+                        "start",
+                    )
                 started = True
             if time.monotonic() > deadline:
-                raise RuntimeError("PostgreSQL did not come back within "
-                                   f"{PG_READY_TIMEOUT_S:g}s")
+                raise RuntimeError(f"PostgreSQL did not come back within {PG_READY_TIMEOUT_S:g}s")
             time.sleep(0.05)
 
 
@@ -193,8 +221,18 @@ class Partition:
             ("ip", "link", "set", self.ns_if, "netns", self.ns),
             ("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if),
             ("ip", "link", "set", self.host_if, "up"),
-            ("ip", "netns", "exec", self.ns, "ip", "addr", "add", f"{self.ns_ip}/30", "dev",
-             self.ns_if),
+            (
+                "ip",
+                "netns",
+                "exec",
+                self.ns,
+                "ip",
+                "addr",
+                "add",
+                f"{self.ns_ip}/30",
+                "dev",
+                self.ns_if,
+            ),
             ("ip", "netns", "exec", self.ns, "ip", "link", "set", self.ns_if, "up"),
             ("ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up"),
         ]
@@ -208,23 +246,54 @@ class Partition:
         # (a black hole, connections hang) instead of failing fast with "no route to host"
         # once ARP gives up.
         host_mac = _sh("cat", f"/sys/class/net/{self.host_if}/address").stdout.strip()
-        ns_mac = _sh("ip", "netns", "exec", self.ns, "cat",
-                     f"/sys/class/net/{self.ns_if}/address").stdout.strip()
-        _sh("ip", "neigh", "replace", self.ns_ip, "lladdr", ns_mac, "dev", self.host_if,
-            "nud", "permanent")
-        _sh("ip", "netns", "exec", self.ns, "ip", "neigh", "replace", self.host_ip, "lladdr",
-            host_mac, "dev", self.ns_if, "nud", "permanent")
+        ns_mac = _sh(
+            "ip", "netns", "exec", self.ns, "cat", f"/sys/class/net/{self.ns_if}/address"
+        ).stdout.strip()
+        _sh(
+            "ip",
+            "neigh",
+            "replace",
+            self.ns_ip,
+            "lladdr",
+            ns_mac,
+            "dev",
+            self.host_if,
+            "nud",
+            "permanent",
+        )
+        _sh(
+            "ip",
+            "netns",
+            "exec",
+            self.ns,
+            "ip",
+            "neigh",
+            "replace",
+            self.host_ip,
+            "lladdr",
+            host_mac,
+            "dev",
+            self.ns_if,
+            "nud",
+            "permanent",
+        )
         pairs = [f"{self.host_ip}:{p}=127.0.0.1:{p}" for p in ports]
         log = (self.workdir / "relay.log").open("wb")
         self.relay = subprocess.Popen(
-            [sys.executable, "-m", "chaos.relay", *pairs], cwd=self.workdir,
+            [sys.executable, "-m", "chaos.relay", *pairs],
+            cwd=self.workdir,
             env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 15
         while b"relay ready" not in (self.workdir / "relay.log").read_bytes():
             if self.relay.poll() is not None or time.monotonic() > deadline:
-                self.unavailable = "the relay to 127.0.0.1 did not start: " + (
-                    self.workdir / "relay.log").read_text(errors="replace")[-300:]
+                self.unavailable = (
+                    "the relay to 127.0.0.1 did not start: "
+                    + (self.workdir / "relay.log").read_text(errors="replace")[-300:]
+                )
                 self.teardown()
                 return
             time.sleep(0.05)
@@ -303,8 +372,12 @@ class SqliteDisk:
         log = (workdir / "checkpointer.log").open("ab")
         self.checkpointer = subprocess.Popen(
             [sys.executable, "-m", "chaos.faults", "checkpoint", str(self.db_path)],
-            cwd=workdir, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=log,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            cwd=workdir,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
 
     def kill_checkpointer(self) -> bool:
         proc = self.checkpointer
@@ -370,9 +443,12 @@ def live_sandboxes(parents: set[int] | None = None) -> list[int]:
         except (OSError, ValueError, IndexError):
             continue
         # bwrap forks its namespace's init with the same command line: the outer one only.
-        if b"--die-with-parent" in args and b"RATCHET_SANDBOX_ID" in args and (
-                b"--die-with-parent" not in parent_args) and (
-                parents is None or parent in parents):
+        if (
+            b"--die-with-parent" in args
+            and b"RATCHET_SANDBOX_ID" in args
+            and (b"--die-with-parent" not in parent_args)
+            and (parents is None or parent in parents)
+        ):
             found.append(int(entry.name))
     return sorted(found)
 

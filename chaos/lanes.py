@@ -21,8 +21,11 @@ from chaos.plan import Fault
 
 # The lane of each fault kind that gets one; the others are injected inline.
 LANES = {
-    "pg_restart": "server", "pg_stop": "server", "pg_terminate": "server",
-    "disk_full": "server", "checkpoint_kill": "server",
+    "pg_restart": "server",
+    "pg_stop": "server",
+    "pg_terminate": "server",
+    "disk_full": "server",
+    "checkpoint_kill": "server",
     "partition": "partition",
     "sandbox_kill": "sandbox",
 }
@@ -71,8 +74,12 @@ def lane_seconds(schedule: list[Fault], ttl: float) -> dict[str, float]:
         lane = LANES.get(f.kind)
         if lane is None:
             continue
-        held = f.gap_s + HELD_S.get(f.kind, 0.0) + float(f.params.get("hold_s", 0.0)) + float(
-            f.params.get("after_s", 0.0))
+        held = (
+            f.gap_s
+            + HELD_S.get(f.kind, 0.0)
+            + float(f.params.get("hold_s", 0.0))
+            + float(f.params.get("after_s", 0.0))
+        )
         if f.kind == "pg_stop":
             held += 2 * ttl
         elif f.kind == "partition":

@@ -94,8 +94,9 @@ def run_specs(rng: Random, n: int) -> list[RunSpec]:
     return specs
 
 
-def fault_schedule(rng: Random, backend: str, n: int, workers: int,
-                   gap: tuple[float, float]) -> list[Fault]:
+def fault_schedule(
+    rng: Random, backend: str, n: int, workers: int, gap: tuple[float, float]
+) -> list[Fault]:
     """``n`` faults for ``backend`` in a seeded order. The heavy ones come in fixed numbers
     so every kind is exercised; worker kills and pauses fill the rest."""
     kinds: list[str] = []

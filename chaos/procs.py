@@ -141,10 +141,12 @@ class Fleet:
             slot.ids.add(slot.worker_id)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("RATCHET_", "CHAOS_"))}
             env.update(slot.env)
-            env.update(CHAOS_WORKER_ID=slot.worker_id, CHAOS_CONCURRENCY=str(self.concurrency),
-                       PYTHONUNBUFFERED="1",
-                       PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
-                                                                env.get("PYTHONPATH")])))
+            env.update(
+                CHAOS_WORKER_ID=slot.worker_id,
+                CHAOS_CONCURRENCY=str(self.concurrency),
+                PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+            )
             if arm:
                 env["RATCHET_CRASH_AT"] = arm
             self.starts += 1
@@ -153,9 +155,14 @@ class Fleet:
             if slot.netns:
                 cmd = ["ip", "netns", "exec", slot.netns, *cmd]
             with log.open("wb") as sink:
-                slot.popen = subprocess.Popen(cmd, env=env, cwd=self.workdir,
-                                              stdin=subprocess.DEVNULL, stdout=sink,
-                                              stderr=subprocess.STDOUT)
+                slot.popen = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    cwd=self.workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=sink,
+                    stderr=subprocess.STDOUT,
+                )
             slot.logs.append(log)
             slot.armed = arm
             slot.killed_by_runner = False
@@ -198,8 +205,16 @@ class Fleet:
             for slot in self.slots:
                 if slot.popen is None or slot.popen.poll() is None or slot.restart_at is not None:
                     continue
-                out.append(Exit(slot.index, slot.worker_id, int(slot.popen.returncode),
-                                slot.armed, slot.killed_by_runner, now))
+                out.append(
+                    Exit(
+                        slot.index,
+                        slot.worker_id,
+                        int(slot.popen.returncode),
+                        slot.armed,
+                        slot.killed_by_runner,
+                        now,
+                    )
+                )
                 slot.restart_at = float("inf")  # the caller schedules the restart
         return out
 

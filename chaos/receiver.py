@@ -41,8 +41,9 @@ class Ledger:
                     self.applied.setdefault(row["key"], row["response"])
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def arrive(self, key: str, run: str, step: str, delivery: str,
-               epoch: int | None) -> dict[str, Any]:
+    def arrive(
+        self, key: str, run: str, step: str, delivery: str, epoch: int | None
+    ) -> dict[str, Any]:
         """Record one arrival durably; apply its key if new. The answer to send."""
         with self.lock:
             self.arrivals += 1
@@ -50,9 +51,17 @@ class Ledger:
             if first:
                 self.applied[key] = {"key": key, "applied_as": len(self.applied) + 1}
             response = self.applied[key]
-            row = {"key": key, "run": run, "step": step, "delivery": delivery,
-                   "epoch": epoch, "t": time.time(),
-                   "arrival": self.arrivals, "applied": first, "response": response}
+            row = {
+                "key": key,
+                "run": run,
+                "step": step,
+                "delivery": delivery,
+                "epoch": epoch,
+                "t": time.time(),
+                "arrival": self.arrivals,
+                "applied": first,
+                "response": response,
+            }
             os.write(self.fd, (json.dumps(row, separators=(",", ":")) + "\n").encode())
             os.fsync(self.fd)
             return response
@@ -71,10 +80,13 @@ def serve(log: Path, port_file: Path) -> None:
                 self.send_error(400, "Idempotency-Key required")
                 return
             epoch_text = self.headers.get("X-Ratchet-Epoch")
-            response = ledger.arrive(key, self.headers.get("X-Ratchet-Run", ""),
-                                     self.headers.get("X-Ratchet-Step", ""),
-                                     self.headers.get("X-Ratchet-Delivery", ""),
-                                     int(epoch_text) if epoch_text else None)
+            response = ledger.arrive(
+                key,
+                self.headers.get("X-Ratchet-Run", ""),
+                self.headers.get("X-Ratchet-Step", ""),
+                self.headers.get("X-Ratchet-Delivery", ""),
+                int(epoch_text) if epoch_text else None,
+            )
             body = json.dumps(response).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

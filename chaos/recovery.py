@@ -62,8 +62,9 @@ def _drives(evs: Sequence[Event]) -> list[tuple[Event, list[Event]]]:
     return out
 
 
-def recoveries(events: Mapping[str, Sequence[Event]],
-               outages: Iterable[tuple[float, str, str]]) -> list[Recovery]:
+def recoveries(
+    events: Mapping[str, Sequence[Event]], outages: Iterable[tuple[float, str, str]]
+) -> list[Recovery]:
     """Each ``(time, worker_id, fault)`` outage's :class:`Recovery` of each run that worker
     held at that time.
 
@@ -81,18 +82,33 @@ def recoveries(events: Mapping[str, Sequence[Event]],
         for marker, body, following in by_worker.get(worker_id, ()):
             if not marker.at < t <= following.at:
                 continue  # not this run's drive at the time of the outage
-            ended = any(e.at <= t and (e.kind in TERMINAL_EVENTS
-                                       or e.kind == EventKind.STEP_WAITING) for e in body)
+            ended = any(
+                e.at <= t and (e.kind in TERMINAL_EVENTS or e.kind == EventKind.STEP_WAITING)
+                for e in body
+            )
             reason = str(following.payload.get("reason"))
             if not ended and reason in ("sweep", "reclaim"):
-                out.append(Recovery(t, following.at - t, fault, marker.run_id, reason,
-                                    str(following.payload.get("worker_id"))))
+                out.append(
+                    Recovery(
+                        t,
+                        following.at - t,
+                        fault,
+                        marker.run_id,
+                        reason,
+                        str(following.payload.get("worker_id")),
+                    )
+                )
     return out
 
 
-def cause(r: Recovery, workflow: str | None, windows: Sequence[Window],
-          v2_only: Iterable[str] = (), isolated: Iterable[str] = (),
-          within: float = math.inf) -> str:
+def cause(
+    r: Recovery,
+    workflow: str | None,
+    windows: Sequence[Window],
+    v2_only: Iterable[str] = (),
+    isolated: Iterable[str] = (),
+    within: float = math.inf,
+) -> str:
     """What bounded recovery ``r`` (see the module docstring), the first that applies; a
     database outage counts when it overlapped the first ``within`` seconds of the wait."""
     if r.fault.startswith("partition"):
@@ -106,14 +122,19 @@ def cause(r: Recovery, workflow: str | None, windows: Sequence[Window],
     return "reclaim" if r.reason == "reclaim" else "lease_expiry"
 
 
-def by_cause(recs: Sequence[Recovery], workflows: Mapping[str, str | None],
-             windows: Sequence[Window], v2_only: Iterable[str] = (),
-             isolated: Iterable[str] = (), within: float = math.inf
-             ) -> dict[str, list[float]]:
+def by_cause(
+    recs: Sequence[Recovery],
+    workflows: Mapping[str, str | None],
+    windows: Sequence[Window],
+    v2_only: Iterable[str] = (),
+    isolated: Iterable[str] = (),
+    within: float = math.inf,
+) -> dict[str, list[float]]:
     """The recovery seconds of ``recs`` grouped by :func:`cause`."""
     v2, iso = tuple(v2_only), tuple(isolated)
     out: dict[str, list[float]] = {}
     for r in recs:
-        out.setdefault(cause(r, workflows.get(r.run_id), windows, v2, iso, within),
-                       []).append(r.seconds)
+        out.setdefault(cause(r, workflows.get(r.run_id), windows, v2, iso, within), []).append(
+            r.seconds
+        )
     return out

@@ -48,8 +48,7 @@ async def main(pairs: list[str]) -> None:
         listen, _, target = pair.partition("=")
         lhost, _, lport = listen.rpartition(":")
         thost, _, tport = target.rpartition(":")
-        servers.append(await asyncio.start_server(_handler(thost, int(tport)), lhost,
-                                                  int(lport)))
+        servers.append(await asyncio.start_server(_handler(thost, int(tport)), lhost, int(lport)))
     print("relay ready", flush=True)
     await asyncio.gather(*(s.serve_forever() for s in servers))
 

@@ -29,47 +29,84 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def main(argv: list[str] | None = None) -> int:
     """Run the campaigns; the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m chaos.run", description=__doc__.split(
-        "\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m chaos.run",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--backend", choices=("sqlite", "postgres", "both"), default="both")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="the campaign's seed (default: a fresh one, printed)")
-    parser.add_argument("--runs", type=int, default=None,
-                        help="runs per backend (default 600; 2500 with --long)")
-    parser.add_argument("--faults", type=int, default=None,
-                        help="scheduled faults per backend, crash points not counted "
-                             "(default 170; 2500 with --long)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the campaign's seed (default: a fresh one, printed)"
+    )
+    parser.add_argument(
+        "--runs", type=int, default=None, help="runs per backend (default 600; 2500 with --long)"
+    )
+    parser.add_argument(
+        "--faults",
+        type=int,
+        default=None,
+        help="scheduled faults per backend, crash points not counted "
+        "(default 170; 2500 with --long)",
+    )
     parser.add_argument("--long", action="store_true", help="a long campaign")
-    parser.add_argument("--skip", default="", metavar="KIND[,KIND]",
-                        help="fault kinds not to inject, reported as not run (e.g. "
-                             "pg_restart,pg_stop on a shared server)")
-    parser.add_argument("--postgres", default=None, metavar="URL",
-                        help="the PostgreSQL server to fault, as its maintenance database's "
-                             "URL; the local cluster on its port is the one restarted and "
-                             "stopped (default: CHAOS_PG_ADMIN_URL, RATCHET_CHAOS_POSTGRES, "
-                             "else 127.0.0.1:5432)")
-    parser.add_argument("--out", default=None, metavar="NAME",
-                        help="write the report to chaos/results/NAME-<backend>.json "
-                             "(default: latest; long-, for --long)")
-    parser.add_argument("--concurrency", type=int, default=None, metavar="N",
-                        help="runs each worker drives at a time (default 8)")
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the work folder and database even when the campaign passes")
+    parser.add_argument(
+        "--skip",
+        default="",
+        metavar="KIND[,KIND]",
+        help="fault kinds not to inject, reported as not run (e.g. "
+        "pg_restart,pg_stop on a shared server)",
+    )
+    parser.add_argument(
+        "--postgres",
+        default=None,
+        metavar="URL",
+        help="the PostgreSQL server to fault, as its maintenance database's "
+        "URL; the local cluster on its port is the one restarted and "
+        "stopped (default: CHAOS_PG_ADMIN_URL, RATCHET_CHAOS_POSTGRES, "
+        "else 127.0.0.1:5432)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        metavar="NAME",
+        help="write the report to chaos/results/NAME-<backend>.json "
+        "(default: latest; long-, for --long)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="runs each worker drives at a time (default 8)",
+    )
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep the work folder and database even when the campaign passes",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(3), "big")
     runs = args.runs or (2500 if args.long else 600)
     faults = args.faults or (2500 if args.long else 170)
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     if os.geteuid() != 0:
-        print("note: not root; network partitions, tmpfs and server restarts will be "
-              "reported as not run", file=sys.stderr)
+        print(
+            "note: not root; network partitions, tmpfs and server restarts will be "
+            "reported as not run",
+            file=sys.stderr,
+        )
     RESULTS.mkdir(exist_ok=True)
     began = time.monotonic()
     status = 0
     for backend in backends:
-        options: dict[str, Any] = {"backend": backend, "seed": seed, "runs": runs,
-                                   "faults": faults, "keep": args.keep,
-                                   "skip": tuple(filter(None, args.skip.split(",")))}
+        options: dict[str, Any] = {
+            "backend": backend,
+            "seed": seed,
+            "runs": runs,
+            "faults": faults,
+            "keep": args.keep,
+            "skip": tuple(filter(None, args.skip.split(","))),
+        }
         if args.postgres:
             options["pg_admin_url"] = args.postgres
         if args.concurrency:
@@ -84,14 +121,19 @@ def main(argv: list[str] | None = None) -> int:
         elif not report["crash_points"]["covered"] and status == 0:
             status = 2
     total = time.monotonic() - began
-    verdict = {0: "PASSED", 1: "FAILED: invariants broken", 2: "INCOMPLETE: crash-point "
-               "coverage short"}[status]
+    verdict = {
+        0: "PASSED",
+        1: "FAILED: invariants broken",
+        2: "INCOMPLETE: crash-point coverage short",
+    }[status]
     print(f"chaos: {verdict} — {', '.join(backends)}, seed {seed}, {total:.0f}s in all")
     if status:
-        print(f"replay: python -m chaos.run --backend {args.backend} --seed {seed} "
-              f"--runs {runs} --faults {faults}{' --long' if args.long else ''}"
-              f"{' --skip ' + args.skip if args.skip else ''}"
-              f"{' --postgres ' + args.postgres if args.postgres else ''}")
+        print(
+            f"replay: python -m chaos.run --backend {args.backend} --seed {seed} "
+            f"--runs {runs} --faults {faults}{' --long' if args.long else ''}"
+            f"{' --skip ' + args.skip if args.skip else ''}"
+            f"{' --postgres ' + args.postgres if args.postgres else ''}"
+        )
     return status
 
 

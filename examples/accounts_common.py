@@ -19,8 +19,9 @@ def load_accounts(names: list[str]) -> list[dict[str, Any]]:
     return [{"id": i + 1, "name": name} for i, name in enumerate(names)]
 
 
-def rank_accounts(accounts: list[dict[str, Any]],
-                  enriched: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rank_accounts(
+    accounts: list[dict[str, Any]], enriched: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Accounts with what the model said about them, biggest first."""
     rows = [{**a, **e} for a, e in zip(accounts, enriched, strict=True)]
     return sorted(rows, key=lambda r: (-r["employees"], r["name"]))
@@ -57,8 +58,9 @@ class Receiver:
         self._server.server_close()
 
 
-def approve_and_report(app: ratchet.Ratchet, run_id: str, provider: LocalProvider,
-                       receiver: Receiver) -> None:
+def approve_and_report(
+    app: ratchet.Ratchet, run_id: str, provider: LocalProvider, receiver: Receiver
+) -> None:
     """Approve the run's one approval once it is asked, make the provider slow for the
     forecast's first try, and print the result, the journal's steps and the deliveries.
     The first try times out at 3 s; its retry sends the same Idempotency-Key (the outcome

@@ -28,8 +28,9 @@ def load_accounts(names: list[str]) -> list[dict[str, Any]]:
 
 
 @app.tool
-def rank_accounts(accounts: list[dict[str, Any]],
-                  enriched: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rank_accounts(
+    accounts: list[dict[str, Any]], enriched: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Accounts with what the model said, biggest first."""
     return common.rank_accounts(accounts, enriched)
 
@@ -41,8 +42,9 @@ def main() -> None:
         app.llm_client(openai.AsyncOpenAI(base_url=base + "/v1", api_key="local"))
         app.graph(Path(__file__).with_name("accounts.yaml"))
         app.launch()
-        run_id = app.start("enrich-accounts", {"accounts": ["Acme", "Globex", "Initech"],
-                                               "webhook": receiver.url})
+        run_id = app.start(
+            "enrich-accounts", {"accounts": ["Acme", "Globex", "Initech"], "webhook": receiver.url}
+        )
         common.approve_and_report(app, run_id, provider, receiver)
     receiver.close()
 

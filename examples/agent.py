@@ -11,11 +11,15 @@ import openai
 import ratchet
 from ratchet.llm.server import LocalProvider, serve
 
-SCRIPT = {"rules": [
-    {"match": {"last_role": "user"},
-     "reply": {"tool_calls": [{"name": "weather", "arguments": {"city": "Paris"}}]}},
-    {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
-]}
+SCRIPT = {
+    "rules": [
+        {
+            "match": {"last_role": "user"},
+            "reply": {"tool_calls": [{"name": "weather", "arguments": {"city": "Paris"}}]},
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
+    ]
+}
 
 app = ratchet.Ratchet("sqlite:///.ratchet/examples.db")
 
@@ -32,8 +36,12 @@ def main() -> None:
 
         @app.workflow()
         async def forecast(question: str) -> str | None:
-            agent = ratchet.Agent(model="gpt-4.1-mini", client=oai, tools=[weather],
-                                  instructions="Answer with the tools you have.")
+            agent = ratchet.Agent(
+                model="gpt-4.1-mini",
+                client=oai,
+                tools=[weather],
+                instructions="Answer with the tools you have.",
+            )
             return (await agent.run(question)).output
 
         with app:

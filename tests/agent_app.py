@@ -21,19 +21,27 @@ from crash_app import LLM_SECRET, gate, main, record
 
 import ratchet
 
-SCRIPT = {"rules": [
-    {"match": {"last_role": "user"},
-     "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]}},
-    {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
-]}
+SCRIPT = {
+    "rules": [
+        {
+            "match": {"last_role": "user"},
+            "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]},
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
+    ]
+}
 MODEL_STEP = "pai_weather__model.request"
 TOOL_STEP = "pai_weather__function_toolset__<agent>.call_tool:lookup"
 STREAM_TOOL_STEP = "pai_stream__function_toolset__<agent>.call_tool:lookup"
-MCP_SCRIPT = {"rules": [
-    {"match": {"last_role": "user"},
-     "reply": {"tool_calls": [{"name": "forecast", "arguments": {"city": "Paris"}}]}},
-    {"match": {"last_role": "tool"}, "reply": {"text": "Rain in Paris tomorrow."}},
-]}
+MCP_SCRIPT = {
+    "rules": [
+        {
+            "match": {"last_role": "user"},
+            "reply": {"tool_calls": [{"name": "forecast", "arguments": {"city": "Paris"}}]},
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "Rain in Paris tomorrow."}},
+    ]
+}
 MCP_MODEL_STEP = "pai_mcp__model.request"
 MCP_TOOL_STEP = "pai_mcp__mcp_server__tools.call_tool"
 
@@ -49,11 +57,16 @@ def weather_agent() -> Any:
     from ratchet.integrations.pydantic_ai import RatchetDurability
 
     # The SDK's own retries off: the step's retry policy is the only one.
-    client = openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1",
-                                api_key=LLM_SECRET, max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key=LLM_SECRET, max_retries=0
+    )
     model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
-    agent = Agent(model, name="pai_weather", instructions="Answer with the tools.",
-                  capabilities=[RatchetDurability()])
+    agent = Agent(
+        model,
+        name="pai_weather",
+        instructions="Answer with the tools.",
+        capabilities=[RatchetDurability()],
+    )
 
     @agent.tool_plain
     async def lookup(city: str) -> dict[str, str]:
@@ -86,18 +99,23 @@ def stream_agent() -> Any:
                 seen = ["start", event.index, event.part.part_kind]
             elif isinstance(event, PartDeltaEvent):
                 delta = event.delta
-                seen = ["delta", event.index, getattr(delta, "content_delta", None)
-                        or getattr(delta, "args_delta", None)]
+                seen = [
+                    "delta",
+                    event.index,
+                    getattr(delta, "content_delta", None) or getattr(delta, "args_delta", None),
+                ]
             else:
                 continue
             with Path(os.environ["CRASH_EVENTS"]).open("a") as f:
                 f.write(json.dumps({"pid": os.getpid(), "event": seen}) + "\n")
 
-    client = openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1",
-                                api_key=LLM_SECRET, max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key=LLM_SECRET, max_retries=0
+    )
     model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
-    agent = Agent(model, name="pai_stream",
-                  capabilities=[ProcessEventStream(note), RatchetDurability()])
+    agent = Agent(
+        model, name="pai_stream", capabilities=[ProcessEventStream(note), RatchetDurability()]
+    )
 
     @agent.tool_plain
     async def lookup(city: str) -> dict[str, str]:
@@ -127,14 +145,16 @@ def mcp_agent() -> Any:
     else:
         calls, gate = os.environ["CRASH_MCP_STDIO"].split("|")
         toolset = mcp_servers.stdio_toolset(Path(calls), Path(gate))
-    client = openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1",
-                                api_key=LLM_SECRET, max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key=LLM_SECRET, max_retries=0
+    )
     model = OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client))
     return Agent(model, name="pai_mcp", toolsets=[toolset], capabilities=[RatchetDurability()])
 
 
-def build(url: str, *, lease_ttl: float | None = None,
-          recovery_interval: float | None = None) -> ratchet.Ratchet:
+def build(
+    url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
+) -> ratchet.Ratchet:
     """The app on database ``url``."""
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
 

@@ -71,8 +71,7 @@ def channel_call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
     """A request on the report channel with the sandbox's own token, as a workload that
     found it would send it: the status and the answer."""
     conn = _UnixHTTP(os.environ.get("RATCHET_REPORT_SOCKET", "/run/ratchet/report.sock"))
-    headers = {"Authorization": f"Bearer {report_token()}",
-               "Content-Type": "application/json"}
+    headers = {"Authorization": f"Bearer {report_token()}", "Content-Type": "application/json"}
     conn.request(method, path, None if body is None else json.dumps(body), headers)
     answer = conn.getresponse()
     data = answer.read()
@@ -93,24 +92,56 @@ def forge() -> dict[str, Any]:
     if status != 200:
         return {"journal": status}
     head = journal["events"][-1]
-    payload = {"output": "ghost", "llm": {
-        "provider": "openai", "model": "gpt-4.1-mini", "request_id": "forged",
-        "usage": {"input_tokens": 1_000_000_000, "output_tokens": 0},
-        "cost_usd": 123456.0, "latency_ms": 1.0}}
-    ev = Event.chain(os.environ["RATCHET_RUN_ID"], head["seq"] + 1, "step_completed",
-                     "99:ghost", 1, payload, head["at"] + 0.001, head["hash"])
-    status, answer = channel_call("POST", "/v1/runtime/report", {
-        "run_id": ev.run_id, "sandbox_id": os.environ["RATCHET_SANDBOX_ID"],
-        "op": "append", "events": [{
-            "seq": ev.seq, "kind": ev.kind, "step_id": ev.step_id, "attempt": ev.attempt,
-            "payload_json": ev.payload_json, "at": ev.at, "prev_hash": ev.prev_hash,
-            "hash": ev.hash}]})
+    payload = {
+        "output": "ghost",
+        "llm": {
+            "provider": "openai",
+            "model": "gpt-4.1-mini",
+            "request_id": "forged",
+            "usage": {"input_tokens": 1_000_000_000, "output_tokens": 0},
+            "cost_usd": 123456.0,
+            "latency_ms": 1.0,
+        },
+    }
+    ev = Event.chain(
+        os.environ["RATCHET_RUN_ID"],
+        head["seq"] + 1,
+        "step_completed",
+        "99:ghost",
+        1,
+        payload,
+        head["at"] + 0.001,
+        head["hash"],
+    )
+    status, answer = channel_call(
+        "POST",
+        "/v1/runtime/report",
+        {
+            "run_id": ev.run_id,
+            "sandbox_id": os.environ["RATCHET_SANDBOX_ID"],
+            "op": "append",
+            "events": [
+                {
+                    "seq": ev.seq,
+                    "kind": ev.kind,
+                    "step_id": ev.step_id,
+                    "attempt": ev.attempt,
+                    "payload_json": ev.payload_json,
+                    "at": ev.at,
+                    "prev_hash": ev.prev_hash,
+                    "hash": ev.hash,
+                }
+            ],
+        },
+    )
     return {"status": status, "answer": answer}
 
 
 @app.workflow(tier="isolated", sandbox=ratchet.Sandbox(timeout_s=120))
 async def attack(files: list[str], folders: list[str]) -> dict[str, Any]:
-    return {"files": {p: await read(p) for p in files},
-            "folders": {p: await listing(p) for p in folders},
-            "output": [await output_target(1), await output_target(2)],
-            "forged": await forge()}
+    return {
+        "files": {p: await read(p) for p in files},
+        "folders": {p: await listing(p) for p in folders},
+        "output": [await output_target(1), await output_target(2)],
+        "forged": await forge(),
+    }

@@ -37,16 +37,21 @@ GATE_POLL_S = 0.01
 def record(event: str) -> ratchet.StepInfo:
     """Append what the running step is doing to the invocation log, durably."""
     info = ratchet.current_step()
-    line = json.dumps({
-        "event": event,
-        "run_id": info.run_id,
-        "step_id": info.step_id,
-        "attempt": info.attempt,
-        "idempotency_key": info.idempotency_key,
-        "epoch": info.lease_epoch,
-        "pid": os.getpid(),
-        "at": time.time(),
-    }) + "\n"
+    line = (
+        json.dumps(
+            {
+                "event": event,
+                "run_id": info.run_id,
+                "step_id": info.step_id,
+                "attempt": info.attempt,
+                "idempotency_key": info.idempotency_key,
+                "epoch": info.lease_epoch,
+                "pid": os.getpid(),
+                "at": time.time(),
+            }
+        )
+        + "\n"
+    )
     fd = os.open(os.environ["CRASH_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
@@ -74,16 +79,21 @@ async def post(url: str, key: str) -> Any:
     """POST to the test's receiver with ``Idempotency-Key``; its JSON answer."""
 
     def call() -> Any:
-        request = urllib.request.Request(url, data=b"{}", method="POST", headers={
-            "Idempotency-Key": key, "Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url,
+            data=b"{}",
+            method="POST",
+            headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
 
     return await asyncio.to_thread(call)
 
 
-def build(url: str, *, lease_ttl: float | None = None,
-          recovery_interval: float | None = None) -> ratchet.Ratchet:
+def build(
+    url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
+) -> ratchet.Ratchet:
     """The crash tests' application on database ``url``."""
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
 
@@ -139,8 +149,7 @@ def build(url: str, *, lease_ttl: float | None = None,
         return [first, await ratchet.child(payout, amount), await work(3)]
 
     @app.step
-    async def send(url: str, policy: Literal["resend", "at_most_once"],
-                   block_after: bool) -> Any:
+    async def send(url: str, policy: Literal["resend", "at_most_once"], block_after: bool) -> Any:
         record("invoke")
         response = await ratchet.deliver(lambda key: post(url, key), policy=policy)
         if block_after:
@@ -149,8 +158,9 @@ def build(url: str, *, lease_ttl: float | None = None,
         return response
 
     @app.workflow()
-    async def courier(url: str, policy: Literal["resend", "at_most_once"] = "resend",
-                      block_after: bool = False) -> Any:
+    async def courier(
+        url: str, policy: Literal["resend", "at_most_once"] = "resend", block_after: bool = False
+    ) -> Any:
         response = await send(url, policy, block_after)
         await work(2)
         return response
@@ -181,14 +191,20 @@ def build(url: str, *, lease_ttl: float | None = None,
         answers = []
         for i in range(1, n + 1):
             reply = await oai.chat.completions.create(
-                model="gpt-4.1-mini", messages=[{"role": "user", "content": f"question {i}"}])
+                model="gpt-4.1-mini", messages=[{"role": "user", "content": f"question {i}"}]
+            )
             answers.append(reply.choices[0].message.content)
         return answers
 
     @app.workflow()
     async def agent_run(text: str, max_turns: int = 6) -> list[Any]:
-        agent = ratchet.Agent(model="gpt-4.1-mini", instructions="Answer with the tools.",
-                              tools=[lookup], client=llm_client(), max_turns=max_turns)
+        agent = ratchet.Agent(
+            model="gpt-4.1-mini",
+            instructions="Answer with the tools.",
+            tools=[lookup],
+            client=llm_client(),
+            max_turns=max_turns,
+        )
         result = await agent.run(text)
         return [result.output, result.turns]
 
@@ -200,8 +216,9 @@ def llm_client() -> Any:
     made-up secret the tests look for in the journal."""
     import openai
 
-    return ratchet.llm.wrap(openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1",
-                                               api_key=LLM_SECRET))
+    return ratchet.llm.wrap(
+        openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key=LLM_SECRET)
+    )
 
 
 LLM_SECRET = "sk-test-secret-4c1d"
@@ -209,11 +226,17 @@ LLM_SECRET = "sk-test-secret-4c1d"
 
 def main(build_app: Callable[..., ratchet.Ratchet] | None = None) -> None:
     """The worker: the app ``build_app`` (default :func:`build`) makes, served until SIGTERM."""
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s pid=%(process)d %(name)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s pid=%(process)d %(name)s %(message)s",
+    )
     env = os.environ
-    app = (build_app or build)(env["CRASH_DB_URL"], lease_ttl=float(env["CRASH_LEASE_TTL"]),
-                              recovery_interval=float(env["CRASH_RECOVERY_INTERVAL"]))
+    app = (build_app or build)(
+        env["CRASH_DB_URL"],
+        lease_ttl=float(env["CRASH_LEASE_TTL"]),
+        recovery_interval=float(env["CRASH_RECOVERY_INTERVAL"]),
+    )
 
     options: dict[str, Any] = {}
     if "CRASH_GRACE" in env:
@@ -222,8 +245,12 @@ def main(build_app: Callable[..., ratchet.Ratchet] | None = None) -> None:
     async def serve() -> None:
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await app.run_worker(stop, worker_id=env["CRASH_WORKER_ID"],
-                             concurrency=int(env["CRASH_CONCURRENCY"]), **options)
+        await app.run_worker(
+            stop,
+            worker_id=env["CRASH_WORKER_ID"],
+            concurrency=int(env["CRASH_CONCURRENCY"]),
+            **options,
+        )
 
     try:
         asyncio.run(serve())

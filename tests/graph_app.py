@@ -22,64 +22,134 @@ from crash_app import gate, main, record
 import ratchet
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "accounts.yaml"
-KID = {"name": "kid", "nodes": [
-    {"id": "start", "type": "trigger"},
-    {"id": "work", "type": "tool", "data": {"tool": "kid_work",
-                                            "args": {"name": "{{ input.name }}"}}}],
-    "edges": [{"from": "start", "to": "work"}], "output": "{{ nodes.work.output }}"}
-PARENT = {"name": "parent", "nodes": [
-    {"id": "start", "type": "trigger"},
-    {"id": "child", "type": "subagent", "data": {"graph": "kid",
-                                                 "input": {"name": "{{ input.name }}"}}},
-    {"id": "after", "type": "tool", "data": {"tool": "kid_work", "args": {"name": "after"}}}],
+KID = {
+    "name": "kid",
+    "nodes": [
+        {"id": "start", "type": "trigger"},
+        {
+            "id": "work",
+            "type": "tool",
+            "data": {"tool": "kid_work", "args": {"name": "{{ input.name }}"}},
+        },
+    ],
+    "edges": [{"from": "start", "to": "work"}],
+    "output": "{{ nodes.work.output }}",
+}
+PARENT = {
+    "name": "parent",
+    "nodes": [
+        {"id": "start", "type": "trigger"},
+        {
+            "id": "child",
+            "type": "subagent",
+            "data": {"graph": "kid", "input": {"name": "{{ input.name }}"}},
+        },
+        {"id": "after", "type": "tool", "data": {"tool": "kid_work", "args": {"name": "after"}}},
+    ],
     "edges": [{"from": "start", "to": "child"}, {"from": "child", "to": "after"}],
-    "output": ["{{ nodes.child.output }}", "{{ nodes.after.output }}"]}
+    "output": ["{{ nodes.child.output }}", "{{ nodes.after.output }}"],
+}
 
-ROUTES = {"name": "routes", "nodes": [
-    {"id": "start", "type": "trigger"},
-    {"id": "same", "type": "loop", "data": {"over": "{{ input.same }}", "item": "v",
-                                            "body": ["echo"], "max_iterations": 20}},
-    {"id": "echo", "type": "tool", "data": {"tool": "echo", "args": {"v": "{{ v }}"}}},
-    {"id": "each", "type": "loop", "data": {"over": "{{ input.items }}", "item": "x",
-                                            "body": ["double", "shift"],
-                                            "max_iterations": 20}},
-    {"id": "double", "type": "tool", "data": {"tool": "double", "args": {"n": "{{ x }}"}}},
-    {"id": "shift", "type": "tool", "data": {
-        "tool": "shift", "args": {"n": "{{ nodes.double.output }}",
-                                  "by": "{{ loop.index }}"}}},
-    {"id": "fan", "type": "parallel"},
-    {"id": "left", "type": "tool", "data": {"tool": "echo", "args": {
-        "v": "{{ nodes.shift.output }}"}}},
-    {"id": "right", "type": "tool", "data": {"tool": "double", "args": {
-        "n": "{{ nodes.each.output | length }}"}}},
-    {"id": "both", "type": "join"},
-    {"id": "pick", "type": "condition", "data": {"expression": "nodes.left.output > 10"}},
-    {"id": "big", "type": "tool", "data": {"tool": "echo", "args": {"v": "big"}}},
-    {"id": "small", "type": "tool", "data": {"tool": "echo", "args": {"v": "small"}}},
-    {"id": "tries", "type": "loop", "data": {
-        "until": "loop.results | length >= 3", "body": ["probe", "odd"],
-        "max_iterations": 5}},
-    {"id": "probe", "type": "tool", "data": {"tool": "double", "args": {
-        "n": "{{ loop.index }}"}}},
-    {"id": "odd", "type": "tool", "data": {"tool": "shift", "args": {
-        "n": "{{ nodes.probe.output }}", "by": 1}}}],
-    "edges": [{"from": "start", "to": "same"}, {"from": "same", "to": "echo"},
-              {"from": "same", "to": "each"}, {"from": "each", "to": "double"},
-              {"from": "double", "to": "shift"}, {"from": "each", "to": "fan"},
-              {"from": "fan", "to": "left"}, {"from": "fan", "to": "right"},
-              {"from": "left", "to": "both"}, {"from": "right", "to": "both"},
-              {"from": "both", "to": "pick"},
-              {"from": "pick", "to": "big", "when": "output"},
-              {"from": "pick", "to": "small", "when": "not output"},
-              {"from": "big", "to": "tries"}, {"from": "small", "to": "tries"},
-              {"from": "tries", "to": "probe"},
-              {"from": "probe", "to": "odd", "when": "output % 4 == 2"}],
-    "output": {"same": "{{ nodes.same.output }}", "each": "{{ nodes.each.output }}",
-               "both": "{{ nodes.both.output }}", "tries": "{{ nodes.tries.output }}"}}
+ROUTES = {
+    "name": "routes",
+    "nodes": [
+        {"id": "start", "type": "trigger"},
+        {
+            "id": "same",
+            "type": "loop",
+            "data": {
+                "over": "{{ input.same }}",
+                "item": "v",
+                "body": ["echo"],
+                "max_iterations": 20,
+            },
+        },
+        {"id": "echo", "type": "tool", "data": {"tool": "echo", "args": {"v": "{{ v }}"}}},
+        {
+            "id": "each",
+            "type": "loop",
+            "data": {
+                "over": "{{ input.items }}",
+                "item": "x",
+                "body": ["double", "shift"],
+                "max_iterations": 20,
+            },
+        },
+        {"id": "double", "type": "tool", "data": {"tool": "double", "args": {"n": "{{ x }}"}}},
+        {
+            "id": "shift",
+            "type": "tool",
+            "data": {
+                "tool": "shift",
+                "args": {"n": "{{ nodes.double.output }}", "by": "{{ loop.index }}"},
+            },
+        },
+        {"id": "fan", "type": "parallel"},
+        {
+            "id": "left",
+            "type": "tool",
+            "data": {"tool": "echo", "args": {"v": "{{ nodes.shift.output }}"}},
+        },
+        {
+            "id": "right",
+            "type": "tool",
+            "data": {"tool": "double", "args": {"n": "{{ nodes.each.output | length }}"}},
+        },
+        {"id": "both", "type": "join"},
+        {"id": "pick", "type": "condition", "data": {"expression": "nodes.left.output > 10"}},
+        {"id": "big", "type": "tool", "data": {"tool": "echo", "args": {"v": "big"}}},
+        {"id": "small", "type": "tool", "data": {"tool": "echo", "args": {"v": "small"}}},
+        {
+            "id": "tries",
+            "type": "loop",
+            "data": {
+                "until": "loop.results | length >= 3",
+                "body": ["probe", "odd"],
+                "max_iterations": 5,
+            },
+        },
+        {
+            "id": "probe",
+            "type": "tool",
+            "data": {"tool": "double", "args": {"n": "{{ loop.index }}"}},
+        },
+        {
+            "id": "odd",
+            "type": "tool",
+            "data": {"tool": "shift", "args": {"n": "{{ nodes.probe.output }}", "by": 1}},
+        },
+    ],
+    "edges": [
+        {"from": "start", "to": "same"},
+        {"from": "same", "to": "echo"},
+        {"from": "same", "to": "each"},
+        {"from": "each", "to": "double"},
+        {"from": "double", "to": "shift"},
+        {"from": "each", "to": "fan"},
+        {"from": "fan", "to": "left"},
+        {"from": "fan", "to": "right"},
+        {"from": "left", "to": "both"},
+        {"from": "right", "to": "both"},
+        {"from": "both", "to": "pick"},
+        {"from": "pick", "to": "big", "when": "output"},
+        {"from": "pick", "to": "small", "when": "not output"},
+        {"from": "big", "to": "tries"},
+        {"from": "small", "to": "tries"},
+        {"from": "tries", "to": "probe"},
+        {"from": "probe", "to": "odd", "when": "output % 4 == 2"},
+    ],
+    "output": {
+        "same": "{{ nodes.same.output }}",
+        "each": "{{ nodes.each.output }}",
+        "both": "{{ nodes.both.output }}",
+        "tries": "{{ nodes.tries.output }}",
+    },
+}
 
 
-def build(url: str, *, lease_ttl: float | None = None,
-          recovery_interval: float | None = None) -> ratchet.Ratchet:
+def build(
+    url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
+) -> ratchet.Ratchet:
     """The app on database ``url``, its graphs registered."""
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
 
@@ -90,8 +160,9 @@ def build(url: str, *, lease_ttl: float | None = None,
         return [{"id": i + 1, "name": name} for i, name in enumerate(names)]
 
     @app.tool
-    def rank_accounts(accounts: list[dict[str, Any]],
-                      enriched: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def rank_accounts(
+        accounts: list[dict[str, Any]], enriched: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
         """Accounts with what the model said, biggest first."""
         record("invoke")
         rows = [{**a, **e} for a, e in zip(accounts, enriched, strict=True)]
@@ -123,8 +194,9 @@ def build(url: str, *, lease_ttl: float | None = None,
     if "CRASH_LLM_URL" in os.environ:
         import openai
 
-        app.llm_client(openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1",
-                                          api_key="local"))
+        app.llm_client(
+            openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key="local")
+        )
     app.graph(EXAMPLE)
     app.graph(KID)
     app.graph(PARENT)

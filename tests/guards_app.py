@@ -11,8 +11,9 @@ from crash_app import gate, record
 import ratchet
 
 
-def build(url: str, *, lease_ttl: float | None = None,
-          recovery_interval: float | None = None) -> ratchet.Ratchet:
+def build(
+    url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
+) -> ratchet.Ratchet:
     """An app whose workflows poll the same job, with the same answer, n times, or run
     branches that each pause on a guard."""
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)

@@ -66,8 +66,7 @@ def hang() -> int:
     return 0
 
 
-@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(memory_mb=256, timeout_s=120),
-              timeout_s=2.0)
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(memory_mb=256, timeout_s=120), timeout_s=2.0)
 async def past_its_deadline() -> int:
     """Its step outlives the run's deadline (2 s), well inside its sandbox's own 120 s."""
     return await quick(1) + await hang()
@@ -126,12 +125,17 @@ def fork_bomb() -> str:
         return f"denied {type(e).__name__} after {children}"
 
 
-@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(memory_mb=256, max_processes=48,
-                                                       timeout_s=120))
+@app.workflow(
+    tier="isolated", sandbox=ratchet.Sandbox(memory_mb=256, max_processes=48, timeout_s=120)
+)
 async def escape(secret_path: str, ports: list[int]) -> dict[str, object]:
-    return {"read": await read_host(secret_path), "etc": await read_host("/etc/hostname"),
-            "write": await write_code(),
-            "tcp": [await connect(p) for p in ports], "fork": await fork_bomb()}
+    return {
+        "read": await read_host(secret_path),
+        "etc": await read_host("/etc/hostname"),
+        "write": await write_code(),
+        "tcp": [await connect(p) for p in ports],
+        "fork": await fork_bomb(),
+    }
 
 
 @app.step
@@ -191,8 +195,9 @@ async def peek(paths: list[str]) -> list[str]:
     return [await read_host(p) for p in paths]
 
 
-@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(timeout_s=120),
-              guards=ratchet.Guards(max_steps=2))
+@app.workflow(
+    tier="isolated", sandbox=ratchet.Sandbox(timeout_s=120), guards=ratchet.Guards(max_steps=2)
+)
 async def too_many(n: int) -> int:
     for _ in range(3):
         n = await quick(n)
@@ -214,19 +219,28 @@ def where(n: int) -> dict[str, object]:
 
 # A graph run in a sandbox: its tool node runs inside, the condition and the output are
 # the interpreter's, inside too.
-GRAPH = {"name": "iso-graph", "tier": "isolated",
-         "sandbox": {"memory_mb": 256, "timeout_s": 120},
-         "inputs": {"type": "object", "properties": {"n": {"type": "integer"}}},
-         "nodes": [{"id": "start", "type": "trigger"},
-                   {"id": "first", "type": "tool",
-                    "data": {"tool": "where", "args": {"n": "{{ input.n }}"}}},
-                   {"id": "big", "type": "condition",
-                    "data": {"expression": "nodes.first.output.n > 5"}},
-                   {"id": "again", "type": "tool",
-                    "data": {"tool": "where", "args": {"n": "{{ nodes.first.output.n }}"}}}],
-         "edges": [{"from": "start", "to": "first"}, {"from": "first", "to": "big"},
-                   {"from": "big", "to": "again", "when": "output"}],
-         "output": {"first": "{{ nodes.first.output }}", "again": "{{ nodes.again.output }}"}}
+GRAPH = {
+    "name": "iso-graph",
+    "tier": "isolated",
+    "sandbox": {"memory_mb": 256, "timeout_s": 120},
+    "inputs": {"type": "object", "properties": {"n": {"type": "integer"}}},
+    "nodes": [
+        {"id": "start", "type": "trigger"},
+        {"id": "first", "type": "tool", "data": {"tool": "where", "args": {"n": "{{ input.n }}"}}},
+        {"id": "big", "type": "condition", "data": {"expression": "nodes.first.output.n > 5"}},
+        {
+            "id": "again",
+            "type": "tool",
+            "data": {"tool": "where", "args": {"n": "{{ nodes.first.output.n }}"}},
+        },
+    ],
+    "edges": [
+        {"from": "start", "to": "first"},
+        {"from": "first", "to": "big"},
+        {"from": "big", "to": "again", "when": "output"},
+    ],
+    "output": {"first": "{{ nodes.first.output }}", "again": "{{ nodes.again.output }}"},
+}
 
 
 if __name__ == "__main__":
@@ -238,8 +252,10 @@ if __name__ == "__main__":
         stop = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
         await isolated_app.app.run_worker(
-            stop, worker_id=os.environ.get("ISO_WORKER_ID"),
+            stop,
+            worker_id=os.environ.get("ISO_WORKER_ID"),
             lease_ttl=float(os.environ.get("ISO_LEASE_TTL", "3")),
-            recovery_interval=float(os.environ.get("ISO_RECOVERY_INTERVAL", "0.5")))
+            recovery_interval=float(os.environ.get("ISO_RECOVERY_INTERVAL", "0.5")),
+        )
 
     asyncio.run(main())

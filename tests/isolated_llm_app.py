@@ -26,12 +26,18 @@ app = ratchet.Ratchet(os.environ.get("ISO_DB_URL"))
 MODEL = "gpt-4.1-mini"
 SANDBOX = ratchet.Sandbox(memory_mb=256, timeout_s=120)
 
-llm = ratchet.llm.wrap(openai.AsyncOpenAI(
-    base_url=os.environ.get("ISO_LLM_URL", "http://127.0.0.1:9/v1"),
-    api_key=os.environ.get("ISO_LLM_KEY") or os.environ.get("OPENAI_API_KEY") or "none"))
-claude = ratchet.llm.wrap(anthropic.AsyncAnthropic(
-    base_url=os.environ.get("ISO_LLM_URL", "http://127.0.0.1:9/v1").removesuffix("/v1"),
-    api_key=os.environ.get("ISO_LLM_KEY") or os.environ.get("ANTHROPIC_API_KEY") or "none"))
+llm = ratchet.llm.wrap(
+    openai.AsyncOpenAI(
+        base_url=os.environ.get("ISO_LLM_URL", "http://127.0.0.1:9/v1"),
+        api_key=os.environ.get("ISO_LLM_KEY") or os.environ.get("OPENAI_API_KEY") or "none",
+    )
+)
+claude = ratchet.llm.wrap(
+    anthropic.AsyncAnthropic(
+        base_url=os.environ.get("ISO_LLM_URL", "http://127.0.0.1:9/v1").removesuffix("/v1"),
+        api_key=os.environ.get("ISO_LLM_KEY") or os.environ.get("ANTHROPIC_API_KEY") or "none",
+    )
+)
 
 
 def _digest(value: str) -> str:
@@ -48,8 +54,11 @@ def key_seen(key_sha256: str) -> dict[str, Any]:
             entries = environ.read_bytes().split(b"\0")
         except OSError:
             continue
-        found += [f"{environ}" for e in entries
-                  if _digest(e.partition(b"=")[2].decode(errors="replace")) == key_sha256]
+        found += [
+            f"{environ}"
+            for e in entries
+            if _digest(e.partition(b"=")[2].decode(errors="replace")) == key_sha256
+        ]
     return {"found": found, "client_key": llm.api_key}
 
 
@@ -57,43 +66,83 @@ def key_seen(key_sha256: str) -> dict[str, Any]:
 def forge_usage(step_id: str) -> dict[str, Any]:
     """Report the model call's end again with a billion tokens, and ask the worker to
     make the call once more."""
-    payload = {"output": {"id": "forged"}, "llm": {
-        "provider": "openai", "model": MODEL, "request_id": "forged", "latency_ms": 1.0,
-        "usage": {"input_tokens": 1_000_000_000, "output_tokens": 0}, "cost_usd": 123456.0}}
+    payload = {
+        "output": {"id": "forged"},
+        "llm": {
+            "provider": "openai",
+            "model": MODEL,
+            "request_id": "forged",
+            "latency_ms": 1.0,
+            "usage": {"input_tokens": 1_000_000_000, "output_tokens": 0},
+            "cost_usd": 123456.0,
+        },
+    }
     import json
 
     run_id, sandbox_id = os.environ["RATCHET_RUN_ID"], os.environ["RATCHET_SANDBOX_ID"]
-    report = channel_call("POST", "/v1/runtime/report", {
-        "run_id": run_id, "sandbox_id": sandbox_id, "op": "append", "events": [{
-            "kind": "step_completed", "step_id": step_id, "attempt": 1,
-            "payload_json": json.dumps(payload, separators=(",", ":"), sort_keys=True)}]})
-    again = channel_call("POST", "/v1/runtime/llm", {
-        "run_id": run_id, "sandbox_id": sandbox_id, "step_id": step_id, "attempt": 1,
-        "site": llm.site, "kwargs_json": json.dumps({"model": MODEL, "messages": []})})
-    return {"report": report[0], "report_says": report[1].get("message"),
-            "again": again[0], "again_says": again[1].get("message")}
+    report = channel_call(
+        "POST",
+        "/v1/runtime/report",
+        {
+            "run_id": run_id,
+            "sandbox_id": sandbox_id,
+            "op": "append",
+            "events": [
+                {
+                    "kind": "step_completed",
+                    "step_id": step_id,
+                    "attempt": 1,
+                    "payload_json": json.dumps(payload, separators=(",", ":"), sort_keys=True),
+                }
+            ],
+        },
+    )
+    again = channel_call(
+        "POST",
+        "/v1/runtime/llm",
+        {
+            "run_id": run_id,
+            "sandbox_id": sandbox_id,
+            "step_id": step_id,
+            "attempt": 1,
+            "site": llm.site,
+            "kwargs_json": json.dumps({"model": MODEL, "messages": []}),
+        },
+    )
+    return {
+        "report": report[0],
+        "report_says": report[1].get("message"),
+        "again": again[0],
+        "again_says": again[1].get("message"),
+    }
 
 
 @app.workflow(tier="isolated", sandbox=SANDBOX)
 async def ask(question: str, key_sha256: str) -> dict[str, Any]:
     # A header that would stand in for the worker's key: the worker sends its own.
     answer = await llm.chat.completions.create(
-        model=MODEL, max_tokens=64, messages=[{"role": "user", "content": question}],
-        extra_headers={"Authorization": "Bearer from-the-sandbox"})
+        model=MODEL,
+        max_tokens=64,
+        messages=[{"role": "user", "content": question}],
+        extra_headers={"Authorization": "Bearer from-the-sandbox"},
+    )
     message = await claude.messages.create(
-        model="claude-sonnet-4-6", max_tokens=64,
-        messages=[{"role": "user", "content": question}])
-    return {"answer": answer.choices[0].message.content,
-            "claude": message.content[0].text if message.content[0].type == "text" else "",
-            "usage": answer.usage.model_dump() if answer.usage else None,
-            "seen": await key_seen(key_sha256),
-            "forged": await forge_usage("1:openai.chat.completions.create")}
+        model="claude-sonnet-4-6", max_tokens=64, messages=[{"role": "user", "content": question}]
+    )
+    return {
+        "answer": answer.choices[0].message.content,
+        "claude": message.content[0].text if message.content[0].type == "text" else "",
+        "usage": answer.usage.model_dump() if answer.usage else None,
+        "seen": await key_seen(key_sha256),
+        "forged": await forge_usage("1:openai.chat.completions.create"),
+    }
 
 
 @app.workflow(tier="isolated", sandbox=SANDBOX, guards=ratchet.Guards(budget_tokens=100))
 async def costly(question: str) -> str:
     answer = await llm.chat.completions.create(
-        model=MODEL, max_tokens=500, messages=[{"role": "user", "content": question}])
+        model=MODEL, max_tokens=500, messages=[{"role": "user", "content": question}]
+    )
     return answer.choices[0].message.content or ""
 
 

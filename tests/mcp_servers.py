@@ -36,8 +36,15 @@ def http_toolset(url: str, id: str = "tools") -> Any:
 def http_server(calls: Path, gate: Path | None = None) -> Iterator[str]:
     """The server over streamable HTTP, as a process of its own; yields its URL."""
     port_file = calls.with_name(calls.name + ".port")
-    args = [sys.executable, str(SCRIPT), "http", str(calls), "--port-file", str(port_file),
-            *(["--gate", str(gate)] if gate else [])]
+    args = [
+        sys.executable,
+        str(SCRIPT),
+        "http",
+        str(calls),
+        "--port-file",
+        str(port_file),
+        *(["--gate", str(gate)] if gate else []),
+    ]
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL)
     try:
         wait_for(lambda: port_file.exists() or proc.poll() is not None, what="the MCP server")

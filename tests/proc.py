@@ -31,8 +31,12 @@ POLL_S = 0.02
 T = TypeVar("T")
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0,
-             detail: Callable[[], str] | None = None) -> T:
+def wait_for(
+    what: str,
+    probe: Callable[[], T | None],
+    timeout: float = 15.0,
+    detail: Callable[[], str] | None = None,
+) -> T:
     """Poll ``probe`` until it returns something truthy; return that. At the deadline fail,
     naming ``what`` and adding ``detail()``."""
     deadline = time.monotonic() + timeout
@@ -49,8 +53,9 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0,
 class WorkerProc:
     """One worker process (``python tests/crash_app.py``), its output in a file."""
 
-    def __init__(self, name: str, worker_id: str, popen: subprocess.Popen[bytes],
-                 output: Path) -> None:
+    def __init__(
+        self, name: str, worker_id: str, popen: subprocess.Popen[bytes], output: Path
+    ) -> None:
         self.name = name
         self.worker_id = worker_id
         self.popen = popen
@@ -94,8 +99,9 @@ class WorkerProc:
         return int(self.popen.returncode)
 
     def wait_stopped(self, timeout: float = 15.0) -> None:
-        wait_for(f"worker {self.name} to be stopped", lambda: self.state() == "T", timeout,
-                 self.log)
+        wait_for(
+            f"worker {self.name} to be stopped", lambda: self.state() == "T", timeout, self.log
+        )
 
     def wait_log(self, needle: str, timeout: float = 15.0) -> str:
         """Wait until the worker's output contains ``needle``; return the line."""
@@ -103,8 +109,7 @@ class WorkerProc:
         def probe() -> str | None:
             return next((line for line in self.log().splitlines() if needle in line), None)
 
-        return wait_for(f"{needle!r} in the output of worker {self.name}", probe, timeout,
-                        self.log)
+        return wait_for(f"{needle!r} in the output of worker {self.name}", probe, timeout, self.log)
 
     def wait_started(self, timeout: float = 15.0) -> None:
         """Registered, own runs reclaimed, loops running."""
@@ -130,11 +135,19 @@ class Harness:
 
     # -- processes -------------------------------------------------------------------------
 
-    def spawn(self, name: str, *, worker_id: str | None = None, lease_ttl: float = 5.0,
-              recovery_interval: float = 30.0, concurrency: int = 4,
-              crash_at: str | None = None, pause_at: str | None = None,
-              grace: float | None = None, env_extra: dict[str, str] | None = None
-              ) -> WorkerProc:
+    def spawn(
+        self,
+        name: str,
+        *,
+        worker_id: str | None = None,
+        lease_ttl: float = 5.0,
+        recovery_interval: float = 30.0,
+        concurrency: int = 4,
+        crash_at: str | None = None,
+        pause_at: str | None = None,
+        grace: float | None = None,
+        env_extra: dict[str, str] | None = None,
+    ) -> WorkerProc:
         """Start a worker process. ``crash_at``/``pause_at`` arm the engine's crash points
         (``RATCHET_CRASH_AT`` / ``RATCHET_PAUSE_AT``); ``grace`` is its shutdown grace
         period (the worker's default when None)."""
@@ -159,9 +172,14 @@ class Harness:
         env.update(env_extra or {})
         output = self.root / f"worker-{name}-{uuid.uuid4().hex[:6]}.log"
         with output.open("wb") as sink:
-            popen = subprocess.Popen([sys.executable, self.script], env=env, cwd=self.root,
-                                     stdin=subprocess.DEVNULL, stdout=sink,
-                                     stderr=subprocess.STDOUT)
+            popen = subprocess.Popen(
+                [sys.executable, self.script],
+                env=env,
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+            )
         proc = WorkerProc(name, worker_id, popen, output)
         self.procs.append(proc)
         return proc
@@ -175,8 +193,10 @@ class Harness:
         for proc in self.procs:
             proc.kill()
         for proc in self.procs:
-            print(f"----- worker {proc.name} ({proc.worker_id}, pid {proc.pid}, "
-                  f"exit {proc.popen.returncode}) -----\n{proc.log()}")
+            print(
+                f"----- worker {proc.name} ({proc.worker_id}, pid {proc.pid}, "
+                f"exit {proc.popen.returncode}) -----\n{proc.log()}"
+            )
         self.app.shutdown()
 
     def worker_logs(self) -> str:
@@ -197,21 +217,28 @@ class Harness:
         """How many times each step's code was invoked."""
         return Counter(r["step_id"] for r in self.invocations())
 
-    def wait_invoked(self, step_id: str, attempt: int = 1, event: str = "invoke",
-                     timeout: float = 15.0) -> dict[str, Any]:
+    def wait_invoked(
+        self, step_id: str, attempt: int = 1, event: str = "invoke", timeout: float = 15.0
+    ) -> dict[str, Any]:
         """Wait until the invocation log shows ``step_id``'s ``attempt`` doing ``event``."""
 
         def probe() -> dict[str, Any] | None:
-            return next((r for r in self.invocations(event)
-                         if r["step_id"] == step_id and r["attempt"] == attempt), None)
+            return next(
+                (
+                    r
+                    for r in self.invocations(event)
+                    if r["step_id"] == step_id and r["attempt"] == attempt
+                ),
+                None,
+            )
 
-        return wait_for(f"step {step_id} attempt {attempt} to {event}", probe, timeout,
-                        self.worker_logs)
+        return wait_for(
+            f"step {step_id} attempt {attempt} to {event}", probe, timeout, self.worker_logs
+        )
 
     # -- the database ----------------------------------------------------------------------
 
-    def wait_status(self, run_id: str, status: str, timeout: float = 15.0
-                    ) -> ratchet.RunRecord:
+    def wait_status(self, run_id: str, status: str, timeout: float = 15.0) -> ratchet.RunRecord:
         """Wait for the run to reach ``status``; a run ending otherwise fails at once."""
 
         def probe() -> ratchet.RunRecord | None:
@@ -219,37 +246,47 @@ class Harness:
             if rec.status == status:
                 return rec
             if rec.status.terminal:
-                raise AssertionError(f"run {run_id} ended {rec.status} ({rec.error}), "
-                                     f"not {status}\n{self.worker_logs()}")
+                raise AssertionError(
+                    f"run {run_id} ended {rec.status} ({rec.error}), "
+                    f"not {status}\n{self.worker_logs()}"
+                )
             return None
 
         return wait_for(f"run {run_id} to be {status}", probe, timeout, self.worker_logs)
 
-    def wait_parked(self, run_id: str, waiting_for: str, timeout: float = 15.0
-                    ) -> ratchet.RunRecord:
+    def wait_parked(
+        self, run_id: str, waiting_for: str, timeout: float = 15.0
+    ) -> ratchet.RunRecord:
         """Wait until the run is ``waiting`` on ``waiting_for`` (a prefix) with its lease
         released."""
 
         def probe() -> ratchet.RunRecord | None:
             rec = self.app.get(run_id)
-            parked = (rec.status == "waiting" and (rec.waiting_for or "").startswith(waiting_for)
-                      and self.lease(run_id)[0] is None)
+            parked = (
+                rec.status == "waiting"
+                and (rec.waiting_for or "").startswith(waiting_for)
+                and self.lease(run_id)[0] is None
+            )
             return rec if parked else None
 
-        return wait_for(f"run {run_id} to park on {waiting_for}", probe, timeout,
-                        self.worker_logs)
+        return wait_for(f"run {run_id} to park on {waiting_for}", probe, timeout, self.worker_logs)
 
     def lease(self, run_id: str) -> tuple[str | None, int, float]:
         """The run's ``run_locks`` row: ``(worker_id, epoch, expires_at)``; for a finished
         run, whose row is gone, ``(None, its last epoch, 0)``."""
-        expires = ("l.expires_at" if self.db_url.startswith("sqlite:///")
-                   else "extract(epoch FROM l.expires_at)::float8")  # a timestamptz
-        sql = ("SELECT l.worker_id, coalesce(l.epoch, r.lease_epoch), "
-               f"coalesce({expires}, 0) FROM runs r "
-               "LEFT JOIN run_locks l ON l.run_id = r.run_id WHERE r.run_id = {} "
-               "AND (l.run_id IS NOT NULL OR r.status IN ('succeeded', 'failed', 'cancelled'))")
+        expires = (
+            "l.expires_at"
+            if self.db_url.startswith("sqlite:///")
+            else "extract(epoch FROM l.expires_at)::float8"
+        )  # a timestamptz
+        sql = (
+            "SELECT l.worker_id, coalesce(l.epoch, r.lease_epoch), "
+            f"coalesce({expires}, 0) FROM runs r "
+            "LEFT JOIN run_locks l ON l.run_id = r.run_id WHERE r.run_id = {} "
+            "AND (l.run_id IS NOT NULL OR r.status IN ('succeeded', 'failed', 'cancelled'))"
+        )
         if self.db_url.startswith("sqlite:///"):
-            path = self.db_url[len("sqlite:///"):]
+            path = self.db_url[len("sqlite:///") :]
             with sqlite3.connect(path, timeout=30) as conn:
                 row = conn.execute(sql.format("?"), (run_id,)).fetchone()
             conn.close()

@@ -31,9 +31,12 @@ class HttpReceiver:
             def _answer(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 raw = self.rfile.read(length) if length else b""
-                request = {"method": self.command, "path": self.path,
-                           "headers": {k.lower(): v for k, v in self.headers.items()},
-                           "body": json.loads(raw) if raw else None}
+                request = {
+                    "method": self.command,
+                    "path": self.path,
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body": json.loads(raw) if raw else None,
+                }
                 if receiver.on_request is not None:
                     receiver.on_request(request)
                 with receiver._lock:
@@ -94,8 +97,9 @@ class SmtpReceiver:
                         lines = []
                         while (part := self.rfile.readline()) not in (b".\r\n", b""):
                             lines.append(part[1:] if part.startswith(b"..") else part)
-                        receiver.messages.append(email.message_from_bytes(
-                            b"".join(lines), policy=email.policy.default))
+                        receiver.messages.append(
+                            email.message_from_bytes(b"".join(lines), policy=email.policy.default)
+                        )
                         self.say("250 queued")
                     elif command == "QUIT":
                         self.say("221 bye")

@@ -19,8 +19,14 @@ from ratchet.api import create_app
 def serving(app: ratchet.Ratchet, **options: Any) -> Iterator[str]:
     """Serve ``app``'s API (``create_app(app, **options)``) on 127.0.0.1, any free port;
     yield its base URL; shut it down gracefully at the end."""
-    config = uvicorn.Config(create_app(app, **options), host="127.0.0.1", port=0,
-                            log_level="warning", lifespan="on", access_log=False)
+    config = uvicorn.Config(
+        create_app(app, **options),
+        host="127.0.0.1",
+        port=0,
+        log_level="warning",
+        lifespan="on",
+        access_log=False,
+    )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()

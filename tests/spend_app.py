@@ -23,18 +23,22 @@ DEADLINE_S = 5.0  # room to park before it (a park needs 2 s left), under load t
 
 
 def client(retry: ratchet.Retry | None = None) -> Any:
-    return ratchet.llm.wrap(openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1",
-                                               api_key=LLM_SECRET), retry=retry)
+    return ratchet.llm.wrap(
+        openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key=LLM_SECRET),
+        retry=retry,
+    )
 
 
 async def ask(oai: Any, question: str) -> str:
     reply = await oai.chat.completions.create(
-        model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": question}])
+        model=MODEL, max_tokens=1000, messages=[{"role": "user", "content": question}]
+    )
     return reply.choices[0].message.content or ""
 
 
-def build(url: str, *, lease_ttl: float | None = None,
-          recovery_interval: float | None = None) -> ratchet.Ratchet:
+def build(
+    url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
+) -> ratchet.Ratchet:
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
 
     @app.step

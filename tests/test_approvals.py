@@ -45,8 +45,7 @@ def app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
         except ratchet.ApprovalTimeout as e:
             return {"timed_out": str(e)}
         assert isinstance(d, ratchet.Decision)
-        return {"approved": d.approved, "by": d.by, "comment": d.comment,
-                "at": d.at.isoformat()}
+        return {"approved": d.approved, "by": d.by, "comment": d.comment, "at": d.at.isoformat()}
 
     @app.workflow
     async def strict(timeout_s: float) -> bool:
@@ -96,21 +95,26 @@ def app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
 
 
 def test_approve_wakes_the_run_with_the_decision_journaled_as_the_steps_completion(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     run_id = app.start("refund", 40, 3600)  # by position: timeout_s= is the run's deadline
     [asked] = pending(app)
     assert (asked.run_id, asked.step_id, asked.name, asked.data) == (
-        run_id, "1:approval:refund", "refund", {"amount": 40})
+        run_id,
+        "1:approval:refund",
+        "refund",
+        {"amount": 40},
+    )
     assert asked.root_run_id == run_id and asked.parent_run_id is None
     assert asked.deadline is not None and asked.deadline - asked.asked_at == pytest.approx(
-        3600, abs=5)
+        3600, abs=5
+    )
 
     decision = app.approve(run_id, "1:approval:refund", by="ana", comment="fine")
     assert (decision.approved, decision.by, decision.comment) == (True, "ana", "fine")
     assert decision.at.tzinfo is not None
     out = app.result(run_id, timeout_s=30)
-    assert out == {"approved": True, "by": "ana", "comment": "fine",
-                   "at": decision.at.isoformat()}
+    assert out == {"approved": True, "by": "ana", "comment": "fine", "at": decision.at.isoformat()}
     assert app.approvals() == []
 
     events = app.events(run_id)
@@ -122,8 +126,13 @@ def test_approve_wakes_the_run_with_the_decision_journaled_as_the_steps_completi
     assert waiting.payload["data"] == {"amount": 40}
     assert waiting.payload["timeout_s"] == 3600
     decided = next(e for e in events if e.kind == EventKind.APPROVAL_DECIDED)
-    assert decided.payload == {"name": "refund", "approved": True, "by": "ana",
-                               "comment": "fine", "at": decision.at.isoformat()}
+    assert decided.payload == {
+        "name": "refund",
+        "approved": True,
+        "by": "ana",
+        "comment": "fine",
+        "at": decision.at.isoformat(),
+    }
     completed = next(e for e in events if e.kind == EventKind.STEP_COMPLETED)
     assert ratchet.Decision.from_dict(completed.payload["output"]) == decision
 
@@ -138,7 +147,8 @@ def test_reject_by_name_returns_a_rejection(app: ratchet.Ratchet) -> None:
 
 
 def test_a_decision_is_recorded_once_and_a_second_is_refused_naming_the_first(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     run_id = app.start("refund", 1)
     pending(app)
     app.approve(run_id, "refund", by="ana", comment="ok")
@@ -155,7 +165,8 @@ def test_a_decision_is_recorded_once_and_a_second_is_refused_naming_the_first(
 
 
 def test_concurrent_decisions_exactly_one_wins(
-        app: ratchet.Ratchet, make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app: ratchet.Ratchet, make_app: Callable[..., ratchet.Ratchet]
+) -> None:
     run_id = app.start("refund", 5)
     pending(app)
     clients = [make_app() for _ in range(6)]
@@ -189,8 +200,7 @@ def test_concurrent_decisions_exactly_one_wins(
     assert [e.payload["by"] for e in events if e.kind == EventKind.APPROVAL_DECIDED] == won
 
 
-def test_deciding_what_is_not_pending_is_refused_and_writes_nothing(
-        app: ratchet.Ratchet) -> None:
+def test_deciding_what_is_not_pending_is_refused_and_writes_nothing(app: ratchet.Ratchet) -> None:
     with pytest.raises(ratchet.UnknownRun):
         app.approve("no-such-run", "refund", by="ana")
     run_id = app.start("refund", 5)
@@ -210,7 +220,8 @@ def test_deciding_what_is_not_pending_is_refused_and_writes_nothing(
 
 
 def test_a_timeout_raises_approval_timeout_journaled_like_a_signal_timeout(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     run_id = app.start("refund", 5, 0.3)
     out = app.result(run_id, timeout_s=30)
     assert out == {"timed_out": "no decision on approval 'refund' arrived within 0.3s"}
@@ -222,8 +233,7 @@ def test_a_timeout_raises_approval_timeout_journaled_like_a_signal_timeout(
         app.approve(run_id, "refund", by="late")
 
 
-def test_a_parked_approval_times_out_and_a_retried_run_asks_it_again(
-        app: ratchet.Ratchet) -> None:
+def test_a_parked_approval_times_out_and_a_retried_run_asks_it_again(app: ratchet.Ratchet) -> None:
     run_id = app.start("strict", 3600)
     wait_for(lambda: app.get(run_id).status == "waiting", what="the run parked")
     app.clock.advance(3601)  # the deadline passes: its timer wakes the run
@@ -254,7 +264,8 @@ def test_an_ambiguous_name_is_refused_and_step_ids_decide(app: ratchet.Ratchet) 
 
 
 def test_a_childs_approval_is_listed_under_its_parent_and_deciding_it_ends_both(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     parent = app.start("payout_parent", 70)
     [asked] = pending(app, parent)  # found through the parent's id
     child = f"{parent}/1"
@@ -264,26 +275,31 @@ def test_a_childs_approval_is_listed_under_its_parent_and_deciding_it_ends_both(
     # The parent waits for its child in memory a moment, then parks.
     wait_for(lambda: app.get(parent).status == "waiting", what="the parent parked")
     app.approve(child, "payout", by="cfo")
-    assert app.result(parent, timeout_s=30) == [
-        "before", {"approved": True, "by": "cfo"}, "after"]
+    assert app.result(parent, timeout_s=30) == ["before", {"approved": True, "by": "cfo"}, "after"]
 
 
 # -- tools ----------------------------------------------------------------------------------
 
 
 def test_a_critical_tool_parks_for_an_approval_of_its_arguments_before_it_runs(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     run_id = app.start("banker", "acct-1", 500)
     [asked] = pending(app)
     assert (asked.step_id, asked.name, asked.data) == (
-        "1:approval:wire", "wire", {"account": "acct-1", "cents": 500})
+        "1:approval:wire",
+        "wire",
+        {"account": "acct-1", "cents": 500},
+    )
     assert CALLS == {}
     app.approve(run_id, "wire", by="ana")
     assert app.result(run_id, timeout_s=30) == "sent 500 to acct-1"
     assert CALLS == {"wire": 1}
     events = app.events(run_id)
     assert [e.step_id for e in events if e.kind == EventKind.STEP_COMPLETED] == [
-        "1:approval:wire", "2:wire"]
+        "1:approval:wire",
+        "2:wire",
+    ]
 
 
 def test_a_rejected_tool_fails_unrun_with_approval_rejected(app: ratchet.Ratchet) -> None:
@@ -296,7 +312,8 @@ def test_a_rejected_tool_fails_unrun_with_approval_rejected(app: ratchet.Ratchet
     assert CALLS == {}
     failed = [e for e in app.events(run_id) if e.kind == EventKind.STEP_FAILED]
     assert [(e.step_id, e.payload["error_type"]) for e in failed] == [
-        ("2:wire", "ApprovalRejected")]
+        ("2:wire", "ApprovalRejected")
+    ]
 
     other = app.start("janitor", "u-1")  # requires_approval=True, uncaught
     pending(app)
@@ -314,7 +331,8 @@ def invoke(db_url: str, *args: str) -> Result:
 
 
 def test_cli_lists_approves_and_refuses_a_second_decision(
-        app: ratchet.Ratchet, db_url: str) -> None:
+    app: ratchet.Ratchet, db_url: str
+) -> None:
     run_id = app.start("payout_parent", 12)
     pending(app)
     child = f"{run_id}/1"
@@ -322,7 +340,12 @@ def test_cli_lists_approves_and_refuses_a_second_decision(
     assert listed.exit_code == 0, listed.output
     [row] = json.loads(listed.stdout)
     assert (row["run_id"], row["step_id"], row["name"], row["data"], row["root_run_id"]) == (
-        child, "1:approval:payout", "payout", {"amount": 12}, run_id)
+        child,
+        "1:approval:payout",
+        "payout",
+        {"amount": 12},
+        run_id,
+    )
     assert isinstance(row["since"], float)
     table = invoke(db_url, "approvals")
     assert table.exit_code == 0 and child in table.stdout and run_id in table.stdout
@@ -355,7 +378,8 @@ def test_cli_reject_and_unknown_approval(app: ratchet.Ratchet, db_url: str) -> N
 
 @pytest.mark.crash
 def test_an_approval_survives_a_killed_worker_and_is_decided_with_no_worker_running(
-        h: Harness) -> None:
+    h: Harness,
+) -> None:
     run_id = h.app.start("approver", 250)
     a = h.spawn("a")
     h.wait_parked(run_id, "approval:2:approval:refund")
@@ -370,14 +394,18 @@ def test_an_approval_survives_a_killed_worker_and_is_decided_with_no_worker_runn
     assert h.calls() == {"1:work": 1, "3:work": 1}
     events = h.app.events(run_id)
     assert kinds(events, "2:approval:refund") == [
-        "step_waiting", "approval_decided", "step_completed"]
+        "step_waiting",
+        "approval_decided",
+        "step_completed",
+    ]
     with pytest.raises(ratchet.ApprovalAlreadyDecided):
         h.app.reject(run_id, "refund", by="bob")
 
 
 @pytest.mark.crash
 def test_a_nested_approval_survives_killed_workers_and_resumes_child_then_parent(
-        h: Harness) -> None:
+    h: Harness,
+) -> None:
     parent = h.app.start("payout_parent", 80)
     a = h.spawn("a")
     child = f"{parent}/2"
@@ -398,16 +426,21 @@ def test_a_nested_approval_survives_killed_workers_and_resumes_child_then_parent
 
 
 def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     import openai
 
     from ratchet.llm.server import LocalProvider, serve
 
-    script = {"rules": [
-        {"match": {"last_role": "user"},
-         "reply": {"tool_calls": [{"name": "wire", "arguments": {"cents": 700}}]}},
-        {"match": {"last_role": "tool"}, "reply": {"text": "The transfer was refused."}},
-    ]}
+    script = {
+        "rules": [
+            {
+                "match": {"last_role": "user"},
+                "reply": {"tool_calls": [{"name": "wire", "arguments": {"cents": 700}}]},
+            },
+            {"match": {"last_role": "tool"}, "reply": {"text": "The transfer was refused."}},
+        ]
+    }
     provider = LocalProvider(script=script)
     with serve(provider) as base:
         app = make_app()
@@ -423,8 +456,9 @@ def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
         async def ask(text: str) -> list[Any]:
             # Made and closed by each drive, on the worker's loop.
             async with openai.AsyncOpenAI(base_url=base + "/v1", api_key="local") as client:
-                agent = ratchet.Agent(model="gpt-4.1-mini", tools=[wire],
-                                      client=ratchet.llm.wrap(client))
+                agent = ratchet.Agent(
+                    model="gpt-4.1-mini", tools=[wire], client=ratchet.llm.wrap(client)
+                )
                 result = await agent.run(text)
             return [result.output, result.messages[-2]["content"]]
 
@@ -435,6 +469,5 @@ def test_the_agent_loop_sees_a_rejected_critical_tool_as_the_tools_error(
         app.reject(run_id, "wire", by="bob", comment="no")
         answer, tool_said = app.result(run_id, timeout_s=30)
         assert answer == "The transfer was refused."
-        assert tool_said.startswith("error: approval 'wire' (2:approval:wire) was rejected "
-                                    "by bob")
+        assert tool_said.startswith("error: approval 'wire' (2:approval:wire) was rejected by bob")
         assert ran == []

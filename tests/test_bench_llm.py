@@ -28,35 +28,68 @@ def test_ratchet_bills_a_run_killed_during_call_4_exactly_once(tmp_path: Path) -
     # key: billed the first time, answered from the provider's store the second.
     assert keys[3] == keys[4]
     assert [(r["billed"], r["replayed"]) for r in bill["requests"][3:5]] == [
-        (True, False), (False, True)]
+        (True, False),
+        (False, True),
+    ]
     assert Counter(keys).most_common(2)[1][1] == 1  # every other call once
 
 
 def _bill(system: str, calls: int, tokens: int, sent: int = 6) -> dict[str, Any]:
-    return {"system": system, "sent": sent, "calls": calls, "tokens": tokens,
-            "clean_calls": 5, "clean_tokens": 915, "tokens_ratio": tokens / 915,
-            "resumed_by": f"{system} resumes"}
+    return {
+        "system": system,
+        "sent": sent,
+        "calls": calls,
+        "tokens": tokens,
+        "clean_calls": 5,
+        "clean_tokens": 915,
+        "tokens_ratio": tokens / 915,
+        "resumed_by": f"{system} resumes",
+    }
 
 
 def _results() -> dict[str, Any]:
     return {
-        "quick": True, "repeats": 2,
-        "machine": {"date": "2026-01-01 00:00 UTC", "cpus": 2, "platform": "Linux",
-                    "python": "3.11", "sqlite": "3.40", "postgres": "15",
-                    "postgres_settings": {"fsync": "on", "synchronous_commit": "on"}},
+        "quick": True,
+        "repeats": 2,
+        "machine": {
+            "date": "2026-01-01 00:00 UTC",
+            "cpus": 2,
+            "platform": "Linux",
+            "python": "3.11",
+            "sqlite": "3.40",
+            "postgres": "15",
+            "postgres_settings": {"fsync": "on", "synchronous_commit": "on"},
+        },
         "samples": {
             "llmbill|langgraph": [_bill("langgraph", 6, 1135), _bill("langgraph", 6, 1135)],
             "llmbill|dbos": [_bill("dbos", 6, 1135), {"error": "timeout: no answer"}],
             "llmbill|ratchet": [_bill("ratchet", 5, 915), _bill("ratchet", 5, 915)],
             "llmoverhead|sqlite": [
-                {"n": 100, "bare_us": 1800.0, "wrapped_us": 2000.0, "overhead_us": 200.0,
-                 "commit_us": 150.0},
-                {"n": 100, "bare_us": 2000.0, "wrapped_us": 2240.0, "overhead_us": 240.0,
-                 "commit_us": 170.0}],
+                {
+                    "n": 100,
+                    "bare_us": 1800.0,
+                    "wrapped_us": 2000.0,
+                    "overhead_us": 200.0,
+                    "commit_us": 150.0,
+                },
+                {
+                    "n": 100,
+                    "bare_us": 2000.0,
+                    "wrapped_us": 2240.0,
+                    "overhead_us": 240.0,
+                    "commit_us": 170.0,
+                },
+            ],
             "llmoverhead|postgres": [
-                {"n": 100, "bare_us": 1900.0, "wrapped_us": 2900.0, "overhead_us": 1000.0,
-                 "commit_us": 400.0},
-                {"backend": "postgres", "error": "no answer within 140 s"}],
+                {
+                    "n": 100,
+                    "bare_us": 1900.0,
+                    "wrapped_us": 2900.0,
+                    "overhead_us": 1000.0,
+                    "commit_us": 400.0,
+                },
+                {"backend": "postgres", "error": "no answer within 140 s"},
+            ],
         },
     }
 
@@ -92,23 +125,26 @@ def test_the_overhead_is_judged_per_backend_against_one_commit_plus_100_us() -> 
         "400 (400–400) | ≤ 500 | **missed** |",
     ]
     report = write_reports(results)
-    assert ("- sqlite: the wrapped LLM client adds 220 µs to a call; target ≤ one commit "
-            "(160 µs) + 100 µs = 260 µs: **met**") in report
+    assert (
+        "- sqlite: the wrapped LLM client adds 220 µs to a call; target ≤ one commit "
+        "(160 µs) + 100 µs = 260 µs: **met**"
+    ) in report
     assert "- postgres: the wrapped LLM client adds 1,000 µs" in report
     # A backend whose every repeat failed says why.
     results["samples"]["llmoverhead|postgres"] = [{"backend": "postgres", "error": "boom"}]
     assert "| postgres | n/a | n/a | n/a | n/a | n/a | boom |" in llm_overhead_section(results)
 
 
-def test_a_system_whose_every_repeat_failed_says_why_and_ratchet_off_target_is_missed(
-) -> None:
+def test_a_system_whose_every_repeat_failed_says_why_and_ratchet_off_target_is_missed() -> None:
     results = _results()
     results["samples"]["llmbill|dbos"] = [{"error": "the crash run ended first"}]
     results["samples"]["llmbill|ratchet"] = [_bill("ratchet", 5, 915), _bill("ratchet", 6, 1135)]
     lines = llm_sections(results)
     assert "| dbos | n/a | n/a | n/a | n/a | the crash run ended first |" in lines
-    assert "| ratchet | 6 | 5.5 (5–6) | 1,025 (915–1,135) | 1.12× (1.00–1.24) | ratchet resumes |" \
+    assert (
+        "| ratchet | 6 | 5.5 (5–6) | 1,025 (915–1,135) | 1.12× (1.00–1.24) | ratchet resumes |"
         in lines
+    )
     report = write_reports(results)
     assert "target exactly 1.0×: **missed**" in report
     # The LLM samples are no system of the main tables.

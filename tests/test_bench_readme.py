@@ -15,24 +15,35 @@ from bench.run import _orphaned
 
 def _results(quick: bool = False) -> dict[str, Any]:
     def sample(system: str, zero_s: float, ten_s: float, sps: float) -> dict[str, list[Any]]:
-        return {f"sequential0|{system}": [{"n": 10, "seconds": zero_s}],
-                f"sequential10|{system}": [{"n": 10, "seconds": ten_s}],
-                f"concurrent|{system}": [{"steps_per_s": sps, "n": 100}]}
+        return {
+            f"sequential0|{system}": [{"n": 10, "seconds": zero_s}],
+            f"sequential10|{system}": [{"n": 10, "seconds": ten_s}],
+            f"concurrent|{system}": [{"steps_per_s": sps, "n": 100}],
+        }
 
-    samples = (sample("ratchet|sqlite|default", 0.01, 0.03, 9000.0)
-               | sample("dbos|sqlite|default", 0.02, 0.25, 300.0)
-               | {"limit|sqlite|1": [{"commits_per_s": 5000.0, "commit_us": 200.0}]})
-    machine = {"date": "2031-01-02 03:04 UTC", "cpus": 2, "platform": "Linux-test",
-               "python": "3.11.7", "sqlite": "3.40.1", "postgres": "15.20 (Debian)",
-               "postgres_settings": {"fsync": "on", "synchronous_commit": "on"}}
-    return {"quick": quick, "repeats": 1, "samples": samples, "machine": machine,
-            "elapsed_s": 60.0}
+    samples = (
+        sample("ratchet|sqlite|default", 0.01, 0.03, 9000.0)
+        | sample("dbos|sqlite|default", 0.02, 0.25, 300.0)
+        | {"limit|sqlite|1": [{"commits_per_s": 5000.0, "commit_us": 200.0}]}
+    )
+    machine = {
+        "date": "2031-01-02 03:04 UTC",
+        "cpus": 2,
+        "platform": "Linux-test",
+        "python": "3.11.7",
+        "sqlite": "3.40.1",
+        "postgres": "15.20 (Debian)",
+        "postgres_settings": {"fsync": "on", "synchronous_commit": "on"},
+    }
+    return {"quick": quick, "repeats": 1, "samples": samples, "machine": machine, "elapsed_s": 60.0}
 
 
 def _readme(tmp_path: Path) -> Path:
     path = tmp_path / "README.md"
-    path.write_text(f"# Title\n\n## Performance\n\n{readme.START}\nold table\n{readme.END}\n\n"
-                    "## Next\n", "utf-8")
+    path.write_text(
+        f"# Title\n\n## Performance\n\n{readme.START}\nold table\n{readme.END}\n\n## Next\n",
+        "utf-8",
+    )
     return path
 
 
@@ -83,7 +94,8 @@ def test_the_report_says_how_long_the_run_took_and_where() -> None:
 
 
 def test_the_benchmarks_page_gets_the_report_without_the_sections_it_tells_itself(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     results = _results()
     report = write_reports(results)
     page = tmp_path / "benchmarks.md"

@@ -33,8 +33,13 @@ def test_quick_variant_measures_a_real_server(db_url: str) -> None:
         # Each event was made before its commit: from creation is never the shorter.
         assert got["created_p50_ms"] >= got["p50_ms"] and got["created_p99_ms"] >= got["p99_ms"]
         assert got["server_peak_rss_mb"] >= got["server_rss_mb"] > 0
-        for fld in ("server_cpu_pct", "server_cpu_wait_pct", "client_cpu_pct",
-                    "client_cpu_wait_pct", "writer_cpu_pct"):
+        for fld in (
+            "server_cpu_pct",
+            "server_cpu_wait_pct",
+            "client_cpu_pct",
+            "client_cpu_wait_pct",
+            "writer_cpu_pct",
+        ):
             assert got[fld] >= 0, fld
     accepted = result["accept"]
     assert accepted["clients"] == plan.post_processes * plan.post_connections
@@ -61,35 +66,63 @@ def test_a_stream_that_misses_or_repeats_an_event_is_an_error() -> None:
 
 
 def _sample(p50: float) -> dict[str, Any]:
-    load = {"server_cpu_pct": 20.0, "server_cpu_wait_pct": 5.0, "client_cpu_pct": 10.0,
-            "client_cpu_wait_pct": 2.0, "load_average": 3.5}
-    follow = {"p50_ms": p50, "p99_ms": 2 * p50, "created_p50_ms": p50 + 1,
-              "created_p99_ms": 2 * p50 + 1, "server_rss_mb": 70.0,
-              "server_peak_rss_mb": 75.0, "deliveries_per_s": 100.0, "subscribers": 1000,
-              **load}
-    return {"accept": {"clients": 32, "accepted_per_s": 900.0, "p50_ms": 30.0,
-                       "p99_ms": 80.0, **load},
-            "single": follow, "fanout": follow}
+    load = {
+        "server_cpu_pct": 20.0,
+        "server_cpu_wait_pct": 5.0,
+        "client_cpu_pct": 10.0,
+        "client_cpu_wait_pct": 2.0,
+        "load_average": 3.5,
+    }
+    follow = {
+        "p50_ms": p50,
+        "p99_ms": 2 * p50,
+        "created_p50_ms": p50 + 1,
+        "created_p99_ms": 2 * p50 + 1,
+        "server_rss_mb": 70.0,
+        "server_peak_rss_mb": 75.0,
+        "deliveries_per_s": 100.0,
+        "subscribers": 1000,
+        **load,
+    }
+    return {
+        "accept": {"clients": 32, "accepted_per_s": 900.0, "p50_ms": 30.0, "p99_ms": 80.0, **load},
+        "single": follow,
+        "fanout": follow,
+    }
 
 
 def test_the_report_shows_each_backend_and_the_postgres_target() -> None:
     results = {
-        "quick": False, "repeats": 1,
-        "machine": {"date": "2026-01-01 00:00 UTC", "cpus": 2, "platform": "Linux",
-                    "python": "3.11", "sqlite": "3.40", "postgres": "15",
-                    "postgres_settings": {"fsync": "on", "synchronous_commit": "on"}},
-        "samples": {"server|sqlite": [_sample(25.0)],
-                    "server|postgres": [_sample(0.8), _sample(1.2),
-                                        {"accept": {"error": "no answer"}, "single": {},
-                                         "fanout": {}}]},
+        "quick": False,
+        "repeats": 1,
+        "machine": {
+            "date": "2026-01-01 00:00 UTC",
+            "cpus": 2,
+            "platform": "Linux",
+            "python": "3.11",
+            "sqlite": "3.40",
+            "postgres": "15",
+            "postgres_settings": {"fsync": "on", "synchronous_commit": "on"},
+        },
+        "samples": {
+            "server|sqlite": [_sample(25.0)],
+            "server|postgres": [
+                _sample(0.8),
+                _sample(1.2),
+                {"accept": {"error": "no answer"}, "single": {}, "fanout": {}},
+            ],
+        },
     }
     section = "\n".join(server_section(results))
     assert "| measure | sqlite | postgres |" in section
-    assert "| commit → SSE, 1 subscriber: p50 (ms) | 25.0 (25.0–25.0) | 1.00 (0.80–1.20) |" \
-        in section
+    assert (
+        "| commit → SSE, 1 subscriber: p50 (ms) | 25.0 (25.0–25.0) | 1.00 (0.80–1.20) |" in section
+    )
     assert "| `POST /v1/runs`: runs accepted/s | 900 (900–900) | 900 (900–900) |" in section
     assert "1,000 SSE subscribers" in section and "load average 3.5–3.5" in section
     assert "- postgres, accept: no answer" in section
     report = write_reports(results)
-    assert ("commit → SSE p50 with one subscriber 1.00 ms (from the event's creation 2.00 ms); "
-            "target under 10 ms: **met**") in report
+    assert (
+        "commit → SSE p50 with one subscriber 1.00 ms (from the event's creation 2.00 ms); "
+        "target under 10 ms: **met**"
+    ) in report

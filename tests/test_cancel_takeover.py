@@ -22,8 +22,7 @@ def app(db_url: str) -> Iterator[ratchet.Ratchet]:
     app.shutdown()
 
 
-def test_a_run_taken_over_with_a_cancel_pending_is_cancelled_at_once(
-        app: ratchet.Ratchet) -> None:
+def test_a_run_taken_over_with_a_cancel_pending_is_cancelled_at_once(app: ratchet.Ratchet) -> None:
     ticks: list[int] = []
 
     @app.step()

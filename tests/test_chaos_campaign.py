@@ -31,10 +31,11 @@ LISTING = """\
 # -- the cluster follows the URL -------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("port", "found"), [
-    (5432, ("15", "main")), (5433, ("15", "chaos")), (5434, ("16", "staging")), (5999, None)])
-def test_the_cluster_is_the_one_on_the_urls_port(port: int,
-                                                  found: tuple[str, str] | None) -> None:
+@pytest.mark.parametrize(
+    ("port", "found"),
+    [(5432, ("15", "main")), (5433, ("15", "chaos")), (5434, ("16", "staging")), (5999, None)],
+)
+def test_the_cluster_is_the_one_on_the_urls_port(port: int, found: tuple[str, str] | None) -> None:
     assert cluster_on_port(port, LISTING) == found
 
 
@@ -101,7 +102,8 @@ def test_the_submit_window_covers_the_busiest_lane() -> None:
     assert busy > 4 * 2 * 2.0  # each stop stays down two TTLs, then starts
     assert expected_s(stops) == pytest.approx(busy)
     assert lane_seconds([Fault("partition", 0.1, {"ttls": 5.0})], ttl=2.0) == {
-        "partition": pytest.approx(10.1)}
+        "partition": pytest.approx(10.1)
+    }
 
 
 def test_a_long_campaign_is_denser_on_a_larger_fleet() -> None:
@@ -125,24 +127,28 @@ def test_each_held_run_recovers_at_its_next_drive_with_who_took_it() -> None:
     assert recoveries(events, [(1001.0, "w0-1", "worker_kill")]) == []
 
 
-def rec(fault: str = "worker_kill", reason: str = "sweep", at: float = 100.0,
-        seconds: float = 3.0) -> Recovery:
+def rec(
+    fault: str = "worker_kill", reason: str = "sweep", at: float = 100.0, seconds: float = 3.0
+) -> Recovery:
     return Recovery(at, seconds, fault, "r", reason, "w1-1")
 
 
-@pytest.mark.parametrize(("r", "workflow", "windows", "expected"), [
-    (rec(), "flow", [], "lease_expiry"),
-    (rec(reason="reclaim"), "flow", [], "reclaim"),
-    (rec(), "audit", [], "v2_only"),
-    (rec(), "boxed", [], "isolated"),
-    (rec(), "flow", [Window(101.0, 102.0, "pg_stop")], "db_outage"),
-    (rec(), "flow", [Window(90.0, 99.0, "pg_stop")], "lease_expiry"),  # over before it
-    (rec(), "flow", [Window(104.0, 105.0, "disk_full")], "lease_expiry"),  # after it
-    (rec(fault="partition_5xTTL"), "audit", [Window(101.0, 102.0, "pg_stop")], "partition"),
-])
-def test_a_recovery_is_put_down_to_what_bounded_it(r: Recovery, workflow: str,
-                                                   windows: list[Window],
-                                                   expected: str) -> None:
+@pytest.mark.parametrize(
+    ("r", "workflow", "windows", "expected"),
+    [
+        (rec(), "flow", [], "lease_expiry"),
+        (rec(reason="reclaim"), "flow", [], "reclaim"),
+        (rec(), "audit", [], "v2_only"),
+        (rec(), "boxed", [], "isolated"),
+        (rec(), "flow", [Window(101.0, 102.0, "pg_stop")], "db_outage"),
+        (rec(), "flow", [Window(90.0, 99.0, "pg_stop")], "lease_expiry"),  # over before it
+        (rec(), "flow", [Window(104.0, 105.0, "disk_full")], "lease_expiry"),  # after it
+        (rec(fault="partition_5xTTL"), "audit", [Window(101.0, 102.0, "pg_stop")], "partition"),
+    ],
+)
+def test_a_recovery_is_put_down_to_what_bounded_it(
+    r: Recovery, workflow: str, windows: list[Window], expected: str
+) -> None:
     assert cause(r, workflow, windows, v2_only=("audit",), isolated=("boxed",)) == expected
 
 
@@ -166,11 +172,19 @@ def test_a_database_outage_long_after_the_fault_is_not_its_cause() -> None:
 def test_a_sandbox_kill_only_targets_sandboxes_of_the_campaigns_workers() -> None:
     # A process that looks like a sandbox's outermost bwrap (its command line), a child of
     # this test process: the campaign's workers are other processes.
-    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                             "--die-with-parent", "RATCHET_SANDBOX_ID"])
+    fake = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time; time.sleep(60)",
+            "--die-with-parent",
+            "RATCHET_SANDBOX_ID",
+        ]
+    )
     try:
-        wait_for("the process to show up",
-                 lambda: fake.pid in live_sandboxes({os.getpid()}) or None)
+        wait_for(
+            "the process to show up", lambda: fake.pid in live_sandboxes({os.getpid()}) or None
+        )
         assert fake.pid not in live_sandboxes({os.getpid() + 1_000_000})
         assert not kill_a_sandbox(Random(1), {os.getpid() + 1_000_000})
         assert fake.poll() is None  # not ours to kill: left alone

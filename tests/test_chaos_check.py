@@ -50,8 +50,7 @@ def chain(specs: list[Spec], run: str = RUN, t0: float = 1000.0) -> list[Event]:
 
 def drive(n: int, epoch: int, worker: str = "w0-1", reason: str = "claim") -> Spec:
     kind = "run_started" if n == 1 else "run_resumed"
-    return (kind, None, None, {"worker_id": worker, "epoch": epoch, "reason": reason,
-                               "drive": n})
+    return (kind, None, None, {"worker_id": worker, "epoch": epoch, "reason": reason, "drive": n})
 
 
 def started(step: str, attempt: int = 1, resumed: bool = False, run: str = RUN) -> Spec:
@@ -86,10 +85,25 @@ def good_specs() -> list[Spec]:
     ]
 
 
-def arrival(k: str, n: int, applied: bool, epoch: int = 1, step: str = "2:send",
-            t: float = 1005.5, run: str = RUN) -> dict[str, Any]:
-    return {"key": k, "run": run, "step": step, "epoch": epoch, "t": t, "arrival": n,
-            "applied": applied, "response": {"key": k, "applied_as": 1}}
+def arrival(
+    k: str,
+    n: int,
+    applied: bool,
+    epoch: int = 1,
+    step: str = "2:send",
+    t: float = 1005.5,
+    run: str = RUN,
+) -> dict[str, Any]:
+    return {
+        "key": k,
+        "run": run,
+        "step": step,
+        "epoch": epoch,
+        "t": t,
+        "arrival": n,
+        "applied": applied,
+        "response": {"key": k, "applied_as": 1},
+    }
 
 
 def good_evidence() -> Evidence:
@@ -100,8 +114,10 @@ def good_evidence() -> Evidence:
         events={RUN: events},
         receipts=[ReceiptRow(key("2:send"), RUN, "2:send", "settled", 2, ANSWER, "#1", 1)],
         locks={RUN: LockRow(RUN, None, 2, 0.0)},
-        arrivals=[arrival(key("2:send"), 1, True, epoch=1),
-                  arrival(key("2:send"), 2, False, epoch=2, t=1007.5)],
+        arrivals=[
+            arrival(key("2:send"), 1, True, epoch=1),
+            arrival(key("2:send"), 2, False, epoch=2, t=1007.5),
+        ],
         now=2000.0,
         max_attempts={"work": 1, "send": 4},
     )
@@ -131,7 +147,8 @@ def test_a_well_formed_campaign_with_a_redrive_passes_every_check() -> None:
 
 def test_retries_and_sleeps_and_signals_are_legitimate() -> None:
     specs = [
-        QUEUED, drive(1, 1),
+        QUEUED,
+        drive(1, 1),
         started("1:send"),
         ("step_retrying", "1:send", 1, {"attempt": 1, "of": 4, "error": "x", "delay_s": 0.2}),
         started("1:send", 2),
@@ -146,43 +163,51 @@ def test_retries_and_sleeps_and_signals_are_legitimate() -> None:
         ("run_succeeded", None, None, {"output": []}),
     ]
     k2 = key("1:send", 2)
-    ev = with_specs(specs,
-                    receipts=[ReceiptRow(k2, RUN, "1:send", "settled", 1,
-                                         {"key": k2, "applied_as": 1}, "#1", 2)],
-                    locks={RUN: LockRow(RUN, None, 3, 0.0)},
-                    arrivals=[arrival(k2, 1, True, step="1:send")])
+    ev = with_specs(
+        specs,
+        receipts=[
+            ReceiptRow(k2, RUN, "1:send", "settled", 1, {"key": k2, "applied_as": 1}, "#1", 2)
+        ],
+        locks={RUN: LockRow(RUN, None, 3, 0.0)},
+        arrivals=[arrival(k2, 1, True, step="1:send")],
+    )
     assert check_all(ev).violations == []
 
 
 # -- 1. lost runs, and unexpected failures ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("row", "pending"), [
-    pytest.param(None, {}, id="missing"),
-    pytest.param(RunRow(RUN, "running"), {}, id="stuck-running"),
-    pytest.param(RunRow(RUN, "queued"), {}, id="stuck-queued"),
-    pytest.param(RunRow(RUN, "waiting", None), {}, id="waiting-on-nothing"),
-    pytest.param(RunRow(RUN, "waiting", "signal:go"), {RUN: {"go"}}, id="lost-wakeup"),
-    pytest.param(RunRow(RUN, "waiting", "sleep:2:sleep", 100.0), {}, id="timer-missed"),
-])
+@pytest.mark.parametrize(
+    ("row", "pending"),
+    [
+        pytest.param(None, {}, id="missing"),
+        pytest.param(RunRow(RUN, "running"), {}, id="stuck-running"),
+        pytest.param(RunRow(RUN, "queued"), {}, id="stuck-queued"),
+        pytest.param(RunRow(RUN, "waiting", None), {}, id="waiting-on-nothing"),
+        pytest.param(RunRow(RUN, "waiting", "signal:go"), {RUN: {"go"}}, id="lost-wakeup"),
+        pytest.param(RunRow(RUN, "waiting", "sleep:2:sleep", 100.0), {}, id="timer-missed"),
+    ],
+)
 def test_lost_runs_are_violations(row: RunRow | None, pending: dict[str, set[str]]) -> None:
-    ev = dataclasses.replace(good_evidence(), runs={RUN: row} if row else {},
-                             pending_signals=pending)
+    ev = dataclasses.replace(
+        good_evidence(), runs={RUN: row} if row else {}, pending_signals=pending
+    )
     figures, violations = check_lost(ev)
     assert [v.check for v in violations] == ["lost"]
     assert figures["lost"] == 1
 
 
 def test_visibly_waiting_runs_are_not_lost() -> None:
-    ev = dataclasses.replace(good_evidence(), runs={
-        RUN: RunRow(RUN, "waiting", "signal:go")})
+    ev = dataclasses.replace(good_evidence(), runs={RUN: RunRow(RUN, "waiting", "signal:go")})
     figures, violations = check_lost(ev)
     assert violations == [] and figures["waiting_visibly"] == 1
 
 
 def test_an_unexpected_failure_is_a_violation_an_expected_one_is_not() -> None:
-    ev = dataclasses.replace(good_evidence(), runs={
-        RUN: RunRow(RUN, "failed", error="step 2:send failed: StorageError: boom")})
+    ev = dataclasses.replace(
+        good_evidence(),
+        runs={RUN: RunRow(RUN, "failed", error="step 2:send failed: StorageError: boom")},
+    )
     assert [v.check for v in check_lost(ev)[1]] == ["failure"]
     ev.expected_failures = ("StorageError",)
     assert check_lost(ev)[1] == []
@@ -205,8 +230,9 @@ def test_a_broken_chain_is_a_violation() -> None:
 
 def test_a_tampered_event_is_a_violation() -> None:
     events = chain(good_specs())
-    events[3] = dataclasses.replace(events[3], payload={"output": "forged"},
-                                    payload_json='{"output":"forged"}')
+    events[3] = dataclasses.replace(
+        events[3], payload={"output": "forged"}, payload_json='{"output":"forged"}'
+    )
     assert any("hash" in v.detail for v in check_journal(RUN, events, RunRow(RUN, "succeeded")))
 
 
@@ -246,10 +272,15 @@ def test_starting_a_completed_step_again_is_a_violation() -> None:
 # -- 5. fencing ------------------------------------------------------------------------------
 
 
-def fencing(specs: list[Spec], receipts: list[ReceiptRow] | None = None,
-            lock: LockRow | None = None) -> list[str]:
-    return [v.detail for v in check_fencing(
-        RUN, chain(specs), receipts or [], lock or LockRow(RUN, None, 9, 0.0))]
+def fencing(
+    specs: list[Spec], receipts: list[ReceiptRow] | None = None, lock: LockRow | None = None
+) -> list[str]:
+    return [
+        v.detail
+        for v in check_fencing(
+            RUN, chain(specs), receipts or [], lock or LockRow(RUN, None, 9, 0.0)
+        )
+    ]
 
 
 def test_legitimate_redrives_pass_fencing() -> None:
@@ -265,9 +296,13 @@ def test_a_zombie_completion_inside_a_later_drive_is_a_violation() -> None:
 
 
 def test_a_zombie_retry_inside_a_later_drive_is_a_violation() -> None:
-    specs = [*good_specs()[:6],
-             ("step_retrying", "2:send", 1, {"attempt": 1, "of": 4, "error": "x"}),
-             started("2:send", 2), completed("2:send", ANSWER, 2), SUCCEEDED]
+    specs = [
+        *good_specs()[:6],
+        ("step_retrying", "2:send", 1, {"attempt": 1, "of": 4, "error": "x"}),
+        started("2:send", 2),
+        completed("2:send", ANSWER, 2),
+        SUCCEEDED,
+    ]
     assert fencing(specs)
 
 
@@ -308,8 +343,7 @@ def test_a_lease_row_behind_the_journal_is_a_violation() -> None:
 
 
 def keys(specs: list[Spec], receipts: list[ReceiptRow] | None = None) -> list[str]:
-    return [v.detail for v in check_keys(RUN, chain(specs), receipts or [],
-                                         {"work": 1, "send": 2})]
+    return [v.detail for v in check_keys(RUN, chain(specs), receipts or [], {"work": 1, "send": 2})]
 
 
 def test_legitimate_keys_pass() -> None:
@@ -344,8 +378,10 @@ def test_a_new_attempt_without_a_journaled_failure_is_a_violation() -> None:
 def test_attempts_over_budget_are_a_violation() -> None:
     specs = [QUEUED, drive(1, 1)]
     for attempt in (1, 2, 3):
-        specs += [started("1:send", attempt),
-                  ("step_retrying", "1:send", attempt, {"attempt": attempt})]
+        specs += [
+            started("1:send", attempt),
+            ("step_retrying", "1:send", attempt, {"attempt": attempt}),
+        ]
     assert any("over its budget" in d for d in keys(specs))
 
 
@@ -363,7 +399,8 @@ def retried_send(receipts: list[ReceiptRow]) -> Evidence:
     stored answers back without dispatching."""
     answer = {"key": key("1:send"), "applied_as": 1}
     specs = [
-        QUEUED, drive(1, 1),
+        QUEUED,
+        drive(1, 1),
         started("1:send"),
         ("step_retrying", "1:send", 1, {"attempt": 1, "of": 4, "error": "x", "delay_s": 0.2}),
         started("1:send", 2),
@@ -373,18 +410,25 @@ def retried_send(receipts: list[ReceiptRow]) -> Evidence:
     arrivals = [arrival(r.key, n, True, step="1:send") for n, r in enumerate(receipts, 1)]
     for a, r in zip(arrivals, receipts, strict=True):
         a["response"] = r.response
-    return with_specs(specs, receipts=receipts, arrivals=arrivals,
-                      locks={RUN: LockRow(RUN, None, 1, 0.0)})
+    return with_specs(
+        specs, receipts=receipts, arrivals=arrivals, locks={RUN: LockRow(RUN, None, 1, 0.0)}
+    )
 
 
 def sent(k: str, delivery: str = "#1", attempt: int = 1, n: int = 1) -> ReceiptRow:
-    return ReceiptRow(k, RUN, "1:send", "settled", 1, {"key": k, "applied_as": n}, delivery,
-                      attempt)
+    return ReceiptRow(
+        k, RUN, "1:send", "settled", 1, {"key": k, "applied_as": n}, delivery, attempt
+    )
 
 
 def test_deliveries_kept_across_a_retry_and_several_per_step_pass() -> None:
-    ev = retried_send([sent(key("1:send")), sent(derived("1:send", 1, "#2"), "#2", n=2),
-                       sent(derived("1:send", 1, "audit"), "audit", n=3)])
+    ev = retried_send(
+        [
+            sent(key("1:send")),
+            sent(derived("1:send", 1, "#2"), "#2", n=2),
+            sent(derived("1:send", 1, "audit"), "audit", n=3),
+        ]
+    )
     assert check_all(ev).violations == []
 
 
@@ -497,37 +541,65 @@ def rich_evidence() -> Evidence:
     step runs (the children ended first); a v2-only run driven by a v2 worker whose step
     delivers, fails, and gets the delivery back on its retry; a run started by three callers
     at once, each answered with its id, and refused for another input."""
-    k1, k2 = key("1:send2", run=PARENT), hashlib.sha256(
-        f"{key('1:send2', run=PARENT)}|copy".encode()).hexdigest()
-    parent = chain([
-        QUEUED, drive(1, 1),
-        started("1:send2", run=PARENT),
-        completed("1:send2", [answer(k1, 1), answer(k2, 2)]),
-        ("step_started", "2:child:leaf", 1, {"child_run_id": CHILD1}),
-        ("step_started", "3:child:leaf", 1, {"child_run_id": CHILD2}),
-        ("step_waiting", "2:child:leaf", None, {"reason": "child", "child_run_id": CHILD1}),
-        ("step_waiting", "3:child:leaf", None, {"reason": "child", "child_run_id": CHILD2}),
-        drive(2, 2),
-        completed("2:child:leaf", ["w0"], None),
-        completed("3:child:leaf", ["w1"], None),
-        started("4:tick", run=PARENT),
-        ("run_cancelled", None, None, {"error": "cancelled"}),
-    ], run=PARENT)
-    children = {c: chain([QUEUED, drive(1, 1, "w1-1"), started("1:work", run=c),
-                          completed("1:work", "w0"), ("run_succeeded", None, None,
-                                                      {"output": ["w0"]})], run=c, t0=1001.0)
-                for c in (CHILD1, CHILD2)}
+    k1, k2 = (
+        key("1:send2", run=PARENT),
+        hashlib.sha256(f"{key('1:send2', run=PARENT)}|copy".encode()).hexdigest(),
+    )
+    parent = chain(
+        [
+            QUEUED,
+            drive(1, 1),
+            started("1:send2", run=PARENT),
+            completed("1:send2", [answer(k1, 1), answer(k2, 2)]),
+            ("step_started", "2:child:leaf", 1, {"child_run_id": CHILD1}),
+            ("step_started", "3:child:leaf", 1, {"child_run_id": CHILD2}),
+            ("step_waiting", "2:child:leaf", None, {"reason": "child", "child_run_id": CHILD1}),
+            ("step_waiting", "3:child:leaf", None, {"reason": "child", "child_run_id": CHILD2}),
+            drive(2, 2),
+            completed("2:child:leaf", ["w0"], None),
+            completed("3:child:leaf", ["w1"], None),
+            started("4:tick", run=PARENT),
+            ("run_cancelled", None, None, {"error": "cancelled"}),
+        ],
+        run=PARENT,
+    )
+    children = {
+        c: chain(
+            [
+                QUEUED,
+                drive(1, 1, "w1-1"),
+                started("1:work", run=c),
+                completed("1:work", "w0"),
+                ("run_succeeded", None, None, {"output": ["w0"]}),
+            ],
+            run=c,
+            t0=1001.0,
+        )
+        for c in (CHILD1, CHILD2)
+    }
     k3 = key("1:flaky_send", run=AUDIT)
-    audit = chain([
-        QUEUED, drive(1, 1, "w2-1-v2"),
-        started("1:flaky_send", run=AUDIT),
-        ("step_retrying", "1:flaky_send", 1, {"attempt": 1, "of": 6, "error": "x"}),
-        started("1:flaky_send", 2, run=AUDIT),
-        completed("1:flaky_send", answer(k3, 3), 2),
-        ("run_succeeded", None, None, {"output": [answer(k3, 3)]}),
-    ], run=AUDIT)
-    dup = chain([QUEUED, drive(1, 1), started("1:work", run=DUP), completed("1:work", "w0"),
-                 ("run_succeeded", None, None, {"output": ["w0"]})], run=DUP)
+    audit = chain(
+        [
+            QUEUED,
+            drive(1, 1, "w2-1-v2"),
+            started("1:flaky_send", run=AUDIT),
+            ("step_retrying", "1:flaky_send", 1, {"attempt": 1, "of": 6, "error": "x"}),
+            started("1:flaky_send", 2, run=AUDIT),
+            completed("1:flaky_send", answer(k3, 3), 2),
+            ("run_succeeded", None, None, {"output": [answer(k3, 3)]}),
+        ],
+        run=AUDIT,
+    )
+    dup = chain(
+        [
+            QUEUED,
+            drive(1, 1),
+            started("1:work", run=DUP),
+            completed("1:work", "w0"),
+            ("run_succeeded", None, None, {"output": ["w0"]}),
+        ],
+        run=DUP,
+    )
 
     def arrive(k: str, run: str, step: str, delivery: str, n: int) -> dict[str, Any]:
         a = arrival(k, n, True, step=step, run=run)
@@ -536,20 +608,28 @@ def rich_evidence() -> Evidence:
 
     return Evidence(
         submitted=[PARENT, AUDIT, DUP],
-        runs={PARENT: RunRow(PARENT, "cancelled", workflow="flow"),
-              CHILD1: RunRow(CHILD1, "succeeded", workflow="leaf", parent_run_id=PARENT),
-              CHILD2: RunRow(CHILD2, "succeeded", workflow="leaf", parent_run_id=PARENT),
-              AUDIT: RunRow(AUDIT, "succeeded", workflow="audit"),
-              DUP: RunRow(DUP, "succeeded", workflow="flow")},
+        runs={
+            PARENT: RunRow(PARENT, "cancelled", workflow="flow"),
+            CHILD1: RunRow(CHILD1, "succeeded", workflow="leaf", parent_run_id=PARENT),
+            CHILD2: RunRow(CHILD2, "succeeded", workflow="leaf", parent_run_id=PARENT),
+            AUDIT: RunRow(AUDIT, "succeeded", workflow="audit"),
+            DUP: RunRow(DUP, "succeeded", workflow="flow"),
+        },
         events={PARENT: parent, **children, AUDIT: audit, DUP: dup},
-        receipts=[ReceiptRow(k1, PARENT, "1:send2", "settled", 1, answer(k1, 1), "#1", 1),
-                  ReceiptRow(k2, PARENT, "1:send2", "settled", 1, answer(k2, 2), "copy", 1),
-                  ReceiptRow(k3, AUDIT, "1:flaky_send", "settled", 1, answer(k3, 3), "#1", 1)],
-        locks={r: LockRow(r, None, 2 if r == PARENT else 1, 0.0)
-               for r in (PARENT, CHILD1, CHILD2, AUDIT, DUP)},
-        arrivals=[arrive(k1, PARENT, "1:send2", "#1", 1),
-                  arrive(k2, PARENT, "1:send2", "copy", 2),
-                  arrive(k3, AUDIT, "1:flaky_send", "#1", 3)],
+        receipts=[
+            ReceiptRow(k1, PARENT, "1:send2", "settled", 1, answer(k1, 1), "#1", 1),
+            ReceiptRow(k2, PARENT, "1:send2", "settled", 1, answer(k2, 2), "copy", 1),
+            ReceiptRow(k3, AUDIT, "1:flaky_send", "settled", 1, answer(k3, 3), "#1", 1),
+        ],
+        locks={
+            r: LockRow(r, None, 2 if r == PARENT else 1, 0.0)
+            for r in (PARENT, CHILD1, CHILD2, AUDIT, DUP)
+        },
+        arrivals=[
+            arrive(k1, PARENT, "1:send2", "#1", 1),
+            arrive(k2, PARENT, "1:send2", "copy", 2),
+            arrive(k3, AUDIT, "1:flaky_send", "#1", 3),
+        ],
         now=2000.0,
         max_attempts={"work": 1, "tick": 1, "send2": 4, "flaky_send": 6},
         deliveries_per_step={"send": 1, "send2": 2, "flaky_send": 1},
@@ -588,16 +668,24 @@ def test_a_child_left_running_is_lost_and_outlives_its_parent() -> None:
     ev = rich_evidence()
     ev.runs[CHILD1] = RunRow(CHILD1, "running", workflow="leaf", parent_run_id=PARENT)
     assert any("stuck running" in d for d in violations(ev, "lost"))
-    assert any("child run left running after its parent p-1 ended cancelled" in d
-               for d in violations(ev, "cancel"))
+    assert any(
+        "child run left running after its parent p-1 ended cancelled" in d
+        for d in violations(ev, "cancel")
+    )
 
 
 def test_a_cancel_nobody_asked_for_is_a_violation_one_asked_of_an_ancestor_is_not() -> None:
     ev = rich_evidence()
     ev.runs[CHILD1] = RunRow(CHILD1, "cancelled", workflow="leaf", parent_run_id=PARENT)
-    ev.events[CHILD1] = chain([QUEUED, drive(1, 1, "w1-1"), started("1:work", run=CHILD1),
-                               ("run_cancelled", None, None, {"error": "cancelled"})],
-                              run=CHILD1)
+    ev.events[CHILD1] = chain(
+        [
+            QUEUED,
+            drive(1, 1, "w1-1"),
+            started("1:work", run=CHILD1),
+            ("run_cancelled", None, None, {"error": "cancelled"}),
+        ],
+        run=CHILD1,
+    )
     assert violations(ev, "failure") == []
     ev.cancel_requested = {}
     # The parent's cancel is unexplained; its child's follows from the parent's end.
@@ -612,68 +700,94 @@ def child_crash_looped(child_error: str, child_specs: list[Spec]) -> Evidence:
     cancels the second child."""
     ev = rich_evidence()
     ev.cancel_requested = {}
-    ev.runs[PARENT] = RunRow(PARENT, "failed", workflow="flow",
-                             error=f"child run {CHILD1} failed: {child_error}")
-    ev.runs[CHILD1] = RunRow(CHILD1, "failed", workflow="leaf", parent_run_id=PARENT,
-                             error=child_error)
+    ev.runs[PARENT] = RunRow(
+        PARENT, "failed", workflow="flow", error=f"child run {CHILD1} failed: {child_error}"
+    )
+    ev.runs[CHILD1] = RunRow(
+        CHILD1, "failed", workflow="leaf", parent_run_id=PARENT, error=child_error
+    )
     ev.runs[CHILD2] = RunRow(CHILD2, "cancelled", workflow="leaf", parent_run_id=PARENT)
     ev.events[CHILD1] = chain(child_specs, run=CHILD1)
     return ev
 
 
-def test_a_parent_failed_by_a_child_s_crash_loop_and_its_cancelled_sibling_are_expected(
-        ) -> None:
+def test_a_parent_failed_by_a_child_s_crash_loop_and_its_cancelled_sibling_are_expected() -> None:
     ev = child_crash_looped("crash loop", crash_looped(5, step="1:work", run=CHILD1))
     assert violations(ev, "failure") == []
     assert check_lost(ev)[0]["crash_loops"] == 1
     # A child failing for no expected reason fails its parent for none either.
-    plain = [QUEUED, drive(1, 1, "w1-1"), started("1:work", run=CHILD1),
-             ("step_failed", "1:work", 1, {"error": "boom", "error_type": "RuntimeError"}),
-             ("run_failed", None, None, {"error": "boom"})]
+    plain = [
+        QUEUED,
+        drive(1, 1, "w1-1"),
+        started("1:work", run=CHILD1),
+        ("step_failed", "1:work", 1, {"error": "boom", "error_type": "RuntimeError"}),
+        ("run_failed", None, None, {"error": "boom"}),
+    ]
     ev = child_crash_looped("RuntimeError: boom", plain)
     assert sorted(v.run_id for v in check_all(ev).violations if v.check == "failure") == [
-        PARENT, CHILD1]
+        PARENT,
+        CHILD1,
+    ]
     ev.expected_failures = ("boom",)
     assert violations(ev, "failure") == []
 
 
 def test_a_run_waiting_on_several_branches_is_checked_for_each() -> None:
-    ev = dataclasses.replace(good_evidence(), runs={
-        RUN: RunRow(RUN, "waiting", 'any:["child:x/1","signal:go3"]')})
+    ev = dataclasses.replace(
+        good_evidence(), runs={RUN: RunRow(RUN, "waiting", 'any:["child:x/1","signal:go3"]')}
+    )
     assert check_lost(ev)[1] == []
     ev.pending_signals = {RUN: {"go3"}}
     assert [v.detail for v in check_lost(ev)[1]] == [
-        "waiting for signal 'go3' although it was sent (a lost wake-up)"]
+        "waiting for signal 'go3' although it was sent (a lost wake-up)"
+    ]
 
 
-def crash_looped(drives: int, reasons: str = "sweep", step: str = "1:send",
-                 run: str = RUN) -> list[Spec]:
+def crash_looped(
+    drives: int, reasons: str = "sweep", step: str = "1:send", run: str = RUN
+) -> list[Spec]:
     specs: list[Spec] = [QUEUED]
     for n in range(1, drives + 1):
-        specs += [drive(n, n, reason="claim" if n == 1 else reasons),
-                  started(step, resumed=n > 1, run=run)]
-    specs += [drive(drives + 1, drives + 1, reason=reasons),
-              ("step_failed", step, 1, {"error": "started 5 times",
-                                            "error_type": "StepCrashLoop"}),
-              ("run_failed", None, None, {"error": "crash loop", "reason": "crash_loop"})]
+        specs += [
+            drive(n, n, reason="claim" if n == 1 else reasons),
+            started(step, resumed=n > 1, run=run),
+        ]
+    specs += [
+        drive(drives + 1, drives + 1, reason=reasons),
+        ("step_failed", step, 1, {"error": "started 5 times", "error_type": "StepCrashLoop"}),
+        ("run_failed", None, None, {"error": "crash loop", "reason": "crash_loop"}),
+    ]
     return specs
 
 
 def test_a_crash_loop_the_journal_bears_out_is_expected() -> None:
-    ev = with_specs(crash_looped(5), runs={RUN: RunRow(RUN, "failed", error="crash loop")},
-                    receipts=[], arrivals=[], locks={RUN: LockRow(RUN, None, 6, 0.0)})
+    ev = with_specs(
+        crash_looped(5),
+        runs={RUN: RunRow(RUN, "failed", error="crash loop")},
+        receipts=[],
+        arrivals=[],
+        locks={RUN: LockRow(RUN, None, 6, 0.0)},
+    )
     findings = check_all(ev)
     assert findings.violations == []
     assert findings.figures["runs"]["crash_loops"] == 1
 
 
-@pytest.mark.parametrize("specs", [
-    pytest.param(crash_looped(4), id="too-few-starts"),
-    pytest.param(crash_looped(5, reasons="claim"), id="not-taken-over"),
-])
+@pytest.mark.parametrize(
+    "specs",
+    [
+        pytest.param(crash_looped(4), id="too-few-starts"),
+        pytest.param(crash_looped(5, reasons="claim"), id="not-taken-over"),
+    ],
+)
 def test_a_crash_loop_the_journal_does_not_bear_out_is_a_violation(specs: list[Spec]) -> None:
-    ev = with_specs(specs, runs={RUN: RunRow(RUN, "failed", error="crash loop")},
-                    receipts=[], arrivals=[], locks={RUN: LockRow(RUN, None, 9, 0.0)})
+    ev = with_specs(
+        specs,
+        runs={RUN: RunRow(RUN, "failed", error="crash loop")},
+        receipts=[],
+        arrivals=[],
+        locks={RUN: LockRow(RUN, None, 9, 0.0)},
+    )
     assert any("failed as a crash loop" in d for d in violations(ev, "failure"))
 
 
@@ -696,7 +810,8 @@ def parked_beside(in_flight: bool, reason: str = "claim", epoch: int = 2) -> lis
     """gather(work, wait_for_signal): the drive parks on the signal; the work step is
     journaled before the park, unless ``in_flight``."""
     specs: list[Spec] = [
-        QUEUED, drive(1, 1),
+        QUEUED,
+        drive(1, 1),
         started("1:work"),
         ("step_waiting", "2:signal:go1", None, {"reason": "signal", "name": "go1"}),
     ]
@@ -705,9 +820,11 @@ def parked_beside(in_flight: bool, reason: str = "claim", epoch: int = 2) -> lis
     specs.append(drive(2, epoch, "w1-1", reason))
     if in_flight:
         specs += [started("1:work", resumed=True), completed("1:work", "w0")]
-    specs += [("signal_received", "2:signal:go1", None, {"name": "go1", "signal_id": 1}),
-              completed("2:signal:go1", {"from": "campaign"}, None),
-              ("run_succeeded", None, None, {"output": []})]
+    specs += [
+        ("signal_received", "2:signal:go1", None, {"name": "go1", "signal_id": 1}),
+        completed("2:signal:go1", {"from": "campaign"}, None),
+        ("run_succeeded", None, None, {"output": []}),
+    ]
     return specs
 
 
@@ -719,8 +836,7 @@ def test_a_run_parked_with_a_branch_in_flight_is_a_violation() -> None:
 
 
 @pytest.mark.parametrize(("reason", "epoch"), [("sweep", 2), ("reclaim", 2), ("claim", 1)])
-def test_a_step_in_flight_when_a_drive_died_is_no_branch_violation(reason: str,
-                                                                   epoch: int) -> None:
+def test_a_step_in_flight_when_a_drive_died_is_no_branch_violation(reason: str, epoch: int) -> None:
     assert check_branches(RUN, chain(parked_beside(True, reason, epoch))) == []
 
 
@@ -729,8 +845,12 @@ def test_a_step_in_flight_when_a_drive_died_is_no_branch_violation(reason: str,
 
 def test_two_run_cancelled_events_are_a_violation() -> None:
     ev = rich_evidence()
-    specs = [QUEUED, drive(1, 1), ("run_cancelled", None, None, {"error": "cancelled"}),
-             ("run_cancelled", None, None, {"error": "cancelled"})]
+    specs = [
+        QUEUED,
+        drive(1, 1),
+        ("run_cancelled", None, None, {"error": "cancelled"}),
+        ("run_cancelled", None, None, {"error": "cancelled"}),
+    ]
     replace_events(ev, DUP, specs)
     ev.runs[DUP] = RunRow(DUP, "cancelled")
     ev.cancel_requested[DUP] = 1000.0
@@ -739,8 +859,12 @@ def test_two_run_cancelled_events_are_a_violation() -> None:
 
 def test_a_step_started_after_run_cancelled_is_a_violation() -> None:
     ev = rich_evidence()
-    specs = [QUEUED, drive(1, 1), ("run_cancelled", None, None, {"error": "cancelled"}),
-             started("1:work", run=DUP)]
+    specs = [
+        QUEUED,
+        drive(1, 1),
+        ("run_cancelled", None, None, {"error": "cancelled"}),
+        started("1:work", run=DUP),
+    ]
     replace_events(ev, DUP, specs)
     ev.runs[DUP] = RunRow(DUP, "cancelled")
     ev.cancel_requested[DUP] = 1000.0
@@ -758,27 +882,40 @@ def test_a_v2_only_run_driven_by_an_old_worker_is_a_violation() -> None:
 
 def test_a_run_failed_as_not_registered_is_a_violation() -> None:
     ev = rich_evidence()
-    ev.runs[DUP] = RunRow(DUP, "failed", error="RatchetError: workflow 'audit' is not "
-                          "registered with this worker")
-    ev.events[DUP] = chain([QUEUED, drive(1, 1), ("run_failed", None, None,
-                                                  {"error": "not registered"})], run=DUP)
+    ev.runs[DUP] = RunRow(
+        DUP, "failed", error="RatchetError: workflow 'audit' is not registered with this worker"
+    )
+    ev.events[DUP] = chain(
+        [QUEUED, drive(1, 1), ("run_failed", None, None, {"error": "not registered"})], run=DUP
+    )
     assert any("does not serve it" in d for d in violations(ev, "versions"))
 
 
 # duplicate starts
 
 
-@pytest.mark.parametrize(("dup", "specs", "found"), [
-    pytest.param(DupStart(DUP, [DUP, "ValueError: not enough values to unpack", DUP]), None,
-                 "caller 2 of 3 got", id="a-caller-failed"),
-    pytest.param(DupStart(DUP, [DUP, "d-2"]), None, "not the run id", id="another-id"),
-    pytest.param(DupStart(DUP, [DUP], conflict=DUP), None, "not RunIdConflict",
-                 id="differing-start-accepted"),
-    pytest.param(DupStart(DUP, [DUP]), [QUEUED, QUEUED], "2 creations",
-                 id="created-twice"),
-])
+@pytest.mark.parametrize(
+    ("dup", "specs", "found"),
+    [
+        pytest.param(
+            DupStart(DUP, [DUP, "ValueError: not enough values to unpack", DUP]),
+            None,
+            "caller 2 of 3 got",
+            id="a-caller-failed",
+        ),
+        pytest.param(DupStart(DUP, [DUP, "d-2"]), None, "not the run id", id="another-id"),
+        pytest.param(
+            DupStart(DUP, [DUP], conflict=DUP),
+            None,
+            "not RunIdConflict",
+            id="differing-start-accepted",
+        ),
+        pytest.param(DupStart(DUP, [DUP]), [QUEUED, QUEUED], "2 creations", id="created-twice"),
+    ],
+)
 def test_duplicate_starts_that_went_wrong_are_violations(
-        dup: DupStart, specs: list[Spec] | None, found: str) -> None:
+    dup: DupStart, specs: list[Spec] | None, found: str
+) -> None:
     ev = rich_evidence()
     ev.dup_starts = {DUP: dup}
     if specs is not None:
@@ -801,8 +938,9 @@ def test_a_delivery_sent_again_under_a_later_attempts_key_is_a_violation() -> No
     again = arrival(k, 4, True, step="1:flaky_send", run=AUDIT)
     again["delivery"] = "#1"
     ev.arrivals.append(again)
-    assert any("delivery #1 of 1:flaky_send arrived under 2 keys" in d
-               for d in violations(ev, "receiver"))
+    assert any(
+        "delivery #1 of 1:flaky_send arrived under 2 keys" in d for d in violations(ev, "receiver")
+    )
 
 
 def test_a_step_with_two_deliveries_must_answer_with_both() -> None:

@@ -27,7 +27,8 @@ def app(db_url: str) -> Iterator[ratchet.Ratchet]:
 
 
 def test_a_child_journaled_as_started_but_never_created_is_created_on_the_next_drive(
-        app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch) -> None:
+    app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     @app.workflow()
     async def leaf(i: int) -> int:
         return i * 10
@@ -44,8 +45,9 @@ def test_a_child_journaled_as_started_but_never_created_is_created_on_the_next_d
         # A creation whose step_started an earlier commit carried (the branches' events
         # share commits): fail it once, as a dropped connection would, so the drive ends
         # right there, with the child journaled as started and not created.
-        carried = any(e.kind == "step_started" and e.step_id == child.parent_step_id
-                      for e in events)
+        carried = any(
+            e.kind == "step_started" and e.step_id == child.parent_step_id for e in events
+        )
         if not carried and not injected:
             injected.append(child.run_id)
             raise ratchet.StorageError("connection lost (injected)")
@@ -62,19 +64,24 @@ def test_a_child_journaled_as_started_but_never_created_is_created_on_the_next_d
 
 
 def test_a_cancel_while_a_branch_creates_a_child_leaves_run_cancelled_last(
-        app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch) -> None:
+    app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Branch A waits for a signal; branch B has created its child and reads it; branch C
     is creating its child (holding the drive's writes). A cancel stops A, the drive decides
     to end and emits run_cancelled, which waits for C's write; B then goes on. Nothing B
     does may land after run_cancelled."""
+
     @app.workflow()
     async def leaf(i: int) -> int:
         return i
 
     @app.workflow()
     async def fan_out() -> list[Any]:
-        return list(await asyncio.gather(ratchet.wait_for_signal("never"),
-                                         ratchet.child(leaf, 1), ratchet.child(leaf, 2)))
+        return list(
+            await asyncio.gather(
+                ratchet.wait_for_signal("never"), ratchet.child(leaf, 1), ratchet.child(leaf, 2)
+            )
+        )
 
     store = app.store
     real_get, real_start = store.get_run, store.start_child

@@ -43,14 +43,23 @@ def test_postgres_claim_reads_a_bounded_number_of_rows(pg_url: str) -> None:
             "SELECT 'r' || i, 'wf', '1', '{}', CASE WHEN i %% 2 = 0 THEN 'queued' ELSE "
             "'waiting' END, 'default', 0, CASE WHEN i %% 2 = 0 THEN NULL ELSE "
             "to_timestamp(1e10) END, to_timestamp(i), to_timestamp(i) "
-            "FROM generate_series(1, %s) i", (BACKLOG,))
+            "FROM generate_series(1, %s) i",
+            (BACKLOG,),
+        )
         conn.execute("ANALYZE runs")
-        claim = {"queues": ["default"], "limit": LIMIT, "worker_id": "w", "ttl": 10.0,
-                 "served_workflows": ["wf"], "served_versions": ["1"]}
+        claim = {
+            "queues": ["default"],
+            "limit": LIMIT,
+            "worker_id": "w",
+            "ttl": 10.0,
+            "served_workflows": ["wf"],
+            "served_versions": ["1"],
+        }
         for name, params in (("timers_due", {"limit": 100}), ("claim_ready", claim)):
             with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE runs the claim
-                [plan] = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q[name],
-                                      params).fetchone()
+                [plan] = conn.execute(
+                    "EXPLAIN (ANALYZE, FORMAT JSON) " + q[name], params
+                ).fetchone()
                 read = _rows_read(plan[0]["Plan"])
                 assert read <= 4 * LIMIT, f"{name} read {read} rows: {json.dumps(plan)}"
 
@@ -62,7 +71,7 @@ def test_sqlite_claim_reads_indexes_in_order(sqlite_url: str) -> None:
         await store.close()
 
     asyncio.run(migrate())
-    conn = sqlite3.connect(sqlite_url[len("sqlite:///"):])
+    conn = sqlite3.connect(sqlite_url[len("sqlite:///") :])
     conn.create_function("ratchet_now", 0, time.time)
     # No ANALYZE: a deployment rarely runs it, and the plan must hold without statistics.
     conn.execute(
@@ -70,15 +79,23 @@ def test_sqlite_claim_reads_indexes_in_order(sqlite_url: str) -> None:
         "INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, priority, "
         "not_before, created_at, updated_at) SELECT 'r' || i, 'wf', '1', '{}', CASE WHEN "
         "i % 2 = 0 THEN 'queued' ELSE 'waiting' END, 'default', 0, CASE WHEN i % 2 = 0 "
-        "THEN NULL ELSE 1e12 END, i, i FROM n", (BACKLOG,))
+        "THEN NULL ELSE 1e12 END, i, i FROM n",
+        (BACKLOG,),
+    )
     conn.commit()
     q = load_queries("sqlite")
     params = {"limit": LIMIT, "queue": "default", "served": '[["wf", "1"]]'}
     for name in ("timers_due", "claim_pick"):
         sql = q[name]
-        plan = [r[3] for r in conn.execute("EXPLAIN QUERY PLAN " + sql,
-                                           {k: v for k, v in params.items() if f":{k}" in sql})]
+        plan = [
+            r[3]
+            for r in conn.execute(
+                "EXPLAIN QUERY PLAN " + sql, {k: v for k, v in params.items() if f":{k}" in sql}
+            )
+        ]
         assert not any("TEMP B-TREE" in step or step.startswith("SCAN runs") for step in plan), (
-            name, plan)
+            name,
+            plan,
+        )
         assert any("runs_timers" in step or "runs_queued" in step for step in plan), (name, plan)
     conn.close()

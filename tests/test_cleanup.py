@@ -20,15 +20,21 @@ async def _count(store: Store, sql: str) -> int:
     return int(await store._read(lambda tx: tx._cur.execute(sql).fetchone()[0]))
 
 
-def _after(events: list[Event], kind: str, payload: dict[str, Any] | None = None,
-           step_id: str | None = None) -> Event:
+def _after(
+    events: list[Event],
+    kind: str,
+    payload: dict[str, Any] | None = None,
+    step_id: str | None = None,
+) -> Event:
     last = events[-1]
-    return Event.chain(last.run_id, last.seq + 1, kind, step_id, None, payload or {}, 0.0,
-                       last.hash)
+    return Event.chain(
+        last.run_id, last.seq + 1, kind, step_id, None, payload or {}, 0.0, last.hash
+    )
 
 
 async def test_a_finished_run_keeps_no_lease_row_or_consumed_signal_and_epochs_go_on(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     await store.create_run(NewRun("r1", "wf", "1", {"args": [], "kwargs": {}}))
     [first] = await store.claim("w1", TTL, 1, ["default"], SERVED)
     await store.send_signal("r1", "go", 1)
@@ -39,8 +45,9 @@ async def test_a_finished_run_keeps_no_lease_row_or_consumed_signal_and_epochs_g
     got = _after(events, EventKind.SIGNAL_RECEIVED, {"name": "go"}, "1:signal:go")
     await store.consume_signal(first.lease, [got], found[0])
     failed = _after([*events, got], EventKind.RUN_FAILED, {"error": "boom"})
-    await store.finish(first.lease, [failed], RunStatus.FAILED, error="boom",
-                       dead_letter="step_failed")
+    await store.finish(
+        first.lease, [failed], RunStatus.FAILED, error="boom", dead_letter="step_failed"
+    )
 
     assert await _count(store, "SELECT count(*) FROM run_locks") == 0
     # The consumed signal is in the journal; the one never consumed is its only record.
@@ -54,12 +61,14 @@ async def test_a_finished_run_keeps_no_lease_row_or_consumed_signal_and_epochs_g
     [second] = await store.claim("w1", TTL, 1, ["default"], SERVED)
     assert second.lease.epoch == first.lease.epoch + 1
     with pytest.raises(LeaseLost):
-        await store.append(first.lease, [_after(await store.load_events("r1"),
-                                                EventKind.RUN_RESUMED)])
+        await store.append(
+            first.lease, [_after(await store.load_events("r1"), EventKind.RUN_RESUMED)]
+        )
 
 
 async def test_cancelling_an_unowned_run_drops_its_lease_row_and_fences_the_old_holder(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     await store.create_run(NewRun("r1", "wf", "1", {"args": [], "kwargs": {}}))
     [claimed] = await store.claim("w1", TTL, 1, ["default"], SERVED)
     store.clock.advance(TTL + 1)
@@ -67,14 +76,16 @@ async def test_cancelling_an_unowned_run_drops_its_lease_row_and_fences_the_old_
     assert await _count(store, "SELECT count(*) FROM run_locks") == 0
     store.clock.advance(-(TTL + 1))
     with pytest.raises(LeaseLost):
-        await store.append(claimed.lease, [_after(await store.load_events("r1"),
-                                                  EventKind.RUN_STARTED)])
+        await store.append(
+            claimed.lease, [_after(await store.load_events("r1"), EventKind.RUN_STARTED)]
+        )
 
 
 async def test_worker_rows_go_on_clean_shutdown_and_when_long_unseen(store: Store) -> None:
     for worker_id in ("clean", "crashed", "alive"):
-        await store.register_worker(worker_id, "host", 1, serves=SERVED, queues=["default"],
-                                    lease_ttl=TTL)
+        await store.register_worker(
+            worker_id, "host", 1, serves=SERVED, queues=["default"], lease_ttl=TTL
+        )
     assert [w.worker_id for w in await store.live_workers()] == ["alive", "clean", "crashed"]
     [alive] = [w for w in await store.live_workers() if w.worker_id == "alive"]
     assert alive.serves == frozenset(SERVED) and alive.queues == ("default",)

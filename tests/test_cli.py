@@ -113,16 +113,17 @@ def json_lines(text: str) -> list[dict[str, Any]]:
 # -- reading ---------------------------------------------------------------------------
 
 
-def test_runs_show_and_events_describe_a_finished_run(app: ratchet.Ratchet, db_url: str
-                                                      ) -> None:
+def test_runs_show_and_events_describe_a_finished_run(app: ratchet.Ratchet, db_url: str) -> None:
     run_id = app.start("compute", 3, run_id="calc-1")
     assert app.result(run_id, timeout_s=30) == {"a": 6, "b": 7}
 
     listed = json.loads(ok("--db", db_url, "runs", "--json").stdout)
     [row] = [r for r in listed if r["run_id"] == run_id]
     assert row["workflow"] == "compute" and row["status"] == "succeeded"
-    assert [r["run_id"] for r in json.loads(
-        ok("--db", db_url, "runs", "--status", "succeeded", "--json").stdout)] == [run_id]
+    assert [
+        r["run_id"]
+        for r in json.loads(ok("--db", db_url, "runs", "--status", "succeeded", "--json").stdout)
+    ] == [run_id]
     assert json.loads(ok("--db", db_url, "runs", "--status", "queued", "--json").stdout) == []
     table = ok("--db", db_url, "runs").stdout
     assert run_id in table and "succeeded" in table and "compute v1" in table
@@ -131,7 +132,9 @@ def test_runs_show_and_events_describe_a_finished_run(app: ratchet.Ratchet, db_u
     assert shown["status"] == "succeeded" and shown["output"] == {"a": 6, "b": 7}
     assert shown["input"] == {"args": [3], "kwargs": {}}
     assert [(s["step_id"], s["status"], s["attempts"], s["output"]) for s in shown["steps"]] == [
-        ("1:double", "completed", 1, 6), ("2:flaky", "completed", 1, 7)]
+        ("1:double", "completed", 1, 6),
+        ("2:flaky", "completed", 1, 7),
+    ]
     assert all(s["duration_s"] is not None and s["duration_s"] >= 0 for s in shown["steps"])
     text = ok("--db", db_url, "show", run_id).stdout
     assert "1:double" in text and "2:flaky" in text and '{"a":6,"b":7}' in text
@@ -149,7 +152,8 @@ def test_runs_show_and_events_describe_a_finished_run(app: ratchet.Ratchet, db_u
 
 
 def test_the_database_comes_from_the_command_option_or_the_environment(
-        app: ratchet.Ratchet, db_url: str, tmp_path: Path) -> None:
+    app: ratchet.Ratchet, db_url: str, tmp_path: Path
+) -> None:
     run_id = app.start("compute", 1)
     app.result(run_id, timeout_s=30)
     by_option = json.loads(ok("runs", "--json", "--db", db_url).stdout)
@@ -162,13 +166,26 @@ def test_the_database_comes_from_the_command_option_or_the_environment(
     assert line.startswith(f"error: no Ratchet database at '{other}'")
 
 
-def test_events_follow_streams_until_the_run_finishes(app: ratchet.Ratchet, db_url: str
-                                                      ) -> None:
+def test_events_follow_streams_until_the_run_finishes(app: ratchet.Ratchet, db_url: str) -> None:
     run_id = waiting_run(app)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ratchet.cli", "--db", db_url, "events", run_id, "--follow",
-         "--json", "--interval", "0.05"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ratchet.cli",
+            "--db",
+            db_url,
+            "events",
+            run_id,
+            "--follow",
+            "--json",
+            "--interval",
+            "0.05",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         seen: list[dict[str, Any]] = []
@@ -192,7 +209,8 @@ def test_events_follow_streams_until_the_run_finishes(app: ratchet.Ratchet, db_u
 
 
 def test_a_signal_with_invalid_json_is_refused_and_nothing_is_sent(
-        app: ratchet.Ratchet, db_url: str) -> None:
+    app: ratchet.Ratchet, db_url: str
+) -> None:
     run_id = waiting_run(app)
     line = refused("--db", db_url, "signal", run_id, "approve", "--data", "{yes")
     assert "--data is not valid JSON" in line and "nothing was sent" in line
@@ -234,7 +252,8 @@ def test_a_dead_lettered_run_is_listed_and_retried(app: ratchet.Ratchet, db_url:
     assert run_id in table and "step_failed" in table
 
     assert ok("--db", db_url, "retry", run_id).stdout.strip() == (
-        f"run {run_id}: re-queued (status: queued)")
+        f"run {run_id}: re-queued (status: queued)"
+    )
     assert app.result(run_id, timeout_s=30) == {"a": 10, "b": 11}
     assert CALLS == {"double": 1, "flaky": 2}  # the completed step was not run again
     assert json.loads(ok("--db", db_url, "dlq", "--json").stdout) == []
@@ -244,10 +263,18 @@ def test_a_dead_lettered_run_is_listed_and_retried(app: ratchet.Ratchet, db_url:
 # -- errors ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", [
-    ["show", "nope"], ["show", "nope", "--json"], ["events", "nope"], ["events", "nope", "-f"],
-    ["signal", "nope", "go"], ["cancel", "nope"], ["retry", "nope"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["show", "nope"],
+        ["show", "nope", "--json"],
+        ["events", "nope"],
+        ["events", "nope", "-f"],
+        ["signal", "nope", "go"],
+        ["cancel", "nope"],
+        ["retry", "nope"],
+    ],
+)
 def test_an_unknown_run_id_is_a_clear_error(db_url: str, command: list[str]) -> None:
     create_database(db_url)
     assert refused("--db", db_url, *command) == "error: unknown run id 'nope'"
@@ -258,10 +285,12 @@ def test_an_unknown_status_is_refused(sqlite_url: str) -> None:
     assert line.startswith("error: unknown status 'done'") and "succeeded" in line
 
 
-@pytest.mark.parametrize("url", ["mysql://localhost/x", "sqlite://relative.db", "sqlite:///",
-                                 "postgresql://"])
-def test_a_malformed_database_url_is_a_clear_error(url: str, tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "url", ["mysql://localhost/x", "sqlite://relative.db", "sqlite:///", "postgresql://"]
+)
+def test_a_malformed_database_url_is_a_clear_error(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     line = refused("--db", url, "runs")
     assert line.startswith(f"error: malformed database URL {url!r}")
@@ -280,8 +309,9 @@ BAD_APPS = {
 
 
 @pytest.mark.parametrize("spec", list(BAD_APPS))
-def test_a_worker_with_a_bad_app_is_a_clear_error(spec: str, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_with_a_bad_app_is_a_clear_error(
+    spec: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "cli_plain.py").write_text("value = 3\n")
     (tmp_path / "cli_broken.py").write_text("app = 1 / 0\n")
     (tmp_path / "cli_needs_dep.py").write_text("import cli_not_installed_anywhere\n")
@@ -295,14 +325,16 @@ def test_a_worker_with_a_bad_app_is_a_clear_error(spec: str, tmp_path: Path,
 
 
 @pytest.mark.parametrize("grace", ["soon", "-1s", "0"])
-def test_a_bad_grace_period_is_a_clear_error(grace: str, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_grace_period_is_a_clear_error(
+    grace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "cli_grace.py").write_text("import ratchet\napp = ratchet.Ratchet()\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, "cli_grace", raising=False)
-    line = refused("worker", "cli_grace:app", "--grace", grace, "--db",
-                   f"sqlite:///{tmp_path}/w.db")
+    line = refused(
+        "worker", "cli_grace:app", "--grace", grace, "--db", f"sqlite:///{tmp_path}/w.db"
+    )
     assert "invalid --grace" in line and repr(grace) in line
     assert not (tmp_path / "w.db").exists()
 
@@ -324,8 +356,7 @@ SHOP = textwrap.dedent("""
 """)
 
 
-def test_a_worker_process_runs_the_app_and_stops_on_sigterm(db_url: str, tmp_path: Path
-                                                            ) -> None:
+def test_a_worker_process_runs_the_app_and_stops_on_sigterm(db_url: str, tmp_path: Path) -> None:
     (tmp_path / "shop.py").write_text(SHOP)
     client = ratchet.Ratchet(db_url)
 
@@ -335,9 +366,27 @@ def test_a_worker_process_runs_the_app_and_stops_on_sigterm(db_url: str, tmp_pat
 
     env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ratchet.cli", "worker", "shop:app", "--db", db_url,
-         "--worker-id", "shop-1", "--concurrency", "2", "--grace", "5s"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "ratchet.cli",
+            "worker",
+            "shop:app",
+            "--db",
+            db_url,
+            "--worker-id",
+            "shop-1",
+            "--concurrency",
+            "2",
+            "--grace",
+            "5s",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         run_id = client.start(checkout, "sku-42")
         assert client.result(run_id, timeout_s=60) == {"sku": "sku-42", "cents": 600}
@@ -360,8 +409,14 @@ def test_a_worker_process_runs_the_app_and_stops_on_sigterm(db_url: str, tmp_pat
 def test_the_demo_kills_a_worker_mid_step_and_the_run_resumes(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "ratchet.cli", "demo"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ratchet.cli", "demo"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
@@ -437,14 +492,23 @@ def test_user_strings_are_printed_as_typed_not_as_markup(db_url: str) -> None:
         assert_plain(ok("--db", db_url, "runs").stdout, "order:id:42", f"{WF_NAME} v1")
         assert_plain(ok("--db", db_url, "dlq").stdout, "order:id:42", WF_NAME, ERROR)
         shown = ok("--db", db_url, "show", run_id).stdout
-        assert_plain(shown, "order:id:42", WF_NAME, "[red]q:fire:", f"1:{STEP_NAME}",
-                     f"2:signal:{SIGNAL}", "3::child:summarize", ERROR, NOTE)
+        assert_plain(
+            shown,
+            "order:id:42",
+            WF_NAME,
+            "[red]q:fire:",
+            f"1:{STEP_NAME}",
+            f"2:signal:{SIGNAL}",
+            "3::child:summarize",
+            ERROR,
+            NOTE,
+        )
         events = ok("--db", db_url, "events", run_id).stdout
-        assert_plain(events, f"1:{STEP_NAME}", f"2:signal:{SIGNAL}", "3::child:summarize",
-                     ERROR, NOTE)
+        assert_plain(
+            events, f"1:{STEP_NAME}", f"2:signal:{SIGNAL}", "3::child:summarize", ERROR, NOTE
+        )
 
-        assert_plain(ok("--db", db_url, "retry", run_id).stdout,
-                     "run order:id:42: re-queued")
+        assert_plain(ok("--db", db_url, "retry", run_id).stdout, "run order:id:42: re-queued")
         assert app.result(run_id, timeout_s=30)["summary"] == NOTE
         assert_plain(ok("--db", db_url, "show", run_id, "--full").stdout, NOTE)
 
@@ -475,20 +539,25 @@ def test_listings_say_when_more_rows_exist_than_shown(db_url: str) -> None:
 
     table = ok("--db", db_url, "runs", "--limit", "2").stdout
     assert "showing 2 of 3 runs; --limit to see more" in table
-    assert "showing 2 of 3 runs with status failed" in ok(
-        "--db", db_url, "runs", "--limit", "2", "--status", "failed").stdout
+    assert (
+        "showing 2 of 3 runs with status failed"
+        in ok("--db", db_url, "runs", "--limit", "2", "--status", "failed").stdout
+    )
     assert "showing" not in ok("--db", db_url, "runs", "--limit", "3").stdout
     listed = invoke("--db", db_url, "runs", "--limit", "2", "--json")
     assert len(json.loads(listed.stdout)) == 2  # stdout stays pure JSON
     assert "showing 2 of 3 runs; --limit to see more" in listed.stderr
 
-    assert "showing 1 of 3 dead-lettered runs; --limit to see more" in ok(
-        "--db", db_url, "dlq", "--limit", "1").stdout
+    assert (
+        "showing 1 of 3 dead-lettered runs; --limit to see more"
+        in ok("--db", db_url, "dlq", "--limit", "1").stdout
+    )
     assert "showing" not in ok("--db", db_url, "dlq").stdout
 
 
-def test_show_shortens_long_values_and_full_prints_them_whole(app: ratchet.Ratchet,
-                                                              db_url: str) -> None:
+def test_show_shortens_long_values_and_full_prints_them_whole(
+    app: ratchet.Ratchet, db_url: str
+) -> None:
     long_ticket = "T-" + "x" * 3000
     run_id = waiting_run(app, long_ticket)
     app.signal(run_id, "approve", {"by": "y" * 500})
@@ -498,8 +567,7 @@ def test_show_shortens_long_values_and_full_prints_them_whole(app: ratchet.Ratch
     assert "--full prints them whole" in short
     full = ok("--db", db_url, "show", run_id, "--full").stdout.splitlines()
     assert f'input       {{"args":["{long_ticket}"],"kwargs":{{}}}}' in full
-    assert ('output      {"decision":{"by":"' + "y" * 500 + f'"}},"ticket":"{long_ticket}"}}'
-            in full)
+    assert 'output      {"decision":{"by":"' + "y" * 500 + f'"}},"ticket":"{long_ticket}"}}' in full
     assert '  output  {"by":"' + "y" * 500 + '"}' in full
 
 
@@ -516,8 +584,9 @@ def test_reading_commands_never_create_a_database(tmp_path: Path, command: list[
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_tilde_in_a_sqlite_url_means_the_home_folder(tmp_path: Path,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_tilde_in_a_sqlite_url_means_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home, cwd = tmp_path / "home", tmp_path / "cwd"
     home.mkdir()
     cwd.mkdir()
@@ -532,8 +601,7 @@ def test_a_tilde_in_a_sqlite_url_means_the_home_folder(tmp_path: Path,
 
 
 @pytest.mark.parametrize("command", [*READERS, ["cancel", "r1"]])
-def test_a_file_that_is_not_sqlite_is_one_clear_line(tmp_path: Path, command: list[str]
-                                                     ) -> None:
+def test_a_file_that_is_not_sqlite_is_one_clear_line(tmp_path: Path, command: list[str]) -> None:
     path = tmp_path / "notes.db"
     path.write_text("these are my notes, not a database\n" * 200)
     line = refused("--db", f"sqlite:///{path}", *command)
@@ -557,10 +625,10 @@ def write_protected(path: Path) -> Iterator[None]:
         path.chmod(mode)
 
 
-def test_a_read_only_database_file_is_read_and_writes_fail_in_one_line(tmp_path: Path
-                                                                       ) -> None:
+def test_a_read_only_database_file_is_read_and_writes_fail_in_one_line(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/r.db"
     with ratchet.Ratchet(url) as app:
+
         @app.workflow()
         async def idle() -> None: ...
 
@@ -593,15 +661,15 @@ def test_a_missing_postgresql_database_fails_fast_with_the_servers_words(pg_url:
 
 def test_reading_an_empty_postgresql_database_says_so(pg_url: str) -> None:
     line = refused("--db", pg_url, "runs")
-    assert line == ("error: no Ratchet tables in this PostgreSQL database "
-                    "(nothing has run against it yet?)")
+    assert line == (
+        "error: no Ratchet tables in this PostgreSQL database (nothing has run against it yet?)"
+    )
 
 
 # -- fault-injection settings ----------------------------------------------------------------
 
 
-def test_a_malformed_crash_point_is_one_line_and_client_commands_ignore_it(
-        tmp_path: Path) -> None:
+def test_a_malformed_crash_point_is_one_line_and_client_commands_ignore_it(tmp_path: Path) -> None:
     (tmp_path / "shop.py").write_text(SHOP)
     url = f"sqlite:///{tmp_path}/c.db"
     create_database(url)
@@ -609,8 +677,14 @@ def test_a_malformed_crash_point_is_one_line_and_client_commands_ignore_it(
     env.pop("RATCHET_DATABASE_URL", None)
 
     def cli_run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "ratchet.cli", *args], cwd=tmp_path,
-                              env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "ratchet.cli", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     listed = cli_run("--db", url, "runs")
     assert listed.returncode == 0 and listed.stdout.strip() == "no runs", listed.stderr
@@ -618,4 +692,5 @@ def test_a_malformed_crash_point_is_one_line_and_client_commands_ignore_it(
     assert worker.returncode == 2
     assert worker.stderr.strip().splitlines() == [
         "error: RATCHET_CRASH_AT='bogus': unknown crash point 'bogus'; expected point:nth "
-        "with point one of " + ", ".join(faults.POINTS)]
+        "with point one of " + ", ".join(faults.POINTS)
+    ]

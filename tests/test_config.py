@@ -17,23 +17,33 @@ from ratchet.config import (
 from ratchet.errors import ConfigError
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("1.5s", 1.5), ("7", 7.0),
-])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30s", 30.0),
+        ("500ms", 0.5),
+        ("2m", 120.0),
+        ("1h", 3600.0),
+        ("1.5s", 1.5),
+        ("7", 7.0),
+    ],
+)
 def test_durations_parse(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["30s", "500ms", "2m"])
 def test_recovery_interval_is_read_from_the_environment(
-        monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
     monkeypatch.setenv("RATCHET_RECOVERY_INTERVAL", text)
     assert recovery_interval_from_env() == parse_duration(text)
 
 
 @pytest.mark.parametrize("text", ["0", "-1s", "abc", "0ms", "1d", "s"])
 def test_invalid_recovery_interval_falls_back_to_30s_with_a_warning(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
     monkeypatch.setenv("RATCHET_RECOVERY_INTERVAL", text)
     with caplog.at_level(logging.WARNING, logger="ratchet.config"):
         assert recovery_interval_from_env() == DEFAULT_RECOVERY_INTERVAL == 30.0
@@ -68,7 +78,8 @@ def test_ratchet_refuses_a_malformed_url_before_opening_anything(tmp_path: objec
 
 @pytest.mark.parametrize("text", ["1ms", "999ms", "0.5s"])
 def test_a_lease_ttl_below_the_floor_is_raised_to_it_with_a_warning(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
     monkeypatch.setenv("RATCHET_LEASE_TTL", text)
     with caplog.at_level(logging.WARNING, logger="ratchet.config"):
         assert lease_ttl_from_env() == MIN_LEASE_TTL == 1.0
@@ -79,7 +90,8 @@ def test_a_lease_ttl_below_the_floor_is_raised_to_it_with_a_warning(
 
 @pytest.mark.parametrize("text", ["-5s", "-1", "-0.5m", "0s"])
 def test_a_negative_or_zero_duration_is_told_it_must_be_positive(
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, text: str
+) -> None:
     with pytest.raises(ConfigError, match=f"invalid duration {text!r}: must be positive"):
         parse_duration(text)
     monkeypatch.setenv("RATCHET_RECOVERY_INTERVAL", text)

@@ -63,8 +63,7 @@ def one(events: list[Event], kind: str, step_id: str | None = None) -> Event:
 # -- (a) SIGKILL while a step's code runs --------------------------------------------------
 
 
-def test_kill_mid_step_rerun_reuses_the_key_and_runs_every_other_step_once(h: Harness
-                                                                            ) -> None:
+def test_kill_mid_step_rerun_reuses_the_key_and_runs_every_other_step_once(h: Harness) -> None:
     run_id = h.app.start("chain", n=5, block_at=[3])
     a = h.spawn("a", worker_id="w-a")
     h.wait_invoked("3:work")  # step 3's code is running, blocked on its gate
@@ -80,12 +79,14 @@ def test_kill_mid_step_rerun_reuses_the_key_and_runs_every_other_step_once(h: Ha
     first, second = [r for r in h.invocations() if r["step_id"] == "3:work"]
     assert (first["pid"], second["pid"]) == (a.pid, b.pid)
     assert first["attempt"] == second["attempt"] == 1
-    assert first["idempotency_key"] == second["idempotency_key"] == idempotency_key(
-        run_id, "3:work", 1)
+    assert (
+        first["idempotency_key"]
+        == second["idempotency_key"]
+        == idempotency_key(run_id, "3:work", 1)
+    )
     # The re-run announced itself as the interrupted attempt, not a new one.
     starts = of_kind(events, EventKind.STEP_STARTED, "3:work")
-    assert [(e.attempt, e.payload.get("resumed", False)) for e in starts] == [(1, False),
-                                                                            (1, True)]
+    assert [(e.attempt, e.payload.get("resumed", False)) for e in starts] == [(1, False), (1, True)]
     for step in ("1:work", "2:work", "4:work", "5:work"):
         one(events, EventKind.STEP_STARTED, step)
         one(events, EventKind.STEP_COMPLETED, step)
@@ -95,18 +96,22 @@ def test_kill_mid_step_rerun_reuses_the_key_and_runs_every_other_step_once(h: Ha
 # -- (b) crash points between the journal's commits ----------------------------------------
 
 
-@pytest.mark.parametrize(("crash_at", "calls", "started_twice"), [
-    # step 2's step_completed is committed (with step 3's step_started): nothing before
-    # step 3 runs again, and step 3's code never ran before the crash.
-    pytest.param("after_step_completed:2", {}, "3:work", id="after_step_completed"),
-    # step 5 returned but its step_completed was still pending with run_succeeded: it
-    # was never durable, so step 5 runs again, under the same key.
-    pytest.param("before_terminal:1", {"5:work": 2}, "5:work", id="before_terminal"),
-    # the run finished: re-driving it is a no-op.
-    pytest.param("after_terminal:1", {}, None, id="after_terminal"),
-])
+@pytest.mark.parametrize(
+    ("crash_at", "calls", "started_twice"),
+    [
+        # step 2's step_completed is committed (with step 3's step_started): nothing before
+        # step 3 runs again, and step 3's code never ran before the crash.
+        pytest.param("after_step_completed:2", {}, "3:work", id="after_step_completed"),
+        # step 5 returned but its step_completed was still pending with run_succeeded: it
+        # was never durable, so step 5 runs again, under the same key.
+        pytest.param("before_terminal:1", {"5:work": 2}, "5:work", id="before_terminal"),
+        # the run finished: re-driving it is a no-op.
+        pytest.param("after_terminal:1", {}, None, id="after_terminal"),
+    ],
+)
 def test_crash_point_then_restart_never_reruns_a_completed_step(
-        h: Harness, crash_at: str, calls: dict[str, int], started_twice: str | None) -> None:
+    h: Harness, crash_at: str, calls: dict[str, int], started_twice: str | None
+) -> None:
     run_id = h.app.start("chain", n=5)
     a = h.spawn("a", worker_id="w-b", crash_at=crash_at)
     assert a.wait_exit() == KILLED
@@ -120,7 +125,7 @@ def test_crash_point_then_restart_never_reruns_a_completed_step(
     check_journal(events)
     expected = {f"{i}:work": 1 for i in range(1, 6)} | calls
     assert h.calls() == expected
-    assert events[:len(before)] == before  # the journal only grew
+    assert events[: len(before)] == before  # the journal only grew
     if started_twice is None:
         assert events == before
         assert of_kind(events, EventKind.RUN_RESUMED) == []
@@ -160,8 +165,7 @@ def test_kill_while_sleeping_then_a_new_worker_finishes_after_the_timer(h: Harne
     assert resumed.at >= until
 
 
-def test_kill_while_waiting_for_a_signal_then_signal_and_a_new_worker_finishes(
-        h: Harness) -> None:
+def test_kill_while_waiting_for_a_signal_then_signal_and_a_new_worker_finishes(h: Harness) -> None:
     run_id = h.app.start("listener")
     a = h.spawn("a")
     h.wait_parked(run_id, "signal:go")
@@ -211,8 +215,7 @@ def test_restarted_worker_reclaims_its_runs_before_the_lease_expires(h: Harness)
 # -- (e) another worker takes over once the lease expires ----------------------------------
 
 
-def test_other_worker_sweeps_up_a_dead_workers_run_after_its_lease_expires(h: Harness
-                                                                            ) -> None:
+def test_other_worker_sweeps_up_a_dead_workers_run_after_its_lease_expires(h: Harness) -> None:
     run_id = h.app.start("chain", n=5, block_at=[3])
     a = h.spawn("a", lease_ttl=2.0, recovery_interval=60.0)
     h.wait_invoked("3:work")
@@ -246,8 +249,7 @@ def test_frozen_worker_is_fenced_off_after_a_steal(h: Harness) -> None:
     # gate. Frozen there, it has no transaction open (its only other loop, the claim loop,
     # is idle at concurrency 1), and its next renewal is a full ttl/3 away once it thaws,
     # so the blocked step, not the renewal, is what a touches first.
-    a = h.spawn("a", lease_ttl=1.5, recovery_interval=60.0, concurrency=1,
-                pause_at="after_renew:2")
+    a = h.spawn("a", lease_ttl=1.5, recovery_interval=60.0, concurrency=1, pause_at="after_renew:2")
     a.wait_stopped()
     a_call = h.wait_invoked("3:work", timeout=1)
     assert a_call["pid"] == a.pid
@@ -274,24 +276,41 @@ def test_frozen_worker_is_fenced_off_after_a_steal(h: Harness) -> None:
     # drive, from its re-run of step 3 to the one terminal event, and nothing follows it.
     started, completed = EventKind.STEP_STARTED, EventKind.STEP_COMPLETED
     assert [(e.kind, e.step_id) for e in events] == [
-        (EventKind.RUN_QUEUED, None), (EventKind.RUN_STARTED, None),
-        (started, "1:work"), (completed, "1:work"), (started, "2:work"), (completed, "2:work"),
+        (EventKind.RUN_QUEUED, None),
+        (EventKind.RUN_STARTED, None),
+        (started, "1:work"),
+        (completed, "1:work"),
+        (started, "2:work"),
+        (completed, "2:work"),
         (started, "3:work"),
         (EventKind.RUN_RESUMED, None),
-        (started, "3:work"), (completed, "3:work"), (started, "4:work"), (completed, "4:work"),
-        (started, "5:work"), (completed, "5:work"), (EventKind.RUN_SUCCEEDED, None),
+        (started, "3:work"),
+        (completed, "3:work"),
+        (started, "4:work"),
+        (completed, "4:work"),
+        (started, "5:work"),
+        (completed, "5:work"),
+        (EventKind.RUN_SUCCEEDED, None),
     ]
     assert events[resumed.seq].payload.get("resumed") is True
 
     calls = h.invocations()
     assert Counter(r["step_id"] for r in calls) == {
-        "1:work": 1, "2:work": 1, "3:work": 2, "4:work": 1, "5:work": 1}
+        "1:work": 1,
+        "2:work": 1,
+        "3:work": 2,
+        "4:work": 1,
+        "5:work": 1,
+    }
     a_calls = [r for r in calls if r["pid"] == a.pid]
     b_calls = [r for r in calls if r["pid"] == b.pid]
     assert [r["step_id"] for r in a_calls] == ["1:work", "2:work", "3:work"]
     assert [r["step_id"] for r in b_calls] == ["3:work", "4:work", "5:work"]
-    assert b_calls[0]["idempotency_key"] == a_call["idempotency_key"] == idempotency_key(
-        run_id, "3:work", 1)
+    assert (
+        b_calls[0]["idempotency_key"]
+        == a_call["idempotency_key"]
+        == idempotency_key(run_id, "3:work", 1)
+    )
     assert b_calls[0]["attempt"] == a_call["attempt"] == 1
     assert {r["epoch"] for r in b_calls} == {a_call["epoch"] + 1}
     assert h.lease(run_id)[1] == a_call["epoch"] + 1
@@ -326,8 +345,7 @@ class Receiver:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,),
-                                       daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True)
         self.thread.start()
 
     @property
@@ -351,7 +369,8 @@ def receiver() -> Iterator[Receiver]:
 
 
 def test_crash_between_dispatch_and_settle_with_resend_sends_again_under_the_same_key(
-        h: Harness, receiver: Receiver) -> None:
+    h: Harness, receiver: Receiver
+) -> None:
     run_id = h.app.start("courier", url=receiver.url, policy="resend")
     key = idempotency_key(run_id, "1:send", 1)
     a = h.spawn("a", worker_id="w-g", crash_at="after_dispatch:1")
@@ -368,12 +387,12 @@ def test_crash_between_dispatch_and_settle_with_resend_sends_again_under_the_sam
     assert receipt.response == {"key": key, "arrival": 2}
     check_journal(h.app.events(run_id))
     assert h.calls() == {"1:send": 2, "2:work": 1}
-    assert {r["idempotency_key"] for r in h.invocations()
-            if r["step_id"] == "1:send"} == {key}
+    assert {r["idempotency_key"] for r in h.invocations() if r["step_id"] == "1:send"} == {key}
 
 
 def test_crash_between_dispatch_and_settle_at_most_once_stops_for_a_person(
-        h: Harness, receiver: Receiver) -> None:
+    h: Harness, receiver: Receiver
+) -> None:
     run_id = h.app.start("courier", url=receiver.url, policy="at_most_once")
     key = idempotency_key(run_id, "1:send", 1)
     a = h.spawn("a", worker_id="w-g", crash_at="after_dispatch:1")
@@ -398,7 +417,8 @@ def test_crash_between_dispatch_and_settle_at_most_once_stops_for_a_person(
 
 
 def test_at_most_once_after_a_crash_is_settled_by_hand_and_retried_without_a_resend(
-        h: Harness, receiver: Receiver) -> None:
+    h: Harness, receiver: Receiver
+) -> None:
     run_id = h.app.start("courier", url=receiver.url, policy="at_most_once")
     key = idempotency_key(run_id, "1:send", 1)
     a = h.spawn("a", worker_id="w-g", crash_at="after_dispatch:1")
@@ -415,8 +435,9 @@ def test_at_most_once_after_a_crash_is_settled_by_hand_and_retried_without_a_res
     [row] = json.loads(ratchet_cli("receipts", run_id, "--json"))
     assert (row["idempotency_key"], row["delivery"], row["status"]) == (key, "#1", "claimed")
     # The person asked the receiver what it answered, and records that.
-    out = ratchet_cli("receipts", "settle", key, "--response",
-                      json.dumps({"key": key, "arrival": 1}))
+    out = ratchet_cli(
+        "receipts", "settle", key, "--response", json.dumps({"key": key, "arrival": 1})
+    )
     assert f"ratchet retry {run_id}" in out
     ratchet_cli("retry", run_id)
 
@@ -431,13 +452,13 @@ def test_at_most_once_after_a_crash_is_settled_by_hand_and_retried_without_a_res
     assert [e.attempt for e in of_kind(events, EventKind.STEP_STARTED, "1:send")] == [1, 1, 2]
     assert h.calls() == {"1:send": 3, "2:work": 1}
     [receipt] = h.app.receipts(run_id)
-    assert (receipt.idempotency_key, receipt.status, receipt.settled_by) == (
-        key, "settled", "hand")
+    assert (receipt.idempotency_key, receipt.status, receipt.settled_by) == (key, "settled", "hand")
 
 
 @pytest.mark.parametrize("policy", ["resend", "at_most_once"])
-def test_kill_after_settle_never_dispatches_again(h: Harness, receiver: Receiver,
-                                                  policy: str) -> None:
+def test_kill_after_settle_never_dispatches_again(
+    h: Harness, receiver: Receiver, policy: str
+) -> None:
     run_id = h.app.start("courier", url=receiver.url, policy=policy, block_after=True)
     key = idempotency_key(run_id, "1:send", 1)
     a = h.spawn("a", worker_id="w-g")
@@ -460,14 +481,18 @@ def test_kill_after_settle_never_dispatches_again(h: Harness, receiver: Receiver
 # -- (h) retries across a crash ------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("succeed_on", "block_on", "status"), [
-    # killed during attempt 2 of 3; attempt 3 succeeds
-    pytest.param(3, 2, "succeeded", id="killed_in_attempt_2"),
-    # killed during the last attempt; its re-run exhausts the budget, no fourth try
-    pytest.param(99, 3, "failed", id="killed_in_last_attempt"),
-])
+@pytest.mark.parametrize(
+    ("succeed_on", "block_on", "status"),
+    [
+        # killed during attempt 2 of 3; attempt 3 succeeds
+        pytest.param(3, 2, "succeeded", id="killed_in_attempt_2"),
+        # killed during the last attempt; its re-run exhausts the budget, no fourth try
+        pytest.param(99, 3, "failed", id="killed_in_last_attempt"),
+    ],
+)
 def test_retry_attempts_continue_from_the_journal_across_a_crash(
-        h: Harness, succeed_on: int, block_on: int, status: str) -> None:
+    h: Harness, succeed_on: int, block_on: int, status: str
+) -> None:
     run_id = h.app.start("retrier", succeed_on=succeed_on, block_on=block_on)
     a = h.spawn("a", worker_id="w-h")
     h.wait_invoked("1:flaky", attempt=block_on)
@@ -497,15 +522,13 @@ def test_retry_attempts_continue_from_the_journal_across_a_crash(
         failed = one(events, EventKind.STEP_FAILED, "1:flaky")
         assert failed.attempt == 3
         assert rec.error is not None and "attempt 3 failed" in rec.error
-        assert [d.reason for d in h.app.dead_letters() if d.run_id == run_id] == [
-            "step_failed"]
+        assert [d.reason for d in h.app.dead_letters() if d.run_id == run_id] == ["step_failed"]
 
 
 # -- several workers on one database --------------------------------------------------------
 
 
-def test_several_worker_processes_share_runs_and_each_runs_once(h: Harness, db_url: str
-                                                                ) -> None:
+def test_several_worker_processes_share_runs_and_each_runs_once(h: Harness, db_url: str) -> None:
     workers = [h.spawn(f"w{i}", concurrency=4) for i in range(3)]
     for w in workers:
         w.wait_started()
@@ -525,8 +548,7 @@ def test_several_worker_processes_share_runs_and_each_runs_once(h: Harness, db_u
 # -- graceful shutdown (SIGTERM) -----------------------------------------------------------
 
 
-def test_sigterm_lets_a_running_def_step_finish_before_the_run_is_handed_back(h: Harness
-                                                                                ) -> None:
+def test_sigterm_lets_a_running_def_step_finish_before_the_run_is_handed_back(h: Harness) -> None:
     run_id = h.app.start("cruncher")
     a = h.spawn("a")
     h.wait_invoked("1:crunch")  # the def step runs on a's thread, blocked on its gate
@@ -554,8 +576,7 @@ def test_sigterm_lets_a_running_def_step_finish_before_the_run_is_handed_back(h:
     assert "action=shutdown_grace_over" not in a.log()
 
 
-def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Harness
-                                                                         ) -> None:
+def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Harness) -> None:
     run_id = h.app.start("chain", n=3, block_at=[2])
     a = h.spawn("a", grace=0.3)
     first = h.wait_invoked("2:work")  # blocked on its gate, longer than the grace
@@ -564,10 +585,13 @@ def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Ha
     a.terminate()
     a.wait_log(f"action=shutdown_grace_over worker_id={a.worker_id} interrupted=1")
     assert a.wait_exit() == 0
-    second = wait_for("step 2:work to run again",
-                      lambda: len(runs := [r for r in h.invocations()
-                                           if r["step_id"] == "2:work"]) == 2 and runs[1],
-                      detail=h.worker_logs)
+    second = wait_for(
+        "step 2:work to run again",
+        lambda: (
+            len(runs := [r for r in h.invocations() if r["step_id"] == "2:work"]) == 2 and runs[1]
+        ),
+        detail=h.worker_logs,
+    )
     h.open_gate("step-2")
 
     h.wait_status(run_id, "succeeded")
@@ -577,18 +601,19 @@ def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Ha
     assert h.calls() == {"1:work": 1, "2:work": 2, "3:work": 1}
     assert (first["pid"], second["pid"]) == (a.pid, b.pid)
     assert first["attempt"] == second["attempt"] == 1
-    assert first["idempotency_key"] == second["idempotency_key"] == idempotency_key(
-        run_id, "2:work", 1)
+    assert (
+        first["idempotency_key"]
+        == second["idempotency_key"]
+        == idempotency_key(run_id, "2:work", 1)
+    )
     starts = of_kind(events, EventKind.STEP_STARTED, "2:work")
-    assert [(e.attempt, e.payload.get("resumed", False)) for e in starts] == [(1, False),
-                                                                            (1, True)]
+    assert [(e.attempt, e.payload.get("resumed", False)) for e in starts] == [(1, False), (1, True)]
     assert of_kind(events, EventKind.STEP_FAILED) == []  # interrupted, not failed
     resumed = one(events, EventKind.RUN_RESUMED)
     assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "claim")
 
 
-def test_sigterm_past_the_grace_keeps_a_def_steps_run_until_its_lease_expires(h: Harness
-                                                                            ) -> None:
+def test_sigterm_past_the_grace_keeps_a_def_steps_run_until_its_lease_expires(h: Harness) -> None:
     # Python cannot stop the step's thread: handing the run back would let another worker
     # run the step beside it. The run stays leased to a until the lease runs out.
     run_id = h.app.start("cruncher")

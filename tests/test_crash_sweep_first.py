@@ -20,8 +20,9 @@ pytestmark = pytest.mark.crash
 
 
 def invoked(h: Harness, run_id: str, step_id: str) -> dict[str, Any] | None:
-    return next((r for r in h.invocations()
-                 if r["run_id"] == run_id and r["step_id"] == step_id), None)
+    return next(
+        (r for r in h.invocations() if r["run_id"] == run_id and r["step_id"] == step_id), None
+    )
 
 
 def first_drive_at(h: Harness, run_id: str, kind: str) -> float:
@@ -42,8 +43,11 @@ def test_a_full_worker_takes_a_dead_workers_run_before_queued_ones(h: Harness) -
     # b is full: its sweeps find no free slot, while the orphan's lease runs out.
     holder, _, expires_at = h.lease(orphan)
     assert holder == "a"
-    wait_for("the dead worker's lease to run out",
-             lambda: time.time() > expires_at + 0.5 or None, timeout=10)
+    wait_for(
+        "the dead worker's lease to run out",
+        lambda: time.time() > expires_at + 0.5 or None,
+        timeout=10,
+    )
     assert all(h.app.get(r).status == "queued" for r in queued)
 
     h.open_gate("step-1")  # the busy run finishes: b's slot is free

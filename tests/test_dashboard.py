@@ -57,8 +57,9 @@ class Dash:
     problems: list[str] = field(default_factory=list)
     contexts: list[Any] = field(default_factory=list)
 
-    def token(self, tenant: str = "acme", scopes: tuple[str, ...] = ALL,
-              name: str | None = "ana") -> str:
+    def token(
+        self, tenant: str = "acme", scopes: tuple[str, ...] = ALL, name: str | None = "ana"
+    ) -> str:
         app = self.h.app
         _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes, name))
         return secret
@@ -69,8 +70,12 @@ class Dash:
         self.contexts.append(context)
         page = context.new_page()
         page.set_default_timeout(15_000)
-        page.on("console", lambda m: m.type == "error" and self.problems.append(
-            f"{page.url}: console error: {m.text}"))
+        page.on(
+            "console",
+            lambda m: (
+                m.type == "error" and self.problems.append(f"{page.url}: console error: {m.text}")
+            ),
+        )
         page.on("pageerror", lambda e: self.problems.append(f"{page.url}: {e}"))
         return page
 
@@ -83,8 +88,11 @@ class Dash:
         return page
 
     def api(self, token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.base, timeout=30,
-                            headers={"Authorization": f"Bearer {token or self.token()}"})
+        return httpx.Client(
+            base_url=self.base,
+            timeout=30,
+            headers={"Authorization": f"Bearer {token or self.token()}"},
+        )
 
     def start(self, workflow: str, data: dict[str, Any]) -> str:
         with self.api() as client:
@@ -213,7 +221,8 @@ def test_the_list_shows_runs_and_follows_them_live(dash: Dash) -> None:
 
 
 def test_the_list_is_woken_by_starts_and_finishes_not_only_by_its_poll(
-        h: Harness, browser: Any) -> None:
+    h: Harness, browser: Any
+) -> None:
     # A one-minute poll: within the few seconds waited here, only a wake-up shows a change.
     with dashboard(h, browser, live_poll_s=60.0) as d:
         page = d.signed_in()
@@ -221,12 +230,12 @@ def test_the_list_is_woken_by_starts_and_finishes_not_only_by_its_poll(
         expect(page.locator("#live")).to_have_text("live")
         # Started through this server: announced in its process on both backends.
         here = d.start("chain", {"n": 1})
-        expect(listed.locator(f'tr[data-run-id="{here}"]').get_by_role("cell").nth(1)
-               ).to_have_text("queued", timeout=5_000)
+        expect(listed.locator(f'tr[data-run-id="{here}"]').get_by_role("cell").nth(1)).to_have_text(
+            "queued", timeout=5_000
+        )
         if h.db_url.startswith("postgresql"):
             # Started and finished by other processes: LISTEN/NOTIFY wakes the list.
-            rec, _ = h.app._portal.call(h.app.start_run_async(
-                "chain", [], {"n": 1}, tenant="acme"))
+            rec, _ = h.app._portal.call(h.app.start_run_async("chain", [], {"n": 1}, tenant="acme"))
             fresh = listed.locator(f'tr[data-run-id="{rec.run_id.removeprefix("acme~")}"]')
             expect(fresh).to_be_visible(timeout=5_000)
             h.spawn("w", lease_ttl=3.0)
@@ -297,9 +306,10 @@ def test_a_retried_step_shows_each_attempt(dash: Dash) -> None:
     expect(flaky).to_contain_text("3 attempts")
     attempts = flaky.get_by_role("img", name=re.compile(r"^attempt \d"))
     expect(attempts).to_have_count(3)
-    assert [a.split(",")[0] for a in attempts.evaluate_all(
-        "xs => xs.map(x => x.getAttribute('aria-label'))")] == [
-        "attempt 1 retrying", "attempt 2 retrying", "attempt 3 completed"]
+    assert [
+        a.split(",")[0]
+        for a in attempts.evaluate_all("xs => xs.map(x => x.getAttribute('aria-label'))")
+    ] == ["attempt 1 retrying", "attempt 2 retrying", "attempt 3 completed"]
     expect(flaky.get_by_role("img", name=re.compile(r"^backoff"))).to_have_count(2)
     expect(flaky.locator(".tick")).to_have_count(2)  # the step_retrying markers
 
@@ -309,8 +319,9 @@ def test_a_run_page_on_a_dark_phone_by_keyboard(dash: Dash) -> None:
     run_id = dash.start("chain", {"n": 2})
     h.spawn("w", lease_ttl=3.0)
     h.wait_status(eid(run_id), "succeeded")
-    phone = dash.signed_in(viewport={"width": 390, "height": 844}, color_scheme="dark",
-                           has_touch=True)
+    phone = dash.signed_in(
+        viewport={"width": 390, "height": 844}, color_scheme="dark", has_touch=True
+    )
     phone.goto(f"/runs/{run_id}")
     expect(rows(phone)).to_have_count(2)
     # Nothing wider than the screen; the system's dark scheme is followed.
@@ -375,16 +386,20 @@ def test_the_scrubber_shows_the_engines_fold_at_each_seq(dash: Dash) -> None:
             folded = fold(eid(run_id), journal[:k])
             assert (served["status"], served["last_seq"]) == (str(folded.status), k)
             assert [s["status"] for s in served["steps"]] == [
-                s.status for s in folded.steps.values()]
+                s.status for s in folded.steps.values()
+            ]
             steps_by_k = {e.step_id for e in journal[:k] if e.kind.startswith("step_")}
             expect(rows(page)).to_have_count(len(steps_by_k))
         # The step buttons move one event at a time.
         page.get_by_role("button", name="Previous event").click()
         expect(page.get_by_label("State at this seq")).to_have_attribute(
-            "data-seq", str(len(journal) - 1))
+            "data-seq", str(len(journal) - 1)
+        )
         state = json.loads(page.get_by_label("State at this seq").text_content() or "")
-        assert state == client.get(f"/v1/runs/{run_id}/state",
-                                   params={"at_seq": len(journal) - 1}).json()
+        assert (
+            state
+            == client.get(f"/v1/runs/{run_id}/state", params={"at_seq": len(journal) - 1}).json()
+        )
         assert state["status"] == "running"
 
 
@@ -401,7 +416,8 @@ def test_approving_from_the_page_resumes_the_parked_run(dash: Dash) -> None:
     expect(page.locator("#run-status")).to_have_text("waiting")
     expect(row(page, "2:approval:refund")).to_have_attribute("data-status", "waiting")
     parked = row(page, "2:approval:refund").get_by_role(
-        "img", name=re.compile(r"^parked \(approval\)"))
+        "img", name=re.compile(r"^parked \(approval\)")
+    )
     expect(parked).to_have_count(1)
     # Parked time is drawn compressed (at most 8% of the working time), and in full on demand.
     width = "e => parseFloat(e.style.width)"
@@ -419,7 +435,8 @@ def test_approving_from_the_page_resumes_the_parked_run(dash: Dash) -> None:
 
 
 def test_a_child_run_is_a_linked_row_and_its_approval_is_decided_from_the_parent(
-        dash: Dash) -> None:
+    dash: Dash,
+) -> None:
     h = dash.h
     parent = dash.start("payout_parent", {"amount": 5})
     h.spawn("w", lease_ttl=3.0)
@@ -429,10 +446,14 @@ def test_a_child_run_is_a_linked_row_and_its_approval_is_decided_from_the_parent
     child_id = child.run_id.removeprefix("acme~")  # as the tenant's pages show it
     page = dash.signed_in()
     page.goto(f"/runs/{parent}")
-    step_id = next(str(e.step_id) for e in h.app.events(eid(parent))
-                   if e.kind == "step_started" and e.payload.get("child_run_id"))
+    step_id = next(
+        str(e.step_id)
+        for e in h.app.events(eid(parent))
+        if e.kind == "step_started" and e.payload.get("child_run_id")
+    )
     expect(row(page, step_id).get_by_role("link", name="child run")).to_have_attribute(
-        "href", f"/runs/{child_id}")
+        "href", f"/runs/{child_id}"
+    )
     form = page.get_by_role("form", name="Approval payout")
     expect(form.get_by_role("link", name=child_id)).to_be_visible()
     form.get_by_role("button", name="Reject").click()
@@ -470,13 +491,18 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     letters = page.get_by_role("region", name="Dead letters")
     letters.get_by_role("button", name=f"Retry {doomed}").click()
     expect(page.locator("#live")).to_contain_text(f"{doomed} re-queued: queued")
-    wait_for("the retried run to be queued again", lambda: any(
-        e.kind == "run_queued" and e.payload.get("reason") == "retry"
-        for e in h.app.events(eid(doomed))))
+    wait_for(
+        "the retried run to be queued again",
+        lambda: any(
+            e.kind == "run_queued" and e.payload.get("reason") == "retry"
+            for e in h.app.events(eid(doomed))
+        ),
+    )
 
 
 def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry(
-        dash: Dash) -> None:
+    dash: Dash,
+) -> None:
     h = dash.h
     doomed = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
     lost = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
@@ -486,8 +512,12 @@ def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry
     # A failed run whose dead letter is gone (retried elsewhere, cleared by hand) cannot be
     # retried: the page must not offer it.
     store = h.app.store
-    assert h.app._portal.call(store._run(
-        lambda tx: tx.run("dead_letter_delete", {"run_id": eid(lost)}))) == 1
+    assert (
+        h.app._portal.call(
+            store._run(lambda tx: tx.run("dead_letter_delete", {"run_id": eid(lost)}))
+        )
+        == 1
+    )
     retry = "Retry from dead letters"
 
     reader = dash.signed_in(dash.token(scopes=("runs:read", "runs:write")))
@@ -504,9 +534,13 @@ def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry
     page.goto(f"/runs/{doomed}")
     page.get_by_role("button", name=retry).click()
     expect(page.locator("#action-result")).to_contain_text(f"{doomed} re-queued")
-    wait_for("the retried run to be queued again", lambda: any(
-        e.kind == "run_queued" and e.payload.get("reason") == "retry"
-        for e in h.app.events(eid(doomed))))
+    wait_for(
+        "the retried run to be queued again",
+        lambda: any(
+            e.kind == "run_queued" and e.payload.get("reason") == "retry"
+            for e in h.app.events(eid(doomed))
+        ),
+    )
 
 
 # -- isolation and CSRF ----------------------------------------------------------------------
@@ -529,8 +563,12 @@ def test_another_tenants_run_page_is_404_and_a_csrf_less_post_is_refused(dash: D
     assert (theirs.status, missing.status) == (404, 404)
     assert theirs.text().replace(run_id, "X") == missing.text().replace("no-such-run", "X")
     assert other.request.get(f"/v1/runs/{run_id}").status == 404
-    assert other.request.get(f"/v1/runs/{run_id}/events",
-                             headers={"Accept": "text/event-stream"}).status == 404
+    assert (
+        other.request.get(
+            f"/v1/runs/{run_id}/events", headers={"Accept": "text/event-stream"}
+        ).status
+        == 404
+    )
 
     # acme's session: a POST on its cookie without the page's CSRF token changes nothing.
     page = dash.signed_in()
@@ -551,7 +589,8 @@ def test_another_tenants_run_page_is_404_and_a_csrf_less_post_is_refused(dash: D
 
 
 def test_an_isolated_runs_page_shows_each_sandbox_and_how_it_ended(
-        dash: Dash, make_app: Any) -> None:
+    dash: Dash, make_app: Any
+) -> None:
     import shutil
 
     import isolated_app as iso
@@ -562,8 +601,11 @@ def test_an_isolated_runs_page_shows_each_sandbox_and_how_it_ended(
     app.workflows.update(iso.app.workflows)
     app.launch()
     run_id = app.start(iso.always_crashes)
-    wait_for("three sandboxes ended", lambda: len(
-        [r for r in app.sandboxes(run_id) if r.status == "terminated"]) == 3, timeout=90)
+    wait_for(
+        "three sandboxes ended",
+        lambda: len([r for r in app.sandboxes(run_id) if r.status == "terminated"]) == 3,
+        timeout=90,
+    )
     page = dash.signed_in(dash.token(tenant="default"))
     page.goto(f"/runs/{run_id}")
     boxes = page.locator("li.wf-sandbox")
@@ -573,5 +615,6 @@ def test_an_isolated_runs_page_shows_each_sandbox_and_how_it_ended(
         expect(box.locator(".wf-label")).to_contain_text(f"sandbox {n}")
         expect(box.locator(".wf-label")).to_contain_text("crashed, signal 9")
         expect(box.get_by_role("img")).to_have_attribute(
-            "aria-label", re.compile(rf"^sandbox {n} \(sbx-[0-9a-f]+\): crashed, signal 9, "))
+            "aria-label", re.compile(rf"^sandbox {n} \(sbx-[0-9a-f]+\): crashed, signal 9, ")
+        )
     expect(row(page, "1:crash")).to_be_visible()  # the steps follow

@@ -21,18 +21,21 @@ def client(h: Harness) -> Iterator[httpx.Client]:
     app = crash_app.build(h.db_url)
     try:
         with serving(app, workers=0) as base:
-            _, secret = h.app._portal.call(tokens.create_token(
-                h.app.store, "acme", ("runs:read", "runs:write")))
-            with httpx.Client(base_url=base, timeout=30,
-                              headers={"Authorization": f"Bearer {secret}"}) as c:
+            _, secret = h.app._portal.call(
+                tokens.create_token(h.app.store, "acme", ("runs:read", "runs:write"))
+            )
+            with httpx.Client(
+                base_url=base, timeout=30, headers={"Authorization": f"Bearer {secret}"}
+            ) as c:
                 yield c
     finally:
         app.shutdown()
 
 
 def test_state_at_each_seq_is_the_engines_fold(h: Harness, client: httpx.Client) -> None:
-    r = client.post("/v1/runs", json={"workflow": "retrier",
-                                      "input": {"succeed_on": 2, "block_on": 0}})
+    r = client.post(
+        "/v1/runs", json={"workflow": "retrier", "input": {"succeed_on": 2, "block_on": 0}}
+    )
     run_id = r.json()["run_id"]
     engine_id = f"acme~{run_id}"  # the API speaks the tenant's ids, the engine its own
     h.spawn("w", lease_ttl=3.0)
@@ -43,8 +46,9 @@ def test_state_at_each_seq_is_the_engines_fold(h: Harness, client: httpx.Client)
         folded = fold(engine_id, journal[:k])
         assert state["last_seq"] == folded.last_seq == k
         assert state["status"] == str(folded.status) and state["drives"] == folded.drives
-        assert [(s["step_id"], s["status"], s["attempt"], s["output"]) for s in state["steps"]] \
-            == [(s.step_id, s.status, s.attempt, s.output) for s in folded.steps.values()]
+        assert [(s["step_id"], s["status"], s["attempt"], s["output"]) for s in state["steps"]] == [
+            (s.step_id, s.status, s.attempt, s.output) for s in folded.steps.values()
+        ]
         wf = client.get(f"/v1/runs/{run_id}/waterfall", params={"at_seq": k}).json()
         assert wf["last_seq"] == k
         assert [row["step_id"] for row in wf["rows"]] == list(folded.steps)
@@ -60,21 +64,28 @@ def test_state_at_each_seq_is_the_engines_fold(h: Harness, client: httpx.Client)
     assert detail["lease_epoch"] == h.lease(engine_id)[1]
     assert detail["state"]["attempts_used"] == 2
     assert [e["kind"] for e in detail["events"]] == [
-        "step_started", "step_retrying", "step_started", "step_completed"]
+        "step_started",
+        "step_retrying",
+        "step_started",
+        "step_completed",
+    ]
     missing = client.get(f"/v1/runs/{run_id}/step", params={"step_id": "9:nope"})
     assert missing.status_code == 404 and "9:nope" in missing.json()["message"]
 
     spec = client.get("/openapi.json").json()
-    assert {"/v1/runs/{run_id}/state", "/v1/runs/{run_id}/waterfall",
-            "/v1/runs/{run_id}/step"} <= set(spec["paths"])
+    assert {
+        "/v1/runs/{run_id}/state",
+        "/v1/runs/{run_id}/waterfall",
+        "/v1/runs/{run_id}/step",
+    } <= set(spec["paths"])
     assert {"RunStateOut", "WaterfallOut", "StepDetail"} <= set(spec["components"]["schemas"])
     assert not any(p.startswith(("/runs", "/signin", "/ui")) for p in spec["paths"])
 
 
-def test_another_tenant_gets_404_from_every_dashboard_route(h: Harness,
-                                                            client: httpx.Client) -> None:
-    run_id = client.post("/v1/runs", json={"workflow": "chain", "input": {"n": 1}}).json()[
-        "run_id"]
+def test_another_tenant_gets_404_from_every_dashboard_route(
+    h: Harness, client: httpx.Client
+) -> None:
+    run_id = client.post("/v1/runs", json={"workflow": "chain", "input": {"n": 1}}).json()["run_id"]
     _, other = h.app._portal.call(tokens.create_token(h.app.store, "globex", ("admin",)))
     for path in ("state", "waterfall", "step?step_id=1:work"):
         r = client.get(f"/v1/runs/{run_id}/{path}", headers={"Authorization": f"Bearer {other}"})

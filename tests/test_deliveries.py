@@ -35,7 +35,8 @@ def step_events(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Ev
 
 
 def test_a_retried_step_does_not_dispatch_a_settled_delivery_again_and_keeps_its_key(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     sent: list[str] = []
 
@@ -56,14 +57,21 @@ def test_a_retried_step_does_not_dispatch_a_settled_delivery_again_and_keeps_its
     first_key = idempotency_key(run_id, "1:notify", 1)
     assert sent == [first_key]  # dispatched once, under attempt 1's key
     [receipt] = app.receipts(run_id)
-    assert (receipt.idempotency_key, receipt.step_id, receipt.delivery, receipt.attempt,
-            receipt.status, receipt.response, receipt.settled_by) == (
-        first_key, "1:notify", "#1", 1, "settled", {"n": 1}, "worker")
+    assert (
+        receipt.idempotency_key,
+        receipt.step_id,
+        receipt.delivery,
+        receipt.attempt,
+        receipt.status,
+        receipt.response,
+        receipt.settled_by,
+    ) == (first_key, "1:notify", "#1", 1, "settled", {"n": 1}, "worker")
     assert [e.attempt for e in step_events(app, run_id, "step_started")] == [1, 2]
 
 
 def test_each_delivery_in_a_step_is_its_own_receipt_dispatched_once(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     sent: list[tuple[str, str]] = []
 
@@ -71,13 +79,17 @@ def test_each_delivery_in_a_step_is_its_own_receipt_dispatched_once(
         def dispatch(key: str) -> Any:
             sent.append((target, key))
             return {"to": target}
+
         return dispatch
 
     @app.step(retry=FAST_RETRY)
     async def fan_out() -> list[Any]:
-        out = [await ratchet.deliver(to("a")), await ratchet.deliver(to("b")),
-               await ratchet.deliver(to("audit"), name="audit"),
-               await ratchet.deliver(to("c"))]
+        out = [
+            await ratchet.deliver(to("a")),
+            await ratchet.deliver(to("b")),
+            await ratchet.deliver(to("audit"), name="audit"),
+            await ratchet.deliver(to("c")),
+        ]
         if ratchet.current_step().attempt == 1:
             raise RuntimeError("fail after delivering, so the step is retried")
         return out
@@ -88,21 +100,33 @@ def test_each_delivery_in_a_step_is_its_own_receipt_dispatched_once(
 
     app.launch()
     run_id = app.start(wf)
-    assert app.result(run_id, timeout_s=15) == [{"to": "a"}, {"to": "b"}, {"to": "audit"},
-                                               {"to": "c"}]
+    assert app.result(run_id, timeout_s=15) == [
+        {"to": "a"},
+        {"to": "b"},
+        {"to": "audit"},
+        {"to": "c"},
+    ]
     k1 = idempotency_key(run_id, "1:fan_out", 1)
-    expected = [("a", k1), ("b", derived(k1, "#2")), ("audit", derived(k1, "audit")),
-                ("c", derived(k1, "#3"))]
+    expected = [
+        ("a", k1),
+        ("b", derived(k1, "#2")),
+        ("audit", derived(k1, "audit")),
+        ("c", derived(k1, "#3")),
+    ]
     assert sent == expected  # each once, none again on attempt 2
     receipts = {r.delivery: r for r in app.receipts(run_id)}
     assert sorted(receipts) == ["#1", "#2", "#3", "audit"]
     assert {d: (r.idempotency_key, r.attempt, r.status) for d, r in receipts.items()} == {
-        "#1": (k1, 1, "settled"), "#2": (derived(k1, "#2"), 1, "settled"),
-        "#3": (derived(k1, "#3"), 1, "settled"), "audit": (derived(k1, "audit"), 1, "settled")}
+        "#1": (k1, 1, "settled"),
+        "#2": (derived(k1, "#2"), 1, "settled"),
+        "#3": (derived(k1, "#3"), 1, "settled"),
+        "audit": (derived(k1, "audit"), 1, "settled"),
+    }
 
 
 def test_deliveries_in_separate_steps_and_runs_do_not_share_receipts(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     sent: list[str] = []
 
@@ -117,12 +141,14 @@ def test_deliveries_in_separate_steps_and_runs_do_not_share_receipts(
     app.launch()
     runs = [app.start(wf) for _ in range(2)]
     assert [app.result(r, timeout_s=15) for r in runs] == [["x", "y"], ["x", "y"]]
-    assert sorted(sent) == sorted(idempotency_key(r, s, 1) for r in runs
-                                  for s in ("1:send", "2:send"))
+    assert sorted(sent) == sorted(
+        idempotency_key(r, s, 1) for r in runs for s in ("1:send", "2:send")
+    )
 
 
 def test_a_resend_in_a_later_attempt_reuses_the_key_of_the_attempt_that_claimed_it(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     sent: list[str] = []
 
@@ -150,14 +176,17 @@ def test_a_resend_in_a_later_attempt_reuses_the_key_of_the_attempt_that_claimed_
 
 
 def test_sync_steps_number_their_deliveries_the_same_way(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     sent: list[str] = []
 
     @app.step(retry=FAST_RETRY)
     def send_both() -> list[Any]:
-        out = [ratchet.deliver_sync(lambda key: sent.append(key) or 1),
-               ratchet.deliver_sync(lambda key: sent.append(key) or 2)]
+        out = [
+            ratchet.deliver_sync(lambda key: sent.append(key) or 1),
+            ratchet.deliver_sync(lambda key: sent.append(key) or 2),
+        ]
         if ratchet.current_step().attempt == 1:
             raise RuntimeError("retry me")
         return out
@@ -176,8 +205,9 @@ def test_sync_steps_number_their_deliveries_the_same_way(
 # -- at most once, and settling by hand --------------------------------------------------
 
 
-def unresolved_app(make_app: Callable[..., ratchet.Ratchet]
-                   ) -> tuple[ratchet.Ratchet, list[str], str, str]:
+def unresolved_app(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> tuple[ratchet.Ratchet, list[str], str, str]:
     """A run whose at_most_once delivery raised after it may have gone out: the retry
     refuses to send it again and the run is dead-lettered. The app, the dispatches, the run
     id and the receipt's key."""
@@ -208,7 +238,8 @@ def unresolved_app(make_app: Callable[..., ratchet.Ratchet]
 
 
 def test_at_most_once_is_at_most_once_across_retries_and_a_person_settles_it(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app, sent, run_id, key = unresolved_app(make_app)
     rec = app.get(run_id)
     assert rec.error is not None and f"receipt {key}" in rec.error
@@ -218,14 +249,18 @@ def test_at_most_once_is_at_most_once_across_retries_and_a_person_settles_it(
 
     settled = app.settle_receipt(key, response={"charge_id": "ch_1"})
     assert (settled.status, settled.response, settled.settled_by) == (
-        "settled", {"charge_id": "ch_1"}, "hand")
+        "settled",
+        {"charge_id": "ch_1"},
+        "hand",
+    )
     app.retry(run_id)
     assert app.result(run_id, timeout_s=15) == {"charge": {"charge_id": "ch_1"}}
     assert sent == [key]  # never dispatched a second time
 
 
 def test_a_receipt_settled_as_failed_fails_the_step_without_dispatching(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app, sent, run_id, key = unresolved_app(make_app)
     r = app.settle_receipt(key, failed=True)
     assert (r.status, r.response, r.settled_by) == ("failed", None, "hand")
@@ -240,7 +275,8 @@ def test_a_receipt_settled_as_failed_fails_the_step_without_dispatching(
 
 
 def test_settling_refuses_bad_input_and_changes_nothing(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app, _, run_id, key = unresolved_app(make_app)
     with pytest.raises(ratchet.UnknownReceipt, match="unknown receipt key 'nope'"):
         app.settle_receipt("nope", response=1)
@@ -261,7 +297,8 @@ def test_settling_refuses_bad_input_and_changes_nothing(
 
 
 def test_a_receipt_being_dispatched_by_a_live_worker_cannot_be_settled(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     release = threading.Event()
     dispatching = threading.Event()
@@ -293,8 +330,7 @@ def test_a_receipt_being_dispatched_by_a_live_worker_cannot_be_settled(
     assert (r.status, r.response, r.settled_by) == ("settled", "delivered", "worker")
 
 
-def test_receipts_of_an_unknown_run_is_an_error(make_app: Callable[..., ratchet.Ratchet]
-                                                ) -> None:
+def test_receipts_of_an_unknown_run_is_an_error(make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()
     with pytest.raises(ratchet.UnknownRun):
         app.receipts("nope")
@@ -312,7 +348,8 @@ def test_receipts_of_an_unknown_run_is_an_error(make_app: Callable[..., ratchet.
 
 
 def test_deliver_sync_in_an_async_step_is_a_clear_error_not_a_deadlock(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     sent: list[str] = []
 
@@ -333,7 +370,8 @@ def test_deliver_sync_in_an_async_step_is_a_clear_error_not_a_deadlock(
 
 @pytest.mark.parametrize("name", ["", "#2", "a\x00b", 7])
 def test_an_invalid_delivery_name_is_refused_before_anything_is_claimed(
-        make_app: Callable[..., ratchet.Ratchet], name: Any) -> None:
+    make_app: Callable[..., ratchet.Ratchet], name: Any
+) -> None:
     app = make_app()
 
     @app.step()
@@ -356,17 +394,24 @@ def test_an_invalid_delivery_name_is_refused_before_anything_is_claimed(
 
 def _database_at_001_with_a_legacy_receipt(db_url: str, key: str) -> None:
     """The schema as migration 001 left it, holding a settled receipt keyed per attempt."""
-    [(_, _, sql)] = [m for m in load_migrations(
-        "sqlite" if db_url.startswith("sqlite") else "postgres") if m[0] == 1]
-    receipt = ("INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, status, "
-               "response, epoch, claimed_at, settled_at) VALUES "
-               f"('{key}', 'r1', '1:send', 'settled', '{{\"ok\": 1}}', 1, 1.0, 2.0)")
+    [(_, _, sql)] = [
+        m
+        for m in load_migrations("sqlite" if db_url.startswith("sqlite") else "postgres")
+        if m[0] == 1
+    ]
+    receipt = (
+        "INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, status, "
+        "response, epoch, claimed_at, settled_at) VALUES "
+        f"('{key}', 'r1', '1:send', 'settled', '{{\"ok\": 1}}', 1, 1.0, 2.0)"
+    )
     if db_url.startswith("sqlite:///"):
-        conn = sqlite3.connect(db_url[len("sqlite:///"):])
+        conn = sqlite3.connect(db_url[len("sqlite:///") :])
         try:
             conn.executescript(sql)
-            conn.execute("CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, "
-                         "name TEXT NOT NULL, applied_at REAL NOT NULL)")
+            conn.execute(
+                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, "
+                "name TEXT NOT NULL, applied_at REAL NOT NULL)"
+            )
             conn.execute("INSERT INTO schema_migrations VALUES (1, 'init', 0)")
             conn.execute(receipt)
             conn.commit()
@@ -375,14 +420,15 @@ def _database_at_001_with_a_legacy_receipt(db_url: str, key: str) -> None:
         return
     with psycopg.connect(db_url) as pg:
         pg.execute(sql.encode())
-        pg.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text "
-                   "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        pg.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text "
+            "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         pg.execute("INSERT INTO schema_migrations (version, name) VALUES (1, 'init')")
         pg.execute(receipt.encode())
 
 
-async def test_a_receipt_from_before_the_migration_is_found_again_by_its_key(db_url: str
-                                                                           ) -> None:
+async def test_a_receipt_from_before_the_migration_is_found_again_by_its_key(db_url: str) -> None:
     key = idempotency_key("r1", "1:send", 1)
     _database_at_001_with_a_legacy_receipt(db_url, key)
     store = make_store(db_url)
@@ -390,12 +436,16 @@ async def test_a_receipt_from_before_the_migration_is_found_again_by_its_key(db_
     try:
         [old] = await store.receipts("r1")
         assert (old.delivery, old.attempt, old.status, old.response, old.settled_by) == (
-            f"#legacy:{key}", None, "settled", {"ok": 1}, "worker")
+            f"#legacy:{key}",
+            None,
+            "settled",
+            {"ok": 1},
+            "worker",
+        )
         await store.create_run(NewRun("r1", "wf", "1", {"args": [], "kwargs": {}}))
         [claimed] = await store.claim("w1", 10.0, 1, ["default"], {("wf", "1")})
         # A re-drive of the attempt that wrote it claims the same key: the stored answer.
-        found = await store.claim_receipt(claimed.lease, key, "1:send", delivery="#1",
-                                          attempt=1)
+        found = await store.claim_receipt(claimed.lease, key, "1:send", delivery="#1", attempt=1)
         assert found == old
         assert await store.receipts("r1") == [old]
     finally:

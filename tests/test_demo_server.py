@@ -66,8 +66,9 @@ class Lines:
             try:
                 line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise AssertionError(f"no line matching {pattern!r} within {timeout:g}s:\n"
-                                     + "".join(self.seen)) from None
+                raise AssertionError(
+                    f"no line matching {pattern!r} within {timeout:g}s:\n" + "".join(self.seen)
+                ) from None
             if line is None:
                 raise AssertionError(f"output ended before {pattern!r}:\n" + "".join(self.seen))
             self.seen.append(line)
@@ -79,8 +80,9 @@ class Lines:
 def sse_frames(text: str) -> list[tuple[int, str]]:
     frames = []
     for block in text.split("\n\n"):
-        fields = dict(line.split(": ", 1) for line in block.splitlines()
-                      if line and not line.startswith(":"))
+        fields = dict(
+            line.split(": ", 1) for line in block.splitlines() if line and not line.startswith(":")
+        )
         if fields:
             frames.append((int(fields["id"]), fields["event"]))
     return frames
@@ -93,8 +95,9 @@ def test_make_run_serves_the_demo_through_the_api_and_stops_on_ctrl_c(tmp_path: 
     err_path = tmp_path / "stderr.txt"
     started = time.monotonic()
     with open(err_path, "w") as err:
-        proc = subprocess.Popen(make_run_command(), cwd=tmp_path, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(
+            make_run_command(), cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE, stderr=err
+        )
     curl: subprocess.Popen[str] | None = None
     out = Lines(proc)
     try:
@@ -103,8 +106,12 @@ def test_make_run_serves_the_demo_through_the_api_and_stops_on_ctrl_c(tmp_path: 
         token = export.split("=", 1)[1]
         follow = out.until(r"^\s*(curl -N \S+/events .*)$").group(1)
         # The user's stream, opened as the demo plays: before the kill, ended by the run's end.
-        curl = subprocess.Popen(["bash", "-c", f"{export}\n{follow}"], text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        curl = subprocess.Popen(
+            ["bash", "-c", f"{export}\n{follow}"],
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         out.until(r"keeps serving on ")
         post = out.until(r"^\s*(curl -X POST .*)$").group(1)
         streamed, curl_err = curl.communicate(timeout=30)
@@ -116,10 +123,12 @@ def test_make_run_serves_the_demo_through_the_api_and_stops_on_ctrl_c(tmp_path: 
 
         run_id = re.search(r"runs/([^/]+)/events", follow)
         assert run_id is not None
-        with httpx.Client(base_url=base, timeout=30,
-                          headers={"Authorization": f"Bearer {token}"}) as api:
-            journal = api.get(f"/v1/runs/{run_id.group(1)}/events",
-                              params={"limit": 500}).json()["events"]
+        with httpx.Client(
+            base_url=base, timeout=30, headers={"Authorization": f"Bearer {token}"}
+        ) as api:
+            journal = api.get(f"/v1/runs/{run_id.group(1)}/events", params={"limit": 500}).json()[
+                "events"
+            ]
             frames = sse_frames(streamed)
             # Every event once, in order, as the journal has it, across the worker's kill.
             assert frames == [(e["seq"], e["kind"]) for e in journal]
@@ -130,8 +139,13 @@ def test_make_run_serves_the_demo_through_the_api_and_stops_on_ctrl_c(tmp_path: 
 
             # The server keeps serving: the printed POST starts a run the embedded worker
             # drives to the end.
-            answer = subprocess.run(["bash", "-c", f"{export}\n{post} -s"], text=True,
-                                    capture_output=True, timeout=30, check=True)
+            answer = subprocess.run(
+                ["bash", "-c", f"{export}\n{post} -s"],
+                text=True,
+                capture_output=True,
+                timeout=30,
+                check=True,
+            )
             mine = json.loads(answer.stdout)
             assert mine["status"] == "queued", answer.stdout
             result = api.get(f"/v1/runs/{mine['run_id']}/result", params={"wait": 30}).json()
@@ -153,13 +167,18 @@ def test_make_run_serves_the_demo_through_the_api_and_stops_on_ctrl_c(tmp_path: 
     assert (tmp_path / ".ratchet" / "server.db").exists()
 
 
-def test_make_run_names_a_taken_port_or_a_bad_database_and_touches_nothing(
-        tmp_path: Path) -> None:
+def test_make_run_names_a_taken_port_or_a_bad_database_and_touches_nothing(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "RATCHET_PORT"}
 
     def refused(*args: str) -> str:
-        proc = subprocess.run([*make_run_command(), *args], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [*make_run_command(), *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "Traceback" not in proc.stderr
         assert not (tmp_path / ".ratchet").exists()
@@ -169,8 +188,10 @@ def test_make_run_names_a_taken_port_or_a_bad_database_and_touches_nothing(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert (f"cannot listen on 127.0.0.1:{port}: the port is taken; choose another with "
-                "--port N or RATCHET_PORT=N (make run PORT=N)") in refused("--port", str(port))
+        assert (
+            f"cannot listen on 127.0.0.1:{port}: the port is taken; choose another with "
+            "--port N or RATCHET_PORT=N (make run PORT=N)"
+        ) in refused("--port", str(port))
     assert "malformed database URL 'nope://x'" in refused("--db", "nope://x", "--port", "0")
 
 
@@ -179,8 +200,14 @@ def test_sigterm_before_the_demo_is_done_stops_everything_it_started(tmp_path: P
     env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
     env.update(PYTHONUNBUFFERED="1")
     with open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen([*make_run_command(), "--port", "0"], cwd=tmp_path, env=env,
-                                text=True, stdout=subprocess.PIPE, stderr=err)
+        proc = subprocess.Popen(
+            [*make_run_command(), "--port", "0"],
+            cwd=tmp_path,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=err,
+        )
     out = Lines(proc)
     try:
         worker = int(out.until(r"worker 1 launched: .* \(pid (\d+)\)").group(1))

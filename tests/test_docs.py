@@ -35,8 +35,9 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.rglob("*.md"))]
-_BLOCK = re.compile(r"(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```python\n(?P<code>.*?)```",
-                    re.DOTALL)
+_BLOCK = re.compile(
+    r"(?:<!-- readme-test: (?P<mark>[^>]*?) -->\n)?```python\n(?P<code>.*?)```", re.DOTALL
+)
 _SHELL = re.compile(r"```(?:sh|bash|console|shell)\n(?P<code>.*?)```", re.DOTALL)
 
 
@@ -65,8 +66,9 @@ def examples(page: Path) -> tuple[list[Example], dict[str, str]]:
                 raise AssertionError(f"{_name(page)}: the first example cannot continue another")
             out[-1].code += "\n" + code
         elif mark.startswith("skip"):
-            out.append(Example(_name(page), code,
-                               mark.removeprefix("skip").strip() or "marked skip"))
+            out.append(
+                Example(_name(page), code, mark.removeprefix("skip").strip() or "marked skip")
+            )
         elif mark.startswith("file "):
             files[mark.removeprefix("file ").strip()] = code
         elif mark:
@@ -107,13 +109,20 @@ def test_an_example_runs_as_shown(example: Example, tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(example.code, encoding="utf-8")
     env = {**os.environ, "RATCHET_DATABASE_URL": f"sqlite:///{tmp_path}/readme.db"}
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize(("page", "name", "code"), FILES,
-                         ids=[f"{page}:{name}" for page, name, _ in FILES])
+@pytest.mark.parametrize(
+    ("page", "name", "code"), FILES, ids=[f"{page}:{name}" for page, name, _ in FILES]
+)
 def test_a_file_a_page_asks_to_save_compiles(page: str, name: str, code: str) -> None:
     compile(code, f"{page}:{name}", "exec")
 
@@ -123,11 +132,12 @@ def test_the_llm_price_table_is_the_bundled_one() -> None:
     from ratchet.llm.prices import price_for
 
     text = (DOCS / "how-to" / "llm.md").read_text(encoding="utf-8")
-    table = text[text.index("| model | input | cached input | cache write | output |"):]
-    table = table[:table.index("\n\n")]
+    table = text[text.index("| model | input | cached input | cache write | output |") :]
+    table = table[: table.index("\n\n")]
     rows = re.findall(r"^\s*\| `([^`]+)` \|([^\n]*)\|$", table, re.MULTILINE)
-    bundled = json.loads((ROOT / "src" / "ratchet" / "llm" / "prices.json")
-                         .read_text(encoding="utf-8"))
+    bundled = json.loads(
+        (ROOT / "src" / "ratchet" / "llm" / "prices.json").read_text(encoding="utf-8")
+    )
     models = [m for m in bundled if not m.startswith("_")]
     assert [m for m, _ in rows] == models
     for model, cells in rows:
@@ -139,10 +149,12 @@ def test_the_llm_price_table_is_the_bundled_one() -> None:
 
 # --- the CLI and HTTP references ---------------------------------------------------------
 
+
 def _reference() -> ModuleType:
     """docs/scripts/gen_reference.py, which the site build runs, imported as a module."""
     spec = importlib.util.spec_from_file_location(
-        "gen_reference", DOCS / "scripts" / "gen_reference.py")
+        "gen_reference", DOCS / "scripts" / "gen_reference.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -160,7 +172,7 @@ def _command_lines(text: str) -> list[str]:
                 words = part.split("#", 1)[0].split()
                 # A redirection ends the command's own words (> server.log 2>&1).
                 cut = [i for i, w in enumerate(words) if re.match(r"(\d|&)?>", w)]
-                words = words[:cut[0]] if cut else words
+                words = words[: cut[0]] if cut else words
                 while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):
                     words.pop(0)  # VAR=value before the command
                 if words and words[0] == "ratchet":
@@ -192,8 +204,9 @@ def _check_command(line: str, root: Any) -> str | None:
 
 def test_every_ratchet_command_the_docs_show_exists() -> None:
     root = _reference().root_command()
-    lines = [(_name(p), line) for p in PAGES
-             for line in _command_lines(p.read_text(encoding="utf-8"))]
+    lines = [
+        (_name(p), line) for p in PAGES for line in _command_lines(p.read_text(encoding="utf-8"))
+    ]
     assert len(lines) >= 20
     problems = [f"{page}: {why}" for page, line in lines if (why := _check_command(line, root))]
     assert not problems, "\n".join(problems)
@@ -208,9 +221,11 @@ def test_the_command_check_catches_a_wrong_verb_or_flag() -> None:
     assert "No such option: --fast" in (_check_command("ratchet worker a:app --fast", root) or "")
     assert "No such command 'delete'" in (_check_command("ratchet tokens delete 1", root) or "")
     assert "Invalid value for '--concurrency'" in (
-        _check_command("ratchet worker a:app --concurrency many", root) or "")
+        _check_command("ratchet worker a:app --concurrency many", root) or ""
+    )
     assert _command_lines("```sh\nFOO=1 ratchet runs --json | jq .   # all\n```\n") == [
-        "ratchet runs --json"]
+        "ratchet runs --json"
+    ]
 
 
 def test_the_cli_reference_shows_every_command_and_option() -> None:
@@ -246,6 +261,7 @@ def test_the_http_reference_shows_every_route_and_schema() -> None:
 
 # --- the psql recipes --------------------------------------------------------------------
 
+
 @pytest.mark.postgres
 def test_every_psql_recipe_runs_on_the_schema(pg_url: str) -> None:
     """Each statement of the operations page's ```sql blocks runs on a migrated schema
@@ -269,8 +285,12 @@ def test_every_psql_recipe_runs_on_the_schema(pg_url: str) -> None:
         run_id = app.start(recipe)
         assert app.result(run_id, timeout_s=60) == 1
     page = (DOCS / "operations" / "psql.md").read_text(encoding="utf-8")
-    statements = [s.strip() for block in re.findall(r"```sql\n(.*?)```", page, re.DOTALL)
-                  for s in block.split(";") if s.strip()]
+    statements = [
+        s.strip()
+        for block in re.findall(r"```sql\n(.*?)```", page, re.DOTALL)
+        for s in block.split(";")
+        if s.strip()
+    ]
     assert len(statements) >= 10
     with psycopg.connect(pg_url, autocommit=True) as conn:
         for statement in statements:
@@ -281,6 +301,7 @@ def test_every_psql_recipe_runs_on_the_schema(pg_url: str) -> None:
 
 
 # --- the metrics page --------------------------------------------------------------------
+
 
 async def test_the_metrics_page_lists_what_metrics_serves(tmp_path: Path) -> None:
     """The table on the operations page names exactly the metrics ``/metrics`` renders."""
@@ -293,15 +314,19 @@ async def test_the_metrics_page_lists_what_metrics_serves(tmp_path: Path) -> Non
         body, _ = await Metrics().render(store)
     finally:
         await store.close()
-    served = {name for name in re.findall(r"^# TYPE (\S+) ", body.decode(), re.MULTILINE)
-              if not name.endswith("_created")}  # the client library's creation stamps
+    served = {
+        name
+        for name in re.findall(r"^# TYPE (\S+) ", body.decode(), re.MULTILINE)
+        if not name.endswith("_created")
+    }  # the client library's creation stamps
     page = (DOCS / "operations" / "metrics.md").read_text(encoding="utf-8")
-    table = page[page.index("| metric | type |"):]
-    shown = set(re.findall(r"^\| `([a-z_]+)` \|", table[:table.index("\n\n")], re.MULTILINE))
+    table = page[page.index("| metric | type |") :]
+    shown = set(re.findall(r"^\| `([a-z_]+)` \|", table[: table.index("\n\n")], re.MULTILINE))
     assert shown == served
 
 
 # --- the site's navigation ---------------------------------------------------------------
+
 
 def test_every_page_is_in_the_nav() -> None:
     """A page under docs/ that the nav does not list is built but hard to find: each one
@@ -319,8 +344,11 @@ def test_every_page_is_in_the_nav() -> None:
 
     nav = listed(config["nav"])
     generated = {"reference/cli.md", "reference/http.md"}  # written by gen_reference.py
-    pages = {str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md")
-             if p.relative_to(DOCS).parts[0] != "scripts"}
+    pages = {
+        str(p.relative_to(DOCS))
+        for p in DOCS.rglob("*.md")
+        if p.relative_to(DOCS).parts[0] != "scripts"
+    }
     assert pages - nav == set(), "pages missing from mkdocs.yml's nav"
     assert nav - pages - generated == set(), "nav entries with no page"
 
@@ -338,7 +366,7 @@ def test_the_headline_states_the_guarantees_as_they_hold(page: Path) -> None:
     at most once, a re-sent model call under the same key; and no claim a kill disproves."""
     text = page.read_text(encoding="utf-8")
     # The headline and what follows it, before any example, as one line of words.
-    head = " ".join(text[:text.index("```")].replace("**", "").split())
+    head = " ".join(text[: text.index("```")].replace("**", "").split())
     for claim in _OVERCLAIMS:
         assert claim not in text.lower(), f"{_name(page)} still claims {claim!r}"
     for promise in _PROMISES:
@@ -352,8 +380,8 @@ def test_the_bill_table_says_what_billed_once_rests_on() -> None:
     from bench import readme
 
     block = README.read_text(encoding="utf-8")
-    block = block[block.index(readme.START):block.index(readme.END)]
-    after = block[block.index("| system | calls sent |"):]
+    block = block[block.index(readme.START) : block.index(readme.END)]
+    after = block[block.index("| system | calls sent |") :]
     assert readme.BILL_NOTE in after
     for name in ("local provider", "OpenAI", "Anthropic", "Idempotency-Key"):
         assert name in readme.BILL_NOTE

@@ -49,8 +49,11 @@ def drives(events: list[Event]) -> int:
 def check_ends_once(events: list[Event]) -> None:
     """Gapless, and exactly one terminal event: the last."""
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
-    terminal = [e for e in events if e.kind in (EventKind.RUN_SUCCEEDED, EventKind.RUN_FAILED,
-                                                EventKind.RUN_CANCELLED)]
+    terminal = [
+        e
+        for e in events
+        if e.kind in (EventKind.RUN_SUCCEEDED, EventKind.RUN_FAILED, EventKind.RUN_CANCELLED)
+    ]
     assert terminal == [events[-1]], f"terminal events: {[(e.seq, e.kind) for e in terminal]}"
 
 
@@ -58,7 +61,8 @@ def check_ends_once(events: list[Event]) -> None:
 
 
 def test_cancel_of_a_run_looping_over_quick_steps_stops_it_at_a_step_boundary(
-        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
+    make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = make_app()  # a 60 s lease: only the announced cancel can end the run in time
     stops: list[tuple[StopReason, float]] = []
     stop = Control.stop
@@ -103,7 +107,8 @@ def test_cancel_of_a_run_looping_over_quick_steps_stops_it_at_a_step_boundary(
 
 @pytest.mark.parametrize("beside", [False, True], ids=["alone", "beside_a_signal_wait"])
 def test_cancel_while_an_async_step_sleeps_interrupts_it(
-        make_app: Callable[..., ratchet.Ratchet], beside: bool) -> None:
+    make_app: Callable[..., ratchet.Ratchet], beside: bool
+) -> None:
     app = make_app()
     interrupted = threading.Event()
 
@@ -142,7 +147,8 @@ def test_cancel_while_an_async_step_sleeps_interrupts_it(
 
 
 def test_a_step_beside_a_signal_wait_is_journaled_before_the_run_parks(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     calls: Counter[str] = Counter()
 
@@ -171,8 +177,7 @@ def test_a_step_beside_a_signal_wait_is_journaled_before_the_run_parks(
     assert drives(events) == 2
 
 
-def _crossed_branches(app: ratchet.Ratchet, calls: Counter[str], *, second_a: list[bool]
-                      ) -> Any:
+def _crossed_branches(app: ratchet.Ratchet, calls: Counter[str], *, second_a: list[bool]) -> Any:
     """Two branches of two steps each whose steps finish in another order than they were
     called: a1 is called first and finishes after b2 is called; b2 finishes after a2 is
     called. Then the run parks on a signal, so the next drive replays all four."""
@@ -218,7 +223,8 @@ def _crossed_branches(app: ratchet.Ratchet, calls: Counter[str], *, second_a: li
 
 
 def test_branches_whose_steps_finished_out_of_call_order_replay_in_the_journals_order(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     calls: Counter[str] = Counter()
     crossed = _crossed_branches(app, calls, second_a=[True])
@@ -236,7 +242,8 @@ def test_branches_whose_steps_finished_out_of_call_order_replay_in_the_journals_
 
 
 def test_a_replay_waiting_for_a_call_the_code_no_longer_makes_fails_as_non_deterministic(
-        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
+    make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from ratchet.engine import driver
 
     monkeypatch.setattr(driver, "REPLAY_STALL_S", 0.5)
@@ -255,7 +262,8 @@ def test_a_replay_waiting_for_a_call_the_code_no_longer_makes_fails_as_non_deter
 
 
 def test_one_branch_failing_fails_the_run_and_stops_its_sibling(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     long_started = asyncio.Event()
     interrupted = threading.Event()
@@ -290,14 +298,17 @@ def test_one_branch_failing_fails_the_run_and_stops_its_sibling(
     events = app.events(run_id)
     check_ends_once(events)
     assert [(e.kind, e.step_id) for e in events if e.step_id == "1:long"] == [
-        ("step_started", "1:long")]
+        ("step_started", "1:long")
+    ]
     assert of_kind(events, EventKind.STEP_FAILED, "2:boom")[0].payload["error"] == (
-        "ValueError: boom")
+        "ValueError: boom"
+    )
     assert worker.outcomes.get("failed") == 1
 
 
 def test_a_fan_out_of_quick_children_costs_no_park_per_child(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step()
@@ -324,7 +335,8 @@ def test_a_fan_out_of_quick_children_costs_no_park_per_child(
 
 
 def test_a_fan_out_of_slow_children_parks_once_with_every_child_created(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -339,14 +351,17 @@ def test_a_fan_out_of_slow_children_parks_once_with_every_child_created(
     app.launch()
     run_id = app.start(fan, 10)
     children = [f"{run_id}/{i}" for i in range(1, 11)]
-    rec = wait_for(lambda: (r := app.get(run_id)).status == RunStatus.WAITING and r,
-                   what="the parent parked")
+    rec = wait_for(
+        lambda: (r := app.get(run_id)).status == RunStatus.WAITING and r, what="the parent parked"
+    )
     assert rec.waiting_for is not None and all(c in rec.waiting_for for c in children)
     assert sorted(r.run_id for r in app.runs() if r.parent_run_id == run_id) == sorted(children)
     assert drives(app.events(run_id)) == 1
     for child_id in children:
-        wait_for(lambda c=child_id: app.get(c).status == RunStatus.WAITING,  # type: ignore[misc]
-                 what=f"child {child_id} parked")
+        wait_for(
+            lambda c=child_id: app.get(c).status == RunStatus.WAITING,  # type: ignore[misc]
+            what=f"child {child_id} parked",
+        )
         app.signal(child_id, "go")
     assert app.result(run_id, timeout_s=15) == list(range(10))
     events = app.events(run_id)
@@ -358,7 +373,8 @@ def test_a_fan_out_of_slow_children_parks_once_with_every_child_created(
 
 
 def test_a_user_run_named_like_the_old_child_ids_is_not_taken_for_the_child(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -384,7 +400,8 @@ def test_a_user_run_named_like_the_old_child_ids_is_not_taken_for_the_child(
 
 
 def test_a_retried_run_whose_child_failed_starts_a_new_child(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     broken = {"kid": True}
     calls: Counter[str] = Counter()
@@ -418,11 +435,14 @@ def test_a_retried_run_whose_child_failed_starts_a_new_child(
     assert children == {f"{run_id}/2": RunStatus.FAILED, f"{run_id}/2.2": RunStatus.SUCCEEDED}
     started = of_kind(app.events(run_id), EventKind.STEP_STARTED, "2:child:kid")
     assert [(e.attempt, e.payload["child_run_id"]) for e in started] == [
-        (1, f"{run_id}/2"), (2, f"{run_id}/2.2")]
+        (1, f"{run_id}/2"),
+        (2, f"{run_id}/2.2"),
+    ]
 
 
 def test_a_retried_run_whose_signal_timed_out_waits_again_with_a_fresh_deadline(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -437,12 +457,14 @@ def test_a_retried_run_whose_signal_timed_out_waits_again_with_a_fresh_deadline(
         app.result(run_id, timeout_s=15)
 
     app.retry(run_id)
-    rec = wait_for(lambda: (r := app.get(run_id)).status in (RunStatus.WAITING,
-                                                             RunStatus.FAILED) and r,
-                   what="the retried run parked or failed")
+    rec = wait_for(
+        lambda: (r := app.get(run_id)).status in (RunStatus.WAITING, RunStatus.FAILED) and r,
+        what="the retried run parked or failed",
+    )
     assert rec.status == RunStatus.WAITING, rec.error
-    first, second = [e.payload["deadline"] for e in app.events(run_id)
-                     if e.kind == EventKind.STEP_WAITING]
+    first, second = [
+        e.payload["deadline"] for e in app.events(run_id) if e.kind == EventKind.STEP_WAITING
+    ]
     assert second >= first + 601
     app.signal(run_id, "approve", {"by": "ana"})
     assert app.result(run_id, timeout_s=15) == {"by": "ana"}
@@ -455,7 +477,8 @@ def test_a_retried_run_whose_signal_timed_out_waits_again_with_a_fresh_deadline(
 @pytest.mark.parametrize("raised", ["SystemExit", "KeyboardInterrupt"])
 @pytest.mark.parametrize("kind", ["async", "def", "async_timeout", "def_timeout"])
 def test_a_step_raising_a_base_exception_fails_after_its_attempts(
-        make_app: Callable[..., ratchet.Ratchet], raised: str, kind: str) -> None:
+    make_app: Callable[..., ratchet.Ratchet], raised: str, kind: str
+) -> None:
     app = make_app()
     attempts: list[int] = []
     error: type[BaseException] = SystemExit if raised == "SystemExit" else KeyboardInterrupt
@@ -467,14 +490,18 @@ def test_a_step_raising_a_base_exception_fails_after_its_attempts(
 
     timeout_s = 10 if kind.endswith("_timeout") else None
     if kind.startswith("def"):
+
         @app.step(name="quit", retry=retry, timeout_s=timeout_s)
         def quit_def() -> None:
             body()
+
         step: Callable[[], Any] = quit_def
     else:
+
         @app.step(name="quit", retry=retry, timeout_s=timeout_s)
         async def quit_async() -> None:  # with a timeout: stops a whole worker on main
             body()
+
         step = quit_async
 
     @app.workflow()
@@ -497,7 +524,8 @@ def test_a_step_raising_a_base_exception_fails_after_its_attempts(
 
 
 def test_a_step_error_holding_nul_fails_the_run_on_both_backends(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step()
@@ -522,7 +550,8 @@ def test_a_step_error_holding_nul_fails_the_run_on_both_backends(
 
 
 def test_a_steps_own_timeout_error_is_not_taken_for_its_timeout(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step(timeout_s=10)
@@ -545,7 +574,8 @@ def test_a_steps_own_timeout_error_is_not_taken_for_its_timeout(
 
 
 def test_a_drive_whose_renewals_fail_past_the_ttl_stops_its_step(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app(lease_ttl=1.0)
     store = app.store
     renew = store.renew
@@ -589,7 +619,8 @@ def test_a_drive_whose_renewals_fail_past_the_ttl_stops_its_step(
 
 
 def test_def_steps_are_not_capped_at_asyncios_default_pool(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     barrier = threading.Barrier(16, timeout=4)
 
@@ -608,7 +639,8 @@ def test_def_steps_are_not_capped_at_asyncios_default_pool(
 
 
 def test_a_timed_out_def_step_does_not_starve_later_ones(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     release = threading.Event()
 
@@ -643,7 +675,8 @@ def test_a_timed_out_def_step_does_not_starve_later_ones(
 
 
 def test_a_step_abandoned_by_asyncio_wait_for_is_not_run_again_on_a_re_drive(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     calls: Counter[str] = Counter()
 
@@ -677,25 +710,40 @@ def test_a_step_abandoned_by_asyncio_wait_for_is_not_run_again_on_a_re_drive(
 # -- 9. a step that kills its worker every time ----------------------------------------------
 
 
-def _install_journal(app: ratchet.Ratchet, run_id: str, workflow: str,
-                     entries: list[tuple[str, str | None, int | None, dict[str, Any]]]) -> None:
+def _install_journal(
+    app: ratchet.Ratchet,
+    run_id: str,
+    workflow: str,
+    entries: list[tuple[str, str | None, int | None, dict[str, Any]]],
+) -> None:
     """Write a queued run whose journal holds ``entries`` after its ``run_queued``, as a
     worker that died after each of them would have left it."""
     events: list[Event] = []
     prev = "0" * 64
     at = time.time() - 60
     for kind, step_id, attempt, payload in [
-            (EventKind.RUN_QUEUED, None, None, {"workflow": workflow, "version": "1"}),
-            *entries]:
+        (EventKind.RUN_QUEUED, None, None, {"workflow": workflow, "version": "1"}),
+        *entries,
+    ]:
         ev = Event.chain(run_id, len(events) + 1, kind, step_id, attempt, payload, at, prev)
         events.append(ev)
         prev, at = ev.hash, at + 1
 
     def body(tx: Tx) -> None:
-        tx.run("run_insert", {"run_id": run_id, "workflow": workflow, "workflow_version": "1",
-                              "input": dumps({"args": [], "kwargs": {}}),
-                              "parent_run_id": None, "parent_step_id": None,
-                              "queue": "default", "priority": 0, "tenant_id": "default"})
+        tx.run(
+            "run_insert",
+            {
+                "run_id": run_id,
+                "workflow": workflow,
+                "workflow_version": "1",
+                "input": dumps({"args": [], "kwargs": {}}),
+                "parent_run_id": None,
+                "parent_step_id": None,
+                "queue": "default",
+                "priority": 0,
+                "tenant_id": "default",
+            },
+        )
         app.store._insert_events(tx, events)
 
     app._portal.call(app.store._run(body))
@@ -703,7 +751,8 @@ def _install_journal(app: ratchet.Ratchet, run_id: str, workflow: str,
 
 @pytest.mark.parametrize("starts", [4, 5])
 def test_an_attempt_started_five_times_fails_as_a_crash_loop(
-        make_app: Callable[..., ratchet.Ratchet], starts: int) -> None:
+    make_app: Callable[..., ratchet.Ratchet], starts: int
+) -> None:
     app = make_app()
     calls: Counter[str] = Counter()
 
@@ -720,17 +769,39 @@ def test_an_attempt_started_five_times_fails_as_a_crash_loop(
     key = ratchet.model.idempotency_key(run_id, "1:fatal", 1)
     entries: list[tuple[str, str | None, int | None, dict[str, Any]]] = []
     for n in range(1, starts + 1):
-        entries.append((EventKind.RUN_STARTED if n == 1 else EventKind.RUN_RESUMED, None, None,
-                        {"worker_id": f"w{n}", "epoch": n,
-                         "reason": "claim" if n == 1 else "sweep", "drive": n}))
-        entries.append((EventKind.STEP_STARTED, "1:fatal", 1,
-                        {"idempotency_key": key} | ({"resumed": True} if n > 1 else {})))
+        entries.append(
+            (
+                EventKind.RUN_STARTED if n == 1 else EventKind.RUN_RESUMED,
+                None,
+                None,
+                {
+                    "worker_id": f"w{n}",
+                    "epoch": n,
+                    "reason": "claim" if n == 1 else "sweep",
+                    "drive": n,
+                },
+            )
+        )
+        entries.append(
+            (
+                EventKind.STEP_STARTED,
+                "1:fatal",
+                1,
+                {"idempotency_key": key} | ({"resumed": True} if n > 1 else {}),
+            )
+        )
         # A drive after a storage failure, on the same worker, does not count.
-        entries.append((EventKind.RUN_RESUMED, None, None,
-                        {"worker_id": f"w{n}", "epoch": n + 100, "reason": "retry",
-                         "drive": n}))
-        entries.append((EventKind.STEP_STARTED, "1:fatal", 1,
-                        {"idempotency_key": key, "resumed": True}))
+        entries.append(
+            (
+                EventKind.RUN_RESUMED,
+                None,
+                None,
+                {"worker_id": f"w{n}", "epoch": n + 100, "reason": "retry", "drive": n},
+            )
+        )
+        entries.append(
+            (EventKind.STEP_STARTED, "1:fatal", 1, {"idempotency_key": key, "resumed": True})
+        )
     _install_journal(app, run_id, "doomed", entries)
     # The worker of the last start died too: its lease ran out, and the sweep takes the run.
     taken = app._portal.call(app.store.claim("dead", 1.0, 1, ["default"], [("doomed", "1")]))
@@ -756,7 +827,8 @@ def test_an_attempt_started_five_times_fails_as_a_crash_loop(
 
 
 def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
-        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch) -> None:
+    make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch
+) -> None:
     app = make_app()
     # Long beside a sweep pass (a few ms; half a second on a loaded machine), so one sweep
     # of three passes cannot be mistaken for three sweeps an interval apart.
@@ -777,8 +849,7 @@ def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
 
     run_ids = [app.start(orphan, i) for i in range(45)]
     # A worker that died holding all 45: their leases ran out a second ago.
-    taken = app._portal.call(app.store.claim("dead", 1.0, 45, ["default"],
-                                                      [("orphan", "1")]))
+    taken = app._portal.call(app.store.claim("dead", 1.0, 45, ["default"], [("orphan", "1")]))
     assert len(taken) == 45
     app.clock.advance(2.0)
 
@@ -797,14 +868,17 @@ def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
 
 def child_of(app: ratchet.Ratchet, run_id: str) -> str:
     """The id of the run's one child, once it exists."""
-    found = wait_for(lambda: [r.run_id for r in app.runs() if r.parent_run_id == run_id],
-                     what=f"a child of {run_id}")
+    found = wait_for(
+        lambda: [r.run_id for r in app.runs() if r.parent_run_id == run_id],
+        what=f"a child of {run_id}",
+    )
     assert len(found) == 1
     return str(found[0])
 
 
 def test_cancelling_a_parent_cancels_its_waiting_child_at_once(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -829,7 +903,8 @@ def test_cancelling_a_parent_cancels_its_waiting_child_at_once(
 
 
 def test_cancelling_a_parent_stops_a_child_a_worker_is_running(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     interrupted = threading.Event()
 
@@ -852,8 +927,7 @@ def test_cancelling_a_parent_stops_a_child_a_worker_is_running(
     worker = app.launch()
     run_id = app.start(parent)
     child_id = child_of(app, run_id)
-    wait_for(lambda: "step_started" in kinds(app.events(child_id)),
-             what="the child's step running")
+    wait_for(lambda: "step_started" in kinds(app.events(child_id)), what="the child's step running")
     began = time.monotonic()
     app.cancel(run_id)
     for rid in (run_id, child_id):
@@ -888,7 +962,8 @@ def _fails_once(store: Any, method: str) -> list[int]:
 
 
 def test_a_failed_park_is_retried_on_the_same_worker(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
     _fails_once(app.store, "park")
     calls: list[ratchet.StepInfo] = []
@@ -904,8 +979,7 @@ def test_a_failed_park_is_retried_on_the_same_worker(
 
     worker = app.launch()
     run_id = app.start(wf)
-    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, timeout=5,
-             what="the run parked")
+    wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, timeout=5, what="the run parked")
     assert worker.outcomes.get("aborted") == 1 and worker.outcomes.get("parked") == 1
     events = app.events(run_id)
     runs = [e.payload for e in events if e.kind in ("run_started", "run_resumed")]
@@ -913,15 +987,15 @@ def test_a_failed_park_is_retried_on_the_same_worker(
     assert len(runs) == 2 and len({d["worker_id"] for d in runs}) == 1
     assert [d["reason"] for d in runs] == ["claim", "retry"]
     # The failed park took the step's completion with it: the step ran again, same key.
-    assert [(c.attempt, c.idempotency_key) for c in calls] == [
-        (1, calls[0].idempotency_key)] * 2
+    assert [(c.attempt, c.idempotency_key) for c in calls] == [(1, calls[0].idempotency_key)] * 2
     app.signal(run_id, "go", "b")
     assert app.result(run_id, timeout_s=15) == ["a", "b"]
     check_ends_once(app.events(run_id))
 
 
 def test_a_storage_error_in_a_guards_read_is_retried_not_the_runs_failure(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()  # a 60 s lease: only a retry on this worker, not the sweep, is in time
     # The retry storm guard's count, after the first failed attempt.
     reads = _fails_once(app.store, "recent_retries")
@@ -944,7 +1018,8 @@ def test_a_storage_error_in_a_guards_read_is_retried_not_the_runs_failure(
     assert worker.outcomes.get("aborted") == 1 and len(reads) == 1
     # The abandoned drive's step_retrying never landed: the attempt in flight runs again.
     assert attempts == [1, 1]
-    runs = [e.payload["reason"] for e in app.events(run_id)
-            if e.kind in ("run_started", "run_resumed")]
+    runs = [
+        e.payload["reason"] for e in app.events(run_id) if e.kind in ("run_started", "run_resumed")
+    ]
     assert runs == ["claim", "retry"]
     check_ends_once(app.events(run_id))

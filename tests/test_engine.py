@@ -21,8 +21,7 @@ def kinds(app: ratchet.Ratchet, run_id: str) -> list[str]:
     return [e.kind for e in app.events(run_id)]
 
 
-def test_steps_run_once_and_the_result_comes_back(make_app: Callable[..., ratchet.Ratchet]
-                                                   ) -> None:
+def test_steps_run_once_and_the_result_comes_back(make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()
     seen: list[ratchet.StepInfo] = []
 
@@ -49,13 +48,20 @@ def test_steps_run_once_and_the_result_comes_back(make_app: Callable[..., ratche
     assert info.run_id == run_id and info.attempt == 1 and info.lease_epoch >= 1
     assert info.idempotency_key == ratchet.model.idempotency_key(run_id, "1:double", 1)
     assert kinds(app, run_id) == [
-        "run_queued", "run_started", "step_started", "step_completed", "step_started",
-        "step_completed", "run_succeeded"]
+        "run_queued",
+        "run_started",
+        "step_started",
+        "step_completed",
+        "step_started",
+        "step_completed",
+        "run_succeeded",
+    ]
     assert app.get(run_id).status == RunStatus.SUCCEEDED
 
 
 def test_completed_steps_are_not_invoked_again_on_redrive(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     calls: Counter[str] = Counter()
 
@@ -112,7 +118,8 @@ def test_redriving_a_finished_run_is_a_noop(make_app: Callable[..., ratchet.Ratc
 
 
 def test_retries_journal_each_attempt_and_exhaustion_dead_letters(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     state = {"fail": True}
     attempts: list[int] = []
@@ -152,7 +159,12 @@ def test_retries_journal_each_attempt_and_exhaustion_dead_letters(
     assert app.dead_letters() == []
     started = [e for e in app.events(run_id) if e.kind == "step_started"]
     assert [(e.step_id, e.attempt) for e in started] == [
-        ("1:first", 1), ("2:flaky", 1), ("2:flaky", 2), ("2:flaky", 3), ("2:flaky", 4)]
+        ("1:first", 1),
+        ("2:flaky", 1),
+        ("2:flaky", 2),
+        ("2:flaky", 3),
+        ("2:flaky", 4),
+    ]
     with pytest.raises(ratchet.NotDeadLettered):
         app.retry(run_id)
 
@@ -181,8 +193,9 @@ def test_step_timeout_is_a_retryable_timeout(make_app: Callable[..., ratchet.Rat
     app = make_app()
     attempts: list[int] = []
 
-    @app.step(retry=ratchet.Retry(max_attempts=2, backoff_ms=1, retry_on=["timeout"]),
-              timeout_s=0.05)
+    @app.step(
+        retry=ratchet.Retry(max_attempts=2, backoff_ms=1, retry_on=["timeout"]), timeout_s=0.05
+    )
     async def slow() -> str:
         attempts.append(ratchet.current_step().attempt)
         if len(attempts) == 1:
@@ -200,8 +213,9 @@ def test_step_timeout_is_a_retryable_timeout(make_app: Callable[..., ratchet.Rat
     assert "StepTimeout" in retry["error"] and "0.05s" in retry["error"]
 
 
-def test_a_long_backoff_parks_the_run_until_its_time(make_app: Callable[..., ratchet.Ratchet]
-                                                      ) -> None:
+def test_a_long_backoff_parks_the_run_until_its_time(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     attempts: list[int] = []
 
@@ -225,8 +239,7 @@ def test_a_long_backoff_parks_the_run_until_its_time(make_app: Callable[..., rat
     assert attempts == [1, 2]
 
 
-def test_durable_sleep_parks_and_frees_the_worker(make_app: Callable[..., ratchet.Ratchet]
-                                                  ) -> None:
+def test_durable_sleep_parks_and_frees_the_worker(make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()
 
     @app.workflow()
@@ -261,8 +274,9 @@ def test_signal_timeout_raises_in_the_workflow(make_app: Callable[..., ratchet.R
     assert "no signal 'approve' arrived within 600s" in app.result(run_id, timeout_s=15)
 
 
-def test_child_run_is_found_again_not_spawned_twice(make_app: Callable[..., ratchet.Ratchet]
-                                                    ) -> None:
+def test_child_run_is_found_again_not_spawned_twice(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -289,8 +303,9 @@ def test_child_run_is_found_again_not_spawned_twice(make_app: Callable[..., ratc
     app.launch()
     run_id = app.start(parent, ["a", "b"])
     child_id = f"{run_id}/1"
-    wait_for(lambda: any(r.run_id == child_id and r.status == RunStatus.WAITING
-                         for r in app.runs()))
+    wait_for(
+        lambda: any(r.run_id == child_id and r.status == RunStatus.WAITING for r in app.runs())
+    )
     # The child's park parks the parent too.
     assert wait_for(lambda: app.get(run_id).status == RunStatus.WAITING)
     child = app.get(child_id)
@@ -303,8 +318,7 @@ def test_child_run_is_found_again_not_spawned_twice(make_app: Callable[..., ratc
     assert "child broke" in app.result(other, timeout_s=15)
 
 
-def test_cancel_a_waiting_run_and_a_running_one(make_app: Callable[..., ratchet.Ratchet]
-                                                ) -> None:
+def test_cancel_a_waiting_run_and_a_running_one(make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app(lease_ttl=0.6)
     release = threading.Event()
 
@@ -383,7 +397,8 @@ def test_changed_step_order_fails_the_run_naming_both_steps(db_url: str) -> None
 
 
 def test_unserialisable_step_output_fails_with_the_step_named(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step()
@@ -401,8 +416,9 @@ def test_unserialisable_step_output_fails_with_the_step_named(
     assert "step_completed" not in kinds(app, run_id)
 
 
-def test_bad_input_is_refused_and_nothing_is_written(make_app: Callable[..., ratchet.Ratchet]
-                                                     ) -> None:
+def test_bad_input_is_refused_and_nothing_is_written(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -435,8 +451,9 @@ def test_bad_input_is_refused_and_nothing_is_written(make_app: Callable[..., rat
     assert app.runs() == []
 
 
-def test_start_with_an_explicit_run_id_is_idempotent(make_app: Callable[..., ratchet.Ratchet]
-                                                     ) -> None:
+def test_start_with_an_explicit_run_id_is_idempotent(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -475,8 +492,10 @@ def test_the_fold_matches_the_runs_row(make_app: Callable[..., ratchet.Ratchet])
     # What is stored is the canonical JSON of each payload (SQLite gives back that text;
     # PostgreSQL's jsonb gives back the value, whose canonical text verify() makes), and
     # the chain verifies.
-    assert all((e.payload_json or ratchet.model.dumps(e.payload)) == ratchet.model.dumps(
-        e.payload) for e in events)
+    assert all(
+        (e.payload_json or ratchet.model.dumps(e.payload)) == ratchet.model.dumps(e.payload)
+        for e in events
+    )
     assert all(e.verify() for e in events)
     state = fold(run_id, events)
     assert state.status == app.get(run_id).status == RunStatus.SUCCEEDED
@@ -490,6 +509,7 @@ def test_children_ending_while_their_parents_park_never_strand_a_parent(db_url: 
     apps = [ratchet.Ratchet(db_url, lease_ttl=5) for _ in range(2)]
     try:
         for app in apps:
+
             @app.workflow(name="kid")
             async def kid(i: int) -> int:
                 return i
@@ -508,7 +528,8 @@ def test_children_ending_while_their_parents_park_never_strand_a_parent(db_url: 
 
 
 def test_cancel_of_a_running_run_is_acted_on_before_the_next_renewal(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app(lease_ttl=60.0)  # renewal every 20 s: only the announcement can be quick
     release = threading.Event()
 
@@ -534,7 +555,8 @@ def test_cancel_of_a_running_run_is_acted_on_before_the_next_renewal(
 
 
 def test_a_storage_failure_inside_a_step_abandons_the_drive_not_the_run(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     # A 60 s lease: only a retry on the same worker, not the sweep, can finish it in time.
     app = make_app(lease_ttl=60.0)
     store = app.store
@@ -573,12 +595,15 @@ def test_a_storage_failure_inside_a_step_abandons_the_drive_not_the_run(
     assert [d["reason"] for d in drives] == ["claim", "retry"]
     assert drives[1]["epoch"] == drives[0]["epoch"] + 1
     started = [e for e in events if e.kind == "step_started"]
-    assert [(e.attempt, e.payload.get("resumed", False)) for e in started] == [(1, False),
-                                                                             (1, True)]
+    assert [(e.attempt, e.payload.get("resumed", False)) for e in started] == [
+        (1, False),
+        (1, True),
+    ]
 
 
 def test_a_write_the_database_refuses_for_good_fails_the_run_once(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     from ratchet.errors import ValueRefused
 
     app = make_app()
@@ -620,7 +645,8 @@ def test_a_write_the_database_refuses_for_good_fails_the_run_once(
 
 
 def test_a_replayed_step_output_has_the_key_order_of_its_first_run(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     # jsonb keeps keys in its own order; code that serialises a step's output (a prompt, a
     # request body with an idempotency key) must see the same text on every drive.
     app = make_app()

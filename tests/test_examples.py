@@ -15,8 +15,13 @@ EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 @pytest.mark.parametrize("script", ["accounts_graph.py", "accounts_code.py"])
 def test_the_account_example_runs(script: str, tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, str(EXAMPLES / script)], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=90)
+    out = subprocess.run(
+        [sys.executable, str(EXAMPLES / script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "approval asked: Acme first"
@@ -25,14 +30,22 @@ def test_the_account_example_runs(script: str, tmp_path: Path) -> None:
     kinds = [k for k, _ in journal]
     # Three enrichments, a rank, a summary, the approval parked then decided, the forecast
     # retried once after its timeout, one delivery.
-    assert kinds == ["step_completed"] * 6 + ["step_waiting", "step_completed",
-                                              "step_retrying", "step_completed",
-                                              "step_completed"]
+    assert kinds == ["step_completed"] * 6 + [
+        "step_waiting",
+        "step_completed",
+        "step_retrying",
+        "step_completed",
+        "step_completed",
+    ]
     assert journal[6][1].startswith("7:approval:")
     assert journal[8][1].startswith("8:") and journal[-1][1] == "9:notify"
     if script == "accounts_graph.py":
-        assert [s for _, s in journal[:4]] == ["1:load", "2:each#0/enrich",
-                                                "3:each#1/enrich", "4:each#2/enrich"]
+        assert [s for _, s in journal[:4]] == [
+            "1:load",
+            "2:each#0/enrich",
+            "3:each#1/enrich",
+            "4:each#2/enrich",
+        ]
     assert lines[-1] == "webhook: 1 delivery, 1 send(s)"
     # An ordinary run trips no guard (the defaults are on).
     with sqlite3.connect(tmp_path / ".ratchet" / "examples.db") as conn:

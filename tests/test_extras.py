@@ -43,12 +43,14 @@ def run_blocked(code: str, blocked: list[str], cwd: Path) -> subprocess.Complete
     imported; ``TRIED`` lists the attempts, ``STARTUP`` what was loaded before the block."""
     script = _BLOCKER.format(blocked=sorted(blocked)) + textwrap.dedent(code)
     env = {**os.environ, "RATCHET_DATABASE_URL": f"sqlite:///{cwd}/extras.db"}
-    return subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_sqlite_runs_and_the_cli_import_no_extra(tmp_path: Path) -> None:
-    proc = run_blocked("""
+    proc = run_blocked(
+        """
         import json, sys
         import ratchet, ratchet.cli, ratchet.llm, ratchet.store.sqlite
 
@@ -75,7 +77,10 @@ def test_sqlite_runs_and_the_cli_import_no_extra(tmp_path: Path) -> None:
         loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
         print(json.dumps({"result": result, "cli": code, "tried": TRIED,
                           "startup": STARTUP, "loaded": loaded}))
-    """, EVERY_EXTRA, tmp_path)
+    """,
+        EVERY_EXTRA,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["result"] == 20
@@ -86,29 +91,44 @@ def test_sqlite_runs_and_the_cli_import_no_extra(tmp_path: Path) -> None:
 
 
 CLI_CASES = {
-    "postgres": (["--db", "postgresql://postgres@127.0.0.1:1/none", "runs"], ["psycopg"],
-                 "a postgresql:// database needs the postgres extra: "
-                 "pip install 'ratchet-engine[postgres]'"),
-    "llm-server": (["llm-server", "--port", "0"], ["uvicorn"],
-                   "the local model provider (ratchet llm-server) needs the server extra: "
-                   "pip install 'ratchet-engine[server]'"),
-    "demo-openai": (["demo"], ["openai"],
-                    "ratchet demo needs the openai extra: pip install 'ratchet-engine[openai]'"),
-    "demo-both": (["demo"], ["openai", "starlette"],
-                  "ratchet demo needs the openai and server extras: "
-                  "pip install 'ratchet-engine[openai,server]'"),
+    "postgres": (
+        ["--db", "postgresql://postgres@127.0.0.1:1/none", "runs"],
+        ["psycopg"],
+        "a postgresql:// database needs the postgres extra: pip install 'ratchet-engine[postgres]'",
+    ),
+    "llm-server": (
+        ["llm-server", "--port", "0"],
+        ["uvicorn"],
+        "the local model provider (ratchet llm-server) needs the server extra: "
+        "pip install 'ratchet-engine[server]'",
+    ),
+    "demo-openai": (
+        ["demo"],
+        ["openai"],
+        "ratchet demo needs the openai extra: pip install 'ratchet-engine[openai]'",
+    ),
+    "demo-both": (
+        ["demo"],
+        ["openai", "starlette"],
+        "ratchet demo needs the openai and server extras: "
+        "pip install 'ratchet-engine[openai,server]'",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
 def test_the_cli_names_a_missing_extra_in_one_line(case: str, tmp_path: Path) -> None:
     args, blocked, expected = CLI_CASES[case]
-    proc = run_blocked(f"""
+    proc = run_blocked(
+        f"""
         import sys
         from ratchet.cli import main
         sys.argv = ["ratchet", *{args!r}]
         main()
-    """, blocked, tmp_path)
+    """,
+        blocked,
+        tmp_path,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
@@ -117,23 +137,29 @@ def test_the_cli_names_a_missing_extra_in_one_line(case: str, tmp_path: Path) ->
 
 
 LIBRARY_CASES = {
-    "postgres": ("ratchet.Ratchet('postgresql://postgres@127.0.0.1:1/none')", ["psycopg_pool"],
-                 "postgres"),
+    "postgres": (
+        "ratchet.Ratchet('postgresql://postgres@127.0.0.1:1/none')",
+        ["psycopg_pool"],
+        "postgres",
+    ),
     "server": ("import ratchet.llm.server", ["starlette"], "server"),
     "pydantic-ai": ("import ratchet.integrations.pydantic_ai", ["pydantic_ai"], "pydantic-ai"),
     # A client whose class names an SDK this interpreter cannot import.
-    "wrap": ("ratchet.llm.wrap(type('AsyncOpenAI', (), {'__module__': 'openai._client'})())",
-             ["openai"], "openai"),
+    "wrap": (
+        "ratchet.llm.wrap(type('AsyncOpenAI', (), {'__module__': 'openai._client'})())",
+        ["openai"],
+        "openai",
+    ),
     "agent-openai": ("ratchet.Agent('gpt-4.1-mini').client", ["openai"], "openai"),
-    "agent-anthropic": ("ratchet.Agent('claude-sonnet-4-6').client", ["anthropic"],
-                        "anthropic"),
+    "agent-anthropic": ("ratchet.Agent('claude-sonnet-4-6').client", ["anthropic"], "anthropic"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(LIBRARY_CASES))
 def test_the_library_raises_missing_extra_naming_it(case: str, tmp_path: Path) -> None:
     expr, blocked, extra = LIBRARY_CASES[case]
-    proc = run_blocked(f"""
+    proc = run_blocked(
+        f"""
         import json
         import ratchet
         try:
@@ -141,7 +167,10 @@ def test_the_library_raises_missing_extra_naming_it(case: str, tmp_path: Path) -
         except ratchet.MissingExtra as e:
             print(json.dumps({{"message": str(e), "import_error": isinstance(e, ImportError),
                               "chained": e.__cause__ is not None or e.__context__ is not None}}))
-    """, blocked, tmp_path)
+    """,
+        blocked,
+        tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     message = report["message"]

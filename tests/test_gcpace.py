@@ -31,7 +31,8 @@ def full_collections() -> Iterator[list[int]]:
 
 
 def test_full_collections_wait_for_as_many_finished_runs_as_were_in_flight(
-        full_collections: list[int]) -> None:
+    full_collections: list[int],
+) -> None:
     before = gc.get_threshold()
     with GcPacer(3000) as pacer:
         assert gc.get_threshold() == (before[0], before[1], gcpace._NEVER)
@@ -63,7 +64,8 @@ def test_the_thresholds_come_back_when_the_last_pacing_worker_stops() -> None:
 
 
 def test_a_launched_worker_paces_while_it_runs_and_drives_runs_as_ever(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow(name="echo")

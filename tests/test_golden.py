@@ -28,8 +28,20 @@ GOLDEN = Path(__file__).parent / "golden"
 
 def _load(name: str) -> tuple[dict[str, Any], list[Event]]:
     data = json.loads((GOLDEN / name).read_text())
-    events = [Event(e["run_id"], e["seq"], e["kind"], e["step_id"], e["attempt"], e["payload"],
-                    e["at"], e["prev_hash"], e["hash"]) for e in data["events"]]
+    events = [
+        Event(
+            e["run_id"],
+            e["seq"],
+            e["kind"],
+            e["step_id"],
+            e["attempt"],
+            e["payload"],
+            e["at"],
+            e["prev_hash"],
+            e["hash"],
+        )
+        for e in data["events"]
+    ]
     return data, events
 
 
@@ -37,16 +49,27 @@ def _to_the_microsecond(events: list[Event]) -> list[Event]:
     return [dataclasses.replace(e, at=round(e.at, 6)) for e in events]
 
 
-def _install(app: ratchet.Ratchet, data: dict[str, Any], events: list[Event],
-             version: str = "1") -> str:
+def _install(
+    app: ratchet.Ratchet, data: dict[str, Any], events: list[Event], version: str = "1"
+) -> str:
     """Write the recorded run and its journal as they were, then mark it ready to drive."""
     run_id = events[0].run_id
 
     def body(tx: Tx) -> None:
-        tx.run("run_insert", {"run_id": run_id, "workflow": data["workflow"],
-                              "workflow_version": version, "input": dumps(data["input"]),
-                              "parent_run_id": None, "parent_step_id": None,
-                              "queue": "default", "priority": 0, "tenant_id": "default"})
+        tx.run(
+            "run_insert",
+            {
+                "run_id": run_id,
+                "workflow": data["workflow"],
+                "workflow_version": version,
+                "input": dumps(data["input"]),
+                "parent_run_id": None,
+                "parent_step_id": None,
+                "queue": "default",
+                "priority": 0,
+                "tenant_id": "default",
+            },
+        )
         app.store._insert_events(tx, events)
 
     app._portal.call(app.store._run(body))
@@ -94,8 +117,10 @@ def test_golden_journal_replays_without_running_recorded_steps(db_url: str) -> N
         app.launch()
         app.signal(run_id, "approve", {"by": "ana"})
         result = app.result(run_id, timeout_s=15)
-        assert result == {"summary": "text of durable engines-1 | text of durable engines-2",
-                          "by": "ana"}
+        assert result == {
+            "summary": "text of durable engines-1 | text of durable engines-2",
+            "by": "ana",
+        }
         assert calls == {"summarize": 1}  # search and read came from the journal
         journal = app.events(run_id)
         # The recorded prefix is untouched (PostgreSQL keeps times to the microsecond, the
@@ -132,7 +157,8 @@ def test_golden_journal_against_reordered_code_is_non_deterministic(db_url: str)
 
 
 def test_golden_graph_journal_replays_its_pinned_version_without_running_recorded_nodes(
-        db_url: str) -> None:
+    db_url: str,
+) -> None:
     """A graph run recorded after a loop of two tool nodes (its worker gone before the
     approval node): the graph's content hash is still the version it recorded, and the
     re-drive reads the loop from the journal, asks the approval and finishes, even with
@@ -168,8 +194,10 @@ def test_golden_graph_journal_replays_its_pinned_version_without_running_recorde
         assert calls == {"tag": 1}  # the loop's nodes came from the journal
         journal = app.events(run_id)
         assert _to_the_microsecond(journal[: len(events)]) == _to_the_microsecond(events)
-        assert [e.step_id for e in journal[len(events):]
-                if e.kind == "step_completed"] == ["3:approval:ok", "4:label"]
+        assert [e.step_id for e in journal[len(events) :] if e.kind == "step_completed"] == [
+            "3:approval:ok",
+            "4:label",
+        ]
         assert all(e.verify() for e in journal)
         assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(journal))
     finally:

@@ -21,9 +21,11 @@ from receivers import HttpReceiver
 from ratchet.llm.server import LocalProvider
 from ratchet.model import EventKind, RunStatus
 
-pytestmark = [pytest.mark.crash,
-              pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = [
+    pytest.mark.crash,
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
 WORKER = "w-graph"  # every worker takes this id, so each reclaims the last one's runs at once
 
@@ -39,22 +41,29 @@ def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
 
 
 def completed(h: Harness, run_id: str) -> Counter[str]:
-    return Counter(e.step_id for e in h.app.events(run_id)
-                   if e.kind == EventKind.STEP_COMPLETED and e.step_id)
+    return Counter(
+        e.step_id for e in h.app.events(run_id) if e.kind == EventKind.STEP_COMPLETED and e.step_id
+    )
 
 
 def test_killed_after_every_node_the_example_graph_runs_each_node_once(
-        h: Harness, provider: tuple[LocalProvider, str]) -> None:
+    h: Harness, provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     with HttpReceiver() as receiver:
-        run_id = h.app.start("enrich-accounts", {"accounts": ["Acme", "Globex"],
-                                                 "webhook": receiver.url + "/hook"})
+        run_id = h.app.start(
+            "enrich-accounts", {"accounts": ["Acme", "Globex"], "webhook": receiver.url + "/hook"}
+        )
         kills = 0
         for i in range(20):
             # Each worker dies right after it commits its first step_completed: the next
             # one must take the run from there.
-            h.spawn(f"w{i}", worker_id=WORKER, crash_at="after_step_completed:1",
-                    env_extra={"CRASH_LLM_URL": base})
+            h.spawn(
+                f"w{i}",
+                worker_id=WORKER,
+                crash_at="after_step_completed:1",
+                env_extra={"CRASH_LLM_URL": base},
+            )
 
             def moved() -> str | None:
                 rec = h.app.get(run_id)
@@ -81,9 +90,16 @@ def test_killed_after_every_node_the_example_graph_runs_each_node_once(
         out = h.app.result(run_id, timeout_s=5)
         assert out == {"top": asked.data["top"], "approved": True, "delivered": True}
         steps = completed(h, run_id)
-        assert list(steps) == ["1:load", "2:each#0/enrich", "3:each#1/enrich", "4:rank",
-                               "5:summarize", "6:approval:approve", "7:forecast",
-                               "8:notify"]
+        assert list(steps) == [
+            "1:load",
+            "2:each#0/enrich",
+            "3:each#1/enrich",
+            "4:rank",
+            "5:summarize",
+            "6:approval:approve",
+            "7:forecast",
+            "8:notify",
+        ]
         assert set(steps.values()) == {1}
         # A kill after each step node but the approval (decided here, by no worker) and the
         # webhook, whose completion commits with the run's end.
@@ -100,11 +116,14 @@ def test_killed_after_every_node_the_example_graph_runs_each_node_once(
 
 
 def test_a_crash_in_iteration_k_of_a_loop_resumes_at_k(
-        h: Harness, provider: tuple[LocalProvider, str]) -> None:
+    h: Harness, provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     env = {"CRASH_LLM_URL": base}
-    run_id = h.app.start("enrich-accounts", {"accounts": ["Acme", "Globex", "Initech"],
-                                             "webhook": "http://127.0.0.1:9/never"})
+    run_id = h.app.start(
+        "enrich-accounts",
+        {"accounts": ["Acme", "Globex", "Initech"], "webhook": "http://127.0.0.1:9/never"},
+    )
     # The fourth step_started is iteration 2's (after load, each#0, each#1): the worker
     # dies with it journaled and its request not yet sent.
     a = h.spawn("a", worker_id=WORKER, crash_at="after_step_started:4", env_extra=env)
@@ -116,15 +135,21 @@ def test_a_crash_in_iteration_k_of_a_loop_resumes_at_k(
     wait_for("the approval", lambda: h.app.approvals(run_id), 30, h.worker_logs)
     started = [e.step_id for e in h.app.events(run_id) if e.kind == EventKind.STEP_STARTED]
     # Iteration 2 started twice (once per drive); 0 and 1 were not started again.
-    assert started == ["1:load", "2:each#0/enrich", "3:each#1/enrich", "4:each#2/enrich",
-                       "4:each#2/enrich", "5:rank", "6:summarize"]
+    assert started == [
+        "1:load",
+        "2:each#0/enrich",
+        "3:each#1/enrich",
+        "4:each#2/enrich",
+        "4:each#2/enrich",
+        "5:rank",
+        "6:summarize",
+    ]
     keys = [r["idempotency_key"] for r in server.requests()]
     assert len(keys) == 4 and len(set(keys)) == 4  # each#2 sent once, then the summary
     assert h.calls() == {"1:load": 1, "5:rank": 1}
 
 
-def test_a_reclaimed_parent_finds_its_subagent_instead_of_spawning_another(
-        h: Harness) -> None:
+def test_a_reclaimed_parent_finds_its_subagent_instead_of_spawning_another(h: Harness) -> None:
     run_id = h.app.start("parent", {"name": "x"})
     a = h.spawn("a", worker_id=WORKER)
     # The child's tool is running (its gate closed) when the worker dies with parent and
@@ -147,14 +172,18 @@ ROUTES_INPUT = {"same": [7] * 8, "items": [1, 2, 3, 4]}
 def decided(h: Harness, run_id: str) -> list[tuple[str, str | None, Any]]:
     """What the drives of a run decided, in journal order: each step completed with its
     output, each anomaly by its key."""
-    return [(e.kind, e.step_id, e.payload.get("output" if e.kind == EventKind.STEP_COMPLETED
-                                               else "key"))
-            for e in h.app.events(run_id)
-            if e.kind in (EventKind.STEP_COMPLETED, EventKind.ANOMALY_DETECTED)]
+    return [
+        (
+            e.kind,
+            e.step_id,
+            e.payload.get("output" if e.kind == EventKind.STEP_COMPLETED else "key"),
+        )
+        for e in h.app.events(run_id)
+        if e.kind in (EventKind.STEP_COMPLETED, EventKind.ANOMALY_DETECTED)
+    ]
 
 
-def test_a_graph_killed_again_and_again_takes_the_route_of_an_uncrashed_run(
-        h: Harness) -> None:
+def test_a_graph_killed_again_and_again_takes_the_route_of_an_uncrashed_run(h: Harness) -> None:
     crashed = h.app.start("routes", ROUTES_INPUT)
     kills = 0
     for i in range(15):
@@ -181,19 +210,32 @@ def test_a_graph_killed_again_and_again_takes_the_route_of_an_uncrashed_run(
     clean = h.app.start("routes", ROUTES_INPUT)
     h.spawn("clean", worker_id=WORKER)
     assert h.wait_status(clean, "succeeded", 30).status == "succeeded"
-    assert h.app.result(crashed, timeout_s=5) == h.app.result(clean, timeout_s=5) == {
-        "same": [7] * 8, "each": [2, 5, 8, 11], "both": {"left": 11, "right": 8},
-        "tries": [0, 3, 4]}
+    assert (
+        h.app.result(crashed, timeout_s=5)
+        == h.app.result(clean, timeout_s=5)
+        == {
+            "same": [7] * 8,
+            "each": [2, 5, 8, 11],
+            "both": {"left": 11, "right": 8},
+            "tries": [0, 3, 4],
+        }
+    )
     route = decided(h, crashed)
     assert route == decided(h, clean)
     # The runaway-loop streak of the first loop counts the steps a drive took from the
     # journal: the fourth echo trips it (in the second drive) as in the uncrashed run, and
     # the seventh (the third drive's first, after six replayed) does not trip it again.
-    assert [(kind, step) for kind, step, _ in route if kind == EventKind.ANOMALY_DETECTED
-            ] == [(EventKind.ANOMALY_DETECTED, "4:same#3/echo")]
+    assert [(kind, step) for kind, step, _ in route if kind == EventKind.ANOMALY_DETECTED] == [
+        (EventKind.ANOMALY_DETECTED, "4:same#3/echo")
+    ]
     assert [step for _, step, _ in route][-6:] == [
-        "18:right", "19:big", "20:tries#0/probe", "21:tries#1/probe", "22:tries#1/odd",
-        "23:tries#2/probe"]
+        "18:right",
+        "19:big",
+        "20:tries#0/probe",
+        "21:tries#1/probe",
+        "22:tries#1/odd",
+        "23:tries#2/probe",
+    ]
     # Every step's code ran once, though the run was driven eight times.
     ran = Counter(r["step_id"] for r in h.invocations() if r["run_id"] == crashed)
     assert len(ran) == 23 and set(ran.values()) == {1}

@@ -25,17 +25,26 @@ import ratchet
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import EventKind, idempotency_key
 
-pytestmark = [pytest.mark.filterwarnings("ignore::ResourceWarning"),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::ResourceWarning"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+]
 
-SCHEMA = {"type": "object", "required": ["category"],
-          "properties": {"category": {"type": "string"}}}
-SCRIPT = {"rules": [
-    {"match": {"contains": "classify"}, "reply": {"json": {"category": "billing"}}},
-    {"match": {"contains": "use the tool", "last_role": "user"},
-     "reply": {"tool_calls": [{"name": "score", "arguments": {"account": "acme"}}]}},
-    {"match": {"last_role": "tool"}, "reply": {"text": "acme scores 4"}},
-]}
+SCHEMA = {
+    "type": "object",
+    "required": ["category"],
+    "properties": {"category": {"type": "string"}},
+}
+SCRIPT = {
+    "rules": [
+        {"match": {"contains": "classify"}, "reply": {"json": {"category": "billing"}}},
+        {
+            "match": {"contains": "use the tool", "last_role": "user"},
+            "reply": {"tool_calls": [{"name": "score", "arguments": {"account": "acme"}}]},
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "acme scores 4"}},
+    ]
+}
 
 
 @pytest.fixture(autouse=True)
@@ -78,11 +87,12 @@ def chain(name: str, nodes: list[dict[str, Any]], **more: Any) -> dict[str, Any]
     """A graph running ``nodes`` one after the other from a trigger, then an approval
     ("hold"): deciding it drives the run again, replaying every node before it."""
     ids = ["start", *(n["id"] for n in nodes), "hold"]
-    return {"name": name,
-            "nodes": [{"id": "start", "type": "trigger"}, *nodes,
-                      {"id": "hold", "type": "approval"}],
-            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
-            **more}
+    return {
+        "name": name,
+        "nodes": [{"id": "start", "type": "trigger"}, *nodes, {"id": "hold", "type": "approval"}],
+        "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
+        **more,
+    }
 
 
 def hold_then_release(app: ratchet.Ratchet, run_id: str) -> None:
@@ -102,24 +112,57 @@ def events(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Event]:
 
 
 def test_ai_steps_are_llm_steps_replayed_without_calling_the_provider(
-        app: ratchet.Ratchet, provider: tuple[LocalProvider, str]) -> None:
+    app: ratchet.Ratchet, provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     app.llm_client(openai.AsyncOpenAI(base_url=base + "/v1", api_key="local"))
     app.llm_client(anthropic.AsyncAnthropic(base_url=base, api_key="local"))
-    app.graph(chain("ai", [
-        {"id": "plain", "type": "ai-step",
-         "data": {"model": "gpt-4.1-mini", "prompt": "hello {{ input.who }}",
-                  "system": "Be brief."}},
-        {"id": "classify", "type": "ai-step",
-         "data": {"model": "gpt-4.1-mini", "prompt": "classify {{ nodes.plain.output }}",
-                  "output_schema": SCHEMA}},
-        {"id": "claude", "type": "ai-step",
-         "data": {"model": "claude-sonnet-4-6", "prompt": "sort {{ input.who }}",
-                  "output_schema": SCHEMA, "max_tokens": 64}},
-        {"id": "agent", "type": "ai-step",
-         "data": {"model": "gpt-4.1-mini", "prompt": "use the tool", "tools": ["score"]}},
-    ], output={"plain": "{{ nodes.plain.output }}", "classify": "{{ nodes.classify.output }}",
-               "claude": "{{ nodes.claude.output }}", "agent": "{{ nodes.agent.output }}"}))
+    app.graph(
+        chain(
+            "ai",
+            [
+                {
+                    "id": "plain",
+                    "type": "ai-step",
+                    "data": {
+                        "model": "gpt-4.1-mini",
+                        "prompt": "hello {{ input.who }}",
+                        "system": "Be brief.",
+                    },
+                },
+                {
+                    "id": "classify",
+                    "type": "ai-step",
+                    "data": {
+                        "model": "gpt-4.1-mini",
+                        "prompt": "classify {{ nodes.plain.output }}",
+                        "output_schema": SCHEMA,
+                    },
+                },
+                {
+                    "id": "claude",
+                    "type": "ai-step",
+                    "data": {
+                        "model": "claude-sonnet-4-6",
+                        "prompt": "sort {{ input.who }}",
+                        "output_schema": SCHEMA,
+                        "max_tokens": 64,
+                    },
+                },
+                {
+                    "id": "agent",
+                    "type": "ai-step",
+                    "data": {"model": "gpt-4.1-mini", "prompt": "use the tool", "tools": ["score"]},
+                },
+            ],
+            output={
+                "plain": "{{ nodes.plain.output }}",
+                "classify": "{{ nodes.classify.output }}",
+                "claude": "{{ nodes.claude.output }}",
+                "agent": "{{ nodes.agent.output }}",
+            },
+        )
+    )
     with app:
         app.launch()
         run_id = app.start("ai", {"who": "ana"})
@@ -135,9 +178,13 @@ def test_ai_steps_are_llm_steps_replayed_without_calling_the_provider(
 
     started = events(app, run_id, EventKind.STEP_STARTED)
     llm = [e for e in started if e.payload.get("kind") == "llm"]
-    assert [e.step_id for e in llm] == ["1:plain", "2:classify", "3:claude",
-                                        "4:openai.chat.completions.create",
-                                        "6:openai.chat.completions.create"]
+    assert [e.step_id for e in llm] == [
+        "1:plain",
+        "2:classify",
+        "3:claude",
+        "4:openai.chat.completions.create",
+        "6:openai.chat.completions.create",
+    ]
     assert [e.payload["provider"] for e in llm] == ["openai"] * 2 + ["anthropic"] + ["openai"] * 2
     # Each call went out once, under its step's key, and was billed once: the second
     # drive (after the approval) replayed all five from the journal.
@@ -151,32 +198,68 @@ def test_ai_steps_are_llm_steps_replayed_without_calling_the_provider(
 
 
 def test_a_structured_answer_that_is_not_json_fails_the_node_naming_it(
-        app: ratchet.Ratchet, provider: tuple[LocalProvider, str]) -> None:
+    app: ratchet.Ratchet, provider: tuple[LocalProvider, str]
+) -> None:
     _, base = provider
     app.llm_client(openai.AsyncOpenAI(base_url=base + "/v1", api_key="local"))
-    app.graph(chain("bad-json", [
-        {"id": "agent", "type": "ai-step",
-         "data": {"model": "gpt-4.1-mini", "prompt": "use the tool", "tools": ["score"],
-                  "output_schema": SCHEMA}}]))
+    app.graph(
+        chain(
+            "bad-json",
+            [
+                {
+                    "id": "agent",
+                    "type": "ai-step",
+                    "data": {
+                        "model": "gpt-4.1-mini",
+                        "prompt": "use the tool",
+                        "tools": ["score"],
+                        "output_schema": SCHEMA,
+                    },
+                }
+            ],
+        )
+    )
     with app:
         app.launch()
         run_id = app.start("bad-json", {})
-        with pytest.raises(ratchet.RunFailed, match=r"node agent: the model's answer is not "
-                                                    r"the JSON its output_schema asks for"):
+        with pytest.raises(
+            ratchet.RunFailed,
+            match=r"node agent: the model's answer is not "
+            r"the JSON its output_schema asks for",
+        ):
             app.result(run_id, timeout_s=30)
 
 
 def test_an_http_connector_is_a_step_retried_on_5xx_and_refused_on_4xx(
-        app: ratchet.Ratchet, receiver: HttpReceiver) -> None:
-    app.graph(chain("http", [
-        {"id": "get", "type": "connector",
-         "data": {"url": receiver.url + "/items/{{ input.item }}", "method": "GET"}},
-        {"id": "post", "type": "connector",
-         "data": {"url": receiver.url + "/notes", "headers": {"X-Who": "{{ input.who }}"},
-                  "body": {"item": "{{ input.item }}", "got": "{{ nodes.get.output.body }}"},
-                  "retry": {"maxAttempts": 2, "backoffMs": 10,
-                            "retryableClasses": ["connector"]}}},
-    ], output={"get": "{{ nodes.get.output }}", "post": "{{ nodes.post.output }}"}))
+    app: ratchet.Ratchet, receiver: HttpReceiver
+) -> None:
+    app.graph(
+        chain(
+            "http",
+            [
+                {
+                    "id": "get",
+                    "type": "connector",
+                    "data": {"url": receiver.url + "/items/{{ input.item }}", "method": "GET"},
+                },
+                {
+                    "id": "post",
+                    "type": "connector",
+                    "data": {
+                        "url": receiver.url + "/notes",
+                        "headers": {"X-Who": "{{ input.who }}"},
+                        "body": {"item": "{{ input.item }}", "got": "{{ nodes.get.output.body }}"},
+                        "retry": {
+                            "maxAttempts": 2,
+                            "backoffMs": 10,
+                            "retryableClasses": ["connector"],
+                        },
+                    },
+                },
+            ],
+            output={"get": "{{ nodes.get.output }}", "post": "{{ nodes.post.output }}"},
+        )
+    )
     with app:
         app.launch()
         receiver.fail_next(200)  # the GET
@@ -187,7 +270,10 @@ def test_an_http_connector_is_a_step_retried_on_5xx_and_refused_on_4xx(
         assert out["get"] == {"status": 200, "body": {"received": 1, "path": "/items/7"}}
         assert out["post"] == {"status": 200, "body": {"received": 3, "path": "/notes"}}
         assert [(r["method"], r["path"]) for r in receiver.requests] == [
-            ("GET", "/items/7"), ("POST", "/notes"), ("POST", "/notes")]
+            ("GET", "/items/7"),
+            ("POST", "/notes"),
+            ("POST", "/notes"),
+        ]
         post = receiver.requests[2]
         assert post["headers"]["x-who"] == "ana"
         assert post["body"] == {"item": 7, "got": {"received": 1, "path": "/items/7"}}
@@ -197,12 +283,27 @@ def test_an_http_connector_is_a_step_retried_on_5xx_and_refused_on_4xx(
         assert "answered 503" in retrying[0].payload["error"]
 
         receiver.fail_next(404)
-        app.graph(chain("http-404", [{"id": "get", "type": "connector",
-                                      "data": {"url": receiver.url + "/nope",
-                                               "retry": {"maxAttempts": 3, "backoffMs": 10}}}]))
+        app.graph(
+            chain(
+                "http-404",
+                [
+                    {
+                        "id": "get",
+                        "type": "connector",
+                        "data": {
+                            "url": receiver.url + "/nope",
+                            "retry": {"maxAttempts": 3, "backoffMs": 10},
+                        },
+                    }
+                ],
+            )
+        )
         bad = app.start("http-404", {})
-        with pytest.raises(ratchet.RunFailed, match=r"POST http://127\.0\.0\.1:\d+/nope "
-                                                    r"answered 404"):
+        with pytest.raises(
+            ratchet.RunFailed,
+            match=r"POST http://127\.0\.0\.1:\d+/nope "
+            r"answered 404",
+        ):
             app.result(bad, timeout_s=30)
         assert events(app, bad, EventKind.STEP_RETRYING) == []  # 4xx: never retried
     assert len(receiver.requests) == 4
@@ -231,8 +332,7 @@ def test_a_template_cannot_change_the_data_it_reads() -> None:
     assert data == {"nodes": {"a": {"output": [1]}}, "input": {"k": 1}}
 
 
-def test_a_loop_iteration_gets_a_copy_of_the_results_only_if_a_template_may_read_them(
-        ) -> None:
+def test_a_loop_iteration_gets_a_copy_of_the_results_only_if_a_template_may_read_them() -> None:
     from ratchet.graphs.interpreter import _reads_results
 
     def graph(**data: Any) -> dict[str, Any]:
@@ -261,14 +361,30 @@ def receipt_status(db_url: str, run_id: str) -> list[str]:
 
 
 def test_a_webhook_claims_its_receipt_first_sends_its_key_and_is_delivered_once(
-        app: ratchet.Ratchet, receiver: HttpReceiver, db_url: str) -> None:
-    app.graph(chain("hook", [
-        {"id": "notify", "type": "connector",
-         "data": {"kind": "webhook", "url": receiver.url + "/hook",
-                  "body": {"text": "hello {{ input.who }}"},
-                  "retry": {"maxAttempts": 2, "backoffMs": 10,
-                            "retryableClasses": ["connector"]}}}],
-        output="{{ nodes.notify.output }}"))
+    app: ratchet.Ratchet, receiver: HttpReceiver, db_url: str
+) -> None:
+    app.graph(
+        chain(
+            "hook",
+            [
+                {
+                    "id": "notify",
+                    "type": "connector",
+                    "data": {
+                        "kind": "webhook",
+                        "url": receiver.url + "/hook",
+                        "body": {"text": "hello {{ input.who }}"},
+                        "retry": {
+                            "maxAttempts": 2,
+                            "backoffMs": 10,
+                            "retryableClasses": ["connector"],
+                        },
+                    },
+                }
+            ],
+            output="{{ nodes.notify.output }}",
+        )
+    )
     seen: list[list[str]] = []
     with app:
         app.launch()
@@ -284,19 +400,33 @@ def test_a_webhook_claims_its_receipt_first_sends_its_key_and_is_delivered_once(
         assert [r["headers"]["idempotency-key"] for r in receiver.requests] == [key, key]
         assert receiver.requests[0]["body"] == {"text": "hello ana"}
         (receipt,) = app.receipts(run_id)
-        assert (receipt.status, receipt.idempotency_key, receipt.response) == (
-            "settled", key, out)
+        assert (receipt.status, receipt.idempotency_key, receipt.response) == ("settled", key, out)
         # Two drives (the approval parked the run between them), one successful send.
         assert len(receiver.requests) == 2
 
 
 def test_an_email_goes_over_smtp_once_with_its_key(
-        app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch) -> None:
-    app.graph(chain("mail", [
-        {"id": "mail", "type": "connector",
-         "data": {"kind": "email", "to": "{{ input.to }}", "subject": "Summary",
-                  "from": "bot@example.com", "body": "All {{ input.n }} accounts done."}}],
-        output="{{ nodes.mail.output }}"))
+    app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app.graph(
+        chain(
+            "mail",
+            [
+                {
+                    "id": "mail",
+                    "type": "connector",
+                    "data": {
+                        "kind": "email",
+                        "to": "{{ input.to }}",
+                        "subject": "Summary",
+                        "from": "bot@example.com",
+                        "body": "All {{ input.n }} accounts done.",
+                    },
+                }
+            ],
+            output="{{ nodes.mail.output }}",
+        )
+    )
     with SmtpReceiver() as smtp, app:
         monkeypatch.setenv("RATCHET_SMTP_URL", smtp.url)
         app.launch()
@@ -307,7 +437,10 @@ def test_an_email_goes_over_smtp_once_with_its_key(
         assert out == {"to": "ana@example.com", "message_id": f"<{key}@ratchet>"}
         (message,) = smtp.messages
         assert (message["To"], message["From"], message["Subject"]) == (
-            "ana@example.com", "bot@example.com", "Summary")
+            "ana@example.com",
+            "bot@example.com",
+            "Summary",
+        )
         assert message["Idempotency-Key"] == key
         assert isinstance(message, EmailMessage)
         assert message.get_content().strip() == "All 3 accounts done."
@@ -315,17 +448,31 @@ def test_an_email_goes_over_smtp_once_with_its_key(
 
 
 def test_an_email_to_no_smtp_server_fails_the_run_naming_it(
-        app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch) -> None:
+    app: ratchet.Ratchet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with SmtpReceiver() as smtp:
         closed = smtp.url  # a port that was open a moment ago and is closed now
     monkeypatch.setenv("RATCHET_SMTP_URL", closed)
-    app.graph(chain("no-mail", [{"id": "mail", "type": "connector",
-                                 "data": {"kind": "email", "to": "ana@example.com"}}]))
+    app.graph(
+        chain(
+            "no-mail",
+            [
+                {
+                    "id": "mail",
+                    "type": "connector",
+                    "data": {"kind": "email", "to": "ana@example.com"},
+                }
+            ],
+        )
+    )
     with app:
         app.launch()
         run_id = app.start("no-mail", {})
-        with pytest.raises(ratchet.RunFailed, match=r"email to ana@example\.com: "
-                                                    r"ConnectionRefusedError"):
+        with pytest.raises(
+            ratchet.RunFailed,
+            match=r"email to ana@example\.com: "
+            r"ConnectionRefusedError",
+        ):
             app.result(run_id, timeout_s=30)
         # The receipt was claimed before the attempt and is left claimed: nobody knows
         # whether a refused connection delivered anything, and the policy says resend.

@@ -19,17 +19,25 @@ BAD = {
     "name": "bad",
     "nodes": [
         {"id": "start", "type": "trigger"},
-        {"id": "file", "type": "tool", "data": {"tool": "nope",
-                                                "args": {"t": "{{ nodes.ghost.output }}"}}},
+        {
+            "id": "file",
+            "type": "tool",
+            "data": {"tool": "nope", "args": {"t": "{{ nodes.ghost.output }}"}},
+        },
         {"id": "weird", "type": "sparkle"},
         {"id": "broken", "type": "ai-step", "data": {"model": "m", "prompt": "{{ input. }}"}},
         {"id": "a", "type": "join"},
         {"id": "b", "type": "join"},
         {"id": "lonely", "type": "output"},
     ],
-    "edges": [{"from": "start", "to": "file"}, {"from": "file", "to": "missing"},
-              {"from": "start", "to": "broken"}, {"from": "broken", "to": "a"},
-              {"from": "a", "to": "b"}, {"from": "b", "to": "a"}],
+    "edges": [
+        {"from": "start", "to": "file"},
+        {"from": "file", "to": "missing"},
+        {"from": "start", "to": "broken"},
+        {"from": "broken", "to": "a"},
+        {"from": "a", "to": "b"},
+        {"from": "b", "to": "a"},
+    ],
 }
 
 EXPECTED = [
@@ -47,16 +55,21 @@ def test_every_problem_names_its_node_and_field() -> None:
     graph, problems = validate(BAD, tools=["lookup"])
     assert graph is None
     for node, field, message in EXPECTED:
-        assert any(p.node == node and p.field == field and message in p.message
-                   for p in problems), (node, field, message, [str(p) for p in problems])
+        assert any(
+            p.node == node and p.field == field and message in p.message for p in problems
+        ), (node, field, message, [str(p) for p in problems])
     assert len(problems) == len(EXPECTED)
 
 
 def _isolated(*nodes: dict[str, object], **top: object) -> dict[str, object]:
     ids = ["start", *(n["id"] for n in nodes)]
-    return {"name": "iso", "tier": "isolated", **top,
-            "nodes": [{"id": "start", "type": "trigger"}, *nodes],
-            "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)]}
+    return {
+        "name": "iso",
+        "tier": "isolated",
+        **top,
+        "nodes": [{"id": "start", "type": "trigger"}, *nodes],
+        "edges": [{"from": a, "to": b} for a, b in itertools.pairwise(ids)],
+    }
 
 
 def test_an_isolated_graph_refuses_each_node_a_sandbox_cannot_run() -> None:
@@ -76,11 +89,21 @@ def test_an_isolated_graph_refuses_each_node_a_sandbox_cannot_run() -> None:
         {"id": "post", "type": "connector", "data": {"url": "http://example.invalid"}},
         {"id": "think", "type": "ai-step", "data": {"model": "m", "prompt": "hi"}},
         {"id": "pay", "type": "tool", "data": {"tool": "wire", "args": {"amount": 1}}},
-        {"id": "slow", "type": "tool", "data": {
-            "tool": "ok", "args": {"n": 1},
-            "retry": {"maxAttempts": 3, "backoffMs": 1500}}},
-        {"id": "fine", "type": "tool", "data": {
-            "tool": "ok", "args": {"n": 1}, "retry": {"maxAttempts": 2, "backoffMs": 100}}})
+        {
+            "id": "slow",
+            "type": "tool",
+            "data": {
+                "tool": "ok",
+                "args": {"n": 1},
+                "retry": {"maxAttempts": 3, "backoffMs": 1500},
+            },
+        },
+        {
+            "id": "fine",
+            "type": "tool",
+            "data": {"tool": "ok", "args": {"n": 1}, "retry": {"maxAttempts": 2, "backoffMs": 100}},
+        },
+    )
     graph, problems = validate(doc, tools=app.tools)
     assert graph is None
     found = {p.node: (p.field, p.message) for p in problems}
@@ -89,25 +112,32 @@ def test_an_isolated_graph_refuses_each_node_a_sandbox_cannot_run() -> None:
     assert "approval nodes cannot run in an isolated graph" in found["ask"][1]
     assert "child run" in found["kid"][1] and "no network" in found["post"][1]
     assert "model provider" in found["think"][1] and "tool 'wire'" in found["pay"][1]
-    assert found["slow"] == ("nodes[6].data.retry", "a backoff of 3s parks the run, which an "
-                             "isolated graph cannot: keep each backoff under 2s")
+    assert found["slow"] == (
+        "nodes[6].data.retry",
+        "a backoff of 3s parks the run, which an isolated graph cannot: keep each backoff under 2s",
+    )
     # The same nodes in-process are fine.
     assert validate({**doc, "tier": "process"}, tools=app.tools)[1] == []
 
 
 def test_an_isolated_graph_checks_its_sandbox() -> None:
     tool = {"id": "t", "type": "tool", "data": {"tool": "ok"}}
-    graph, _ = validate(_isolated(tool, sandbox={"memory_mb": 128, "network": "report-only",
-                                                 "mounts": ["/srv/data"]}))
+    graph, _ = validate(
+        _isolated(
+            tool, sandbox={"memory_mb": 128, "network": "report-only", "mounts": ["/srv/data"]}
+        )
+    )
     assert graph is not None and graph.sandbox == ratchet.Sandbox(
-        memory_mb=128, network="report-only", mounts=("/srv/data",))
+        memory_mb=128, network="report-only", mounts=("/srv/data",)
+    )
     assert validate(_isolated(tool))[0].sandbox == ratchet.Sandbox()  # type: ignore[union-attr]
     assert validate({**_isolated(tool), "tier": "process"})[0].sandbox is None  # type: ignore[union-attr]
     for top, field, message in [
-            ({"sandbox": {"memory": 1}}, "sandbox", "unknown field(s) memory; expected cpus, "),
-            ({"sandbox": {"network": "host"}}, "sandbox", "Sandbox network must be one of none"),
-            ({"tier": "process", "sandbox": {}}, "sandbox", "a sandbox needs tier: isolated"),
-            ({"tier": "vm"}, "tier", "Input should be 'process' or 'isolated'")]:
+        ({"sandbox": {"memory": 1}}, "sandbox", "unknown field(s) memory; expected cpus, "),
+        ({"sandbox": {"network": "host"}}, "sandbox", "Sandbox network must be one of none"),
+        ({"tier": "process", "sandbox": {}}, "sandbox", "a sandbox needs tier: isolated"),
+        ({"tier": "vm"}, "tier", "Input should be 'process' or 'isolated'"),
+    ]:
         _, problems = validate({**_isolated(tool), **top})
         assert [p.field for p in problems] == [field], problems
         assert message in problems[0].message, problems
@@ -138,10 +168,18 @@ def test_cli_verbs(tmp_path: Path, db_url: str) -> None:
     schema = json.loads(runner.invoke(cli, ["graph", "schema"]).output)
     assert schema["title"] == "Ratchet graph" and "LoopNode" in schema["$defs"]
     good = tmp_path / "good.json"
-    good.write_text(json.dumps({"name": "hello", "nodes": [
-        {"id": "start", "type": "trigger"},
-        {"id": "out", "type": "output", "data": {"value": "hi {{ input.who }}"}}],
-        "edges": [{"from": "start", "to": "out"}]}))
+    good.write_text(
+        json.dumps(
+            {
+                "name": "hello",
+                "nodes": [
+                    {"id": "start", "type": "trigger"},
+                    {"id": "out", "type": "output", "data": {"value": "hi {{ input.who }}"}},
+                ],
+                "edges": [{"from": "start", "to": "out"}],
+            }
+        )
+    )
     out = runner.invoke(cli, ["graph", "validate", str(good)])
     assert out.exit_code == 0 and "is valid" in out.output
     out = runner.invoke(cli, ["--db", db_url, "graph", "register", str(good)])

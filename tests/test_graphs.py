@@ -17,8 +17,9 @@ CALLS: dict[str, int] = {}
 FAIL_ONCE: set[str] = set()  # tag labels whose next call fails (non-retryable)
 
 
-def graph(name: str, nodes: list[dict[str, Any]], edges: list[tuple[str, ...]],
-          **more: Any) -> dict[str, Any]:
+def graph(
+    name: str, nodes: list[dict[str, Any]], edges: list[tuple[str, ...]], **more: Any
+) -> dict[str, Any]:
     es = [{"from": e[0], "to": e[1], **({"when": e[2]} if len(e) > 2 else {})} for e in edges]
     return {"name": name, "nodes": nodes, "edges": es, **more}
 
@@ -50,29 +51,46 @@ def app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
 
 
 def step_ids(app: ratchet.Ratchet, run_id: str) -> list[str]:
-    return [e.step_id for e in app.events(run_id)
-            if e.kind == EventKind.STEP_COMPLETED and e.step_id]
+    return [
+        e.step_id for e in app.events(run_id) if e.kind == EventKind.STEP_COMPLETED and e.step_id
+    ]
 
 
 def test_a_graph_runs_its_nodes_as_steps_and_a_redrive_reinvokes_nothing(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     from ratchet.engine.driver import Control, drive
     from ratchet.graphs.registry import AppWorkflows
     from ratchet.model import ClaimedRun, Lease
 
-    doc = graph("scoring", [
-        {"id": "start", "type": "trigger"},
-        {"id": "first", "type": "tool", "data": {"tool": "score",
-                                                 "args": {"account": "{{ input.account }}"}}},
-        {"id": "big", "type": "condition",
-         "data": {"expression": "nodes.first.output.score > 3"}},
-        {"id": "loud", "type": "tool", "data": {"tool": "tag", "args": {"label": "big"}}},
-        {"id": "quiet", "type": "tool", "data": {"tool": "tag", "args": {"label": "small"}}},
-        {"id": "done", "type": "join"},
-    ], [("start", "first"), ("first", "big"), ("big", "loud", "output"),
-        ("big", "quiet", "not output"), ("loud", "done"), ("quiet", "done")],
-        output={"score": "{{ nodes.first.output.score }}",
-                "tag": "{{ nodes.loud.output }}"})
+    doc = graph(
+        "scoring",
+        [
+            {"id": "start", "type": "trigger"},
+            {
+                "id": "first",
+                "type": "tool",
+                "data": {"tool": "score", "args": {"account": "{{ input.account }}"}},
+            },
+            {
+                "id": "big",
+                "type": "condition",
+                "data": {"expression": "nodes.first.output.score > 3"},
+            },
+            {"id": "loud", "type": "tool", "data": {"tool": "tag", "args": {"label": "big"}}},
+            {"id": "quiet", "type": "tool", "data": {"tool": "tag", "args": {"label": "small"}}},
+            {"id": "done", "type": "join"},
+        ],
+        [
+            ("start", "first"),
+            ("first", "big"),
+            ("big", "loud", "output"),
+            ("big", "quiet", "not output"),
+            ("loud", "done"),
+            ("quiet", "done"),
+        ],
+        output={"score": "{{ nodes.first.output.score }}", "tag": "{{ nodes.loud.output }}"},
+    )
     version = app.graph(doc)
     assert app.graph(doc) == version  # the same content: the same version, one row
     FAIL_ONCE.add("big")  # the second tool node fails its first drive: the run fails there
@@ -101,55 +119,121 @@ def test_a_graph_runs_its_nodes_as_steps_and_a_redrive_reinvokes_nothing(
         assert CALLS == {"score:acme": 1, "tag:big": 2}
 
 
-def test_loops_key_steps_by_iteration_and_parallel_nodes_run_together(
-        app: ratchet.Ratchet) -> None:
-    doc = graph("fanout", [
-        {"id": "start", "type": "trigger"},
-        {"id": "each", "type": "loop", "data": {"over": "{{ input.accounts }}",
-                                                "item": "account", "body": ["s"]}},
-        {"id": "s", "type": "tool", "data": {"tool": "score",
-                                             "args": {"account": "{{ account }}"}}},
-        {"id": "split", "type": "parallel"},
-        {"id": "a", "type": "tool", "data": {"tool": "tag", "args": {"label": "a"}}},
-        {"id": "b", "type": "tool", "data": {"tool": "tag", "args": {"label": "b"}}},
-        {"id": "both", "type": "join"},
-        {"id": "until", "type": "loop", "data": {"until": "loop.index >= 1", "body": ["t"],
-                                                 "max_iterations": 5}},
-        {"id": "t", "type": "tool", "data": {"tool": "tag", "args": {"label": "u"}}},
-    ], [("start", "each"), ("each", "s"), ("each", "split"), ("split", "a"), ("split", "b"),
-        ("a", "both"), ("b", "both"), ("both", "until"), ("until", "t")],
-        output={"scores": "{{ nodes.each.output | map(attribute='score') | list }}",
-                "until": "{{ nodes.until.output }}", "both": "{{ nodes.both.output }}"})
+def test_loops_key_steps_by_iteration_and_parallel_nodes_run_together(app: ratchet.Ratchet) -> None:
+    doc = graph(
+        "fanout",
+        [
+            {"id": "start", "type": "trigger"},
+            {
+                "id": "each",
+                "type": "loop",
+                "data": {"over": "{{ input.accounts }}", "item": "account", "body": ["s"]},
+            },
+            {
+                "id": "s",
+                "type": "tool",
+                "data": {"tool": "score", "args": {"account": "{{ account }}"}},
+            },
+            {"id": "split", "type": "parallel"},
+            {"id": "a", "type": "tool", "data": {"tool": "tag", "args": {"label": "a"}}},
+            {"id": "b", "type": "tool", "data": {"tool": "tag", "args": {"label": "b"}}},
+            {"id": "both", "type": "join"},
+            {
+                "id": "until",
+                "type": "loop",
+                "data": {"until": "loop.index >= 1", "body": ["t"], "max_iterations": 5},
+            },
+            {"id": "t", "type": "tool", "data": {"tool": "tag", "args": {"label": "u"}}},
+        ],
+        [
+            ("start", "each"),
+            ("each", "s"),
+            ("each", "split"),
+            ("split", "a"),
+            ("split", "b"),
+            ("a", "both"),
+            ("b", "both"),
+            ("both", "until"),
+            ("until", "t"),
+        ],
+        output={
+            "scores": "{{ nodes.each.output | map(attribute='score') | list }}",
+            "until": "{{ nodes.until.output }}",
+            "both": "{{ nodes.both.output }}",
+        },
+    )
     app.graph(doc)
     with app:
         app.launch()
         run_id = app.start("fanout", {"accounts": ["ab", "abc"]})
-        assert app.result(run_id, timeout_s=30) == {"scores": [2, 3], "until": ["U", "U"],
-                                                     "both": {"a": "A", "b": "B"}}
-        assert step_ids(app, run_id) == ["1:each#0/s", "2:each#1/s", "3:a", "4:b",
-                                         "5:until#0/t", "6:until#1/t"]
+        assert app.result(run_id, timeout_s=30) == {
+            "scores": [2, 3],
+            "until": ["U", "U"],
+            "both": {"a": "A", "b": "B"},
+        }
+        assert step_ids(app, run_id) == [
+            "1:each#0/s",
+            "2:each#1/s",
+            "3:a",
+            "4:b",
+            "5:until#0/t",
+            "6:until#1/t",
+        ]
 
 
-def test_subagents_are_child_runs_and_approvals_follow_their_edges(
-        app: ratchet.Ratchet) -> None:
-    app.graph(graph("child", [{"id": "start", "type": "trigger"},
-                              {"id": "s", "type": "tool", "data": {
-                                  "tool": "score", "args": {"account": "{{ input.name }}"}}}],
-                    [("start", "s")], output="{{ nodes.s.output.score }}"))
-    app.graph(graph("parent", [
-        {"id": "start", "type": "trigger"},
-        {"id": "kid", "type": "subagent", "data": {"graph": "child",
-                                                   "input": {"name": "{{ input.name }}"}}},
-        {"id": "code", "type": "subagent", "data": {"workflow": "helper",
-                                                    "input": {"n": "{{ nodes.kid.output }}"}}},
-        {"id": "ok", "type": "approval", "timeout_s": 60,
-         "data": {"ask": {"doubled": "{{ nodes.code.output }}"}}},
-        {"id": "yes", "type": "output",
-         "data": {"value": "approved by {{ nodes.ok.output.by }}"}},
-        {"id": "no", "type": "output", "data": {"value": "refused"}},
-    ], [("start", "kid"), ("kid", "code"), ("code", "ok"),
-        ("ok", "yes", "output.outcome == 'approved'"),
-        ("ok", "no", "output.outcome != 'approved'")]))
+def test_subagents_are_child_runs_and_approvals_follow_their_edges(app: ratchet.Ratchet) -> None:
+    app.graph(
+        graph(
+            "child",
+            [
+                {"id": "start", "type": "trigger"},
+                {
+                    "id": "s",
+                    "type": "tool",
+                    "data": {"tool": "score", "args": {"account": "{{ input.name }}"}},
+                },
+            ],
+            [("start", "s")],
+            output="{{ nodes.s.output.score }}",
+        )
+    )
+    app.graph(
+        graph(
+            "parent",
+            [
+                {"id": "start", "type": "trigger"},
+                {
+                    "id": "kid",
+                    "type": "subagent",
+                    "data": {"graph": "child", "input": {"name": "{{ input.name }}"}},
+                },
+                {
+                    "id": "code",
+                    "type": "subagent",
+                    "data": {"workflow": "helper", "input": {"n": "{{ nodes.kid.output }}"}},
+                },
+                {
+                    "id": "ok",
+                    "type": "approval",
+                    "timeout_s": 60,
+                    "data": {"ask": {"doubled": "{{ nodes.code.output }}"}},
+                },
+                {
+                    "id": "yes",
+                    "type": "output",
+                    "data": {"value": "approved by {{ nodes.ok.output.by }}"},
+                },
+                {"id": "no", "type": "output", "data": {"value": "refused"}},
+            ],
+            [
+                ("start", "kid"),
+                ("kid", "code"),
+                ("code", "ok"),
+                ("ok", "yes", "output.outcome == 'approved'"),
+                ("ok", "no", "output.outcome != 'approved'"),
+            ],
+        )
+    )
     with app:
         app.launch()
         run_id = app.start("parent", {"name": "abcd"})
@@ -165,10 +249,15 @@ def test_subagents_are_child_runs_and_approvals_follow_their_edges(
 
 def test_a_run_keeps_the_graph_version_it_started_with(app: ratchet.Ratchet) -> None:
     def doc(label: str) -> dict[str, Any]:
-        return graph("pinned", [{"id": "start", "type": "trigger"},
-                                {"id": "t", "type": "tool",
-                                 "data": {"tool": "tag", "args": {"label": label}}}],
-                     [("start", "t")])
+        return graph(
+            "pinned",
+            [
+                {"id": "start", "type": "trigger"},
+                {"id": "t", "type": "tool", "data": {"tool": "tag", "args": {"label": label}}},
+            ],
+            [("start", "t")],
+        )
+
     v1 = app.graph(doc("one"))
     first = app.start("pinned")
     v2 = app.graph(doc("two"))
@@ -182,9 +271,14 @@ def test_a_run_keeps_the_graph_version_it_started_with(app: ratchet.Ratchet) -> 
 
 
 def test_a_graph_input_is_checked_before_anything_is_written(app: ratchet.Ratchet) -> None:
-    app.graph(graph("typed", [{"id": "start", "type": "trigger"}], [],
-                    inputs={"type": "object", "required": ["n"],
-                            "properties": {"n": {"type": "integer"}}}))
+    app.graph(
+        graph(
+            "typed",
+            [{"id": "start", "type": "trigger"}],
+            [],
+            inputs={"type": "object", "required": ["n"], "properties": {"n": {"type": "integer"}}},
+        )
+    )
     with pytest.raises(ratchet.InvalidInput, match=r"input\.n must be integer"):
         app.start("typed", {"n": "x"})
     with pytest.raises(ratchet.InvalidInput, match=r"input\.n is required"):

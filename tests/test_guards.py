@@ -53,7 +53,8 @@ def looping_app(make_app: Callable[..., ratchet.Ratchet], **guards: Any) -> ratc
 
 
 def test_runaway_loop_is_recorded_once_and_the_run_goes_on(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = looping_app(make_app)
     app.launch()
     before = STATS.anomalies["runaway_loop"]
@@ -74,7 +75,8 @@ def test_runaway_loop_is_recorded_once_and_the_run_goes_on(
 
 
 def test_different_arguments_or_results_are_no_runaway_loop(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step
@@ -92,7 +94,8 @@ def test_different_arguments_or_results_are_no_runaway_loop(
 
 
 def test_runaway_loop_pause_parks_until_a_person_says_continue(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = looping_app(make_app, runaway_repeats=3, actions={"runaway_loop": "pause"})
     app.launch()
     run_id = app.start("waiter", 5)
@@ -106,7 +109,8 @@ def test_runaway_loop_pause_parks_until_a_person_says_continue(
 
 
 def test_runaway_loop_pause_declined_fails_the_run_with_the_guards_code(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = looping_app(make_app, runaway_repeats=3, actions={"runaway_loop": "pause"})
     app.launch()
     run_id = app.start("waiter", 5)
@@ -120,28 +124,34 @@ def test_runaway_loop_pause_declined_fails_the_run_with_the_guards_code(
 
 
 def test_a_pause_without_a_decision_within_pause_timeout_s_fails_the_run(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = looping_app(make_app, runaway_repeats=3, actions={"runaway_loop": "pause"})
     app.launch()
     run_id = app.start("waiter", 5, guards={"pause_timeout_s": 0.5})
     end = failed(app, run_id)
     assert end["reason"] == "runaway_loop"
-    assert end["error"].endswith("no decision on approval 'guard:runaway_loop' arrived "
-                                 "within 0.5s"), end["error"]
+    assert end["error"].endswith(
+        "no decision on approval 'guard:runaway_loop' arrived within 0.5s"
+    ), end["error"]
     [anomaly] = anomalies(app, run_id)
     events = app.events(run_id)
     [timed_out] = [e for e in events if e.kind == EventKind.STEP_FAILED]
     assert timed_out.step_id == anomaly["approval_step_id"] == "4:approval:guard:runaway_loop"
     assert timed_out.payload["error_type"] == "ApprovalTimeout"
     assert [e.step_id for e in events if e.kind == EventKind.STEP_COMPLETED] == [
-        "1:poll", "2:poll", "3:poll"]  # nothing ran past the pause
+        "1:poll",
+        "2:poll",
+        "3:poll",
+    ]  # nothing ran past the pause
     assert app.approvals(run_id) == []
     with pytest.raises(ratchet.InvalidInput, match="pause_timeout_s must be a positive"):
         ratchet.Guards(pause_timeout_s=0)
 
 
 def test_runaway_loop_fail_ends_the_run_before_the_next_step(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = looping_app(make_app, runaway_repeats=3, actions={"runaway_loop": "fail"})
     app.launch()
     run_id = app.start("waiter", 10)
@@ -154,7 +164,8 @@ def test_runaway_loop_fail_ends_the_run_before_the_next_step(
 
 
 def test_excessive_steps_fails_by_default_and_records_when_told(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = looping_app(make_app, max_steps=5, runaway_repeats=None)
     app.launch()
     run_id = app.start("waiter", 8)
@@ -162,8 +173,9 @@ def test_excessive_steps_fails_by_default_and_records_when_told(
     assert end["reason"] == "excessive_steps"
     [found] = anomalies(app, run_id)
     assert (found["steps"], found["max_steps"], found["action"]) == (6, 5, "fail")
-    assert not any(e.step_id == "6:poll" for e in app.events(run_id)
-                   if e.kind == EventKind.STEP_STARTED)
+    assert not any(
+        e.step_id == "6:poll" for e in app.events(run_id) if e.kind == EventKind.STEP_STARTED
+    )
     # Per run, at start: recorded, and the run goes on to its end.
     again = app.start("waiter", 8, guards={"actions": {"excessive_steps": "record"}})
     assert app.result(again, timeout_s=30) == 8
@@ -196,11 +208,16 @@ def test_retry_storm_in_one_run(make_app: Callable[..., ratchet.Ratchet]) -> Non
     assert app.result(run_id, timeout_s=30) == "ok"
     [found] = anomalies(app, run_id)
     assert (found["kind"], found["scope"], found["retries"], found["limit"]) == (
-        "retry_storm", "run", 3, 2)
+        "retry_storm",
+        "run",
+        3,
+        2,
+    )
 
 
 def test_retry_storm_across_the_workflows_runs_is_counted_in_the_database(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = storm_app(make_app, retry_storm_workflow=4)
     app.launch()
     first = app.start("stormy", 3)  # three retries: within the limit
@@ -216,8 +233,7 @@ def test_retry_storm_across_the_workflows_runs_is_counted_in_the_database(
 # -- budgets: before the call --------------------------------------------------------------
 
 
-def llm_app(make_app: Callable[..., ratchet.Ratchet], base: str,
-            **guards: Any) -> ratchet.Ratchet:
+def llm_app(make_app: Callable[..., ratchet.Ratchet], base: str, **guards: Any) -> ratchet.Ratchet:
     app = make_app()
     oai = ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET))
 
@@ -226,7 +242,8 @@ def llm_app(make_app: Callable[..., ratchet.Ratchet], base: str,
         out = []
         for q, limit in zip(questions, max_tokens or [64] * len(questions), strict=True):
             reply = await oai.chat.completions.create(
-                model=MODEL, max_tokens=limit, messages=[{"role": "user", "content": q}])
+                model=MODEL, max_tokens=limit, messages=[{"role": "user", "content": q}]
+            )
             out.append(reply.choices[0].message.content or "")
         return out
 
@@ -234,7 +251,8 @@ def llm_app(make_app: Callable[..., ratchet.Ratchet], base: str,
 
 
 def test_a_token_budget_stops_the_call_before_the_provider_sees_it(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     app = llm_app(make_app, base, budget_tokens=200)
     app.launch()
@@ -250,7 +268,8 @@ def test_a_token_budget_stops_the_call_before_the_provider_sees_it(
 
 
 def test_a_usd_budget_counts_the_worst_case_price(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     app = llm_app(make_app, base)
     app.launch()
@@ -288,7 +307,8 @@ def test_steps_and_wall_time_budgets(make_app: Callable[..., ratchet.Ratchet]) -
 
 
 def test_token_and_cost_spikes_against_the_median_of_the_last_runs(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     _, base = provider
     app = llm_app(make_app, base, spike_history=3)
     app.launch()
@@ -311,8 +331,10 @@ def test_token_and_cost_spikes_against_the_median_of_the_last_runs(
 
 
 def test_a_short_history_is_read_once_a_run_not_at_every_llm_call(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+    provider: tuple[LocalProvider, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     _, base = provider
     app = llm_app(make_app, base, spike_history=3)
     store = app.store
@@ -326,8 +348,7 @@ def test_a_short_history_is_read_once_a_run_not_at_every_llm_call(
     monkeypatch.setattr(store, "llm_history", counting)
     app.launch()
     for i in range(2):
-        app.result(app.start("ask", [f"{i}: first", f"{i}: second", f"{i}: third"]),
-                   timeout_s=30)
+        app.result(app.start("ask", [f"{i}: first", f"{i}: second", f"{i}: third"]), timeout_s=30)
     # Three LLM calls a run, one read a run: the history (short of three runs) is kept
     # until a run of the workflow finishes, then read again at the next call.
     assert reads == ["ask", "ask"]
@@ -337,7 +358,8 @@ def test_a_short_history_is_read_once_a_run_not_at_every_llm_call(
 
 
 def test_overrides_at_start_are_journaled_and_bad_ones_write_nothing(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = looping_app(make_app)
     app.launch()
     run_id = app.start("waiter", 6, guards={"runaway_repeats": 2})
@@ -345,11 +367,13 @@ def test_overrides_at_start_are_journaled_and_bad_ones_write_nothing(
     queued = app.events(run_id)[0]
     assert queued.payload["guards"] == {"runaway_repeats": 2}
     assert anomalies(app, run_id)[0]["repeats"] == 2
-    for bad, message in [({"max_stepz": 3}, "unknown field 'max_stepz'"),
-                         ({"max_steps": 0}, "max_steps must be an integer >= 1"),
-                         ({"actions": {"runaway_loop": "panic"}}, "must be one of record"),
-                         ({"gate": False}, "needs gate_bypass_by"),
-                         ("tight", "expected an object")]:
+    for bad, message in [
+        ({"max_stepz": 3}, "unknown field 'max_stepz'"),
+        ({"max_steps": 0}, "max_steps must be an integer >= 1"),
+        ({"actions": {"runaway_loop": "panic"}}, "must be one of record"),
+        ({"gate": False}, "needs gate_bypass_by"),
+        ("tight", "expected an object"),
+    ]:
         with pytest.raises(ratchet.InvalidInput, match=message):
             app.start("waiter", 1, guards=bad)  # type: ignore[arg-type]
     assert app.count_runs() == 1
@@ -358,7 +382,8 @@ def test_overrides_at_start_are_journaled_and_bad_ones_write_nothing(
 
 
 def test_graph_guards_and_a_loop_past_its_max_iterations(
-        make_app: Callable[..., ratchet.Ratchet], tmp_path: Path) -> None:
+    make_app: Callable[..., ratchet.Ratchet], tmp_path: Path
+) -> None:
     app = make_app()
 
     @app.tool
@@ -367,11 +392,15 @@ def test_graph_guards_and_a_loop_past_its_max_iterations(
         return "not ready"
 
     graph = {
-        "name": "spinner", "guards": {"runaway_repeats": 3},
+        "name": "spinner",
+        "guards": {"runaway_repeats": 3},
         "nodes": [
             {"id": "start", "type": "trigger"},
-            {"id": "spin", "type": "loop", "data": {"body": ["probe"], "max_iterations": 5,
-                                                     "until": "loop.index > 100"}},
+            {
+                "id": "spin",
+                "type": "loop",
+                "data": {"body": ["probe"], "max_iterations": 5, "until": "loop.index > 100"},
+            },
             {"id": "probe", "type": "tool", "data": {"tool": "check", "args": {"n": 1}}},
         ],
         "edges": [{"from": "start", "to": "spin"}, {"from": "spin", "to": "probe"}],
@@ -382,7 +411,9 @@ def test_graph_guards_and_a_loop_past_its_max_iterations(
     wait_for(lambda: app.get(run_id).status == "failed", what="the graph run failed")
     found = anomalies(app, run_id)
     assert [(a["kind"], a["key"]) for a in found] == [
-        ("runaway_loop", "runaway_loop:1:spin#0/probe"), ("runaway_loop", "runaway_loop:spin")]
+        ("runaway_loop", "runaway_loop:1:spin#0/probe"),
+        ("runaway_loop", "runaway_loop:spin"),
+    ]
     assert found[1]["max_iterations"] == 5
     with pytest.raises(ratchet.InvalidInput, match="guards: max_steps must be"):
         app.graph({**graph, "guards": {"max_steps": -1}})
@@ -397,16 +428,27 @@ def test_ratchet_start_takes_guard_overrides(db_url: str) -> None:
     try:
         app.graph({"name": "tiny", "nodes": [{"id": "start", "type": "trigger"}]})
         runner = CliRunner()
-        ok = runner.invoke(cli, ["start", "tiny", "--input", "{}", "--db", db_url,
-                                 "--guards", '{"max_steps": 9, "budget_usd": 0.5}'])
+        ok = runner.invoke(
+            cli,
+            [
+                "start",
+                "tiny",
+                "--input",
+                "{}",
+                "--db",
+                db_url,
+                "--guards",
+                '{"max_steps": 9, "budget_usd": 0.5}',
+            ],
+        )
         assert ok.exit_code == 0, ok.output
         run_id = ok.stdout.strip()
         assert app.events(run_id)[0].payload["guards"] == {"budget_usd": 0.5, "max_steps": 9}
-        bad = runner.invoke(cli, ["start", "tiny", "--db", db_url, "--guards",
-                                  '{"budget_usd": "free"}'])
+        bad = runner.invoke(
+            cli, ["start", "tiny", "--db", db_url, "--guards", '{"budget_usd": "free"}']
+        )
         assert bad.exit_code == 2 and "budget_usd must be a positive number" in bad.stderr
-        assert runner.invoke(cli, ["start", "tiny", "--db", db_url,
-                                   "--guards", "{"]).exit_code == 2
+        assert runner.invoke(cli, ["start", "tiny", "--db", db_url, "--guards", "{"]).exit_code == 2
         assert app.count_runs() == 1
     finally:
         app.shutdown()
@@ -424,9 +466,14 @@ def test_a_calls_streak_key_is_its_canonical_json_whatever_its_arguments() -> No
         RED = 1
 
     cases: list[tuple[tuple[Any, ...], dict[str, Any]]] = [
-        ((), {}), ((1, "a"), {}), ((-7, 10**30), {"b": 'x"yé\n\t', "a": 2}),
-        (("x-0.0", "1e+16"), {}), ((True, None, 1.0), {}), ((Colour.RED,), {"c": [1]}),
-        (("\u2028", "\x00"), {"z": "", "é": 0})]
+        ((), {}),
+        ((1, "a"), {}),
+        ((-7, 10**30), {"b": 'x"yé\n\t', "a": 2}),
+        (("x-0.0", "1e+16"), {}),
+        ((True, None, 1.0), {}),
+        ((Colour.RED,), {"c": [1]}),
+        (("\u2028", "\x00"), {"z": "", "é": 0}),
+    ]
     for args, kwargs in cases:
         assert _call_text(args, kwargs) == dumps([args, kwargs]), (args, kwargs)
     with pytest.raises(ValueError):

@@ -29,8 +29,7 @@ def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
 
 
 def anomalies(h: Harness, run_id: str) -> list[str]:
-    return [e.payload["key"] for e in h.app.events(run_id)
-            if e.kind == EventKind.ANOMALY_DETECTED]
+    return [e.payload["key"] for e in h.app.events(run_id) if e.kind == EventKind.ANOMALY_DETECTED]
 
 
 def test_an_anomaly_journaled_before_a_crash_is_not_raised_again(h: Harness) -> None:
@@ -69,21 +68,25 @@ def test_a_pause_survives_a_killed_worker_and_is_decided_once(h: Harness) -> Non
     events = h.app.events(run_id)
     assert anomalies(h, run_id) == ["runaway_loop:1:poll"]
     assert [e.step_id for e in events if e.kind == EventKind.APPROVAL_DECIDED] == [
-        "4:approval:guard:runaway_loop"]
+        "4:approval:guard:runaway_loop"
+    ]
     assert h.calls() == {f"{i}:poll": 1 for i in (1, 2, 3, 5, 6)}
 
 
 def test_a_pause_before_a_step_is_asked_again_in_its_place_after_a_kill(h: Harness) -> None:
     run_id, asked = paused_killed_approved(h, "long_run", 5)
     # Step 4 was allocated and never started: the pause came first, as step 5.
-    assert (asked.name, asked.step_id) == ("guard:excessive_steps", "5:approval:guard:"
-                                                                    "excessive_steps")
+    assert (asked.name, asked.step_id) == (
+        "guard:excessive_steps",
+        "5:approval:guard:excessive_steps",
+    )
     assert anomalies(h, run_id) == ["excessive_steps"]
     assert h.calls() == {f"{i}:poll": 1 for i in (1, 2, 3, 4, 6)}
 
 
 def test_pauses_of_parallel_branches_keep_their_decisions_when_replayed_in_another_order(
-        h: Harness) -> None:
+    h: Harness,
+) -> None:
     run_id = h.app.start("branches")
     h.spawn("a", worker_id=WORKER)
     # right finishes (and pauses) first, then left: the replay meets them in the other order.
@@ -104,10 +107,14 @@ def test_pauses_of_parallel_branches_keep_their_decisions_when_replayed_in_anoth
     assert rec.error is not None and "step right ran" in rec.error, rec.error
     assert "ops declined to continue: stop" in rec.error
     events = h.app.events(run_id)
-    named = {e.payload["key"]: e.payload["approval_step_id"] for e in events
-             if e.kind == EventKind.ANOMALY_DETECTED}
-    decided = {e.step_id: e.payload["approved"] for e in events
-               if e.kind == EventKind.APPROVAL_DECIDED}
+    named = {
+        e.payload["key"]: e.payload["approval_step_id"]
+        for e in events
+        if e.kind == EventKind.ANOMALY_DETECTED
+    }
+    decided = {
+        e.step_id: e.payload["approved"] for e in events if e.kind == EventKind.APPROVAL_DECIDED
+    }
     # left's approval may not be read back before right's rejection ends the run; if it
     # was, it was the approval.
     assert decided[named["runaway_loop:2:right"]] is False

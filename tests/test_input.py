@@ -29,8 +29,9 @@ def echo_app(make_app: Callable[..., ratchet.Ratchet]) -> tuple[ratchet.Ratchet,
 
 
 @pytest.mark.parametrize("run_id", ["order-1\n", "order-1\n\n", "\norder-1", "order 1", ""])
-def test_a_malformed_run_id_is_refused(make_app: Callable[..., ratchet.Ratchet],
-                                       run_id: str) -> None:
+def test_a_malformed_run_id_is_refused(
+    make_app: Callable[..., ratchet.Ratchet], run_id: str
+) -> None:
     app, echo = echo_app(make_app)
     with pytest.raises(ratchet.InvalidInput, match="invalid run id"):
         app.start(echo, 1, run_id=run_id)
@@ -39,15 +40,15 @@ def test_a_malformed_run_id_is_refused(make_app: Callable[..., ratchet.Ratchet],
 
 @pytest.mark.parametrize("priority", [2**31, 2**40, 2**70, -(2**31) - 1, -(2**70)])
 def test_a_priority_outside_32_bits_is_refused_on_both_backends(
-        make_app: Callable[..., ratchet.Ratchet], priority: int) -> None:
+    make_app: Callable[..., ratchet.Ratchet], priority: int
+) -> None:
     app, echo = echo_app(make_app)
     with pytest.raises(ratchet.InvalidInput, match=r"invalid priority .*32-bit signed"):
         app.start(echo, 1, priority=priority)
     assert app.runs() == []
 
 
-def test_the_extreme_32_bit_priorities_are_stored(make_app: Callable[..., ratchet.Ratchet]
-                                                  ) -> None:
+def test_the_extreme_32_bit_priorities_are_stored(make_app: Callable[..., ratchet.Ratchet]) -> None:
     app, echo = echo_app(make_app)
     high = app.start(echo, 1, priority=2**31 - 1)
     low = app.start(echo, 2, priority=-(2**31))
@@ -56,7 +57,8 @@ def test_the_extreme_32_bit_priorities_are_stored(make_app: Callable[..., ratche
 
 
 def test_a_nul_in_a_queue_or_signal_name_is_refused_and_nothing_is_written(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -84,19 +86,25 @@ def test_a_nul_in_a_queue_or_signal_name_is_refused_and_nothing_is_written(
 
 
 def test_a_nul_in_a_workflow_or_step_name_is_refused_at_definition(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     with pytest.raises(ratchet.InvalidInput, match="invalid workflow name .*NUL"):
+
         @app.workflow(name="wf\x00")
         async def wf() -> None: ...
+
     with pytest.raises(ratchet.InvalidInput, match="invalid step name .*NUL"):
+
         @app.step(name="step\x00")
         async def step() -> None: ...
+
     assert app.workflows == {}
 
 
 def test_a_nul_in_a_signal_name_inside_a_workflow_fails_the_run_clearly(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -113,7 +121,8 @@ def test_a_nul_in_a_signal_name_inside_a_workflow_fails_the_run_clearly(
 
 
 def test_a_lone_surrogate_in_arguments_or_signal_data_is_refused(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app, echo = echo_app(make_app)
     with pytest.raises(ratchet.NotSerializable, match=r"input of workflow echo.*surrogate"):
         app.start(echo, {"text": "caf\ud800"})
@@ -125,7 +134,8 @@ def test_a_lone_surrogate_in_arguments_or_signal_data_is_refused(
 
 
 def test_a_lone_surrogate_in_a_step_output_fails_that_step_naming_it(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step
@@ -138,8 +148,11 @@ def test_a_lone_surrogate_in_a_step_output_fails_that_step_naming_it(
 
     app.launch()
     run_id = app.start(wf)
-    with pytest.raises(ratchet.RunFailed, match=r"step 1:broken_text failed: NotSerializable: "
-                                                r"the output of step 1:broken_text .*surrogate"):
+    with pytest.raises(
+        ratchet.RunFailed,
+        match=r"step 1:broken_text failed: NotSerializable: "
+        r"the output of step 1:broken_text .*surrogate",
+    ):
         app.result(run_id, timeout_s=30)
     [failed] = [e for e in app.events(run_id) if e.kind == "step_failed"]
     assert failed.step_id == "1:broken_text"
@@ -150,15 +163,19 @@ def test_a_lone_surrogate_in_a_step_output_fails_that_step_naming_it(
 
 
 def test_arguments_are_validated_against_the_annotations(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
     async def add(x: int, y: int, *, user: User | None = None) -> int:
         return x + y
 
-    with pytest.raises(ratchet.InvalidInput, match=r"invalid argument 'y' of workflow add: "
-                                                   r"expected <class 'int'>, got 'notint'"):
+    with pytest.raises(
+        ratchet.InvalidInput,
+        match=r"invalid argument 'y' of workflow add: "
+        r"expected <class 'int'>, got 'notint'",
+    ):
         app.start(add, 1, y="notint")
     with pytest.raises(ratchet.InvalidInput, match=r"invalid argument 'user' of workflow add"):
         app.start(add, 1, 2, user={"name": "ada"})  # no age
@@ -168,7 +185,8 @@ def test_arguments_are_validated_against_the_annotations(
 
 
 def test_models_come_back_as_models_for_any_annotation(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     seen: dict[str, Any] = {}
 
@@ -198,7 +216,9 @@ def test_models_come_back_as_models_for_any_annotation(
     run_id = app.start(wf, {"name": "grace", "age": "85"}, [User(name="kay", age=1)])
     # Stored in the annotation's JSON form: the string "85" was validated into an int.
     assert app.get(run_id).input == {
-        "args": [{"name": "grace", "age": 85}, [{"name": "kay", "age": 1}]], "kwargs": {}}
+        "args": [{"name": "grace", "age": 85}, [{"name": "kay", "age": 1}]],
+        "kwargs": {},
+    }
     result = app.result(run_id, timeout_s=30)
     assert seen["owner"] == User(name="grace", age=85)
     assert seen["members"] == [User(name="kay", age=1)]
@@ -209,8 +229,7 @@ def test_models_come_back_as_models_for_any_annotation(
     assert isinstance(result["t"], Team) and result["t"].owner == User(name="grace", age=85)
 
 
-def test_a_bare_workflow_decorator_is_accepted(make_app: Callable[..., ratchet.Ratchet]
-                                               ) -> None:
+def test_a_bare_workflow_decorator_is_accepted(make_app: Callable[..., ratchet.Ratchet]) -> None:
     app = make_app()
 
     @app.workflow

@@ -50,14 +50,22 @@ def _app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
 def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]:
     """The run's sandboxes once ``count`` of them have ended (the run's end is journaled
     before its last sandbox's process is gone)."""
-    return wait_for(f"{count} ended sandboxes of {run_id}", lambda: (
-        rows if len(rows := app.sandboxes(run_id)) == count
-        and all(r.status == "terminated" for r in rows) else None), timeout=30,
-        detail=lambda: str(app.sandboxes(run_id)))
+    return wait_for(
+        f"{count} ended sandboxes of {run_id}",
+        lambda: (
+            rows
+            if len(rows := app.sandboxes(run_id)) == count
+            and all(r.status == "terminated" for r in rows)
+            else None
+        ),
+        timeout=30,
+        detail=lambda: str(app.sandboxes(run_id)),
+    )
 
 
-def _out_of_sandboxes(make_app: Callable[..., ratchet.Ratchet], workflow: object
-                      ) -> tuple[ratchet.Ratchet, str, list[SandboxRecord]]:
+def _out_of_sandboxes(
+    make_app: Callable[..., ratchet.Ratchet], workflow: object
+) -> tuple[ratchet.Ratchet, str, list[SandboxRecord]]:
     """A run of ``workflow`` (one that never finishes) failed after its three sandboxes."""
     app = _app(make_app)
     app.launch()
@@ -72,16 +80,19 @@ def _started(events: list[Event], step_id: str) -> list[Event]:
 
 
 def test_a_sandbox_killed_mid_step_resumes_and_the_run_succeeds_once(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = _app(make_app)
     app.launch()
     run_id = app.start(iso.pipeline, 1)
-    wait_for("step 2 to start in the first sandbox",
-             lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    wait_for(
+        "step 2 to start in the first sandbox",
+        lambda: _started(app.events(run_id), "2:slow"),
+        timeout=60,
+    )
     [(first, pids)] = live_sandboxes(run_id).items()
     # The sandbox's token reaches it through the environment, not a readable command line.
-    assert all(b"RATCHET_REPORT_TOKEN" not in Path(f"/proc/{p}/cmdline").read_bytes()
-               for p in pids)
+    assert all(b"RATCHET_REPORT_TOKEN" not in Path(f"/proc/{p}/cmdline").read_bytes() for p in pids)
     kill_sandbox(pids)
     out = app.result(run_id, timeout_s=RESULT_S)
     events = app.events(run_id)
@@ -102,7 +113,8 @@ def test_a_sandbox_killed_mid_step_resumes_and_the_run_succeeds_once(
 
 
 def test_a_workload_that_always_crashes_fails_after_exactly_three_sandboxes(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = _app(make_app)
     app.launch()
     run_id = app.start(iso.always_crashes)
@@ -114,7 +126,10 @@ def test_a_workload_that_always_crashes_fails_after_exactly_three_sandboxes(
     assert end.payload["attempts"] == 3
     rows = _ended(app, run_id, 3)
     assert [(r.attempt, r.end_reason) for r in rows] == [
-        (1, "crashed"), (2, "crashed"), (3, "crashed")]
+        (1, "crashed"),
+        (2, "crashed"),
+        (3, "crashed"),
+    ]
     assert len(_started(app.events(run_id), "1:crash")) == 3
     [dead] = app.dead_letters()
     assert dead.run_id == run_id and dead.reason == "sandbox_resume_exhausted"
@@ -126,8 +141,9 @@ def test_a_workload_that_always_crashes_fails_after_exactly_three_sandboxes(
     assert app.events(run_id)[-1].payload["attempts"] == 3
 
 
-def test_escape_attempts_fail_from_inside(make_app: Callable[..., ratchet.Ratchet],
-                                         tmp_path: Path) -> None:
+def test_escape_attempts_fail_from_inside(
+    make_app: Callable[..., ratchet.Ratchet], tmp_path: Path
+) -> None:
     secret = tmp_path / "secret.txt"
     secret.write_text("host secret")
     code = Path(iso.__file__).read_bytes()
@@ -171,8 +187,8 @@ def shown() -> Iterator[Path]:
 
 
 def test_a_file_kept_private_is_closed_to_a_sandbox_even_in_a_folder_it_is_shown(
-        shown: Path, make_app: Callable[..., ratchet.Ratchet],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    shown: Path, make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (shown / "open.txt").write_text("anyone")
     (shown / "open.txt").chmod(0o644)
     (shown / "private.txt").write_text("owner only")
@@ -184,8 +200,7 @@ def test_a_file_kept_private_is_closed_to_a_sandbox_even_in_a_folder_it_is_shown
     key = shown / "data" / "signing_key.pem"
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
     assert stat.S_IMODE(key.parent.stat().st_mode) == 0o700
-    run_id = app.start(iso.peek, [str(shown / "open.txt"), str(shown / "private.txt"),
-                                  str(key)])
+    run_id = app.start(iso.peek, [str(shown / "open.txt"), str(shown / "private.txt"), str(key)])
     out = app.result(run_id, timeout_s=RESULT_S)
     assert out[0] == "READ anyone"
     # The second fence: the sandbox's user is not the file's owner (as root, a worker
@@ -195,7 +210,8 @@ def test_a_file_kept_private_is_closed_to_a_sandbox_even_in_a_folder_it_is_shown
 
 
 def test_the_worker_judges_an_isolated_runs_guards(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = _app(make_app)
     app.launch()
     run_id = app.start(iso.too_many, 1)
@@ -213,7 +229,8 @@ def test_the_worker_judges_an_isolated_runs_guards(
 
 
 def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
-        make_app: Callable[..., ratchet.Ratchet], db_url: str) -> None:
+    make_app: Callable[..., ratchet.Ratchet], db_url: str
+) -> None:
     app = _app(make_app)
     app.launch()
     run_id = app.start(iso.pipeline, 3)
@@ -228,7 +245,8 @@ def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
     listed = CliRunner().invoke(cli, ["--db", db_url, "sandboxes", run_id, "--json"])
     assert listed.exit_code == 0, listed.output
     assert [(r["sandbox_id"], r["end_reason"]) for r in json.loads(listed.output)] == [
-        (row.sandbox_id, "killed")]
+        (row.sandbox_id, "killed")
+    ]
     table = CliRunner().invoke(cli, ["--db", db_url, "sandboxes"])
     assert table.exit_code == 0 and row.sandbox_id in table.output
     unknown = CliRunner().invoke(cli, ["--db", db_url, "sandboxes", "no-such-run"])
@@ -236,7 +254,8 @@ def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
 
 
 def test_short_sleeps_and_retries_run_in_the_sandbox_and_a_park_is_refused(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = _app(make_app)
     app.launch()
     quick = app.start(iso.napping, False)
@@ -249,7 +268,8 @@ def test_short_sleeps_and_retries_run_in_the_sandbox_and_a_park_is_refused(
 
 
 def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = _app(make_app)
     app.launch()
     run_id = app.start(iso.reporting, 5432)
@@ -258,7 +278,8 @@ def test_report_only_network_reaches_the_report_endpoint_and_nothing_else(
 
 
 def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app, run_id, rows = _out_of_sandboxes(make_app, iso.hungry)
     assert [r.end_reason for r in rows] == ["oom", "oom", "oom"], rows
     limit = 128 * 1024 * 1024
@@ -267,7 +288,8 @@ def test_memory_past_the_limit_is_killed_and_counted_as_a_crash(
 
 
 def test_a_workflow_the_sandbox_cannot_import_fails_its_run_saying_why(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     async def nested() -> int:  # not a module-level name: no sandbox can import it
@@ -282,7 +304,8 @@ def test_a_workflow_the_sandbox_cannot_import_fails_its_run_saying_why(
 
 
 def test_an_isolated_graph_runs_its_nodes_in_a_sandbox(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = _app(make_app)
     version = app.graph(iso.GRAPH)
     app.launch()
@@ -296,12 +319,17 @@ def test_an_isolated_graph_runs_its_nodes_in_a_sandbox(
     assert app.get(run_id).workflow_version == version
     events = app.events(run_id)
     assert [e.step_id for e in events if e.kind == "step_completed"] == [
-        "1:first", "2:again"]  # the condition is pure: no step
+        "1:first",
+        "2:again",
+    ]  # the condition is pure: no step
 
 
 def test_a_worker_that_cannot_make_sandboxes_leaves_isolated_runs_to_one_that_can(
-        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch,
-        caplog: pytest.LogCaptureFixture, tmp_path: Path) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+) -> None:
     monkeypatch.setenv("RATCHET_BWRAP", str(tmp_path / "no-such-bwrap"))
     unable = _app(make_app)
     unable.graph(iso.GRAPH)
@@ -322,8 +350,9 @@ def test_a_worker_that_cannot_make_sandboxes_leaves_isolated_runs_to_one_that_ca
         assert unable.sandboxes(run_id) == []
     [me] = [w for w in unable.live_workers() if w.worker_id == worker.worker_id]
     assert ("simple", "1") not in me.serves and ("plain", "1") in me.serves
-    why = [r.getMessage() for r in caplog.records
-           if "action=isolation_unavailable" in r.getMessage()]
+    why = [
+        r.getMessage() for r in caplog.records if "action=isolation_unavailable" in r.getMessage()
+    ]
     assert len(why) == 1 and "no-such-bwrap" in why[0]
 
     monkeypatch.delenv("RATCHET_BWRAP")
@@ -332,13 +361,12 @@ def test_a_worker_that_cannot_make_sandboxes_leaves_isolated_runs_to_one_that_ca
     assert able.result(isolated, timeout_s=RESULT_S) == 16
     assert able.result(graph_run, timeout_s=RESULT_S)["first"]["host"] == "sandbox"
     assert [r.end_reason for r in _ended(able, isolated, 1)] == ["finished"]
-    assert len([r for r in caplog.records
-                if "action=isolation_unavailable" in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if "action=isolation_unavailable" in r.getMessage()]) == 1
 
 
 def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
-        make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch,
-        tmp_path: Path) -> None:
+    make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setenv("RATCHET_DATA_DIR", str(tmp_path / "keys"))
     app = _app(make_app)
     app.launch()
@@ -359,23 +387,36 @@ def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
 
 
 def test_the_waterfall_api_shows_each_sandbox_of_an_isolated_run(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app, run_id, rows = _out_of_sandboxes(make_app, iso.always_crashes)
-    _, secret = app._portal.call(tokens.create_token(app.store, app.get(run_id).tenant_id,
-                                                     ("runs:read",)))
+    _, secret = app._portal.call(
+        tokens.create_token(app.store, app.get(run_id).tenant_id, ("runs:read",))
+    )
     with serving(app, workers=0) as base:
-        wf = httpx.get(f"{base}/v1/runs/{run_id}/waterfall", timeout=30,
-                       headers={"Authorization": f"Bearer {secret}"}).json()
-    assert [(s["sandbox_id"], s["attempt"], s["end_reason"], s["signal"], s["status"])
-            for s in wf["sandboxes"]] == [
-        (r.sandbox_id, r.attempt, "crashed", 9, "terminated") for r in rows]
+        wf = httpx.get(
+            f"{base}/v1/runs/{run_id}/waterfall",
+            timeout=30,
+            headers={"Authorization": f"Bearer {secret}"},
+        ).json()
+    assert [
+        (s["sandbox_id"], s["attempt"], s["end_reason"], s["signal"], s["status"])
+        for s in wf["sandboxes"]
+    ] == [(r.sandbox_id, r.attempt, "crashed", 9, "terminated") for r in rows]
     assert all(s["start"] <= s["end"] for s in wf["sandboxes"])
 
 
 def test_sandbox_settings_are_checked_when_declared() -> None:
     app = ratchet.Ratchet("sqlite:///unused.db")
-    bad = [dict(memory_mb=0), dict(cpus=-1), dict(timeout_s=0), dict(network="host"),
-           dict(mounts=["relative/path"]), dict(mounts="/one/path"), dict(max_processes=1)]
+    bad = [
+        dict(memory_mb=0),
+        dict(cpus=-1),
+        dict(timeout_s=0),
+        dict(network="host"),
+        dict(mounts=["relative/path"]),
+        dict(mounts="/one/path"),
+        dict(max_processes=1),
+    ]
     for kwargs in bad:
         with pytest.raises(InvalidInput, match="Sandbox"):
             ratchet.Sandbox(**kwargs)  # type: ignore[arg-type]
@@ -399,11 +440,20 @@ def worker_procs(db_url: str, tmp_path: Path) -> Iterator[Callable[[str], subpro
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(name: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "ISO_DB_URL": db_url, "ISO_WORKER_ID": name,
-               "ISO_LEASE_TTL": "3", "ISO_RECOVERY_INTERVAL": "0.5"}
+        env = {
+            **os.environ,
+            "ISO_DB_URL": db_url,
+            "ISO_WORKER_ID": name,
+            "ISO_LEASE_TTL": "3",
+            "ISO_RECOVERY_INTERVAL": "0.5",
+        }
         with (tmp_path / f"{name}.log").open("wb") as out:  # the child keeps its own fd
-            proc = subprocess.Popen([sys.executable, str(Path(iso.__file__))], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(iso.__file__))],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         procs.append(proc)
         return proc
 
@@ -416,13 +466,16 @@ def worker_procs(db_url: str, tmp_path: Path) -> Iterator[Callable[[str], subpro
 
 @pytest.mark.crash
 def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
-        make_app: Callable[..., ratchet.Ratchet],
-        worker_procs: Callable[[str], subprocess.Popen[bytes]]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], worker_procs: Callable[[str], subprocess.Popen[bytes]]
+) -> None:
     app = _app(make_app)  # starts runs and reads them; drives nothing
     owner = worker_procs("owner")
     run_id = app.start(iso.pipeline, 2)
-    wait_for("step 2 to start under the owner",
-             lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    wait_for(
+        "step 2 to start under the owner",
+        lambda: _started(app.events(run_id), "2:slow"),
+        timeout=60,
+    )
     [first] = live_sandboxes(run_id)
     owner.kill()
     owner.wait()
@@ -438,7 +491,9 @@ def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
     assert most <= 1
     rows = _ended(app, run_id, 2)
     assert [(r.attempt, r.end_reason, r.worker_id) for r in rows] == [
-        (1, "orphaned", "owner"), (2, "finished", "heir")]
+        (1, "orphaned", "owner"),
+        (2, "finished", "heir"),
+    ]
     assert rows[0].sandbox_id == first
     events = app.events(run_id)
     assert [e.payload["reason"] for e in events if e.kind == "run_resumed"] == ["sweep"]
@@ -447,7 +502,8 @@ def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
 
 
 def test_an_isolated_run_fails_at_its_deadline_and_its_sandbox_is_killed(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     """The run's deadline (``timeout_s``) holds in the isolated tier as in-process: the
     worker kills the sandbox there, long before the sandbox's own time limit, and ends
     the run with ``RunTimeout`` (dead letter ``timeout``)."""

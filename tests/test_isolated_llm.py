@@ -43,8 +43,11 @@ class _Keys:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = dict(scope["headers"])
-            self.seen.append(" ".join(headers.get(h, b"").decode()
-                                      for h in (b"authorization", b"x-api-key")).strip())
+            self.seen.append(
+                " ".join(
+                    headers.get(h, b"").decode() for h in (b"authorization", b"x-api-key")
+                ).strip()
+            )
         await self.inner(scope, receive, send)
 
 
@@ -58,13 +61,19 @@ def provider() -> Iterator[tuple[LocalProvider, _Keys, str]]:
 
 
 @pytest.fixture
-def worker(db_url: str, provider: tuple[LocalProvider, _Keys, str],
-           tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    env = {**os.environ, "ISO_DB_URL": db_url, "ISO_LLM_URL": provider[2] + "/v1",
-           "ISO_LLM_KEY": SECRET}
+def worker(
+    db_url: str, provider: tuple[LocalProvider, _Keys, str], tmp_path: Path
+) -> Iterator[subprocess.Popen[bytes]]:
+    env = {
+        **os.environ,
+        "ISO_DB_URL": db_url,
+        "ISO_LLM_URL": provider[2] + "/v1",
+        "ISO_LLM_KEY": SECRET,
+    }
     with (tmp_path / "worker.log").open("wb") as out:
-        proc = subprocess.Popen([sys.executable, str(Path(iso.__file__))], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(iso.__file__))], env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     yield proc
     proc.kill()
     proc.wait()
@@ -77,8 +86,10 @@ def _app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
 
 
 def test_a_sandboxed_model_call_is_made_by_the_worker_with_its_key_and_journaled_by_it(
-        make_app: Callable[..., ratchet.Ratchet],
-        provider: tuple[LocalProvider, _Keys, str], worker: subprocess.Popen[bytes]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+    provider: tuple[LocalProvider, _Keys, str],
+    worker: subprocess.Popen[bytes],
+) -> None:
     server, keys, _ = provider
     app = _app(make_app)
     digest = hashlib.sha256(SECRET.encode()).hexdigest()
@@ -104,8 +115,10 @@ def test_a_sandboxed_model_call_is_made_by_the_worker_with_its_key_and_journaled
     assert meta["usage"]["input_tokens"] == request["input_tokens"]
     assert meta["usage"]["output_tokens"] == request["output_tokens"]
     assert meta["request_id"] == request["request_id"]
-    assert meta["cost_usd"] == cost_usd(iso.MODEL, Usage(
-        input_tokens=request["input_tokens"], output_tokens=request["output_tokens"]))
+    assert meta["cost_usd"] == cost_usd(
+        iso.MODEL,
+        Usage(input_tokens=request["input_tokens"], output_tokens=request["output_tokens"]),
+    )
     assert out["usage"]["prompt_tokens"] == request["input_tokens"]
     # A forged end of the same call, and a second call for its attempt, were refused.
     forged = out["forged"]
@@ -117,8 +130,10 @@ def test_a_sandboxed_model_call_is_made_by_the_worker_with_its_key_and_journaled
 
 
 def test_a_budget_stops_a_sandboxed_model_call_before_it_is_sent(
-        make_app: Callable[..., ratchet.Ratchet],
-        provider: tuple[LocalProvider, _Keys, str], worker: subprocess.Popen[bytes]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+    provider: tuple[LocalProvider, _Keys, str],
+    worker: subprocess.Popen[bytes],
+) -> None:
     server, _, _ = provider
     app = _app(make_app)
     run_id = app.start(iso.costly, "a question worth 500 tokens")

@@ -44,7 +44,7 @@ VALUES: list[tuple[Any, Any]] = [
     (123456789.12345679, 123456789.12345679),
     (2**70, 2**70),
     (-(2**64), -(2**64)),
-    ("ünïcödé ✓ 🧒 \u2028 \"q\" \\ \n", "ünïcödé ✓ 🧒 \u2028 \"q\" \\ \n"),
+    ('ünïcödé ✓ 🧒 \u2028 "q" \\ \n', 'ünïcödé ✓ 🧒 \u2028 "q" \\ \n'),
     ("1e+16 -0.0", "1e+16 -0.0"),  # text that looks like a number stays text
     ({"z": 1, "a": [1e17, -0.0]}, {"a": [10**17, 0.0], "z": 1}),
 ]
@@ -68,7 +68,8 @@ def test_dumps_writes_numbers_as_jsonb_gives_them_back() -> None:
     assert dumps(1e20) == "100000000000000000000"
     assert dumps([-0.0, 1e-07, 0.5]) == "[0.0,1e-07,0.5]"
     assert dumps({"b": -1e16, "a": "e+ and -0.0 in text"}) == (
-        '{"a":"e+ and -0.0 in text","b":-10000000000000000}')
+        '{"a":"e+ and -0.0 in text","b":-10000000000000000}'
+    )
     for value, stored in VALUES:
         assert dumps(value) == dumps(stored)
 
@@ -101,7 +102,8 @@ def test_event_times_are_kept_to_the_microsecond_without_changing_the_hash() -> 
 
 
 def test_values_round_trip_first_run_replay_and_stored(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     seen: list[tuple[str, Any]] = []
     values = [v for v, _ in VALUES]
@@ -128,21 +130,20 @@ def test_values_round_trip_first_run_replay_and_stored(
 
     assert _typed(result) == expected
     assert _typed(app.get(run_id).output) == expected
-    assert _typed(app.get(run_id).input) == _typed({"args": [[s for _, s in VALUES]],
-                                                    "kwargs": {}})
+    assert _typed(app.get(run_id).input) == _typed({"args": [[s for _, s in VALUES]], "kwargs": {}})
     # First drive (input, output), second drive (input, output replayed, signal).
     assert [what for what, _ in seen] == ["input", "output", "input", "output", "signal"]
     assert all(_typed(v) == expected for _, v in seen)
     journal = app.events(run_id)
-    [completed] = [e for e in journal
-                   if e.kind == "step_completed" and e.step_id == "1:produce"]
+    [completed] = [e for e in journal if e.kind == "step_completed" and e.step_id == "1:produce"]
     assert _typed(completed.payload["output"]) == expected
     assert all(e.verify() for e in journal)
     assert all(b.prev_hash == a.hash for a, b in itertools.pairwise(journal))
 
 
 def test_a_nul_inside_a_value_is_refused_at_the_door_and_nothing_is_written(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step()
@@ -157,8 +158,9 @@ def test_a_nul_inside_a_value_is_refused_at_the_door_and_nothing_is_written(
     async def steps() -> str:
         return await nul_out()
 
-    with pytest.raises(ratchet.NotSerializable,
-                       match=r"the input of workflow echo .*NUL character \(\\u0000\)"):
+    with pytest.raises(
+        ratchet.NotSerializable, match=r"the input of workflow echo .*NUL character \(\\u0000\)"
+    ):
         app.start(echo, {"k\x00": 1})
     assert app.runs() == []
     app.launch()
@@ -170,7 +172,8 @@ def test_a_nul_inside_a_value_is_refused_at_the_door_and_nothing_is_written(
 
 
 def test_the_chaos_checks_read_both_backends_and_find_the_journal_sound(
-        db_url: str, make_app: Callable[..., ratchet.Ratchet]) -> None:
+    db_url: str, make_app: Callable[..., ratchet.Ratchet]
+) -> None:
     app = make_app()
 
     @app.step()
@@ -228,13 +231,17 @@ def test_an_operator_reads_runs_with_psql(pg_url: str) -> None:
         running = app.start(held, 41)
         wait_for(lambda: "step_started" in [e.kind for e in app.events(running)])
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            rows = conn.execute("SELECT seq, kind, step_id FROM journal_events "
-                                "WHERE run_id = %s ORDER BY seq", (failed,)).fetchall()
+            rows = conn.execute(
+                "SELECT seq, kind, step_id FROM journal_events WHERE run_id = %s ORDER BY seq",
+                (failed,),
+            ).fetchall()
             assert [r[1] for r in rows][-2:] == ["step_failed", "run_failed"]
             assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
             [(error,)] = conn.execute(
                 "SELECT payload->>'error' FROM journal_events "
-                "WHERE run_id = %s AND kind = 'step_failed'", (failed,)).fetchall()
+                "WHERE run_id = %s AND kind = 'step_failed'",
+                (failed,),
+            ).fetchall()
             assert "the tool said no" in error
             # Leases live now, by the server's clock, and what they run.
             live = conn.execute(
@@ -245,19 +252,24 @@ def test_an_operator_reads_runs_with_psql(pg_url: str) -> None:
             assert 0 < live[0][2].total_seconds() <= 5
             [(recent,)] = conn.execute(
                 "SELECT count(*) FROM journal_events WHERE run_id = %s "
-                "AND at > now() - interval '1 minute' AND at <= now()", (failed,)).fetchall()
+                "AND at > now() - interval '1 minute' AND at <= now()",
+                (failed,),
+            ).fetchall()
             assert recent == len(rows)
             [(status, output)] = conn.execute(
-                "SELECT status, output FROM runs WHERE run_id = %s", (failed,)).fetchall()
+                "SELECT status, output FROM runs WHERE run_id = %s", (failed,)
+            ).fetchall()
             assert (status, output) == ("failed", None)
         release.set()
         assert app.result(running, timeout_s=15) == 42
         with psycopg.connect(pg_url, autocommit=True) as conn:
-            [(out,)] = conn.execute("SELECT output FROM runs WHERE run_id = %s",
-                                    (running,)).fetchall()
+            [(out,)] = conn.execute(
+                "SELECT output FROM runs WHERE run_id = %s", (running,)
+            ).fetchall()
             assert out == 42  # psycopg reads jsonb as JSON
-            assert conn.execute("SELECT count(*) FROM run_locks WHERE expires_at > now()"
-                                ).fetchone() == (0,)
+            assert conn.execute(
+                "SELECT count(*) FROM run_locks WHERE expires_at > now()"
+            ).fetchone() == (0,)
     finally:
         release.set()
         app.shutdown()
@@ -267,12 +279,10 @@ def test_an_operator_reads_runs_with_psql(pg_url: str) -> None:
 
 
 # Floats of Unix seconds whose six decimals a naive to_timestamp() rounds the other way.
-_AWKWARD_TIMES = (1712345678.2000005, 1712345678.4199095, 1712345678.7342474,
-                  1712345678.2158625)
+_AWKWARD_TIMES = (1712345678.2000005, 1712345678.4199095, 1712345678.7342474, 1712345678.2158625)
 
 
-def _old_event(run_id: str, seq: int, kind: str, payload_json: str, at: float,
-               prev: str) -> Event:
+def _old_event(run_id: str, seq: int, kind: str, payload_json: str, at: float, prev: str) -> Event:
     """An event as Ratchet wrote it before migration 005: the time unrounded, the payload
     text as the old dumps wrote it (1e+20, -0.0, \\u0000 all stored as they were)."""
     digest = Event.digest(run_id, seq, kind, None, None, payload_json, at, prev)
@@ -282,9 +292,12 @@ def _old_event(run_id: str, seq: int, kind: str, payload_json: str, at: float,
 def test_migration_005_converts_rows_written_before_it(pg_url: str) -> None:
     old = [m for m in load_migrations("postgres") if m[0] <= 4]
     assert [m[0] for m in old] == [1, 2, 3, 4]
-    payloads = ['{"version":"1","workflow":"wf"}', '{"drive":1,"reason":"claim"}',
-                '{"output":[1e+20,-0.0,0.1,"a\\u0000b","\\\\u0000",1.5e-07]}',
-                '{"error":"it broke","error_type":"ValueError"}']
+    payloads = [
+        '{"version":"1","workflow":"wf"}',
+        '{"drive":1,"reason":"claim"}',
+        '{"output":[1e+20,-0.0,0.1,"a\\u0000b","\\\\u0000",1.5e-07]}',
+        '{"error":"it broke","error_type":"ValueError"}',
+    ]
     events, prev = [], "0" * 64
     for seq, (text, at) in enumerate(zip(payloads, _AWKWARD_TIMES, strict=True), 1):
         kind = ["run_queued", "run_started", "step_completed", "step_failed"][seq - 1]
@@ -293,33 +306,42 @@ def test_migration_005_converts_rows_written_before_it(pg_url: str) -> None:
     with psycopg.connect(pg_url, autocommit=True) as conn:
         for _, _, sql in old:
             conn.execute(sql.encode())
-        conn.execute("CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text "
-                     "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())")
+        conn.execute(
+            "CREATE TABLE schema_migrations (version integer PRIMARY KEY, name text "
+            "NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+        )
         for version, name, _ in old:
-            conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                         (version, name))
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
+            )
         conn.execute(
             "INSERT INTO runs (run_id, workflow, workflow_version, input, status, output, "
             "not_before, created_at, updated_at) VALUES ('r1', 'wf', '1', %s, 'waiting', "
             "%s, 1712345700.5, 1712345678.25, 1712345679.75)",
-            ('{"args":[1e+20,"x\\u0000"],"kwargs":{}}', '{"v":-0.0}'))
+            ('{"args":[1e+20,"x\\u0000"],"kwargs":{}}', '{"v":-0.0}'),
+        )
         for e in events:
-            conn.execute("INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, "
-                         "payload, at, prev_hash, hash) VALUES (%s, %s, %s, NULL, NULL, %s, "
-                         "%s, %s, %s)", (e.run_id, e.seq, e.kind, e.payload_json, e.at,
-                                         e.prev_hash, e.hash))
-        conn.execute("INSERT INTO run_locks VALUES ('r1', 'w1', 3, extract(epoch FROM now()) "
-                     "+ 60)")
-        conn.execute("INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, "
-                     "status, response, epoch, claimed_at, settled_at, delivery, attempt, "
-                     "settled_by) VALUES ('k1', 'r1', '1:send', 'settled', '{\"ok\":1e+16}', "
-                     "3, 1712345680.5, 1712345681.5, '#1', 1, 'worker')")
-        conn.execute("INSERT INTO signals (run_id, name, payload, sent_at) VALUES "
-                     "('r1', 'go', '\"hi\"', 1712345682.5)")
-        conn.execute("INSERT INTO dead_letters VALUES ('r1', 'step_failed', 'boom', "
-                     "1712345683.5)")
-        conn.execute("INSERT INTO workers VALUES ('w1', 'h', 1, 1712345600.5, 1712345601.5, "
-                     "'[]', '[]', 15)")
+            conn.execute(
+                "INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, "
+                "payload, at, prev_hash, hash) VALUES (%s, %s, %s, NULL, NULL, %s, "
+                "%s, %s, %s)",
+                (e.run_id, e.seq, e.kind, e.payload_json, e.at, e.prev_hash, e.hash),
+            )
+        conn.execute("INSERT INTO run_locks VALUES ('r1', 'w1', 3, extract(epoch FROM now()) + 60)")
+        conn.execute(
+            "INSERT INTO side_effect_receipts (idempotency_key, run_id, step_id, "
+            "status, response, epoch, claimed_at, settled_at, delivery, attempt, "
+            "settled_by) VALUES ('k1', 'r1', '1:send', 'settled', '{\"ok\":1e+16}', "
+            "3, 1712345680.5, 1712345681.5, '#1', 1, 'worker')"
+        )
+        conn.execute(
+            "INSERT INTO signals (run_id, name, payload, sent_at) VALUES "
+            "('r1', 'go', '\"hi\"', 1712345682.5)"
+        )
+        conn.execute("INSERT INTO dead_letters VALUES ('r1', 'step_failed', 'boom', 1712345683.5)")
+        conn.execute(
+            "INSERT INTO workers VALUES ('w1', 'h', 1, 1712345600.5, 1712345601.5, '[]', '[]', 15)"
+        )
 
     async def read() -> None:
         store = make_store(pg_url)
@@ -330,18 +352,25 @@ def test_migration_005_converts_rows_written_before_it(pg_url: str) -> None:
             assert [(e.seq, e.payload_json, e.at) for e in journal if not e.verify()] == []
             assert [f"{e.at:.6f}" for e in journal] == [f"{t:.6f}" for t in _AWKWARD_TIMES]
             assert _typed(journal[2].payload) == _typed(
-                {"output": [1e20, -0.0, 0.1, "a\x00b", "\\u0000", 1.5e-7]})
+                {"output": [1e20, -0.0, 0.1, "a\x00b", "\\u0000", 1.5e-7]}
+            )
             rec = await store.get_run("r1")
             assert rec is not None
             assert (rec.not_before, rec.created_at, rec.updated_at) == (
-                1712345700.5, 1712345678.25, 1712345679.75)
+                1712345700.5,
+                1712345678.25,
+                1712345679.75,
+            )
             assert _typed(rec.input) == _typed({"args": [10**20, "x\ufffd"], "kwargs": {}})
             assert _typed(rec.output) == _typed({"v": 0.0})
             lease = await store.lease("r1")
             assert lease is not None and lease.live and lease.worker_id == "w1"
             [receipt] = await store.receipts("r1")
             assert (receipt.response, receipt.claimed_at, receipt.settled_at) == (
-                {"ok": 10**16}, 1712345680.5, 1712345681.5)
+                {"ok": 10**16},
+                1712345680.5,
+                1712345681.5,
+            )
             assert await store.pending_signal("r1", "go") == (1, "hi")
             [dead] = await store.dead_letters()
             assert dead.at == 1712345683.5
@@ -355,18 +384,22 @@ def test_migration_005_converts_rows_written_before_it(pg_url: str) -> None:
     asyncio.run(read())
     with psycopg.connect(pg_url, autocommit=True) as conn:
         # What psql shows: jsonb with jsonb's numbers and U+FFFD for a NUL.
-        [(output,)] = conn.execute("SELECT payload->'output' FROM journal_events "
-                                   "WHERE run_id = 'r1' AND seq = 3").fetchall()
+        [(output,)] = conn.execute(
+            "SELECT payload->'output' FROM journal_events WHERE run_id = 'r1' AND seq = 3"
+        ).fetchall()
         assert output == [10**20, 0, 0.1, "a\ufffdb", "\\u0000", 1.5e-7]
-        [(error,)] = conn.execute("SELECT payload->>'error' FROM journal_events "
-                                  "WHERE kind = 'step_failed'").fetchall()
+        [(error,)] = conn.execute(
+            "SELECT payload->>'error' FROM journal_events WHERE kind = 'step_failed'"
+        ).fetchall()
         assert error == "it broke"
         # Only events whose text jsonb may not give back keep it.
-        kept = conn.execute("SELECT seq FROM journal_events WHERE payload_text IS NOT NULL "
-                            "ORDER BY run_id, seq").fetchall()
+        kept = conn.execute(
+            "SELECT seq FROM journal_events WHERE payload_text IS NOT NULL ORDER BY run_id, seq"
+        ).fetchall()
         assert kept == [(3,)]
-        assert conn.execute("SELECT count(*) FROM run_locks WHERE expires_at > now()"
-                            ).fetchone() == (1,)
+        assert conn.execute(
+            "SELECT count(*) FROM run_locks WHERE expires_at > now()"
+        ).fetchone() == (1,)
 
 
 def test_sqlite_keeps_its_schema(sqlite_url: str) -> None:
@@ -377,7 +410,7 @@ def test_sqlite_keeps_its_schema(sqlite_url: str) -> None:
         await store.close()
 
     asyncio.run(open_close())
-    conn = sqlite3.connect(sqlite_url[len("sqlite:///"):])
+    conn = sqlite3.connect(sqlite_url[len("sqlite:///") :])
     try:
         columns = {(r[1], r[2]) for r in conn.execute("PRAGMA table_info(journal_events)")}
     finally:

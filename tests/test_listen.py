@@ -17,7 +17,8 @@ pytestmark = pytest.mark.postgres
 
 
 async def test_a_channel_first_watched_later_is_heard_and_others_are_not_listened_to(
-        pg_url: str) -> None:
+    pg_url: str,
+) -> None:
     watcher, writer = make_store(pg_url, Clock()), make_store(pg_url, Clock())
     await watcher.open()
     await writer.open()
@@ -28,14 +29,12 @@ async def test_a_channel_first_watched_later_is_heard_and_others_are_not_listene
             ready.clear()
             await writer.create_runs([NewRun("l-1", "wf", "1", {"args": [], "kwargs": {}})])
             await asyncio.wait_for(ready.wait(), 10)  # another process's start wakes it
-            with watcher.watching(EVENTS, "l-2") as appended, \
-                    watcher.watching(DONE, "l-2"):
+            with watcher.watching(EVENTS, "l-2") as appended, watcher.watching(DONE, "l-2"):
                 assert watcher._channels == {READY, EVENTS, DONE}  # type: ignore[attr-defined]
                 await asyncio.wait_for(appended.wait(), 10)  # woken once listening again
                 appended.clear()
                 ready.clear()
-                await writer.create_runs([NewRun("l-2", "wf", "1",
-                                                 {"args": [], "kwargs": {}})])
+                await writer.create_runs([NewRun("l-2", "wf", "1", {"args": [], "kwargs": {}})])
                 await asyncio.wait_for(appended.wait(), 10)  # its run_queued event
                 await asyncio.wait_for(ready.wait(), 10)  # READY still heard too
     finally:

@@ -28,17 +28,21 @@ pytestmark = pytest.mark.usefixtures("collect_clients")
 
 
 def clients(base: str) -> tuple[Any, Any]:
-    return (ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET)),
-            ratchet.llm.wrap(anthropic.AsyncAnthropic(base_url=base, api_key=LLM_SECRET)))
+    return (
+        ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET)),
+        ratchet.llm.wrap(anthropic.AsyncAnthropic(base_url=base, api_key=LLM_SECRET)),
+    )
 
 
 def llm_steps(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Event]:
-    return [e for e in app.events(run_id) if e.kind == kind and e.step_id
-            and ".create" in e.step_id]
+    return [
+        e for e in app.events(run_id) if e.kind == kind and e.step_id and ".create" in e.step_id
+    ]
 
 
 def test_each_call_is_a_step_sending_its_key_with_usage_and_cost(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai, claude = clients(base)
     app = make_app()
@@ -46,14 +50,23 @@ def test_each_call_is_a_step_sending_its_key_with_usage_and_cost(
     @app.workflow()
     async def triage(ticket: str) -> list[str]:
         chat = await oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": ticket}])
+            model=MODEL, messages=[{"role": "user", "content": ticket}]
+        )
         resp = await oai.responses.create(model=MODEL, input=ticket)
         emb = await oai.embeddings.create(model="text-embedding-3-small", input=ticket)
-        msg = await claude.messages.create(model="claude-sonnet-4-6", max_tokens=64,
-                                           messages=[{"role": "user", "content": ticket}])
-        return [type(chat).__name__, chat.choices[0].message.content or "",
-                type(resp).__name__, resp.output_text, type(emb).__name__,
-                str(len(emb.data[0].embedding)), type(msg).__name__, msg.content[0].text]
+        msg = await claude.messages.create(
+            model="claude-sonnet-4-6", max_tokens=64, messages=[{"role": "user", "content": ticket}]
+        )
+        return [
+            type(chat).__name__,
+            chat.choices[0].message.content or "",
+            type(resp).__name__,
+            resp.output_text,
+            type(emb).__name__,
+            str(len(emb.data[0].embedding)),
+            type(msg).__name__,
+            msg.content[0].text,
+        ]
 
     app.launch()
     run_id = app.start(triage, "my printer is on fire")
@@ -63,8 +76,11 @@ def test_each_call_is_a_step_sending_its_key_with_usage_and_cost(
 
     started = llm_steps(app, run_id, "step_started")
     assert [e.step_id for e in started] == [
-        "1:openai.chat.completions.create", "2:openai.responses.create",
-        "3:openai.embeddings.create", "4:anthropic.messages.create"]
+        "1:openai.chat.completions.create",
+        "2:openai.responses.create",
+        "3:openai.embeddings.create",
+        "4:anthropic.messages.create",
+    ]
     keys = [idempotency_key(run_id, e.step_id or "", 1) for e in started]
     assert [e.payload["idempotency_key"] for e in started] == keys
     assert all(e.payload["kind"] == "llm" for e in started)
@@ -74,28 +90,37 @@ def test_each_call_is_a_step_sending_its_key_with_usage_and_cost(
     completed = llm_steps(app, run_id, "step_completed")
     billed = [r for r in server.requests() if r["billed"]]
     assert [e.payload["llm"]["usage"]["output_tokens"] for e in completed] == [
-        r["output_tokens"] for r in billed]
-    assert [e.payload["llm"]["request_id"] for e in completed] == [
-        r["request_id"] for r in billed]
+        r["output_tokens"] for r in billed
+    ]
+    assert [e.payload["llm"]["request_id"] for e in completed] == [r["request_id"] for r in billed]
     chat_meta = completed[0].payload["llm"]
     assert chat_meta["provider"] == "openai" and chat_meta["model"].startswith(MODEL)
     usage = chat_meta["usage"]
-    expected = round((usage["input_tokens"] - usage["cached_tokens"]) * 0.4e-6
-                     + usage["cached_tokens"] * 0.1e-6 + usage["output_tokens"] * 1.6e-6, 10)
+    expected = round(
+        (usage["input_tokens"] - usage["cached_tokens"]) * 0.4e-6
+        + usage["cached_tokens"] * 0.1e-6
+        + usage["output_tokens"] * 1.6e-6,
+        10,
+    )
     assert chat_meta["cost_usd"] == pytest.approx(expected)
     # Run totals: folded from the journal, the same in the list query.
     state = ratchet.model.fold(run_id, app.events(run_id))
     assert state.llm.calls == 4
     assert state.llm.output_tokens == sum(r["output_tokens"] for r in billed)
-    assert state.llm.input_tokens == sum(e.payload["llm"]["usage"]["input_tokens"]
-                                         for e in completed)
+    assert state.llm.input_tokens == sum(
+        e.payload["llm"]["usage"]["input_tokens"] for e in completed
+    )
     listed = app.llm_totals([run_id])[run_id]
     assert (listed.calls, listed.tokens, listed.cost_usd) == (
-        state.llm.calls, state.llm.tokens, state.llm.cost_usd)
+        state.llm.calls,
+        state.llm.tokens,
+        state.llm.cost_usd,
+    )
 
 
 def test_completed_calls_are_read_back_on_replay_never_sent_again(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai, claude = clients(base)
     app = make_app()
@@ -103,14 +128,20 @@ def test_completed_calls_are_read_back_on_replay_never_sent_again(
     @app.workflow()
     async def talk() -> list[str]:
         first = await oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "one"}])
-        second = await claude.messages.create(model="claude-sonnet-4-6", max_tokens=32,
-                                              messages=[{"role": "user", "content": "two"}])
+            model=MODEL, messages=[{"role": "user", "content": "one"}]
+        )
+        second = await claude.messages.create(
+            model="claude-sonnet-4-6", max_tokens=32, messages=[{"role": "user", "content": "two"}]
+        )
         await ratchet.wait_for_signal("go")  # parks: the next drive replays both calls
         third = await oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "three"}])
-        return [first.choices[0].message.content or "", second.content[0].text,
-                third.choices[0].message.content or ""]
+            model=MODEL, messages=[{"role": "user", "content": "three"}]
+        )
+        return [
+            first.choices[0].message.content or "",
+            second.content[0].text,
+            third.choices[0].message.content or "",
+        ]
 
     app.launch()
     run_id = app.start(talk)
@@ -125,7 +156,8 @@ def test_completed_calls_are_read_back_on_replay_never_sent_again(
 
 
 def test_a_rate_limit_is_retried_as_a_new_attempt_with_a_new_key(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai, _ = clients(base)
     app = make_app()
@@ -133,7 +165,8 @@ def test_a_rate_limit_is_retried_as_a_new_attempt_with_a_new_key(
     @app.workflow()
     async def once() -> str:
         reply = await oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}])
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
         return reply.choices[0].message.content or ""
 
     server.fail("429", times=1, retry_after=0.3)
@@ -144,7 +177,9 @@ def test_a_rate_limit_is_retried_as_a_new_attempt_with_a_new_key(
     started = [e for e in app.events(run_id) if e.kind == "step_started"]
     assert [e.attempt for e in started] == [1, 2]
     assert [e.payload["idempotency_key"] for e in started] == [
-        idempotency_key(run_id, step, 1), idempotency_key(run_id, step, 2)]
+        idempotency_key(run_id, step, 1),
+        idempotency_key(run_id, step, 2),
+    ]
     [retrying] = [e for e in app.events(run_id) if e.kind == "step_retrying"]
     assert "429" in retrying.payload["error"] and retrying.payload["delay_s"] >= 0.3
     assert [r["status"] for r in server.requests()] == [429, 200]
@@ -152,7 +187,8 @@ def test_a_rate_limit_is_retried_as_a_new_attempt_with_a_new_key(
 
 
 def test_a_refused_request_fails_the_step_with_the_providers_message(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai, _ = clients(base)
     app = make_app()
@@ -173,7 +209,8 @@ def test_a_refused_request_fails_the_step_with_the_providers_message(
 
 
 def test_a_stream_passes_chunks_through_and_replays_the_journaled_response(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai, claude = clients(base)
     app = make_app()
@@ -183,13 +220,17 @@ def test_a_stream_passes_chunks_through_and_replays_the_journaled_response(
     async def streamer() -> list[str]:
         parts: list[str] = []
         stream = await oai.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "stream me"}], stream=True)
+            model=MODEL, messages=[{"role": "user", "content": "stream me"}], stream=True
+        )
         async for chunk in stream:
             parts.append(chunk.choices[0].delta.content or "")
         text: list[str] = []
         events = await claude.messages.create(
-            model="claude-sonnet-4-6", max_tokens=64, stream=True,
-            messages=[{"role": "user", "content": "and me"}])
+            model="claude-sonnet-4-6",
+            max_tokens=64,
+            stream=True,
+            messages=[{"role": "user", "content": "and me"}],
+        )
         async for event in events:
             if event.type == "content_block_delta":
                 text.append(event.delta.text)
@@ -215,7 +256,8 @@ def test_a_stream_passes_chunks_through_and_replays_the_journaled_response(
 
 
 def test_outside_a_workflow_the_wrapped_client_is_the_plain_sdk(
-        provider: tuple[LocalProvider, str]) -> None:
+    provider: tuple[LocalProvider, str],
+) -> None:
     import asyncio
 
     server, base = provider
@@ -224,7 +266,8 @@ def test_outside_a_workflow_the_wrapped_client_is_the_plain_sdk(
     async def plain() -> Any:
         async with oai.unwrapped:  # the caller's own loop: the caller closes the client
             return await oai.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "plain"}])
+                model=MODEL, messages=[{"role": "user", "content": "plain"}]
+            )
 
     reply = asyncio.run(plain())
     assert "plain" in (reply.choices[0].message.content or "")
@@ -264,11 +307,11 @@ def test_prices_dated_names_unknown_models_and_overrides(tmp_path: Path) -> None
 
 
 def test_tools_have_a_schema_an_event_and_their_own_keys(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
-    @app.tool(risk="high", timeout_s=30,
-              idempotency_key=lambda c: f"{c.run_id}:{c.step_id}")
+    @app.tool(risk="high", timeout_s=30, idempotency_key=lambda c: f"{c.run_id}:{c.step_id}")
     async def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
         """Refund part of an order."""
         return {"refunded": amount_cents, "key": ratchet.current_step().idempotency_key}
@@ -288,23 +331,34 @@ def test_tools_have_a_schema_an_event_and_their_own_keys(
     out = app.result(run_id, timeout_s=30)
     assert out["key"] == f"{run_id}:1:refund"
     kinds = [(e.kind, e.step_id) for e in app.events(run_id)][2:5]
-    assert kinds == [("tool_called", "1:refund"), ("step_started", "1:refund"),
-                     ("step_completed", "1:refund")]
+    assert kinds == [
+        ("tool_called", "1:refund"),
+        ("step_started", "1:refund"),
+        ("step_completed", "1:refund"),
+    ]
     called = app.events(run_id)[2].payload
-    assert called == {"name": "refund", "arguments": {"order_id": "o-1", "amount_cents": 250},
-                      "risk": "high"}
+    assert called == {
+        "name": "refund",
+        "arguments": {"order_id": "o-1", "amount_cents": 250},
+        "risk": "high",
+    }
 
 
-AGENT_SCRIPT = {"rules": [
-    {"match": {"last_role": "user"},
-     "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]}},
-    {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
-]}
+AGENT_SCRIPT = {
+    "rules": [
+        {
+            "match": {"last_role": "user"},
+            "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]},
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
+    ]
+}
 
 
 @pytest.mark.parametrize("which", ["openai", "anthropic"])
 def test_the_agent_loop_calls_tools_as_steps(
-        make_app: Callable[..., ratchet.Ratchet], which: str) -> None:
+    make_app: Callable[..., ratchet.Ratchet], which: str
+) -> None:
     server = LocalProvider(script=AGENT_SCRIPT)
     with serve(server) as base:
         oai, claude = clients(base)
@@ -319,8 +373,10 @@ def test_the_agent_loop_calls_tools_as_steps(
         async def ask(text: str) -> list[Any]:
             agent = ratchet.Agent(
                 model=MODEL if which == "openai" else "claude-sonnet-4-6",
-                instructions="Use the tools.", tools=[lookup],
-                client=oai if which == "openai" else claude)
+                instructions="Use the tools.",
+                tools=[lookup],
+                client=oai if which == "openai" else claude,
+            )
             result = await agent.run(text)
             return [result.output, result.turns]
 
@@ -328,17 +384,21 @@ def test_the_agent_loop_calls_tools_as_steps(
         run_id = app.start(ask, "weather in Paris?")
         assert app.result(run_id, timeout_s=30) == ["It is sunny in Paris.", 2]
     steps = [e.step_id for e in app.events(run_id) if e.kind == "step_completed"]
-    name = ("openai.chat.completions.create" if which == "openai"
-            else "anthropic.messages.create")
+    name = "openai.chat.completions.create" if which == "openai" else "anthropic.messages.create"
     assert steps == [f"1:{name}", "2:lookup", f"3:{name}"]
     [called] = [e for e in app.events(run_id) if e.kind == "tool_called"]
     assert called.payload["arguments"] == {"city": "Paris"}
 
 
-def test_the_agent_fails_clearly_past_max_turns(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
-    loop = {"rules": [{"match": {}, "reply": {"tool_calls": [
-        {"name": "lookup", "arguments": {"city": "Paris"}}]}}]}
+def test_the_agent_fails_clearly_past_max_turns(make_app: Callable[..., ratchet.Ratchet]) -> None:
+    loop = {
+        "rules": [
+            {
+                "match": {},
+                "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]},
+            }
+        ]
+    }
     with serve(LocalProvider(script=loop)) as base:
         oai, _ = clients(base)
         app = make_app()
@@ -350,8 +410,9 @@ def test_the_agent_fails_clearly_past_max_turns(
 
         @app.workflow()
         async def ask() -> Any:
-            return (await ratchet.Agent(model=MODEL, tools=[lookup], client=oai,
-                                        max_turns=3).run("go")).output
+            return (
+                await ratchet.Agent(model=MODEL, tools=[lookup], client=oai, max_turns=3).run("go")
+            ).output
 
         app.launch()
         run_id = app.start(ask)
@@ -382,8 +443,11 @@ def test_a_crash_while_the_provider_answers_is_billed_once(h: Harness) -> None:
     # Sent twice (the crash and the re-drive), under one key: billed once.
     assert len(first) == 2 and [r["billed"] for r in first].count(True) == 1
     assert server.stats()["billed_calls"] == 3
-    started = [e for e in h.app.events(run_id) if e.step_id and e.kind == "step_started"
-               and e.step_id.startswith("1:")]
+    started = [
+        e
+        for e in h.app.events(run_id)
+        if e.step_id and e.kind == "step_started" and e.step_id.startswith("1:")
+    ]
     assert [(e.attempt, e.payload["idempotency_key"]) for e in started] == [(1, key), (1, key)]
 
 
@@ -406,24 +470,24 @@ def test_the_agent_killed_in_turn_two_resumes_at_turn_two(h: Harness) -> None:
     keys = [r["idempotency_key"] for r in server.requests()]
     turn2 = idempotency_key(run_id, "3:openai.chat.completions.create", 1)
     # Turn 1 once; turn 2 sent again after the crash under its key, and billed once.
-    assert keys == [idempotency_key(run_id, "1:openai.chat.completions.create", 1),
-                    turn2, turn2]
+    assert keys == [idempotency_key(run_id, "1:openai.chat.completions.create", 1), turn2, turn2]
     assert server.stats()["billed_calls"] == 2
     assert h.calls() == {"2:lookup": 1}
 
 
-def test_no_secret_reaches_the_journal(db_url: str, provider: tuple[LocalProvider, str],
-                                       make_app: Callable[..., ratchet.Ratchet]) -> None:
+def test_no_secret_reaches_the_journal(
+    db_url: str, provider: tuple[LocalProvider, str], make_app: Callable[..., ratchet.Ratchet]
+) -> None:
     _, base = provider
     oai, claude = clients(base)
     app = make_app()
 
     @app.workflow()
     async def wf() -> str:
-        await oai.chat.completions.create(model=MODEL,
-                                          messages=[{"role": "user", "content": "x"}])
-        await claude.messages.create(model="claude-sonnet-4-6", max_tokens=8,
-                                     messages=[{"role": "user", "content": "y"}])
+        await oai.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
+        await claude.messages.create(
+            model="claude-sonnet-4-6", max_tokens=8, messages=[{"role": "user", "content": "y"}]
+        )
         return "ok"
 
     app.launch()
@@ -446,8 +510,9 @@ def test_the_example_agent_runs(tmp_path: Path) -> None:
     import sys
 
     example = Path(__file__).resolve().parent.parent / "examples" / "agent.py"
-    out = subprocess.run([sys.executable, str(example)], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, str(example)], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == "It is sunny in Paris."

@@ -61,9 +61,13 @@ rules:
     reply: {text: "fixed answer", output_tokens: 12, cached_tokens: 3, reasoning_tokens: 5}
     times: 2
 """
-WEATHER_TOOL: Any = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object",
-                                          "properties": {"city": {"type": "string"}}}}}
+WEATHER_TOOL: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
 
 
 def tokens(text: str) -> int:
@@ -80,12 +84,15 @@ class Local:
 
 
 @contextmanager
-def local(script: str | Path | dict[str, Any] | None = None,
-          log_path: Path | None = None) -> Iterator[Local]:
+def local(
+    script: str | Path | dict[str, Any] | None = None, log_path: Path | None = None
+) -> Iterator[Local]:
     provider = LocalProvider(script, log_path)
-    with (serve(provider) as base,
-          openai.OpenAI(base_url=f"{base}/v1", api_key=OPENAI_KEY, max_retries=0) as oc,
-          anthropic.Anthropic(base_url=base, api_key=ANTHROPIC_KEY, max_retries=0) as ac):
+    with (
+        serve(provider) as base,
+        openai.OpenAI(base_url=f"{base}/v1", api_key=OPENAI_KEY, max_retries=0) as oc,
+        anthropic.Anthropic(base_url=base, api_key=ANTHROPIC_KEY, max_retries=0) as ac,
+    ):
         yield Local(provider, base, oc, ac, log_path)
 
 
@@ -107,8 +114,12 @@ def get_json(url: str) -> Any:
 
 
 def post_json(url: str, body: Any) -> tuple[int, Any]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"content-type": "application/json"})
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"content-type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -121,8 +132,9 @@ def post_json(url: str, body: Any) -> tuple[int, Any]:
 
 def test_chat_completion_is_a_typed_echo_with_usage(llm: Local) -> None:
     raw = llm.openai.chat.completions.with_raw_response.create(
-        model=GPT, messages=[{"role": "system", "content": "Be brief."},
-                             *user("hello there, how are you")])
+        model=GPT,
+        messages=[{"role": "system", "content": "Be brief."}, *user("hello there, how are you")],
+    )
     completion = raw.parse()
     assert isinstance(completion, ChatCompletion)
     assert completion.id.startswith("chatcmpl-") and completion.model == GPT
@@ -160,8 +172,9 @@ def test_calls_on_a_kept_alive_connection_wait_for_no_delayed_ack(llm: Local) ->
 
 
 def test_responses_is_a_typed_response_with_usage(llm: Local) -> None:
-    response = llm.openai.responses.create(model=GPT, input="summarise this",
-                                           instructions="You are terse.")
+    response = llm.openai.responses.create(
+        model=GPT, input="summarise this", instructions="You are terse."
+    )
     assert isinstance(response, Response)
     assert response.id.startswith("resp_") and response.status == "completed"
     assert response.output_text == "echo: summarise this"
@@ -182,20 +195,21 @@ def test_embeddings_are_deterministic_unit_vectors(llm: Local) -> None:
     assert len(first.data[0].embedding) == 1536
     assert first.usage.prompt_tokens == 2 and first.usage.total_tokens == 2
     # The SDK asked for base64 by default; the float form carries the same numbers.
-    floats = llm.openai.embeddings.create(model="text-embedding-3-small", input="cat",
-                                          encoding_format="float", dimensions=1536)
+    floats = llm.openai.embeddings.create(
+        model="text-embedding-3-small", input="cat", encoding_format="float", dimensions=1536
+    )
     assert floats.data[0].embedding == first.data[0].embedding
     assert first.data[0].embedding != first.data[1].embedding
     assert math.isclose(sum(x * x for x in first.data[0].embedding), 1.0, rel_tol=1e-4)
-    small = llm.openai.embeddings.create(model="text-embedding-3-small", input="cat",
-                                         dimensions=8)
+    small = llm.openai.embeddings.create(model="text-embedding-3-small", input="cat", dimensions=8)
     assert len(small.data[0].embedding) == 8
     assert llm.provider.stats()["billed_calls"] == 3
 
 
 def test_messages_is_a_typed_message_with_usage(llm: Local) -> None:
     raw = llm.anthropic.messages.with_raw_response.create(
-        model=CLAUDE, max_tokens=100, system="Be kind.", messages=user("hi claude"))
+        model=CLAUDE, max_tokens=100, system="Be kind.", messages=user("hi claude")
+    )
     message = raw.parse()
     assert isinstance(message, Message)
     assert message.id.startswith("msg_") and raw.headers["request-id"].startswith("req_")
@@ -214,8 +228,11 @@ def test_messages_is_a_typed_message_with_usage(llm: Local) -> None:
 def test_chat_stream_assembles_to_the_same_text_and_usage(llm: Local) -> None:
     prompt = user("tell me a story about a ratchet that only turns one way")
     whole = llm.openai.chat.completions.create(model=GPT, messages=prompt)
-    chunks = list(llm.openai.chat.completions.create(
-        model=GPT, messages=prompt, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        llm.openai.chat.completions.create(
+            model=GPT, messages=prompt, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
     assert len(chunks) > 4  # really streamed in pieces
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -232,8 +249,12 @@ def test_responses_stream_assembles_to_the_same_text_and_usage(llm: Local) -> No
     whole = llm.openai.responses.create(model=GPT, input=prompt)
     events = list(llm.openai.responses.create(model=GPT, input=prompt, stream=True))
     kinds = [e.type for e in events]
-    assert kinds[:4] == ["response.created", "response.in_progress",
-                         "response.output_item.added", "response.content_part.added"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert kinds[-1] == "response.completed"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
@@ -256,8 +277,12 @@ def test_messages_stream_assembles_to_the_same_text_and_usage(llm: Local) -> Non
     assert len(pieces) > 2
     assert "".join(pieces) == final.content[0].text == whole.content[0].text  # type: ignore[union-attr]
     assert final.stop_reason == "end_turn" and final.usage == whole.usage
-    events = [e.type for e in llm.anthropic.messages.create(
-        model=CLAUDE, max_tokens=100, messages=prompt, stream=True)]
+    events = [
+        e.type
+        for e in llm.anthropic.messages.create(
+            model=CLAUDE, max_tokens=100, messages=prompt, stream=True
+        )
+    ]
     assert events[0] == "message_start" and events[-2:] == ["message_delta", "message_stop"]
     assert {"content_block_start", "content_block_delta", "content_block_stop"} <= set(events)
 
@@ -275,39 +300,61 @@ def test_chat_tool_call_then_tool_result_as_scripted(llm: Local) -> None:
     assert json.loads(call.function.arguments) == {"city": "Paris"}
     assert first.usage is not None
     assert first.usage.prompt_tokens == tokens(
-        "What is the weather in Paris?" + json.dumps([WEATHER_TOOL], separators=(",", ":"),
-                                                     sort_keys=True))
+        "What is the weather in Paris?"
+        + json.dumps([WEATHER_TOOL], separators=(",", ":"), sort_keys=True)
+    )
     assert first.usage.completion_tokens == tokens("get_weather" + '{"city":"Paris"}')
     # The user's message still says "weather", but the conversation now ends with the
     # tool's result: the tool rule answers, not the weather rule again.
-    history: Any = [*asked, choice.message.model_dump(exclude_none=True),
-                    {"role": "tool", "tool_call_id": call.id, "content": '{"weather": "sunny"}'}]
-    second = llm.openai.chat.completions.create(model=GPT, tools=[WEATHER_TOOL],
-                                                messages=history)
+    history: Any = [
+        *asked,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": '{"weather": "sunny"}'},
+    ]
+    second = llm.openai.chat.completions.create(model=GPT, tools=[WEATHER_TOOL], messages=history)
     assert second.choices[0].message.content == "It is sunny in Paris."
     assert second.choices[0].finish_reason == "stop"
-    streamed = list(llm.openai.chat.completions.create(
-        model=GPT, messages=asked, tools=[WEATHER_TOOL], stream=True))
-    arguments = "".join(tc.function.arguments or "" for c in streamed if c.choices
-                        for tc in c.choices[0].delta.tool_calls or () if tc.function)
+    streamed = list(
+        llm.openai.chat.completions.create(
+            model=GPT, messages=asked, tools=[WEATHER_TOOL], stream=True
+        )
+    )
+    arguments = "".join(
+        tc.function.arguments or ""
+        for c in streamed
+        if c.choices
+        for tc in c.choices[0].delta.tool_calls or ()
+        if tc.function
+    )
     assert json.loads(arguments) == {"city": "Paris"}
 
 
 def test_responses_function_call_as_scripted(llm: Local) -> None:
-    tool: Any = {"type": "function", "name": "get_weather",
-                 "parameters": WEATHER_TOOL["function"]["parameters"]}
+    tool: Any = {
+        "type": "function",
+        "name": "get_weather",
+        "parameters": WEATHER_TOOL["function"]["parameters"],
+    }
     first = llm.openai.responses.create(model=GPT, input="weather in Paris?", tools=[tool])
     [call] = first.output
     assert isinstance(call, ResponseFunctionToolCall)
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
-    second = llm.openai.responses.create(model=GPT, tools=[tool], input=[
-        {"role": "user", "content": "weather in Paris?"},
-        {"type": "function_call", "call_id": call.call_id, "name": call.name,
-         "arguments": call.arguments},
-        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    second = llm.openai.responses.create(
+        model=GPT,
+        tools=[tool],
+        input=[
+            {"role": "user", "content": "weather in Paris?"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+        ],
+    )
     assert second.output_text == "It is sunny in Paris."
-    with llm.openai.responses.stream(model=GPT, input="weather in Paris?", tools=[tool]
-                                     ) as stream:
+    with llm.openai.responses.stream(model=GPT, input="weather in Paris?", tools=[tool]) as stream:
         final = stream.get_final_response()
     [streamed] = final.output
     assert isinstance(streamed, ResponseFunctionToolCall)
@@ -327,9 +374,15 @@ def test_messages_tool_use_as_scripted(llm: Local) -> None:
     assert isinstance(streamed.content[1], ToolUseBlock)
     assert streamed.content[1].input == {"city": "Paris"}
     history: Any = [
-        *asked, {"role": "assistant", "content": [b.model_dump() for b in first.content]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id,
-                                      "content": "the weather is sunny"}]}]
+        *asked,
+        {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": use.id, "content": "the weather is sunny"}
+            ],
+        },
+    ]
     second = llm.anthropic.messages.create(model=CLAUDE, max_tokens=100, messages=history)
     assert second.content[0].text == "It is sunny in Paris."  # type: ignore[union-attr]
     assert second.stop_reason == "end_turn"
@@ -337,10 +390,14 @@ def test_messages_tool_use_as_scripted(llm: Local) -> None:
 
 def test_model_rule_sets_usage_and_is_used_its_times_only(llm: Local) -> None:
     prompt = user("hi there, how is it going?")
-    answers = [llm.openai.chat.completions.create(model="gpt-4.1-nano", messages=prompt)
-               for _ in range(3)]
+    answers = [
+        llm.openai.chat.completions.create(model="gpt-4.1-nano", messages=prompt) for _ in range(3)
+    ]
     assert [a.choices[0].message.content for a in answers] == [
-        "fixed answer", "fixed answer", "echo: hi there, how is it going?"]
+        "fixed answer",
+        "fixed answer",
+        "echo: hi there, how is it going?",
+    ]
     usage = answers[0].usage
     assert usage is not None and usage.completion_tokens == 12
     assert usage.prompt_tokens == tokens("hi there, how is it going?")
@@ -359,10 +416,12 @@ class City(BaseModel):
 
 
 def test_structured_output_fits_the_requested_schema(llm: Local) -> None:
-    chat = llm.openai.chat.completions.parse(model=GPT, messages=user("a city"),
-                                             response_format=City)
-    assert chat.choices[0].message.parsed == City(name="echo: a city", population=0,
-                                                  districts=["echo: a city"])
+    chat = llm.openai.chat.completions.parse(
+        model=GPT, messages=user("a city"), response_format=City
+    )
+    assert chat.choices[0].message.parsed == City(
+        name="echo: a city", population=0, districts=["echo: a city"]
+    )
     response = llm.openai.responses.parse(model=GPT, input="a city", text_format=City)
     assert response.output_parsed == chat.choices[0].message.parsed
 
@@ -373,9 +432,11 @@ def test_structured_output_fits_the_requested_schema(llm: Local) -> None:
 def test_same_key_twice_is_billed_once_and_replays_the_same_answer(llm: Local) -> None:
     key = {"Idempotency-Key": "step-key-1"}
     first = llm.openai.chat.completions.with_raw_response.create(
-        model=GPT, messages=user("once"), extra_headers=key)
+        model=GPT, messages=user("once"), extra_headers=key
+    )
     second = llm.openai.chat.completions.with_raw_response.create(
-        model=GPT, messages=user("once"), extra_headers=key)
+        model=GPT, messages=user("once"), extra_headers=key
+    )
     assert first.headers.get("idempotent-replayed") is None
     assert second.headers["idempotent-replayed"] == "true"
     assert second.parse().id == first.parse().id
@@ -387,13 +448,28 @@ def test_same_key_twice_is_billed_once_and_replays_the_same_answer(llm: Local) -
     assert (replayed["billed"], replayed["replayed"]) == (False, True)
     assert replayed["idempotency_key"] == "step-key-1"
     # Streams replay the same events; Anthropic keeps keys the same way.
-    streams = [[c.model_dump() for c in llm.openai.chat.completions.create(
-        model=GPT, messages=user("stream once"), stream=True,
-        extra_headers={"Idempotency-Key": "step-key-2"})] for _ in range(2)]
+    streams = [
+        [
+            c.model_dump()
+            for c in llm.openai.chat.completions.create(
+                model=GPT,
+                messages=user("stream once"),
+                stream=True,
+                extra_headers={"Idempotency-Key": "step-key-2"},
+            )
+        ]
+        for _ in range(2)
+    ]
     assert streams[0] == streams[1]
-    messages = [llm.anthropic.messages.create(model=CLAUDE, max_tokens=10, messages=user("x"),
-                                              extra_headers={"Idempotency-Key": "step-key-3"})
-                for _ in range(2)]
+    messages = [
+        llm.anthropic.messages.create(
+            model=CLAUDE,
+            max_tokens=10,
+            messages=user("x"),
+            extra_headers={"Idempotency-Key": "step-key-3"},
+        )
+        for _ in range(2)
+    ]
     assert messages[0].id == messages[1].id
     assert llm.provider.stats()["billed_calls"] == 3
 
@@ -404,8 +480,9 @@ def test_same_key_with_another_body_is_refused_naming_the_key(llm: Local) -> Non
     with pytest.raises(openai.UnprocessableEntityError, match="step-key-9"):
         llm.openai.chat.completions.create(model=GPT, messages=user("two"), extra_headers=key)
     with pytest.raises(anthropic.UnprocessableEntityError, match="step-key-9"):
-        llm.anthropic.messages.create(model=CLAUDE, max_tokens=10, messages=user("one"),
-                                      extra_headers=key)
+        llm.anthropic.messages.create(
+            model=CLAUDE, max_tokens=10, messages=user("one"), extra_headers=key
+        )
     stats = llm.provider.stats()
     assert stats["billed_calls"] == 1 and stats["refused"] == 2
 
@@ -418,8 +495,11 @@ def test_concurrent_duplicates_are_billed_once(llm: Local) -> None:
 
     def call() -> None:
         try:
-            ids.append(llm.openai.chat.completions.create(
-                model=GPT, messages=user("dup"), extra_headers={"Idempotency-Key": "k"}).id)
+            ids.append(
+                llm.openai.chat.completions.create(
+                    model=GPT, messages=user("dup"), extra_headers={"Idempotency-Key": "k"}
+                ).id
+            )
         except BaseException as e:
             errors.append(e)
 
@@ -458,12 +538,14 @@ async def test_a_duplicate_in_flight_waits_for_the_stored_answer() -> None:
 def test_rate_limit_carries_retry_after_and_is_not_billed(llm: Local) -> None:
     llm.provider.fail("429", retry_after=7)
     with pytest.raises(openai.RateLimitError) as caught:
-        llm.openai.chat.completions.create(model=GPT, messages=user("hi"),
-                                           extra_headers={"Idempotency-Key": "rl"})
+        llm.openai.chat.completions.create(
+            model=GPT, messages=user("hi"), extra_headers={"Idempotency-Key": "rl"}
+        )
     assert caught.value.response.headers["retry-after"] == "7"
     # Nothing was stored under the key: the retry is answered and billed.
     retried = llm.openai.chat.completions.with_raw_response.create(
-        model=GPT, messages=user("hi"), extra_headers={"Idempotency-Key": "rl"})
+        model=GPT, messages=user("hi"), extra_headers={"Idempotency-Key": "rl"}
+    )
     assert retried.headers.get("idempotent-replayed") is None
     llm.provider.fail(429, endpoint="messages")
     llm.openai.chat.completions.create(model=GPT, messages=user("not for chat"))
@@ -490,14 +572,16 @@ def test_server_errors_for_as_many_times_as_queued(llm: Local) -> None:
 def test_a_dropped_answer_is_billed_once_and_stored(llm: Local) -> None:
     llm.provider.fail("drop")
     with pytest.raises(openai.APIConnectionError):
-        llm.openai.chat.completions.create(model=GPT, messages=user("lost"),
-                                           extra_headers={"Idempotency-Key": "drop-1"})
+        llm.openai.chat.completions.create(
+            model=GPT, messages=user("lost"), extra_headers={"Idempotency-Key": "drop-1"}
+        )
     stats = llm.provider.stats()
     assert stats["billed_calls"] == 1 and stats["faults"] == 1
     [entry] = llm.provider.requests()
     assert entry["fault"] == "drop" and entry["billed"] is True and entry["status"] is None
     again = llm.openai.chat.completions.with_raw_response.create(
-        model=GPT, messages=user("lost"), extra_headers={"Idempotency-Key": "drop-1"})
+        model=GPT, messages=user("lost"), extra_headers={"Idempotency-Key": "drop-1"}
+    )
     assert again.headers["idempotent-replayed"] == "true"
     assert again.parse().usage is not None
     assert again.parse().usage.prompt_tokens == entry["input_tokens"]  # type: ignore[union-attr]
@@ -518,8 +602,11 @@ CLIENT = textwrap.dedent("""
 
 def test_a_client_killed_in_flight_leaves_its_call_billed_once_and_stored(llm: Local) -> None:
     llm.provider.fail("slow", delay_s=2)
-    client = subprocess.Popen([sys.executable, "-c", CLIENT, f"{llm.base}/v1"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, f"{llm.base}/v1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: llm.provider.stats()["received"] == 1, what="the call to arrive")
     finally:
@@ -528,7 +615,8 @@ def test_a_client_killed_in_flight_leaves_its_call_billed_once_and_stored(llm: L
     assert b"answered" not in out  # it died before the answer came
     wait_for(lambda: llm.provider.stats()["billed_calls"] == 1, what="the call to be billed")
     retry = llm.openai.chat.completions.with_raw_response.create(
-        model=GPT, messages=user("in flight"), extra_headers={"Idempotency-Key": "dies"})
+        model=GPT, messages=user("in flight"), extra_headers={"Idempotency-Key": "dies"}
+    )
     assert retry.headers["idempotent-replayed"] == "true"
     assert llm.provider.stats()["billed_calls"] == 1
 
@@ -538,8 +626,9 @@ def test_faults_from_the_script_and_the_control_endpoint() -> None:
     with local(script) as served:
         with pytest.raises(openai.RateLimitError):
             served.openai.chat.completions.create(model=GPT, messages=user("hi"))
-        status, body = post_json(f"{served.base}/_ratchet/faults",
-                                 {"kind": "500", "times": 2, "endpoint": "responses"})
+        status, body = post_json(
+            f"{served.base}/_ratchet/faults", {"kind": "500", "times": 2, "endpoint": "responses"}
+        )
         assert status == 200 and body["pending"][0]["times"] == 2
         with pytest.raises(openai.InternalServerError):
             served.openai.responses.create(model=GPT, input="hi")
@@ -566,18 +655,19 @@ def test_a_bad_request_is_refused_naming_the_field(llm: Local) -> None:
     with pytest.raises(openai.BadRequestError, match="'messages' is required"):
         llm.openai.chat.completions.create(model=GPT, messages=[])
     with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
-        llm.anthropic.messages.create(model=CLAUDE, messages=user("x"),
-                                      max_tokens=0)
+        llm.anthropic.messages.create(model=CLAUDE, messages=user("x"), max_tokens=0)
     with pytest.raises(openai.NotFoundError, match="/v1"):
         llm.openai.with_options(base_url=llm.base).chat.completions.create(
-            model=GPT, messages=user("x"))
+            model=GPT, messages=user("x")
+        )
     stats = llm.provider.stats()
     assert stats["refused"] == 3 and stats["billed_calls"] == 0
 
 
 def test_api_keys_are_never_logged_or_stored(llm: Local) -> None:
-    llm.openai.chat.completions.create(model=GPT, messages=user("a"),
-                                       extra_headers={"Idempotency-Key": "s1"})
+    llm.openai.chat.completions.create(
+        model=GPT, messages=user("a"), extra_headers={"Idempotency-Key": "s1"}
+    )
     llm.anthropic.messages.create(model=CLAUDE, max_tokens=10, messages=user("b"))
     llm.provider.fail("429")
     with pytest.raises(openai.RateLimitError):
@@ -586,9 +676,20 @@ def test_api_keys_are_never_logged_or_stored(llm: Local) -> None:
     log_path = llm.log_path
     lines = [json.loads(line) for line in log_path.read_text().splitlines()]
     assert lines == llm.provider.requests() and len(lines) == 3
-    assert set(lines[0]) == {"at", "path", "endpoint", "model", "idempotency_key", "status",
-                             "billed", "replayed", "input_tokens", "output_tokens", "fault",
-                             "request_id"}
+    assert set(lines[0]) == {
+        "at",
+        "path",
+        "endpoint",
+        "model",
+        "idempotency_key",
+        "status",
+        "billed",
+        "replayed",
+        "input_tokens",
+        "output_tokens",
+        "fault",
+        "request_id",
+    }
     everything = log_path.read_text() + json.dumps(get_json(f"{llm.base}/_ratchet/requests"))
     for secret in (OPENAI_KEY, ANTHROPIC_KEY, "SECRET", "Bearer"):
         assert secret not in everything
@@ -596,8 +697,10 @@ def test_api_keys_are_never_logged_or_stored(llm: Local) -> None:
 
 
 BAD_SCRIPTS = [
-    ({"rules": [{"match": {"endpoint": "chats"}, "reply": {"text": "x"}}]},
-     "rules.0.match.endpoint"),
+    (
+        {"rules": [{"match": {"endpoint": "chats"}, "reply": {"text": "x"}}]},
+        "rules.0.match.endpoint",
+    ),
     ({"rules": [{"match": {"contains": "x"}}]}, "rules.0.reply: Field required"),
     ({"rules": [{"reply": {"text": "x", "json": {"a": 1}}}]}, "either text or json"),
     ({"rules": [{"reply": {"txt": "x"}}]}, "rules.0.reply.txt: unknown field"),
@@ -608,8 +711,7 @@ BAD_SCRIPTS = [
 
 
 @pytest.mark.parametrize(("script", "problem"), BAD_SCRIPTS)
-def test_a_bad_script_is_refused_naming_the_problem(script: dict[str, Any], problem: str
-                                                    ) -> None:
+def test_a_bad_script_is_refused_naming_the_problem(script: dict[str, Any], problem: str) -> None:
     with pytest.raises(ScriptError, match="invalid script") as caught:
         LocalProvider(script)
     assert problem in str(caught.value)
@@ -637,13 +739,34 @@ def test_cli_serves_an_sdk_call_and_stops_on_sigterm(tmp_path: Path) -> None:
     out, log = tmp_path / "out.txt", tmp_path / "requests.jsonl"
     with out.open("wb") as sink:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "ratchet.cli", "llm-server", "--port", "0",
-             "--script", str(script), "--log", str(log)],
-            stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [
+                sys.executable,
+                "-m",
+                "ratchet.cli",
+                "llm-server",
+                "--port",
+                "0",
+                "--script",
+                str(script),
+                "--log",
+                str(log),
+            ],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
     try:
-        line = wait_for(lambda: next((ln for ln in out.read_text().splitlines()
-                                      if ln.startswith("llm-server listening on ")), None),
-                        what="the ready line")
+        line = wait_for(
+            lambda: next(
+                (
+                    ln
+                    for ln in out.read_text().splitlines()
+                    if ln.startswith("llm-server listening on ")
+                ),
+                None,
+            ),
+            what="the ready line",
+        )
         base = line.removeprefix("llm-server listening on ")
         assert base.startswith("http://127.0.0.1:") and not base.endswith(":0")
         with openai.OpenAI(base_url=f"{base}/v1", api_key=OPENAI_KEY, max_retries=0) as client:
@@ -680,7 +803,6 @@ def test_cli_refuses_a_port_in_use_with_exit_2() -> None:
 
 
 def test_the_public_names_are_pinned() -> None:
-    assert set(server.__all__) == {"LocalProvider", "ScriptError", "run_until_signalled",
-                                   "serve"}
+    assert set(server.__all__) == {"LocalProvider", "ScriptError", "run_until_signalled", "serve"}
     for name in server.__all__:
         assert (getattr(server, name).__doc__ or "").strip(), name

@@ -26,8 +26,10 @@ pytestmark = pytest.mark.usefixtures("collect_clients")
 
 
 def clients(base: str) -> tuple[Any, Any]:
-    return (ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET)),
-            ratchet.llm.wrap(anthropic.AsyncAnthropic(base_url=base, api_key=LLM_SECRET)))
+    return (
+        ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET)),
+        ratchet.llm.wrap(anthropic.AsyncAnthropic(base_url=base, api_key=LLM_SECRET)),
+    )
 
 
 def events(app: ratchet.Ratchet, run_id: str) -> list[ratchet.Event]:
@@ -45,13 +47,20 @@ def park_then_resume(app: ratchet.Ratchet, run_id: str) -> Any:
 
 
 def test_a_replayed_stream_yields_the_chunks_of_the_first_drive(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
-    script = {"rules": [
-        {"match": {"contains": "tools"},
-         "reply": {"text": "Looking it up.", "tool_calls": [
-             {"name": "lookup", "arguments": {"city": "Paris", "days": 3}}]}},
-        {"match": {}, "reply": {"text": LONG}},
-    ]}
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    script = {
+        "rules": [
+            {
+                "match": {"contains": "tools"},
+                "reply": {
+                    "text": "Looking it up.",
+                    "tool_calls": [{"name": "lookup", "arguments": {"city": "Paris", "days": 3}}],
+                },
+            },
+            {"match": {}, "reply": {"text": LONG}},
+        ]
+    }
     server = LocalProvider(script)
     seen: list[dict[str, list[Any]]] = []
     with serve(server) as base:
@@ -63,17 +72,24 @@ def test_a_replayed_stream_yields_the_chunks_of_the_first_drive(
             got: dict[str, list[Any]] = {}
             for name, prompt in (("chat", "long"), ("chat_tools", "tools please")):
                 stream = await oai.chat.completions.create(
-                    model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True)
+                    model=MODEL, messages=[{"role": "user", "content": prompt}], stream=True
+                )
                 got[name] = [chunk.to_dict() async for chunk in stream]
             stream = await oai.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "usage"}], stream=True,
-                stream_options={"include_usage": True})
+                model=MODEL,
+                messages=[{"role": "user", "content": "usage"}],
+                stream=True,
+                stream_options={"include_usage": True},
+            )
             got["chat_usage"] = [chunk.to_dict() async for chunk in stream]
             stream = await oai.responses.create(model=MODEL, input="long", stream=True)
             got["responses"] = [event.to_dict() async for event in stream]
             stream = await claude.messages.create(
-                model="claude-sonnet-4-6", max_tokens=1024, stream=True,
-                messages=[{"role": "user", "content": "long"}])
+                model="claude-sonnet-4-6",
+                max_tokens=1024,
+                stream=True,
+                messages=[{"role": "user", "content": "long"}],
+            )
             got["messages"] = [event.to_dict() async for event in stream]
             seen.append(got)
             await ratchet.wait_for_signal("go")  # parks: the next drive replays the streams
@@ -86,7 +102,8 @@ def test_a_replayed_stream_yields_the_chunks_of_the_first_drive(
     assert replayed == first  # every chunk, boundary for boundary, field for field
     assert counts["chat"] > 40 and counts["responses"] > 40 and counts["messages"] > 40
     assert [c["choices"][0]["delta"].get("content") for c in first["chat"][1:41]] == [
-        LONG[i:i + 16] for i in range(0, len(LONG), 16)]
+        LONG[i : i + 16] for i in range(0, len(LONG), 16)
+    ]
     assert not any(c.get("usage") for c in first["chat"])  # not asked for: not shown
     assert first["chat_usage"][-1]["usage"]["completion_tokens"] > 0
     assert len(server.requests()) == 5  # the replay called no provider
@@ -98,7 +115,8 @@ class Enough(Exception):
 
 @pytest.mark.parametrize("how", ["break", "exception", "aclose", "async_with"])
 def test_a_stream_the_workflow_stops_reading_ends_its_step_before_the_next_one(
-        make_app: Callable[..., ratchet.Ratchet], how: str) -> None:
+    make_app: Callable[..., ratchet.Ratchet], how: str
+) -> None:
     server = LocalProvider({"rules": [{"match": {}, "reply": {"text": LONG}}]})
     # The provider sends two chunks, then holds the rest back far longer than the test.
     server.fail("stall", after_events=2, delay_s=120)
@@ -115,7 +133,8 @@ def test_a_stream_the_workflow_stops_reading_ends_its_step_before_the_next_one(
         @app.workflow()
         async def reader() -> list[Any]:
             stream = await oai.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True)
+                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True
+            )
             got: list[str] = []
             if how == "break":
                 async for chunk in stream:
@@ -147,13 +166,15 @@ def test_a_stream_the_workflow_stops_reading_ends_its_step_before_the_next_one(
 
         app.launch()
         run_id = app.start(reader)
-        wait_for(lambda: app.get(run_id).status == ratchet.RunStatus.WAITING, timeout=30,
-                 what="the park")
+        wait_for(
+            lambda: app.get(run_id).status == ratchet.RunStatus.WAITING, timeout=30, what="the park"
+        )
         # The stream's step ended before the next step started, with what had arrived.
         done = first_seq(app, run_id, "step_completed", CHAT_STEP)
         assert done < first_seq(app, run_id, "step_started", "2:double")
-        [completed] = [e for e in events(app, run_id)
-                       if e.kind == "step_completed" and e.step_id == CHAT_STEP]
+        [completed] = [
+            e for e in events(app, run_id) if e.kind == "step_completed" and e.step_id == CHAT_STEP
+        ]
         output, llm = completed.payload["output"], completed.payload["llm"]
         assert output["complete"] is False
         assert output["response"]["choices"][0]["message"]["content"] == LONG[:16]
@@ -171,7 +192,8 @@ def test_a_stream_the_workflow_stops_reading_ends_its_step_before_the_next_one(
 
 
 def test_a_stream_that_breaks_after_chunks_completes_with_them_and_fails_after_them_on_replay(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     server = LocalProvider({"rules": [{"match": {}, "reply": {"text": LONG}}]})
     server.fail("cut", after_events=3)  # three chunks, then the connection is closed
     seen: list[list[Any]] = []
@@ -186,7 +208,8 @@ def test_a_stream_that_breaks_after_chunks_completes_with_them_and_fails_after_t
         @app.workflow()
         async def reader() -> list[Any]:
             stream = await oai.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True)
+                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True
+            )
             got: list[str] = []
             try:
                 async for chunk in stream:
@@ -205,8 +228,9 @@ def test_a_stream_that_breaks_after_chunks_completes_with_them_and_fails_after_t
     assert replayed == first == out
     assert out[:3] == ["", LONG[:16], LONG[16:32]] and out[3].startswith("error: ")
     assert "the stream broke after 3 chunks" in out[3]
-    [completed] = [e for e in events(app, run_id)
-                   if e.kind == "step_completed" and e.step_id == CHAT_STEP]
+    [completed] = [
+        e for e in events(app, run_id) if e.kind == "step_completed" and e.step_id == CHAT_STEP
+    ]
     assert completed.payload["output"]["complete"] is False
     assert completed.payload["llm"]["usage_estimated"] is True
     assert not [e for e in events(app, run_id) if e.kind in ("step_failed", "step_retrying")]
@@ -214,7 +238,8 @@ def test_a_stream_that_breaks_after_chunks_completes_with_them_and_fails_after_t
 
 
 def test_a_stream_still_held_when_the_workflow_goes_on_is_read_to_its_end_first(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     server = LocalProvider({"rules": [{"match": {}, "reply": {"text": LONG}}]})
     with serve(server) as base:
         oai, _ = clients(base)
@@ -227,7 +252,8 @@ def test_a_stream_still_held_when_the_workflow_goes_on_is_read_to_its_end_first(
         @app.workflow()
         async def reader() -> list[str]:
             stream = await oai.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True)
+                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True
+            )
             chunks = aiter(stream)
             await anext(chunks)
             head = (await anext(chunks)).choices[0].delta.content or ""
@@ -241,9 +267,11 @@ def test_a_stream_still_held_when_the_workflow_goes_on_is_read_to_its_end_first(
         out = park_then_resume(app, run_id)
     assert out == [LONG[:16], LONG[:16].upper(), LONG[16:]]
     assert first_seq(app, run_id, "step_completed", CHAT_STEP) < first_seq(
-        app, run_id, "step_started", "2:note")
-    [completed] = [e for e in events(app, run_id)
-                   if e.kind == "step_completed" and e.step_id == CHAT_STEP]
+        app, run_id, "step_started", "2:note"
+    )
+    [completed] = [
+        e for e in events(app, run_id) if e.kind == "step_completed" and e.step_id == CHAT_STEP
+    ]
     assert completed.payload["output"]["complete"] is True
     assert "usage_estimated" not in completed.payload["llm"]
     [billed] = server.requests()
@@ -251,7 +279,8 @@ def test_a_stream_still_held_when_the_workflow_goes_on_is_read_to_its_end_first(
 
 
 def test_a_long_stream_is_journaled_as_its_response_and_the_lengths_of_its_chunks(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     words = 1000
     text = "".join(f"{chr(97 + i % 26) * 15} " for i in range(words))
     server = LocalProvider({"rules": [{"match": {}, "reply": {"text": text}}]})
@@ -262,14 +291,16 @@ def test_a_long_stream_is_journaled_as_its_response_and_the_lengths_of_its_chunk
         @app.workflow()
         async def reader() -> int:
             stream = await oai.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True)
+                model=MODEL, messages=[{"role": "user", "content": "tell me"}], stream=True
+            )
             return len([chunk async for chunk in stream])
 
         app.launch()
         run_id = app.start(reader)
         assert app.result(run_id, timeout_s=60) == words + 2  # the role and finish chunks
-    [completed] = [e for e in events(app, run_id)
-                   if e.kind == "step_completed" and e.step_id == CHAT_STEP]
+    [completed] = [
+        e for e in events(app, run_id) if e.kind == "step_completed" and e.step_id == CHAT_STEP
+    ]
     output = completed.payload["output"]
     response = len(json.dumps(output["response"], separators=(",", ":")))
     boundaries = len(json.dumps(output["chunks"], separators=(",", ":")))

@@ -78,7 +78,8 @@ def call(app: ratchet.Ratchet, coro: Any) -> Any:
 
 
 def test_prune_deletes_old_journals_in_batches_and_keeps_receipts_and_the_rest(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     app.launch()
     ok_runs = [app.start("many", 6, run_id=f"ok-{i}") for i in range(3)]
     failed = app.start("fails", run_id="failed-1")
@@ -100,8 +101,7 @@ def test_prune_deletes_old_journals_in_batches_and_keeps_receipts_and_the_rest(
     assert call(app, prune(store, app.signer, now - 3600)).runs == 0
 
     # Three events per transaction: every journal takes several.
-    report = call(app, prune(store, app.signer, now + 1, ["succeeded", "failed"],
-                             event_batch=3))
+    report = call(app, prune(store, app.signer, now + 1, ["succeeded", "failed"], event_batch=3))
     assert (report.runs, report.events, report.skipped) == (4, sum(sizes[:4]), 0)
     assert journal_sizes(app, *ok_runs, failed) == [0, 0, 0, 0]
     assert journal_sizes(app, cancelled) == [sizes[4]]  # not asked for
@@ -137,15 +137,20 @@ def test_an_interrupted_prune_is_finished_by_the_next_one(app: ratchet.Ratchet) 
     assert call(app, retention.pruning_runs(store, 10)) == []
 
 
-def test_a_run_whose_receipt_does_not_cover_its_journal_is_not_marked(
-        app: ratchet.Ratchet) -> None:
+def test_a_run_whose_receipt_does_not_cover_its_journal_is_not_marked(app: ratchet.Ratchet) -> None:
     app.launch()
     run_id = app.start("many", 2, run_id="stale")
     settle(app, run_id)
     store: Store = app.store
     # A receipt over less than the journal (as if written before a retry's events).
-    call(app, store._run(lambda tx: tx._cur.execute(
-        "UPDATE run_receipts SET seq = seq - 1 WHERE run_id = 'stale'")))
+    call(
+        app,
+        store._run(
+            lambda tx: tx._cur.execute(
+                "UPDATE run_receipts SET seq = seq - 1 WHERE run_id = 'stale'"
+            )
+        ),
+    )
     assert call(app, retention.mark_pruned(store, [run_id])) == []
     n = len(app.events(run_id))
     # prune signs a receipt over the whole journal first, then prunes.
@@ -160,15 +165,19 @@ def test_the_prune_command(app: ratchet.Ratchet, db_url: str, tmp_path: Path) ->
     settle(app, run_id)
     app.shutdown()
     n = len(app.events(run_id))
-    assert "invalid age 'soon'" in refused("prune", "--finished-before", "soon",
-                                                "--db", db_url)
-    assert "invalid status 'queued'" in refused("prune", "--finished-before", "1d",
-                                                "--status", "succeeded,queued", "--db", db_url)
+    assert "invalid age 'soon'" in refused("prune", "--finished-before", "soon", "--db", db_url)
+    assert "invalid status 'queued'" in refused(
+        "prune", "--finished-before", "1d", "--status", "succeeded,queued", "--db", db_url
+    )
     assert ok("prune", "--finished-before", "1d", "--db", db_url).stdout.strip() == (
-        "pruned 0 runs (0 events) that finished more than 1d ago")
+        "pruned 0 runs (0 events) that finished more than 1d ago"
+    )
     # Two days later, as far as the run is concerned.
-    age = "updated_at - 172800" if app.store.dialect == "sqlite" else (
-        "updated_at - interval '2 days'")
+    age = (
+        "updated_at - 172800"
+        if app.store.dialect == "sqlite"
+        else ("updated_at - interval '2 days'")
+    )
     call(app, app.store._run(lambda tx: tx._cur.execute(f"UPDATE runs SET updated_at = {age}")))
     out = ok("prune", "--finished-before", "1d", "--dry-run", "--db", db_url).stdout
     assert out.strip() == f"would prune 1 runs ({n} events) that finished more than 1d ago"

@@ -7,24 +7,71 @@ from pathlib import Path
 import ratchet
 
 EXPECTED = {
-    "ChildRunFailed", "ConfigError", "ConnectorError", "Event", "InvalidInput",
-    "InvalidRetryPolicy", "LLMError", "LeaseLost", "NonDeterminismError", "NotDeadLettered",
-    "NotSerializable", "Ratchet", "RatchetError", "ReceiptUnresolved", "ResultTimeout", "Retry",
-    "RunCancelled", "RunFailed", "RunFinished", "RunRecord", "RunStatus", "SignalTimeout",
-    "StepFailed", "StepInfo", "StepTimeout", "StorageError", "ToolError", "UnknownRun",
-    "UnknownWorkflow", "WorkflowDef", "child", "current_step", "deliver", "deliver_sync",
-    "sleep", "wait_for_signal",
+    "ChildRunFailed",
+    "ConfigError",
+    "ConnectorError",
+    "Event",
+    "InvalidInput",
+    "InvalidRetryPolicy",
+    "LLMError",
+    "LeaseLost",
+    "NonDeterminismError",
+    "NotDeadLettered",
+    "NotSerializable",
+    "Ratchet",
+    "RatchetError",
+    "ReceiptUnresolved",
+    "ResultTimeout",
+    "Retry",
+    "RunCancelled",
+    "RunFailed",
+    "RunFinished",
+    "RunRecord",
+    "RunStatus",
+    "SignalTimeout",
+    "StepFailed",
+    "StepInfo",
+    "StepTimeout",
+    "StorageError",
+    "ToolError",
+    "UnknownRun",
+    "UnknownWorkflow",
+    "WorkflowDef",
+    "child",
+    "current_step",
+    "deliver",
+    "deliver_sync",
+    "sleep",
+    "wait_for_signal",
     "Sandbox",
     "RunIdConflict",
-    "DeliveryFailed", "ReceiptBusy", "ReceiptSettled", "UnknownReceipt",
-    "LLMTimeout", "LLMRequestError", "Agent", "AgentResult", "AgentMaxTurns", "StepKey",
-    "approval", "Approval", "Decision", "ApprovalTimeout", "ApprovalRejected",
-    "ApprovalAlreadyDecided", "ApprovalNotPending", "UnknownApproval",
+    "DeliveryFailed",
+    "ReceiptBusy",
+    "ReceiptSettled",
+    "UnknownReceipt",
+    "LLMTimeout",
+    "LLMRequestError",
+    "Agent",
+    "AgentResult",
+    "AgentMaxTurns",
+    "StepKey",
+    "approval",
+    "Approval",
+    "Decision",
+    "ApprovalTimeout",
+    "ApprovalRejected",
+    "ApprovalAlreadyDecided",
+    "ApprovalNotPending",
+    "UnknownApproval",
     "MissingExtra",
-    "Guards", "GuardTripped", "GateRejected", "Gate",
-
-    "JournalPruned", "RunNotFinished",
-    "Start", "BatchItemInvalid",
+    "Guards",
+    "GuardTripped",
+    "GateRejected",
+    "Gate",
+    "JournalPruned",
+    "RunNotFinished",
+    "Start",
+    "BatchItemInvalid",
     "RunTimeout",
 }
 
@@ -49,28 +96,61 @@ def test_every_public_name_has_a_docstring() -> None:
 
 
 # Every blocking call on Ratchet and its awaitable twin; the twin takes the same parameters.
-BLOCKING = ["start", "start_many", "get", "result", "signal", "cancel", "retry", "events", "runs",
-            "count_runs", "dead_letters", "count_dead_letters", "receipts", "live_workers",
-            "launch", "shutdown", "settle_receipt", "llm_totals", "approve", "reject",
-            "approvals", "graph", "run_receipt", "prune", "sandboxes"]
+BLOCKING = [
+    "start",
+    "start_many",
+    "get",
+    "result",
+    "signal",
+    "cancel",
+    "retry",
+    "events",
+    "runs",
+    "count_runs",
+    "dead_letters",
+    "count_dead_letters",
+    "receipts",
+    "live_workers",
+    "launch",
+    "shutdown",
+    "settle_receipt",
+    "llm_totals",
+    "approve",
+    "reject",
+    "approvals",
+    "graph",
+    "run_receipt",
+    "prune",
+    "sandboxes",
+]
 
 
 def test_every_blocking_call_has_an_async_twin() -> None:
     import inspect
 
-    public = {name for name, value in vars(ratchet.Ratchet).items()
-              if callable(value) and not name.startswith("_")
-              and not name.endswith("_async")}
+    public = {
+        name
+        for name, value in vars(ratchet.Ratchet).items()
+        if callable(value) and not name.startswith("_") and not name.endswith("_async")
+    }
     # Not client calls: the decorators, a worker object, running a worker on a given loop,
     # the model clients graph ai-steps use.
-    assert public - {"workflow", "step", "tool", "worker", "run_worker", "llm_client",
-                     "llm_client_for"} == set(BLOCKING)
+    assert public - {
+        "workflow",
+        "step",
+        "tool",
+        "worker",
+        "run_worker",
+        "llm_client",
+        "llm_client_for",
+    } == set(BLOCKING)
     for name in BLOCKING:
         blocking = getattr(ratchet.Ratchet, name)
         twin = getattr(ratchet.Ratchet, f"{name}_async", None)
         assert twin is not None and inspect.iscoroutinefunction(twin), name
-        assert (list(inspect.signature(blocking).parameters)
-                == list(inspect.signature(twin).parameters)), name
+        assert list(inspect.signature(blocking).parameters) == list(
+            inspect.signature(twin).parameters
+        ), name
         assert (twin.__doc__ or "").strip() and (blocking.__doc__ or "").strip(), name
 
 
@@ -79,23 +159,31 @@ def test_importing_ratchet_leaves_the_llm_layer_for_first_use() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, ratchet; print('ratchet.llm' in sys.modules); "
-            "ratchet.llm.wrap; ratchet.Agent; print('ratchet.llm' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.split()
+    code = (
+        "import sys, ratchet; print('ratchet.llm' in sys.modules); "
+        "ratchet.llm.wrap; ratchet.Agent; print('ratchet.llm' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out == ["False", "True"]
 
 
 def test_a_worker_starts_without_loading_the_graph_format_or_the_sandbox_harness(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     # A restart's latency is the worker's start: pydantic's graph models, the template
     # engine and the harness's HTTP client load when a graph is compiled or a sandbox
     # spawned, not before; the graph package's names still resolve on first use.
     import subprocess
     import sys
 
-    heavy = ["ratchet.graphs.validate", "ratchet.graphs.model", "ratchet.sandbox.harness",
-             "ratchet.sandbox.isolated"]
+    heavy = [
+        "ratchet.graphs.validate",
+        "ratchet.graphs.model",
+        "ratchet.sandbox.harness",
+        "ratchet.sandbox.isolated",
+    ]
     code = (
         "import asyncio, sys, ratchet\n"
         f"app = ratchet.Ratchet('sqlite:///{tmp_path / 'w.db'}')\n"
@@ -111,6 +199,7 @@ def test_a_worker_starts_without_loading_the_graph_format_or_the_sandbox_harness
         "import ratchet.graphs as g\n"
         "print(g.Graph.__module__, callable(g.load), 'ratchet.graphs.validate' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, timeout=60).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.splitlines()
     assert out == ["[]", "ratchet.graphs.validate True True"]

@@ -61,15 +61,20 @@ class Scripted:
         self.calls += 1
         if self.errors:
             raise self.errors.pop(0)
-        returns = [p for m in messages for p in getattr(m, "parts", ())
-                   if isinstance(p, ToolReturnPart)]
+        returns = [
+            p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)
+        ]
         if not returns:
-            return ModelResponse(parts=[ToolCallPart("lookup", {"city": "Paris"})],
-                                 usage=RequestUsage(input_tokens=10, output_tokens=3),
-                                 model_name="gpt-4.1-mini")
-        return ModelResponse(parts=[TextPart(f"It is {returns[-1].content}.")],
-                             usage=RequestUsage(input_tokens=20, output_tokens=5),
-                             model_name="gpt-4.1-mini")
+            return ModelResponse(
+                parts=[ToolCallPart("lookup", {"city": "Paris"})],
+                usage=RequestUsage(input_tokens=10, output_tokens=3),
+                model_name="gpt-4.1-mini",
+            )
+        return ModelResponse(
+            parts=[TextPart(f"It is {returns[-1].content}.")],
+            usage=RequestUsage(input_tokens=20, output_tokens=5),
+            model_name="gpt-4.1-mini",
+        )
 
 
 def weather_agent(model: Any, tool_calls: list[str], **options: Any) -> Agent[None, str]:
@@ -95,7 +100,8 @@ def events(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Event]:
 
 
 def test_model_requests_and_tool_calls_are_journaled_steps(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     model, tools = Scripted(), []
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
     app = make_app()
@@ -109,7 +115,10 @@ def test_model_requests_and_tool_calls_are_journaled_steps(
     assert app.result(run_id, timeout_s=30) == "It is sunny in Paris."
     started = events(app, run_id, "step_started")
     assert [(e.step_id, e.payload["kind"]) for e in started] == [
-        (f"1:{MODEL_STEP}", "llm"), (f"2:{TOOL_STEP}", "tool"), (f"3:{MODEL_STEP}", "llm")]
+        (f"1:{MODEL_STEP}", "llm"),
+        (f"2:{TOOL_STEP}", "tool"),
+        (f"3:{MODEL_STEP}", "llm"),
+    ]
     [called] = events(app, run_id, "tool_called")
     assert called.step_id == f"2:{TOOL_STEP}"
     assert called.payload == {"name": "lookup", "arguments": {"city": "Paris"}, "risk": "low"}
@@ -127,7 +136,8 @@ def test_model_requests_and_tool_calls_are_journaled_steps(
 
 
 def test_a_replay_rebuilds_responses_from_the_journal_without_the_model(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     model, tools = Scripted(), []
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
     app = make_app()
@@ -152,7 +162,8 @@ def test_a_replay_rebuilds_responses_from_the_journal_without_the_model(
 
 
 def test_outside_a_workflow_and_inside_a_step_the_agent_is_plain(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     model, tools = Scripted(), []
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
     plain_model, plain_tools = Scripted(), []
@@ -164,7 +175,8 @@ def test_outside_a_workflow_and_inside_a_step_the_agent_is_plain(
     plain_run = asyncio.run(plain.run("weather?"))
     assert durable_run.output == plain_run.output == "It is sunny in Paris."
     assert [type(m).__name__ for m in durable_run.all_messages()] == [
-        type(m).__name__ for m in plain_run.all_messages()]
+        type(m).__name__ for m in plain_run.all_messages()
+    ]
     assert model.calls == plain_model.calls == 2 and tools == plain_tools == ["Paris"]
 
     app = make_app()
@@ -183,20 +195,23 @@ def test_outside_a_workflow_and_inside_a_step_the_agent_is_plain(
     assert [e.step_id for e in events(app, run_id, "step_started")] == ["1:inside"]
 
 
-def test_model_errors_take_ratchets_retry_classes(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+def test_model_errors_take_ratchets_retry_classes(make_app: Callable[..., ratchet.Ratchet]) -> None:
     model, tools = Scripted(), []
-    agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools,
-                          model_retry=ratchet.Retry(max_attempts=3, backoff_ms=10,
-                                                    retry_on=["llm", "timeout"]))
+    agent = weather_agent(
+        FunctionModel(model, model_name="gpt-4.1-mini"),
+        tools,
+        model_retry=ratchet.Retry(max_attempts=3, backoff_ms=10, retry_on=["llm", "timeout"]),
+    )
     app = make_app()
 
     @app.workflow()
     async def ask(text: str) -> str:
         return (await agent.run(text)).output
 
-    model.errors = [ModelHTTPError(429, "gpt-4.1-mini", {"error": "slow down"}),
-                    ModelConnectionError("gpt-4.1-mini", "connection reset")]
+    model.errors = [
+        ModelHTTPError(429, "gpt-4.1-mini", {"error": "slow down"}),
+        ModelConnectionError("gpt-4.1-mini", "connection reset"),
+    ]
     app.launch()
     run_id = app.start(ask, "weather?")
     assert app.result(run_id, timeout_s=30) == "It is sunny in Paris."
@@ -207,8 +222,10 @@ def test_model_errors_take_ratchets_retry_classes(
     keys = [e.payload["idempotency_key"] for e in first]
     assert keys[0] != keys[1] and keys[1] == keys[2], keys
     retrying = events(app, run_id, "step_retrying")
-    assert ["429" in retrying[0].payload["error"], "connection reset" in
-            retrying[1].payload["error"]] == [True, True]
+    assert [
+        "429" in retrying[0].payload["error"],
+        "connection reset" in retrying[1].payload["error"],
+    ] == [True, True]
 
     model.errors = [ModelHTTPError(400, "gpt-4.1-mini", {"error": "bad request"})]
     calls = model.calls
@@ -243,13 +260,16 @@ def test_model_error_mapping() -> None:
 
 
 def test_tools_take_their_options_from_metadata_and_model_retry_goes_to_the_model(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     attempts: list[int] = []
-    agent = Agent(TestModel(call_tools=["charge", "check"]), name="shop",
-                  capabilities=[RatchetDurability()])
+    agent = Agent(
+        TestModel(call_tools=["charge", "check"]), name="shop", capabilities=[RatchetDurability()]
+    )
 
-    @agent.tool_plain(metadata={"ratchet": {
-        "risk": "high", "retry": {"maxAttempts": 2, "backoffMs": 10}}})
+    @agent.tool_plain(
+        metadata={"ratchet": {"risk": "high", "retry": {"maxAttempts": 2, "backoffMs": 10}}}
+    )
     def charge(amount: int) -> str:
         """Charge the card."""
         attempts.append(ratchet.current_step().attempt)
@@ -280,8 +300,11 @@ def test_tools_take_their_options_from_metadata_and_model_retry_goes_to_the_mode
     calls = [e.payload for e in events(app, run_id, "tool_called")]
     assert calls[0]["name"] == "charge" and calls[0]["risk"] == "high"
     # A ModelRetry is the tool's answer (journaled, back to the model), not a failure.
-    check_done = [e for e in events(app, run_id, "step_completed")
-                  if e.step_id and "call_tool:check" in e.step_id]
+    check_done = [
+        e
+        for e in events(app, run_id, "step_completed")
+        if e.step_id and "call_tool:check" in e.step_id
+    ]
     assert check_done[0].payload["output"]["kind"] == "model_retry"
     assert len(check_done) == 2 and not events(app, run_id, "step_failed")
 
@@ -294,7 +317,8 @@ def test_a_bad_option_is_refused_where_the_capability_is_made() -> None:
 
 
 def test_an_event_stream_handler_sees_model_events_live_and_replays_do_not_stream(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     streamed: list[int] = []
 
     async def stream(messages: list[ModelMessage], info: AgentInfo) -> Any:
@@ -313,8 +337,9 @@ def test_an_event_stream_handler_sees_model_events_live_and_replays_do_not_strea
                 seen.append(type(event.delta).__name__)
 
     tools: list[str] = []
-    agent = weather_agent(FunctionModel(stream_function=stream), tools,
-                          event_stream_handler=handler)
+    agent = weather_agent(
+        FunctionModel(stream_function=stream), tools, event_stream_handler=handler
+    )
     app = make_app()
 
     @app.workflow()
@@ -335,15 +360,18 @@ def test_an_event_stream_handler_sees_model_events_live_and_replays_do_not_strea
     started = [(e.step_id, e.payload.get("kind")) for e in events(app, run_id, "step_started")]
     # The tool's events reach the handler from steps of their own, so a replay does not
     # deliver them again either.
-    assert started == [("1:weather__model.request_stream", "llm"),
-                       ("2:weather__event_stream_handler", None),
-                       (f"3:{TOOL_STEP}", "tool"),
-                       ("4:weather__event_stream_handler", None),
-                       ("5:weather__model.request_stream", "llm")]
+    assert started == [
+        ("1:weather__model.request_stream", "llm"),
+        ("2:weather__event_stream_handler", None),
+        (f"3:{TOOL_STEP}", "tool"),
+        ("4:weather__event_stream_handler", None),
+        ("5:weather__model.request_stream", "llm"),
+    ]
 
 
 def test_a_run_timeout_counts_from_a_journaled_start(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     model, tools = Scripted(), []
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
     app = make_app()
@@ -363,7 +391,8 @@ def test_a_run_timeout_counts_from_a_journaled_start(
 
 
 def test_the_openai_model_sends_the_step_key_and_journals_usage_and_cost(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     server = LocalProvider(script=agent_app.SCRIPT)
     with serve(server) as base:
         tools: list[str] = []
@@ -380,8 +409,7 @@ def test_the_openai_model_sends_the_step_key_and_journals_usage_and_cost(
         keys = [idempotency_key(run_id, f"{n}:{MODEL_STEP}", 1) for n in (1, 3)]
         assert [r["idempotency_key"] for r in server.requests()] == keys
         assert server.stats()["billed_calls"] == 2 and tools == ["Paris"]
-        completed = [e for e in events(app, run_id, "step_completed")
-                     if e.payload.get("llm")]
+        completed = [e for e in events(app, run_id, "step_completed") if e.payload.get("llm")]
         billed = [r for r in server.requests() if r["billed"]]
         meta = [e.payload["llm"] for e in completed]
         assert [m["usage"]["output_tokens"] for m in meta] == [r["output_tokens"] for r in billed]
@@ -389,7 +417,8 @@ def test_the_openai_model_sends_the_step_key_and_journals_usage_and_cost(
         assert meta[0]["provider"] == "openai" and meta[0]["model"].startswith("gpt-4.1-mini")
         usage = meta[0]["usage"]
         assert meta[0]["cost_usd"] == pytest.approx(
-            usage["input_tokens"] * 0.4e-6 + usage["output_tokens"] * 1.6e-6)
+            usage["input_tokens"] * 0.4e-6 + usage["output_tokens"] * 1.6e-6
+        )
         assert meta[0]["request_id"]  # the provider's response id
 
 
@@ -407,7 +436,8 @@ def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
 
 @pytest.mark.crash
 def test_a_worker_killed_during_the_second_model_request_resumes_without_resending_the_first(
-        h: Harness) -> None:
+    h: Harness,
+) -> None:
     server = LocalProvider(script=agent_app.SCRIPT)
     with serve(server) as base:
         run_id = h.app.start("pai_weather", "weather in Paris?")
@@ -430,14 +460,20 @@ def test_a_worker_killed_during_the_second_model_request_resumes_without_resendi
     assert [r["idempotency_key"] for r in server.requests()] == [first, second, second]
     assert server.stats()["billed_calls"] == 2
     assert h.calls() == {tool_step: 1}
-    resumed = [e for e in h.app.events(run_id) if e.kind == "step_started"
-               and e.step_id == f"3:{agent_app.MODEL_STEP}"]
+    resumed = [
+        e
+        for e in h.app.events(run_id)
+        if e.kind == "step_started" and e.step_id == f"3:{agent_app.MODEL_STEP}"
+    ]
     assert [(e.attempt, e.payload.get("resumed", False)) for e in resumed] == [
-        (1, False), (1, True)]
+        (1, False),
+        (1, True),
+    ]
 
 
 def test_run_stream_works_in_a_workflow_and_run_toolsets_are_refused(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     from pydantic_ai.exceptions import UserError
     from pydantic_ai.toolsets import FunctionToolset
 
@@ -462,7 +498,10 @@ def test_run_stream_works_in_a_workflow_and_run_toolsets_are_refused(
     run_id = app.start(streamed, "weather?")
     assert app.result(run_id, timeout_s=30) == "It is sunny in Paris."
     assert [e.step_id for e in events(app, run_id, "step_started")] == [
-        "1:weather__model.request_stream", f"2:{TOOL_STEP}", "3:weather__model.request_stream"]
+        "1:weather__model.request_stream",
+        f"2:{TOOL_STEP}",
+        "3:weather__model.request_stream",
+    ]
     assert len(tools) == 1
     refused = app.result(app.start(extra_tools, "weather?"), timeout_s=30)
     assert "Ratchet" in refused and "toolset" in refused.lower()
@@ -473,7 +512,8 @@ def test_run_stream_works_in_a_workflow_and_run_toolsets_are_refused(
 
 @pytest.mark.parametrize("budget", [{"budget_tokens": 400}, {"budget_usd": 0.0001}])
 def test_a_model_request_that_would_cross_a_budget_is_never_sent(
-        make_app: Callable[..., ratchet.Ratchet], budget: dict[str, Any]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], budget: dict[str, Any]
+) -> None:
     server = LocalProvider(script=agent_app.SCRIPT)
     with serve(server) as base:
         tools: list[str] = []
@@ -496,12 +536,14 @@ def test_a_model_request_that_would_cross_a_budget_is_never_sent(
         assert anomaly.payload["worst_case"] > budget[name]
         assert events(app, run_id, "step_started") == []
         assert app.get(run_id).error is not None and "would be crossed" in (
-            app.get(run_id).error or "")
+            app.get(run_id).error or ""
+        )
 
 
 @pytest.mark.parametrize(("cities", "loops"), [(["Paris", "Rome"], 0), (["Paris", "Paris"], 1)])
 def test_the_runaway_loop_guard_sees_a_tools_arguments(
-        make_app: Callable[..., ratchet.Ratchet], cities: list[str], loops: int) -> None:
+    make_app: Callable[..., ratchet.Ratchet], cities: list[str], loops: int
+) -> None:
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         if any(isinstance(p, ToolReturnPart) for m in messages for p in getattr(m, "parts", ())):
             return ModelResponse(parts=[TextPart("done")])

@@ -78,25 +78,34 @@ def kit_agent(evaluations: list[tuple[int, str, list[str]]]) -> Agent[Deps, str]
         evaluations.append((ctx.run_step, ctx.deps.kit, calls))
         toolset = FunctionToolset[Deps](id=f"{ctx.deps.kit}_kit")
         if ctx.deps.kit == "weather":
+
             @toolset.tool_plain
             def get_weather(location: str) -> str:
                 """The weather in a location."""
                 calls.append(location)
                 return f"Weather in {location} for {ctx.deps.user}: sunny."
         else:
+
             @toolset.tool_plain
             def add(a: int, b: int) -> int:
                 """The sum of two numbers."""
                 calls.append(f"{a}+{b}")
                 return a + b
+
         return toolset
 
-    return Agent(TestModel(), name="kits", deps_type=Deps,
-                 toolsets=[DynamicToolset(pick, id="kit")], capabilities=[RatchetDurability()])
+    return Agent(
+        TestModel(),
+        name="kits",
+        deps_type=Deps,
+        toolsets=[DynamicToolset(pick, id="kit")],
+        capabilities=[RatchetDurability()],
+    )
 
 
 def test_a_dynamic_toolset_chosen_from_deps_is_evaluated_once_per_run_step(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     plain: list[tuple[int, str, list[str]]] = []
     expected = outside(kit_agent(plain), "Get the weather", deps=Deps("Bob", "weather")).output
     assert expected == '{"get_weather":"Weather in a for Bob: sunny."}'
@@ -146,15 +155,19 @@ def described(event: AgentStreamEvent) -> tuple[Any, ...]:
 
 
 def test_a_process_event_stream_handler_gets_the_deltas_it_gets_outside(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     seen: list[tuple[Any, ...]] = []
 
     async def collect(ctx: RunContext[Any], stream: AsyncIterable[AgentStreamEvent]) -> None:
         async for event in stream:
             seen.append(described(event))
 
-    agent = Agent(FunctionModel(_answer, stream_function=_three_chunks), name="events",
-                  capabilities=[ProcessEventStream(collect), RatchetDurability()])
+    agent = Agent(
+        FunctionModel(_answer, stream_function=_three_chunks),
+        name="events",
+        capabilities=[ProcessEventStream(collect), RatchetDurability()],
+    )
     assert outside(agent, "Hello").output == "Streamed response"
     expected, seen[:] = list(seen), []
     deltas = [e[2] for e in expected if e[0] == "PartDeltaEvent"]
@@ -172,15 +185,22 @@ def test_a_process_event_stream_handler_gets_the_deltas_it_gets_outside(
     assert parked_then_replayed(app, run_id) == "Streamed response"
     # The handler is workflow code: the first drive and the replay each saw the events.
     assert seen == expected + expected
-    [done] = [e for e in app.events(run_id) if e.kind == "step_completed"
-              and e.step_id == "1:events__model.request_stream"]
+    [done] = [
+        e
+        for e in app.events(run_id)
+        if e.kind == "step_completed" and e.step_id == "1:events__model.request_stream"
+    ]
     assert done.payload["output"]["chunks"]["runs"]  # journaled by the step
 
 
 def test_run_stream_text_and_events_give_the_deltas_they_give_outside(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
-    agent = Agent(TestModel(custom_output_text="hello world"), name="texts",
-                  capabilities=[RatchetDurability()])
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    agent = Agent(
+        TestModel(custom_output_text="hello world"),
+        name="texts",
+        capabilities=[RatchetDurability()],
+    )
 
     async def streams() -> list[Any]:
         async with agent.run_stream("Hello") as run:
@@ -189,8 +209,9 @@ def test_run_stream_text_and_events_give_the_deltas_they_give_outside(
             texts = [t async for t in run.stream_text(debounce_by=None)]
             output = await run.get_output()
         async with agent.run_stream_events("Hello") as events:
-            streamed = [described(e) async for e in events
-                        if isinstance(e, PartStartEvent | PartDeltaEvent)]
+            streamed = [
+                described(e) async for e in events if isinstance(e, PartStartEvent | PartDeltaEvent)
+            ]
         return [deltas, texts, output, streamed]
 
     expected = asyncio.run(streams())
@@ -208,7 +229,11 @@ def test_run_stream_text_and_events_give_the_deltas_they_give_outside(
     app.launch()
     run_id = app.start(ask)
     assert parked_then_replayed(app, run_id) == [
-        expected[0], expected[1], expected[2], [list(e) for e in expected[3]]]
+        expected[0],
+        expected[1],
+        expected[2],
+        [list(e) for e in expected[3]],
+    ]
     assert seen == [expected, expected]  # the first drive and the replay alike
 
 
@@ -224,10 +249,14 @@ def _settings(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 
 
 def test_the_model_sees_its_settings_as_given_and_the_key_goes_with_the_http_request(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     given = CustomModelSettings(max_tokens=123, custom_setting="custom_value")
-    agent = Agent(FunctionModel(_settings, settings=given), name="settings",
-                  capabilities=[RatchetDurability()])
+    agent = Agent(
+        FunctionModel(_settings, settings=given),
+        name="settings",
+        capabilities=[RatchetDurability()],
+    )
     expected = outside(agent, "Give me those settings").output
     assert expected == "{'max_tokens': 123, 'custom_setting': 'custom_value'}"
     server = LocalProvider()
@@ -239,7 +268,9 @@ def test_the_model_sees_its_settings_as_given_and_the_key_goes_with_the_http_req
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="local", max_retries=0)
         http_agent = Agent(
             OpenAIChatModel("gpt-4.1-mini", provider=OpenAIProvider(openai_client=client)),
-            name="over_http", capabilities=[RatchetDurability()])
+            name="over_http",
+            capabilities=[RatchetDurability()],
+        )
         app = make_app()
 
         @app.step()
@@ -258,18 +289,25 @@ def test_the_model_sees_its_settings_as_given_and_the_key_goes_with_the_http_req
     assert shown == expected and "Give me those settings" in echoed
     step = "2:over_http__model.request"
     assert [r["idempotency_key"] for r in server.requests()] == [
-        idempotency_key(run_id, step, 1), None]
+        idempotency_key(run_id, step, 1),
+        None,
+    ]
 
 
 # -- MCP toolsets --------------------------------------------------------------------------
 
 
 def _forecast_then_answer(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    returns = [p for m in messages for p in getattr(m, "parts", ())
-               if isinstance(p, ToolReturnPart)]
+    returns = [
+        p for m in messages for p in getattr(m, "parts", ()) if isinstance(p, ToolReturnPart)
+    ]
     if not returns:
-        asked = next(p.content for m in messages for p in getattr(m, "parts", ())
-                     if isinstance(p, UserPromptPart))
+        asked = next(
+            p.content
+            for m in messages
+            for p in getattr(m, "parts", ())
+            if isinstance(p, UserPromptPart)
+        )
         return ModelResponse(parts=[ToolCallPart("forecast", {"city": str(asked)})])
     return ModelResponse(parts=[TextPart(f"Tomorrow: {returns[-1].content}.")])
 
@@ -287,10 +325,15 @@ def mcp_toolset(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tupl
 
 @pytest.mark.parametrize("mcp_toolset", ["stdio", "http"], indirect=True)
 def test_mcp_tool_calls_are_durable_tool_steps(
-        make_app: Callable[..., ratchet.Ratchet], mcp_toolset: tuple[Any, Path]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], mcp_toolset: tuple[Any, Path]
+) -> None:
     toolset, calls = mcp_toolset
-    agent = Agent(FunctionModel(_forecast_then_answer), name="mcp", toolsets=[toolset],
-                  capabilities=[RatchetDurability()])
+    agent = Agent(
+        FunctionModel(_forecast_then_answer),
+        name="mcp",
+        toolsets=[toolset],
+        capabilities=[RatchetDurability()],
+    )
     expected = outside(agent, "Paris").output
     assert expected == "Tomorrow: rain in Paris."
     assert [c["tool"] for c in mcp_servers.calls_made(calls)] == ["forecast"]
@@ -307,11 +350,16 @@ def test_mcp_tool_calls_are_durable_tool_steps(
     assert parked_then_replayed(app, run_id) == "Tomorrow: rain in Rome."
     # Called once by the run: its replay read the tool's answer from the journal.
     assert [c["arguments"] for c in mcp_servers.calls_made(calls)] == [
-        {"city": "Paris"}, {"city": "Rome"}]
+        {"city": "Paris"},
+        {"city": "Rome"},
+    ]
     started = [e for e in app.events(run_id) if e.kind == "step_started"]
     assert [(e.step_id, e.payload.get("kind")) for e in started] == [
-        ("1:mcp__mcp_server__tools.get_tools", None), ("2:mcp__model.request", "llm"),
-        ("3:mcp__mcp_server__tools.call_tool", "tool"), ("4:mcp__model.request", "llm")]
+        ("1:mcp__mcp_server__tools.get_tools", None),
+        ("2:mcp__model.request", "llm"),
+        ("3:mcp__mcp_server__tools.call_tool", "tool"),
+        ("4:mcp__model.request", "llm"),
+    ]
     [called] = [e for e in app.events(run_id) if e.kind == "tool_called"]
     assert called.payload == {"name": "forecast", "arguments": {"city": "Rome"}, "risk": "low"}
 
@@ -328,20 +376,26 @@ def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
 @pytest.mark.crash
 @pytest.mark.parametrize("transport", ["stdio", "http"])
 def test_a_worker_killed_after_an_mcp_tool_call_resumes_without_calling_it_again(
-        h: Harness, tmp_path: Path, transport: str) -> None:
+    h: Harness, tmp_path: Path, transport: str
+) -> None:
     calls, gate = tmp_path / "mcp-calls.jsonl", tmp_path / "mcp-gate"
     server = LocalProvider(script=agent_app.MCP_SCRIPT)
-    with serve(server) as base, (mcp_servers.http_server(calls, gate) if transport == "http"
-                                 else _nothing()) as url:
-        env = {"CRASH_LLM_URL": base, **({"CRASH_MCP_URL": url} if url else
-                                         {"CRASH_MCP_STDIO": f"{calls}|{gate}"})}
+    with (
+        serve(server) as base,
+        mcp_servers.http_server(calls, gate) if transport == "http" else _nothing() as url,
+    ):
+        env = {
+            "CRASH_LLM_URL": base,
+            **({"CRASH_MCP_URL": url} if url else {"CRASH_MCP_STDIO": f"{calls}|{gate}"}),
+        }
         run_id = h.app.start("pai_mcp", "weather in Paris tomorrow?")
         a = h.spawn("a", worker_id="w-mcp", env_extra=env)
         wait_for(lambda: mcp_servers.calls_made(calls), timeout=30, what="the MCP call")
         server.fail("slow", times=1, delay_s=5.0)  # the model request after it is held...
         gate.touch()
-        wait_for(lambda: server.stats()["received"] >= 2, timeout=30,
-                 what="the second model request")
+        wait_for(
+            lambda: server.stats()["received"] >= 2, timeout=30, what="the second model request"
+        )
         a.kill()  # ...and its worker killed while the provider answers it
         assert a.popen.returncode == -signal.SIGKILL
         b = h.spawn("b", worker_id="w-mcp", env_extra=env)
@@ -351,21 +405,37 @@ def test_a_worker_killed_after_an_mcp_tool_call_resumes_without_calling_it_again
     # The MCP server got the call once; the re-drive read its answer from the journal.
     assert [c["tool"] for c in mcp_servers.calls_made(calls)] == ["forecast"]
     tool_step = f"3:{agent_app.MCP_TOOL_STEP}"
-    completed = [e for e in h.app.events(run_id)
-                 if e.kind == "step_completed" and e.step_id == tool_step]
+    completed = [
+        e for e in h.app.events(run_id) if e.kind == "step_completed" and e.step_id == tool_step
+    ]
     assert len(completed) == 1
     assert server.stats()["billed_calls"] == 2
 
 
 @pytest.mark.crash
 def test_a_worker_killed_after_a_streamed_request_replays_its_events_delta_for_delta(
-        h: Harness, tmp_path: Path) -> None:
+    h: Harness, tmp_path: Path
+) -> None:
     seen = tmp_path / "events.jsonl"
     # Arguments long enough to come in several deltas.
-    server = LocalProvider(script={"rules": [
-        {"match": {"last_role": "user"}, "reply": {"tool_calls": [
-            {"name": "lookup", "arguments": {"city": "Paris, Île-de-France, France"}}]}},
-        {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}}]})
+    server = LocalProvider(
+        script={
+            "rules": [
+                {
+                    "match": {"last_role": "user"},
+                    "reply": {
+                        "tool_calls": [
+                            {
+                                "name": "lookup",
+                                "arguments": {"city": "Paris, Île-de-France, France"},
+                            }
+                        ]
+                    },
+                },
+                {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
+            ]
+        }
+    )
     with serve(server) as base:
         env = {"CRASH_LLM_URL": base, "CRASH_EVENTS": str(seen)}
         run_id = h.app.start("pai_stream", "weather in Paris?")
@@ -383,7 +453,7 @@ def test_a_worker_killed_after_a_streamed_request_replays_its_events_delta_for_d
     again = [line["event"] for line in lines if line["pid"] == b.pid]
     # The request the killed worker streamed, given back from the journal, delta for delta.
     assert len([e for e in first if e[0] == "delta"]) > 1
-    assert again[:len(first)] == first
+    assert again[: len(first)] == first
     assert len(again) > len(first)  # then the second request's own events
     assert server.stats()["billed_calls"] == 2  # request 1 was not sent again
 

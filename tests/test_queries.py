@@ -24,7 +24,8 @@ def test_both_dialects_define_the_same_named_queries() -> None:
     sqlite, postgres = set(load_queries("sqlite")), set(load_queries("postgres"))
     assert sqlite - DIALECT_ONLY["sqlite"] == postgres - DIALECT_ONLY["postgres"], (
         f"only in sqlite: {sorted(sqlite - postgres - DIALECT_ONLY['sqlite'])}; "
-        f"only in postgres: {sorted(postgres - sqlite - DIALECT_ONLY['postgres'])}")
+        f"only in postgres: {sorted(postgres - sqlite - DIALECT_ONLY['postgres'])}"
+    )
     # The exceptions are real: each names a query its dialect defines.
     assert DIALECT_ONLY["sqlite"] <= sqlite and DIALECT_ONLY["postgres"] <= postgres
 

@@ -42,8 +42,10 @@ def not_ready(client: httpx.Client, reason: str) -> None:
 def served(db_url: str) -> Iterator[httpx.Client]:
     app = ratchet.Ratchet(db_url)
     try:
-        with serving(app, ready_timeout_s=2.0) as base, httpx.Client(base_url=base,
-                                                                    timeout=30) as client:
+        with (
+            serving(app, ready_timeout_s=2.0) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
             assert probe(client) == (200, "")
             yield client
     finally:
@@ -57,9 +59,10 @@ async def migrate(url: str) -> None:
 
 
 async def test_readyz_answers_503_while_the_database_is_lost_and_200_once_back(
-        served: httpx.Client, db_url: str) -> None:
+    served: httpx.Client, db_url: str
+) -> None:
     if db_url.startswith("sqlite:///"):
-        path = Path(db_url[len("sqlite:///"):])
+        path = Path(db_url[len("sqlite:///") :])
         aside = path.with_name("aside.db")
         path.rename(aside)
         not_ready(served, "not ready: the SQLite file cannot be found")
@@ -93,19 +96,22 @@ def test_readyz_answers_503_while_postgresql_cuts_and_refuses_connections() -> N
         admin.execute(f'CREATE DATABASE "{name}"')
         app = ratchet.Ratchet(url)
         try:
-            with serving(app, ready_timeout_s=2.0) as base, httpx.Client(
-                    base_url=base, timeout=30) as client:
+            with (
+                serving(app, ready_timeout_s=2.0) as base,
+                httpx.Client(base_url=base, timeout=30) as client,
+            ):
                 assert probe(client) == (200, "")
                 admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = %s", (name,))
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (name,),
+                )
                 # The pool's connection is cut: the first probe fails on it; later ones
                 # wait for a new connection the server refuses, until the timeout.
                 not_ready(client, "not ready: ")
                 not_ready(client, "not ready: ")
                 admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-                wait_for("/readyz to answer 200 again", lambda: probe(client)[0] == 200,
-                         timeout=60)
+                wait_for("/readyz to answer 200 again", lambda: probe(client)[0] == 200, timeout=60)
         finally:
             app.shutdown()
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

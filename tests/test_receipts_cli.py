@@ -62,28 +62,52 @@ def dead_lettered(app: ratchet.Ratchet) -> tuple[str, str]:
 
 
 def test_receipts_are_listed_settled_by_hand_and_the_run_goes_on(
-        app: ratchet.Ratchet, db_url: str) -> None:
+    app: ratchet.Ratchet, db_url: str
+) -> None:
     run_id, key = dead_lettered(app)
     [row] = json.loads(ok("--db", db_url, "receipts", run_id, "--json").stdout)
-    assert {k: row[k] for k in ("idempotency_key", "run_id", "step_id", "delivery", "attempt",
-                                "status", "response", "settled_by", "settled_at")} == {
-        "idempotency_key": key, "run_id": run_id, "step_id": "1:charge", "delivery": "#1",
-        "attempt": 1, "status": "claimed", "response": None, "settled_by": None,
-        "settled_at": None}
+    assert {
+        k: row[k]
+        for k in (
+            "idempotency_key",
+            "run_id",
+            "step_id",
+            "delivery",
+            "attempt",
+            "status",
+            "response",
+            "settled_by",
+            "settled_at",
+        )
+    } == {
+        "idempotency_key": key,
+        "run_id": run_id,
+        "step_id": "1:charge",
+        "delivery": "#1",
+        "attempt": 1,
+        "status": "claimed",
+        "response": None,
+        "settled_by": None,
+        "settled_at": None,
+    }
     assert row["claimed_at"] > 0
     assert json.loads(ok("--db", db_url, "receipts", "list", run_id, "--json").stdout) == [row]
     assert json.loads(ok("receipts", "--json", run_id, "--db", db_url).stdout) == [row]
     table = ok("--db", db_url, "receipts", run_id).stdout
     assert key in table and "1:charge" in table and "#1" in table and "claimed" in table
 
-    out = ok("--db", db_url, "receipts", "settle", key, "--response",
-             '{"charge_id": "ch_1"}').stdout
+    out = ok(
+        "--db", db_url, "receipts", "settle", key, "--response", '{"charge_id": "ch_1"}'
+    ).stdout
     assert f"receipt {key} (run {run_id}, step 1:charge, delivery #1)" in out
     assert 'settled with {"charge_id":"ch_1"}' in out
     assert f"`ratchet retry {run_id}`" in out  # the hint for a dead-lettered run
     [row] = json.loads(ok("--db", db_url, "receipts", run_id, "--json").stdout)
     assert (row["status"], row["response"], row["settled_by"]) == (
-        "settled", {"charge_id": "ch_1"}, "hand")
+        "settled",
+        {"charge_id": "ch_1"},
+        "hand",
+    )
     assert "settled (by hand)" in ok("--db", db_url, "receipts", run_id).stdout
     assert "already settled" in refused("--db", db_url, "receipts", "settle", key, "--failed")
 
@@ -93,7 +117,8 @@ def test_receipts_are_listed_settled_by_hand_and_the_run_goes_on(
 
 
 def test_a_receipt_settled_as_failed_fails_the_retried_run_without_dispatching(
-        app: ratchet.Ratchet, db_url: str) -> None:
+    app: ratchet.Ratchet, db_url: str
+) -> None:
     run_id, key = dead_lettered(app)
     out = ok("--db", db_url, "receipts", "settle", key, "--failed").stdout
     assert "failed (not delivered)" in out
@@ -105,8 +130,7 @@ def test_a_receipt_settled_as_failed_fails_the_retried_run_without_dispatching(
     assert (row["status"], row["settled_by"]) == ("failed", "hand")
 
 
-def test_bad_input_is_refused_and_nothing_is_settled(app: ratchet.Ratchet, db_url: str
-                                                     ) -> None:
+def test_bad_input_is_refused_and_nothing_is_settled(app: ratchet.Ratchet, db_url: str) -> None:
     run_id, key = dead_lettered(app)
     settle = ("--db", db_url, "receipts", "settle")
     assert "not neither" in refused(*settle, key)

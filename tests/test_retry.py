@@ -15,12 +15,15 @@ def test_graph_form() -> None:
         Retry.from_json({"maxAttempt": 3})
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"max_attempts": 0}, "max_attempts must be an integer >= 1"),
-    ({"max_attempts": 1.5}, "max_attempts must be an integer >= 1"),
-    ({"backoff_ms": -1}, "backoff_ms must be a number >= 0"),
-    ({"retry_on": ["network"]}, "unknown retry class 'network'"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_attempts": 0}, "max_attempts must be an integer >= 1"),
+        ({"max_attempts": 1.5}, "max_attempts must be an integer >= 1"),
+        ({"backoff_ms": -1}, "backoff_ms must be a number >= 0"),
+        ({"retry_on": ["network"]}, "unknown retry class 'network'"),
+    ],
+)
 def test_invalid_policies_name_the_problem(kwargs: dict, message: str) -> None:
     with pytest.raises(ratchet.InvalidRetryPolicy, match=message):
         Retry(**kwargs)
@@ -44,8 +47,11 @@ def test_backoff_grows_and_is_capped() -> None:
 def test_step_decorator_refuses_a_bad_policy_at_definition(tmp_path: object) -> None:
     app = ratchet.Ratchet(f"sqlite:///{tmp_path}/x.db")
     with pytest.raises(ratchet.InvalidRetryPolicy, match="unknown retry class 'gpu'"):
+
         @app.step(retry={"maxAttempts": 2, "retryableClasses": ["gpu"]})
         async def s() -> None: ...
+
     with pytest.raises(ratchet.InvalidInput, match="timeout_s must be a positive number"):
+
         @app.step(timeout_s=0)
         async def t() -> None: ...

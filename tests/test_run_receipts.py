@@ -43,7 +43,7 @@ def app(db_url: str) -> Iterator[ratchet.Ratchet]:
 
     @app.step
     async def fetch(n: int) -> dict[str, Any]:
-        return {"n": n, "text": "héllo\n\"quoted\"", "ratio": 0.1 * n, "big": 1e20}
+        return {"n": n, "text": 'héllo\n"quoted"', "ratio": 0.1 * n, "big": 1e20}
 
     @app.step
     async def flaky() -> str:
@@ -85,7 +85,8 @@ def export(db_url: str, run_id: str, path: Path) -> list[str]:
 
 
 def test_a_run_is_signed_as_it_ends_and_verifies_offline(
-        app: ratchet.Ratchet, db_url: str, tmp_path: Path) -> None:
+    app: ratchet.Ratchet, db_url: str, tmp_path: Path
+) -> None:
     app.launch()
     run_id = app.start("report", 3, run_id="r-1")
     finish(app, run_id)
@@ -110,8 +111,7 @@ def test_a_run_is_signed_as_it_ends_and_verifies_offline(
     assert pred["event_count"] == len(events) == events[-1].seq
     output = app.get(run_id).output
     assert pred["output_digest"]["sha256"] == hashlib.sha256(dumps(output).encode()).hexdigest()
-    assert pred["first_event_at"].endswith("Z") and pred["first_event_at"] <= pred[
-        "last_event_at"]
+    assert pred["first_event_at"].endswith("Z") and pred["first_event_at"] <= pred["last_event_at"]
     assert pred["llm"] == {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0}
 
     key = tmp_path / "key.pem"
@@ -121,8 +121,9 @@ def test_a_run_is_signed_as_it_ends_and_verifies_offline(
     assert pred["key_id"] == envelope["signatures"][0]["keyid"] and pred["key_id"] in shown
     lines = export(db_url, run_id, tmp_path / "events.jsonl")
     assert len(lines) == len(events)
-    out = ok("verify", str(receipt), "--events", str(tmp_path / "events.jsonl"),
-             "--public-key", str(key)).stdout
+    out = ok(
+        "verify", str(receipt), "--events", str(tmp_path / "events.jsonl"), "--public-key", str(key)
+    ).stdout
     assert f"ok: run {run_id} (succeeded), {len(events)} events" in out
 
 
@@ -138,7 +139,8 @@ def _edit(line: str, **changes: Any) -> str:
 
 
 def test_every_kind_of_tampering_fails_naming_the_first_bad_seq_or_the_reason(
-        app: ratchet.Ratchet, db_url: str, tmp_path: Path) -> None:
+    app: ratchet.Ratchet, db_url: str, tmp_path: Path
+) -> None:
     app.launch()
     run_id = app.start("report", 3, run_id="r-main")
     other_id = app.start("report", 1, run_id="r-other")
@@ -166,52 +168,62 @@ def test_every_kind_of_tampering_fails_naming_the_first_bad_seq_or_the_reason(
     changed[3] = dumps(d)
     assert "seq 4: its hash does not match its content" in verdict(changed)
     # changed, with its hash recomputed: the next event's link breaks
-    rehashed = Event.chain(run_id, 4, d["kind"], d["step_id"], d["attempt"], d["payload"],
-                           d["at"], d["prev_hash"])
+    rehashed = Event.chain(
+        run_id, 4, d["kind"], d["step_id"], d["attempt"], d["payload"], d["at"], d["prev_hash"]
+    )
     changed[3] = dumps(rehashed.export_dict())
     assert "seq 5: its prev_hash is not the hash of seq 4" in verdict(changed)
     # changed: a header field (the time)
     assert "seq 3: its hash does not match" in verdict(
-        [*lines[:2], _edit(lines[2], at=json.loads(lines[2])["at"] + 1), *lines[3:]])
+        [*lines[:2], _edit(lines[2], at=json.loads(lines[2])["at"] + 1), *lines[3:]]
+    )
     # removed
     assert "seq 4: found seq 5 where seq 4 should be" in verdict(lines[:3] + lines[4:])
     # inserted (a copy of an event)
-    assert "seq 4: found seq 3 where seq 4 should be" in verdict(
-        [*lines[:3], lines[2], *lines[3:]])
+    assert "seq 4: found seq 3 where seq 4 should be" in verdict([*lines[:3], lines[2], *lines[3:]])
     # inserted and renumbered, every hash recomputed: the head is not the signed one
     forged: list[str] = []
     prev = "0" * 64
     source = [json.loads(x) for x in lines]
     source.insert(2, dict(source[2], payload={"idempotency_key": "forged"}))
     for seq, e in enumerate(source, start=1):
-        ev = Event.chain(run_id, seq, e["kind"], e["step_id"], e["attempt"], e["payload"],
-                         e["at"], prev)
+        ev = Event.chain(
+            run_id, seq, e["kind"], e["step_id"], e["attempt"], e["payload"], e["at"], prev
+        )
         forged.append(dumps(ev.export_dict()))
         prev = ev.hash
     assert f"seq {n + 1}: the journal goes on past the {n} events" in verdict(forged)
     rewritten = []
     prev = "0" * 64
     for seq, e in enumerate(source[:n], start=1):
-        ev = Event.chain(run_id, seq, e["kind"], e["step_id"], e["attempt"], e["payload"],
-                         e["at"], prev)
+        ev = Event.chain(
+            run_id, seq, e["kind"], e["step_id"], e["attempt"], e["payload"], e["at"], prev
+        )
         rewritten.append(dumps(ev.export_dict()))
         prev = ev.hash
     assert "the chain's head" in verdict(rewritten) and "events were rewritten" in verdict(
-        rewritten)
+        rewritten
+    )
     # reordered
     assert "seq 3: found seq 4 where seq 3 should be" in verdict(
-        [*lines[:2], lines[3], lines[2], *lines[4:]])
+        [*lines[:2], lines[3], lines[2], *lines[4:]]
+    )
     # truncated
-    assert f"truncated: the journal ends at seq {n - 1}, the receipt covers {n} events" in \
-        verdict(lines[:-1])
+    assert f"truncated: the journal ends at seq {n - 1}, the receipt covers {n} events" in verdict(
+        lines[:-1]
+    )
     assert f"truncated: the journal ends at seq 0, the receipt covers {n} events" in verdict([])
     # a receipt for another run
-    assert f"seq 1: an event of run {run_id}, but the receipt is for run {other_id}" in \
-        verdict(lines, rec=other_receipt)
+    assert f"seq 1: an event of run {run_id}, but the receipt is for run {other_id}" in verdict(
+        lines, rec=other_receipt
+    )
     # a wrong key
     wrong = tmp_path / "wrong.pem"
-    wrong.write_bytes(Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    wrong.write_bytes(
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     assert "wrong key: the receipt was signed by key" in verdict(lines, pub=wrong)
     # the receipt itself changed: its statement claims another status
     env = json.loads(receipt.read_text())
@@ -224,27 +236,32 @@ def test_every_kind_of_tampering_fails_naming_the_first_bad_seq_or_the_reason(
     # not a receipt, not an event
     assert "not a receipt" in verdict(lines, rec=_write(tmp_path / "x.json", ['{"a": 1}']))
     assert "line 2 of the events is not a journal event (no run_id)" in verdict(
-        [lines[0], "{}", *lines[2:]])
+        [lines[0], "{}", *lines[2:]]
+    )
     assert "line 3 of the events is not a journal event (step_id is int)" in verdict(
-        [*lines[:2], _edit(lines[2], step_id=5), *lines[3:]])
+        [*lines[:2], _edit(lines[2], step_id=5), *lines[3:]]
+    )
     assert "line 1 of the events is not JSON" in verdict(["{", *lines[1:]])
     # a key given twice (a reader taking the last one would see another output), at the
     # top or inside the payload, and a field the export does not have
     twice = lines[3].replace('"kind":', '"kind":"step_failed","kind":', 1)
     assert "line 4 of the events gives the key 'kind' twice" in verdict(
-        [*lines[:3], twice, *lines[4:]])
+        [*lines[:3], twice, *lines[4:]]
+    )
     inner = lines[3].replace('"output":', '"output":{"n":99},"output":', 1)
     assert "line 4 of the events gives the key 'output' twice" in verdict(
-        [*lines[:3], inner, *lines[4:]])
+        [*lines[:3], inner, *lines[4:]]
+    )
     assert "line 3 of the events is not a journal event (unknown field 'note')" in verdict(
-        [*lines[:2], _edit(lines[2], note="trust me"), *lines[3:]])
+        [*lines[:2], _edit(lines[2], note="trust me"), *lines[3:]]
+    )
     # and the untouched export still holds
-    ok("verify", str(receipt), "--events", str(tmp_path / "events.jsonl"), "--public-key",
-       str(key))
+    ok("verify", str(receipt), "--events", str(tmp_path / "events.jsonl"), "--public-key", str(key))
 
 
 def test_failed_retried_and_cancelled_runs_get_receipts_signed_on_demand_once(
-        app: ratchet.Ratchet) -> None:
+    app: ratchet.Ratchet,
+) -> None:
     # Cancelled while queued: no worker ever drove it, so no drive signed it.
     queued = app.start("report", 1, run_id="r-queued")
     app.cancel(queued)
@@ -263,8 +280,9 @@ def test_failed_retried_and_cancelled_runs_get_receipts_signed_on_demand_once(
     # A receipt lost after the end (as if the signing commit never came) is signed again
     # on demand, identically: Ed25519 is deterministic and the statement has no clock.
     store = app.store
-    app._portal.call(store._run(
-        lambda tx: tx._cur.execute("DELETE FROM run_receipts WHERE run_id = 'r-failed'")))
+    app._portal.call(
+        store._run(lambda tx: tx._cur.execute("DELETE FROM run_receipts WHERE run_id = 'r-failed'"))
+    )
     assert app._portal.call(retention.get_receipt(store, failed)) is None
     assert app.run_receipt(failed) == first
 
@@ -279,19 +297,21 @@ def test_failed_retried_and_cancelled_runs_get_receipts_signed_on_demand_once(
 
 
 def test_an_unfinished_or_unknown_run_has_no_receipt_and_says_why(
-        app: ratchet.Ratchet, db_url: str) -> None:
+    app: ratchet.Ratchet, db_url: str
+) -> None:
     run_id = app.start("report", 1, run_id="r-pending")
     with pytest.raises(RunNotFinished, match="has not finished \\(status queued\\)"):
         app.run_receipt(run_id)
     assert "run r-pending has not finished (status queued)" in refused(
-        2, "receipt", run_id, "--db", db_url)
+        2, "receipt", run_id, "--db", db_url
+    )
     assert "unknown run id 'nope'" in refused(2, "receipt", "nope", "--db", db_url)
     assert "unknown run id 'nope'" in refused(2, "export", "nope", "--db", db_url)
 
 
 def test_the_key_is_made_once_private_and_the_configured_one_wins(
-        data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        sqlite_url: str) -> None:
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sqlite_url: str
+) -> None:
     first = load_signer(data_dir)
     path = data_dir / "signing_key.pem"
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -299,9 +319,13 @@ def test_the_key_is_made_once_private_and_the_configured_one_wins(
     assert [p.name for p in data_dir.iterdir()] == ["signing_key.pem"]  # no temp file left
 
     own = tmp_path / "own.pem"
-    own.write_bytes(Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption()))
+    own.write_bytes(
+        Ed25519PrivateKey.generate().private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
     monkeypatch.setenv("RATCHET_SIGNING_KEY", str(own))
     configured = load_signer(data_dir)
     assert configured.key_id != first.key_id and configured.path == own
@@ -319,16 +343,22 @@ def test_the_key_is_made_once_private_and_the_configured_one_wins(
 
 def test_verify_refuses_unreadable_inputs_clearly(tmp_path: Path) -> None:
     key = tmp_path / "key.pem"
-    key.write_bytes(Ed25519PrivateKey.generate().public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+    key.write_bytes(
+        Ed25519PrivateKey.generate()
+        .public_key()
+        .public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     events = _write(tmp_path / "e.jsonl", [])
-    assert "cannot read" in refused(2, "verify", str(tmp_path / "none.json"), "--events",
-                                    str(events), "--public-key", str(key))
+    assert "cannot read" in refused(
+        2, "verify", str(tmp_path / "none.json"), "--events", str(events), "--public-key", str(key)
+    )
     notjson = _write(tmp_path / "r.json", ["{"])
-    assert "is not JSON" in refused(2, "verify", str(notjson), "--events", str(events),
-                                    "--public-key", str(key))
-    assert "is not a PEM public key" in refused(2, "verify", str(notjson), "--events",
-                                                str(events), "--public-key", str(notjson))
+    assert "is not JSON" in refused(
+        2, "verify", str(notjson), "--events", str(events), "--public-key", str(key)
+    )
+    assert "is not a PEM public key" in refused(
+        2, "verify", str(notjson), "--events", str(events), "--public-key", str(notjson)
+    )
 
 
 def test_the_api_serves_a_receipt_to_the_runs_tenant_only(app: ratchet.Ratchet) -> None:
@@ -349,19 +379,24 @@ def test_the_api_serves_a_receipt_to_the_runs_tenant_only(app: ratchet.Ratchet) 
         r = client.get(f"/v1/runs/{done}/receipt", headers={"Authorization": f"Bearer {mine}"})
         assert r.status_code == 200, r.text
         assert r.json() == app.run_receipt(done)
-        r = client.get(f"/v1/runs/{done}/receipt",
-                       headers={"Authorization": f"Bearer {theirs}"})
+        r = client.get(f"/v1/runs/{done}/receipt", headers={"Authorization": f"Bearer {theirs}"})
         assert r.status_code == 404 and r.json()["message"] == "unknown run id 'r-api'"
-        r = client.get(f"/v1/runs/{pending}/receipt",
-                       headers={"Authorization": f"Bearer {mine}"})
+        r = client.get(f"/v1/runs/{pending}/receipt", headers={"Authorization": f"Bearer {mine}"})
         assert r.status_code == 409 and "has not finished" in r.json()["message"]
         assert client.get(f"/v1/runs/{done}/receipt").status_code == 401
 
 
 # -- the documented encoding, written again from docs/how-to/receipts.md alone ---------------
 
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
-            "\t": "\\t"}
+_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+}
 
 
 def _doc_json(v: Any) -> str:
@@ -378,8 +413,11 @@ def _doc_json(v: Any) -> str:
             return "0.0"
         return repr(v)  # shortest round trip; exponent form below 1e-4
     if isinstance(v, str):
-        return '"' + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 else c)
-                             for c in v) + '"'
+        return (
+            '"'
+            + "".join(_ESCAPES.get(c) or (f"\\u{ord(c):04x}" if ord(c) < 0x20 else c) for c in v)
+            + '"'
+        )
     if isinstance(v, list):
         return "[" + ",".join(_doc_json(x) for x in v) + "]"
     return "{" + ",".join(f"{_doc_json(k)}:{_doc_json(v[k])}" for k in sorted(v)) + "}"
@@ -388,19 +426,30 @@ def _doc_json(v: Any) -> str:
 def _doc_hash(e: dict[str, Any]) -> str:
     sid = e["step_id"] or ""
     attempt = "None" if e["attempt"] is None else str(e["attempt"])
-    text = (f"{e['prev_hash']}|{e['run_id']}|{e['seq']}|{e['kind']}|{attempt}|{e['at']:.6f}|"
-            f"{len(sid)}:{sid}|{_doc_json(e['payload'])}")
+    text = (
+        f"{e['prev_hash']}|{e['run_id']}|{e['seq']}|{e['kind']}|{attempt}|{e['at']:.6f}|"
+        f"{len(sid)}:{sid}|{_doc_json(e['payload'])}"
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _doc_pae(payload: bytes) -> bytes:
     t = PAYLOAD_TYPE.encode()
-    return b"DSSEv1 " + str(len(t)).encode() + b" " + t + b" " + str(len(payload)).encode() + \
-        b" " + payload
+    return (
+        b"DSSEv1 "
+        + str(len(t)).encode()
+        + b" "
+        + t
+        + b" "
+        + str(len(payload)).encode()
+        + b" "
+        + payload
+    )
 
 
 def test_the_documented_encoding_recomputes_every_hash_and_the_signature(
-        db_url: str, tmp_path: Path) -> None:
+    db_url: str, tmp_path: Path
+) -> None:
     app = ratchet.Ratchet(db_url, lease_ttl=3.0)
 
     @app.step(name="étape")  # a step id with a non-ASCII name
@@ -409,10 +458,24 @@ def test_the_documented_encoding_recomputes_every_hash_and_the_signature(
 
     @app.workflow()
     async def awkward() -> Any:
-        return await odd({"ctl": "a\x01b\x1f\u007f\t\"\\/", "uni": "日本 😀 \u2028",
-                          "tiny": 1e-07, "small": 2.5e-05, "big": 1e20, "neg0": -0.0,
-                          "f": 2.0, "pi": 3.141592653589793, "n": [1, -2, None, True],
-                          "Zk": 1, "ak": 2, "ék": 3, "😀k": 4, "\uff61k": 5})
+        return await odd(
+            {
+                "ctl": 'a\x01b\x1f\u007f\t"\\/',
+                "uni": "日本 😀 \u2028",
+                "tiny": 1e-07,
+                "small": 2.5e-05,
+                "big": 1e20,
+                "neg0": -0.0,
+                "f": 2.0,
+                "pi": 3.141592653589793,
+                "n": [1, -2, None, True],
+                "Zk": 1,
+                "ak": 2,
+                "ék": 3,
+                "😀k": 4,
+                "\uff61k": 5,
+            }
+        )
 
     try:
         app.launch()
@@ -432,14 +495,14 @@ def test_the_documented_encoding_recomputes_every_hash_and_the_signature(
     stmt = json.loads(body)
     assert stmt["subject"][0]["digest"]["sha256"] == prev
     assert stmt["predicate"]["event_count"] == len(lines)
-    app.signer.public.verify(base64.b64decode(envelope["signatures"][0]["sig"]),
-                             _doc_pae(body))
+    app.signer.public.verify(base64.b64decode(envelope["signatures"][0]["sig"]), _doc_pae(body))
 
 
 @pytest.mark.crash
 @pytest.mark.parametrize("crash_at", ["before_terminal:1", "after_terminal:1"])
 def test_a_worker_killed_at_the_end_still_leaves_a_receipt_over_the_whole_journal(
-        h: Harness, crash_at: str, data_dir: Path) -> None:
+    h: Harness, crash_at: str, data_dir: Path
+) -> None:
     env = {"RATCHET_DATA_DIR": str(data_dir)}  # the workers sign with the test's key
     run_id = h.app.start("chain", n=3)
     first = h.spawn("a", worker_id="w-end", crash_at=crash_at, env_extra=env)

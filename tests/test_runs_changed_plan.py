@@ -36,10 +36,13 @@ def test_postgres_probe_reads_one_index_entry(pg_url: str) -> None:
             "priority, tenant_id, created_at, updated_at) "
             "SELECT 'r' || i, 'wf', '1', '{}', 'succeeded', 'default', 0, "
             "CASE WHEN i %% 2 = 0 THEN 'acme' ELSE 'globex' END, to_timestamp(i), "
-            "to_timestamp(i) FROM generate_series(1, %s) i", (RUNS,))
+            "to_timestamp(i) FROM generate_series(1, %s) i",
+            (RUNS,),
+        )
         conn.execute("ANALYZE runs")
-        [plan] = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql,
-                              {"tenant_id": "acme"}).fetchone()
+        [plan] = conn.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {"tenant_id": "acme"}
+        ).fetchone()
         read = _rows_read(plan[0]["Plan"])
         assert read <= 2, f"read {read} rows: {json.dumps(plan)}"
         assert "runs_tenant_changed" in json.dumps(plan), json.dumps(plan)
@@ -49,7 +52,7 @@ def test_postgres_probe_reads_one_index_entry(pg_url: str) -> None:
 
 def test_sqlite_probe_reads_the_index_in_order(sqlite_url: str) -> None:
     _migrate(sqlite_url)
-    conn = sqlite3.connect(sqlite_url[len("sqlite:///"):])
+    conn = sqlite3.connect(sqlite_url[len("sqlite:///") :])
     conn.create_function("ratchet_now", 0, time.time)
     # No ANALYZE: a deployment rarely runs it, and the plan must hold without statistics.
     conn.execute(
@@ -57,7 +60,8 @@ def test_sqlite_probe_reads_the_index_in_order(sqlite_url: str) -> None:
         "INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, priority, "
         "tenant_id, created_at, updated_at) SELECT 'r' || i, 'wf', '1', '{}', 'succeeded', "
         "'default', 0, CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END, i, i FROM n",
-        (RUNS,))
+        (RUNS,),
+    )
     conn.commit()
     sql = load_queries("sqlite")["ui_runs_changed"]
     params: dict[str, Any] = {"tenant_id": "acme"}

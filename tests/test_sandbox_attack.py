@@ -53,16 +53,26 @@ class Served:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RATCHET_")}
         if database is not None:
             self.env["RATCHET_DATABASE_URL"] = database
-        made = subprocess.run([RATCHET, "tokens", "create", "--tenant", "acme", "--scopes",
-                               "runs:read,runs:write"], cwd=folder, env=self.env,
-                              capture_output=True, text=True, timeout=60, check=True)
+        made = subprocess.run(
+            [RATCHET, "tokens", "create", "--tenant", "acme", "--scopes", "runs:read,runs:write"],
+            cwd=folder,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         self.token = made.stdout.strip().splitlines()[-1]
         (folder / "token.txt").write_text(self.token + "\n")  # `... | tail -1 > token.txt`
         self.log_path = folder / "server.log"
         with self.log_path.open("wb") as log:  # `ratchet server ... > server.log 2>&1`
-            self.proc = subprocess.Popen([RATCHET, "server", "--app", "attack_app:app",
-                                          "--port", "0"], cwd=folder, env=self.env,
-                                         stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [RATCHET, "server", "--app", "attack_app:app", "--port", "0"],
+                cwd=folder,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         deadline = time.monotonic() + 60
         while not (found := re.search(r"running on (http://\S+)", self.log())):
             assert self.proc.poll() is None, f"the server exited: {self.log()}"
@@ -74,12 +84,21 @@ class Served:
         return self.log_path.read_text(errors="replace")
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base, timeout=RESULT_S + 30,
-                            headers={"Authorization": f"Bearer {self.token}"})
+        return httpx.Client(
+            base_url=self.base,
+            timeout=RESULT_S + 30,
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
 
     def ratchet(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([RATCHET, *args], cwd=self.folder, env=self.env,
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [RATCHET, *args],
+            cwd=self.folder,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -105,15 +124,27 @@ def _mode(path: Path) -> int:
 
 
 def test_a_sandbox_reads_none_of_ratchets_files_and_cannot_write_the_journal(
-        served: Served, database: str | None) -> None:
+    served: Served, database: str | None
+) -> None:
     folder, data = served.folder, served.folder / ".ratchet"
     db = data / "ratchet.db"
-    private = [data / "signing_key.pem", db, Path(f"{db}-wal"), Path(f"{db}-shm"),
-               Path(f"{db}-journal"), folder / "token.txt", folder / "server.log"]
+    private = [
+        data / "signing_key.pem",
+        db,
+        Path(f"{db}-wal"),
+        Path(f"{db}-shm"),
+        Path(f"{db}-journal"),
+        folder / "token.txt",
+        folder / "server.log",
+    ]
     with served.client() as client:
-        started = client.post("/v1/runs", json={"workflow": "attack", "input": {
-            "files": [str(p) for p in private],
-            "folders": [str(folder), str(data)]}})
+        started = client.post(
+            "/v1/runs",
+            json={
+                "workflow": "attack",
+                "input": {"files": [str(p) for p in private], "folders": [str(folder), str(data)]},
+            },
+        )
         assert started.status_code == 202, started.text
         run_id = started.json()["run_id"]
         result = client.get(f"/v1/runs/{run_id}/result", params={"wait": 60}).json()
@@ -124,8 +155,10 @@ def test_a_sandbox_reads_none_of_ratchets_files_and_cannot_write_the_journal(
     # The first fence: none of them is there at all. The app's folder shows the app's
     # module and nothing else, the data directory is not there.
     assert out["files"] == {str(p): "denied FileNotFoundError" for p in private}, out
-    assert out["folders"] == {str(folder): ["attack_app.py"],
-                              str(data): "denied FileNotFoundError"}, out
+    assert out["folders"] == {
+        str(folder): ["attack_app.py"],
+        str(data): "denied FileNotFoundError",
+    }, out
     # The sandbox's output goes to its worker through a pipe, not to the server's log.
     assert all(t.startswith("pipe:") for t in out["output"]), out["output"]
     # The second fence: what Ratchet made is for its own user only.
@@ -144,14 +177,16 @@ def test_a_sandbox_reads_none_of_ratchets_files_and_cannot_write_the_journal(
     (folder / "receipt.json").write_text(served.ratchet("receipt", engine_id).stdout)
     (folder / "key.pem").write_text(served.ratchet("keys", "show").stdout)
     (folder / "journal.jsonl").write_text(served.ratchet("export", engine_id).stdout)
-    checked = served.ratchet("verify", "receipt.json", "--events", "journal.jsonl",
-                             "--public-key", "key.pem")
+    checked = served.ratchet(
+        "verify", "receipt.json", "--events", "journal.jsonl", "--public-key", "key.pem"
+    )
     assert checked.returncode == 0 and checked.stdout.startswith("ok: "), checked
     lines = (folder / "journal.jsonl").read_text().splitlines()
     # What a workload that had read the key would have written: a record it changed.
     changed = [line.replace('"denied FileNotFoundError"', '"READ 2d2d"') for line in lines]
     assert changed != lines
     (folder / "changed.jsonl").write_text("\n".join(changed) + "\n")
-    refused = served.ratchet("verify", "receipt.json", "--events", "changed.jsonl",
-                             "--public-key", "key.pem")
+    refused = served.ratchet(
+        "verify", "receipt.json", "--events", "changed.jsonl", "--public-key", "key.pem"
+    )
     assert refused.returncode == 1 and "verification failed" in refused.stderr, refused

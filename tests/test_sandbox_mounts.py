@@ -40,22 +40,28 @@ def _binds(ops: list[Op]) -> list[str]:
 
 
 def test_the_working_directory_is_never_mounted_only_the_code_in_it(tree: Path) -> None:
-    layout = plan([str(tree / "venv")], [str(tree / "agents.py"), str(tree / "pkg")], [],
-                  [str(tree / ".ratchet")], str(tree))
-    assert _binds(layout.ops) == [str(tree / "venv"), str(tree / "pkg"),
-                                  str(tree / "agents.py")]
+    layout = plan(
+        [str(tree / "venv")],
+        [str(tree / "agents.py"), str(tree / "pkg")],
+        [],
+        [str(tree / ".ratchet")],
+        str(tree),
+    )
+    assert _binds(layout.ops) == [str(tree / "venv"), str(tree / "pkg"), str(tree / "agents.py")]
     # Nothing shown holds the data directory or the token: no mask is needed.
     assert [op.kind for op in layout.ops] == ["bind", "bind", "bind"]
 
 
 def test_a_mount_that_holds_the_working_directory_gets_it_masked(tree: Path) -> None:
-    layout = plan([], [str(tree / "agents.py")], [str(tree.parent)],
-                  [str(tree / ".ratchet")], str(tree))
+    layout = plan(
+        [], [str(tree / "agents.py")], [str(tree.parent)], [str(tree / ".ratchet")], str(tree)
+    )
     assert layout.ops == [
         Op("bind", str(tree.parent), str(tree.parent)),
         Op("tmpfs", str(tree)),  # the working directory: empty ...
         Op("bind", str(tree / "agents.py"), str(tree / "agents.py")),  # ... but its code
-        Op("ro", str(tree))]
+        Op("ro", str(tree)),
+    ]
 
 
 def test_ratchets_files_are_masked_where_a_shown_path_holds_them(tree: Path) -> None:
@@ -63,12 +69,15 @@ def test_ratchets_files_are_masked_where_a_shown_path_holds_them(tree: Path) -> 
     db = tree / "pkg" / "ratchet.db"
     db.write_text("")
     (tree / "pkg" / "data").mkdir()
-    layout = plan([], [str(tree / "pkg")], [], [str(tree / "pkg" / "data"), str(db),
-                                                f"{db}-wal"], "/")
-    assert layout.ops == [Op("bind", str(tree / "pkg"), str(tree / "pkg")),
-                          Op("tmpfs", str(tree / "pkg" / "data")),
-                          Op("null", str(db)),  # -wal does not exist: nothing to mask
-                          Op("ro", str(tree / "pkg" / "data"))]
+    layout = plan(
+        [], [str(tree / "pkg")], [], [str(tree / "pkg" / "data"), str(db), f"{db}-wal"], "/"
+    )
+    assert layout.ops == [
+        Op("bind", str(tree / "pkg"), str(tree / "pkg")),
+        Op("tmpfs", str(tree / "pkg" / "data")),
+        Op("null", str(db)),  # -wal does not exist: nothing to mask
+        Op("ro", str(tree / "pkg" / "data")),
+    ]
 
 
 def test_code_or_a_mount_inside_a_masked_data_directory_is_refused(tree: Path) -> None:
@@ -95,17 +104,19 @@ def cwd_package(tree: Path) -> Iterator[Path]:
         del sys.modules[pkg.__name__], sys.modules[flows.__name__]
 
 
-def test_a_package_that_is_the_working_directory_is_shown_file_by_file(
-        cwd_package: Path) -> None:
+def test_a_package_that_is_the_working_directory_is_shown_file_by_file(cwd_package: Path) -> None:
     found = module_paths(str(cwd_package))
     assert str(cwd_package) not in found
     assert {str(cwd_package / "__init__.py"), str(cwd_package / "flows.py")} <= set(found)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("bwrap") is None,
-                    reason="needs bubblewrap and a worker running as root")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("bwrap") is None,
+    reason="needs bubblewrap and a worker running as root",
+)
 def test_an_imported_module_others_may_not_read_is_not_shown(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     shared, secret = tmp_path / "ratchet_test_shared.py", tmp_path / "ratchet_test_secret.py"
     for path, mode in ((shared, 0o644), (secret, 0o600)):
         path.write_text("")

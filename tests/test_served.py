@@ -21,8 +21,7 @@ async def _new(store: Store, run_id: str, workflow: str, version: str) -> None:
     await store.create_run(NewRun(run_id, workflow, version, {"args": [], "kwargs": {}}))
 
 
-async def test_claim_steal_and_reclaim_take_only_served_workflow_versions(store: Store
-                                                                          ) -> None:
+async def test_claim_steal_and_reclaim_take_only_served_workflow_versions(store: Store) -> None:
     await _new(store, "wf-v2", "wf", "2")  # oldest first: a claim that took any would take it
     await _new(store, "other-v1", "other", "1")
     await _new(store, "wf-v1", "wf", "1")
@@ -37,7 +36,9 @@ async def test_claim_steal_and_reclaim_take_only_served_workflow_versions(store:
 
     both = [("wf", "2"), ("other", "1")]
     assert {c.record.run_id for c in await store.claim("w2", TTL, 10, ["default"], both)} == {
-        "wf-v2", "other-v1"}
+        "wf-v2",
+        "other-v1",
+    }
     store.clock.advance(TTL + 1)
     [stolen] = await store.steal_expired("w3", TTL, 20, ["default"], [("other", "1")])
     assert stolen.record.run_id == "other-v1"
@@ -51,8 +52,9 @@ def apps(db_url: str) -> Iterator[list[ratchet.Ratchet]]:
         app.shutdown()
 
 
-def _app(db_url: str, version: str, made: list[ratchet.Ratchet]) -> tuple[
-        ratchet.Ratchet, ratchet.WorkflowDef]:
+def _app(
+    db_url: str, version: str, made: list[ratchet.Ratchet]
+) -> tuple[ratchet.Ratchet, ratchet.WorkflowDef]:
     app = ratchet.Ratchet(db_url, lease_ttl=3.0, recovery_interval=0.2)
     made.append(app)
 
@@ -63,8 +65,9 @@ def _app(db_url: str, version: str, made: list[ratchet.Ratchet]) -> tuple[
     return app, greet
 
 
-def test_a_worker_leaves_runs_of_versions_it_lacks_queued(db_url: str,
-                                                            apps: list[ratchet.Ratchet]) -> None:
+def test_a_worker_leaves_runs_of_versions_it_lacks_queued(
+    db_url: str, apps: list[ratchet.Ratchet]
+) -> None:
     old, greet_v1 = _app(db_url, "1", apps)
     new, greet_v2 = _app(db_url, "2", apps)
     waiting = new.start(greet_v2, "ana")  # started first: the old worker meets it first
@@ -81,5 +84,7 @@ def test_a_worker_leaves_runs_of_versions_it_lacks_queued(db_url: str,
 
     new.launch()
     assert new.result(waiting, timeout_s=30) == "hello ana from v2"
-    wait_for(lambda: "no live worker" not in CliRunner().invoke(
-        cli, ["--db", db_url, "runs"]).stdout, what="the note to go")
+    wait_for(
+        lambda: "no live worker" not in CliRunner().invoke(cli, ["--db", db_url, "runs"]).stdout,
+        what="the note to go",
+    )

@@ -48,12 +48,16 @@ class Api:
     def other(self) -> httpx.Client:  # tenant globex, every scope
         return self.clients[1]
 
-    def token(self, tenant: str, scopes: tuple[str, ...] = ALL, name: str | None = None,
-              expires_in: float | None = None) -> str:
+    def token(
+        self,
+        tenant: str,
+        scopes: tuple[str, ...] = ALL,
+        name: str | None = None,
+        expires_in: float | None = None,
+    ) -> str:
         app = self.h.app
         extra = {} if expires_in is None else {"expires_in": expires_in}
-        _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes, name,
-                                                         **extra))
+        _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes, name, **extra))
         return secret
 
     def start(self, workflow: str, data: dict[str, Any], **extra: Any) -> str:
@@ -66,8 +70,9 @@ TENANTS = (("acme", "acme-ops"), ("globex", "globex-ops"))
 
 
 @contextmanager
-def api_of(h: Harness, tenants: Sequence[tuple[str, str | None]] = TENANTS,
-           **options: Any) -> Iterator[Api]:
+def api_of(
+    h: Harness, tenants: Sequence[tuple[str, str | None]] = TENANTS, **options: Any
+) -> Iterator[Api]:
     """An API-only server on the harness's database (``create_app`` options as given), with
     a client per tenant (a token of each, named as given), closed at the end."""
     app = crash_app.build(h.db_url)
@@ -133,29 +138,41 @@ def test_start_is_idempotent_by_run_id_and_by_key_and_refuses_bad_input(api: Api
     b = api.acme.post("/v1/runs", json={"workflow": "chain", "input": {"n": 1}}, headers=key)
     assert (a.status_code, b.status_code) == (202, 200)
     assert a.json()["run_id"] == b.json()["run_id"]
-    problem(api.acme.post("/v1/runs", json={"workflow": "chain", "input": {"n": 2}},
-                          headers=key), 422, "invalid_input")
+    problem(
+        api.acme.post("/v1/runs", json={"workflow": "chain", "input": {"n": 2}}, headers=key),
+        422,
+        "invalid_input",
+    )
     # Another tenant's same key is another run.
     c = api.other.post("/v1/runs", json={"workflow": "chain", "input": {"n": 1}}, headers=key)
     assert c.status_code == 202 and c.json()["run_id"] != a.json()["run_id"]
 
-    unknown = problem(api.acme.post("/v1/runs", json={"workflow": "nope", "input": {}}),
-                      422, "invalid_input")
+    unknown = problem(
+        api.acme.post("/v1/runs", json={"workflow": "nope", "input": {}}), 422, "invalid_input"
+    )
     assert "nope" in unknown["message"]
-    bad = problem(api.acme.post("/v1/runs", json={"workflow": "chain",
-                                                  "input": {"n": "many"}}), 422,
-                  "invalid_input")
+    bad = problem(
+        api.acme.post("/v1/runs", json={"workflow": "chain", "input": {"n": "many"}}),
+        422,
+        "invalid_input",
+    )
     assert "'n'" in bad["message"] or " n" in bad["message"], bad
     missing = problem(api.acme.post("/v1/runs", json={"input": {}}), 422, "invalid_input")
     assert missing["details"][0]["field"] == "workflow"
-    guarded = problem(api.acme.post("/v1/runs", json={"workflow": "chain", "input": {},
-                                                      "guards": {"max_steps": "lots"}}),
-                      422, "invalid_input")
+    guarded = problem(
+        api.acme.post(
+            "/v1/runs", json={"workflow": "chain", "input": {}, "guards": {"max_steps": "lots"}}
+        ),
+        422,
+        "invalid_input",
+    )
     assert "max_steps must be an integer" in guarded["message"]
     # None of the refusals wrote a run.
     assert {r.run_id for r in api.h.app.runs()} == {
-        engine_id("r-1"), engine_id(a.json()["run_id"]),
-        engine_id(c.json()["run_id"], "globex")}
+        engine_id("r-1"),
+        engine_id(a.json()["run_id"]),
+        engine_id(c.json()["run_id"], "globex"),
+    }
     # Guard overrides go to the run's first event, where every drive reads them.
     run_id = api.start("chain", {"n": 1}, guards={"max_steps": 50})
     assert api.h.app.events(engine_id(run_id))[0].payload["guards"] == {"max_steps": 50}
@@ -166,25 +183,27 @@ def test_auth_statuses_and_the_body_limit(api: Api) -> None:
     problem(api.client("rt_not-a-token").get("/v1/runs"), 401, "unauthorized")
     reader = api.client(api.token("acme", ("runs:read",)))
     assert reader.get("/v1/runs").status_code == 200
-    denied = problem(reader.post("/v1/runs", json={"workflow": "chain", "input": {}}), 403,
-                     "forbidden")
+    denied = problem(
+        reader.post("/v1/runs", json={"workflow": "chain", "input": {}}), 403, "forbidden"
+    )
     assert denied["details"]["needed"] == "runs:write"
     problem(reader.get("/v1/dead-letters"), 403, "forbidden")
     big = {"workflow": "chain", "input": {"pad": "x" * (1 << 20)}}
     problem(api.acme.post("/v1/runs", json=big), 413, "payload_too_large")
     # Without a Content-Length (chunked), the body is counted as it arrives.
     chunks = (b"x" * 65536 for _ in range(20))
-    problem(api.acme.post("/v1/runs", content=chunks,
-                          headers={"Content-Type": "application/json"}), 413,
-            "payload_too_large")
+    problem(
+        api.acme.post("/v1/runs", content=chunks, headers={"Content-Type": "application/json"}),
+        413,
+        "payload_too_large",
+    )
 
     # A revoked token is refused from then on.
     app = api.h.app
     secret = api.token("acme")
     assert api.client(secret).get("/v1/runs").status_code == 200
     found = [t for t in app._portal.call(tokens.list_tokens(app.store))]
-    mine = next(t for t in found
-                if app._portal.call(tokens.authenticate(app.store, secret)) == t)
+    mine = next(t for t in found if app._portal.call(tokens.authenticate(app.store, secret)) == t)
     app._portal.call(tokens.revoke_token(app.store, mine.token_id))
     problem(api.client(secret).get("/v1/runs"), 401, "unauthorized")
 
@@ -203,8 +222,13 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
 
     result = api.acme.get(f"/v1/runs/{done}/result", params={"wait": 30})
     assert result.status_code == 200, result.text
-    assert result.json() | {} == {"run_id": done, "status": "succeeded", "done": True,
-                                  "output": ["out-1", "out-2"], "error": None}
+    assert result.json() | {} == {
+        "run_id": done,
+        "status": "succeeded",
+        "done": True,
+        "output": ["out-1", "out-2"],
+        "error": None,
+    }
     detail = api.acme.get(f"/v1/runs/{done}").json()
     assert detail["input"] == {"n": 2} and detail["llm"]["calls"] == 0
     assert detail["children"] == []
@@ -221,21 +245,31 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
     sent = api.acme.post(f"/v1/runs/{listening}/signals/go", json={"data": {"k": 1}})
     assert sent.status_code == 202, sent.text
     assert api.acme.get(f"/v1/runs/{listening}/result?wait=30").json()["output"] == [
-        "out-1", {"k": 1}, "out-3"]
+        "out-1",
+        {"k": 1},
+        "out-3",
+    ]
     problem(api.acme.post(f"/v1/runs/{listening}/signals/go", json={}), 409, "conflict")
 
     # Approvals: decided once; a second decision conflicts.
     h.wait_parked(engine_id(asking), "approval:")
     step = h.app.approvals(engine_id(asking))[0].step_id
-    decided = api.acme.post(f"/v1/runs/{asking}/approvals/{step}",
-                            json={"approved": True, "by": "ana", "comment": "ok"})
+    decided = api.acme.post(
+        f"/v1/runs/{asking}/approvals/{step}", json={"approved": True, "by": "ana", "comment": "ok"}
+    )
     # Who decided is the token; the body's name is kept as a note.
     assert decided.status_code == 200, decided.text
     assert (decided.json()["by"], decided.json()["note"]) == ("acme-ops", "ana")
-    problem(api.acme.post(f"/v1/runs/{asking}/approvals/{step}",
-                          json={"approved": False, "by": "bo"}), 409, "conflict")
-    problem(api.acme.post(f"/v1/runs/{asking}/approvals/{step}", json={"by": "bo"}), 422,
-            "invalid_input")
+    problem(
+        api.acme.post(f"/v1/runs/{asking}/approvals/{step}", json={"approved": False, "by": "bo"}),
+        409,
+        "conflict",
+    )
+    problem(
+        api.acme.post(f"/v1/runs/{asking}/approvals/{step}", json={"by": "bo"}),
+        422,
+        "invalid_input",
+    )
     assert api.acme.get(f"/v1/runs/{asking}/result?wait=30").json()["status"] == "succeeded"
 
     # Dead letters: listed, retried (it fails again: still a dead letter afterwards).
@@ -270,8 +304,9 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
     assert sorted(map(engine_id, seen)) == sorted(r.run_id for r in h.app.runs())
     assert len(seen) == 6
     created = [r.created_at for r in h.app.runs()]
-    window = api.acme.get("/v1/runs", params={"created_after": max(created),
-                                              "created_before": max(created) + 1}).json()
+    window = api.acme.get(
+        "/v1/runs", params={"created_after": max(created), "created_before": max(created) + 1}
+    ).json()
     assert len(window["runs"]) >= 1
     problem(api.acme.get("/v1/runs", params={"cursor": "%%%"}), 422, "invalid_input")
     problem(api.acme.get("/v1/runs", params={"status": "sleeping"}), 422, "invalid_input")
@@ -293,11 +328,21 @@ def test_every_route_and_another_tenant_sees_none_of_it(api: Api) -> None:
         ("POST", f"/v1/dead-letters/{doomed}/retry", None),
     ]:
         theirs = problem(api.other.request(method, path, json=body), 404, "not_found")
-        missing = problem(api.acme.request(method, path.replace(done, "nope").replace(
-            listening, "nope").replace(asking, "nope").replace(doomed, "nope"), json=body),
-            404, "not_found")
-        assert theirs["message"].replace(path.split("/")[3], "X") == missing[
-            "message"].replace("nope", "X")
+        missing = problem(
+            api.acme.request(
+                method,
+                path.replace(done, "nope")
+                .replace(listening, "nope")
+                .replace(asking, "nope")
+                .replace(doomed, "nope"),
+                json=body,
+            ),
+            404,
+            "not_found",
+        )
+        assert theirs["message"].replace(path.split("/")[3], "X") == missing["message"].replace(
+            "nope", "X"
+        )
     sse = api.other.get(f"/v1/runs/{done}/events", headers={"Accept": "text/event-stream"})
     problem(sse, 404, "not_found")
 
@@ -314,11 +359,21 @@ def test_health_openapi_and_metrics(api: Api) -> None:
     assert anon.get("/readyz").json() == {"status": "ready"}
     spec = anon.get("/openapi.json").json()
     paths = set(spec["paths"])
-    assert {"/v1/runs", "/v1/runs/{run_id}", "/v1/runs/{run_id}/result",
-            "/v1/runs/{run_id}/events", "/v1/runs/{run_id}/signals/{name}",
-            "/v1/runs/{run_id}/cancel", "/v1/runs/{run_id}/approvals/{step_id}",
-            "/v1/dead-letters", "/v1/dead-letters/{run_id}/retry", "/v1/workflows",
-            "/healthz", "/readyz", "/metrics"} <= paths
+    assert {
+        "/v1/runs",
+        "/v1/runs/{run_id}",
+        "/v1/runs/{run_id}/result",
+        "/v1/runs/{run_id}/events",
+        "/v1/runs/{run_id}/signals/{name}",
+        "/v1/runs/{run_id}/cancel",
+        "/v1/runs/{run_id}/approvals/{step_id}",
+        "/v1/dead-letters",
+        "/v1/dead-letters/{run_id}/retry",
+        "/v1/workflows",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+    } <= paths
     assert "HTTPBearer" in spec["components"]["securitySchemes"]
     assert "Error" in spec["components"]["schemas"]
     api.start("chain", {"n": 1})
@@ -333,7 +388,8 @@ def test_health_openapi_and_metrics(api: Api) -> None:
 
 @pytest.mark.crash
 def test_sse_delivers_every_event_once_in_order_across_a_reconnect_and_a_worker_kill(
-        api: Api) -> None:
+    api: Api,
+) -> None:
     h = api.h
     run_id = api.start("chain", {"n": 4, "block_at": [2, 4]})
     a = h.spawn("a", lease_ttl=1.5, recovery_interval=60.0)
@@ -355,8 +411,9 @@ def test_sse_delivers_every_event_once_in_order_across_a_reconnect_and_a_worker_
     h.spawn("b", lease_ttl=1.5, recovery_interval=0.2)
 
     # Second connection resumes after the last id seen; the new worker re-drives step 2.
-    with connect_sse(api.acme, "GET", url,
-                     headers=headers | {"Last-Event-ID": str(got[-1][0])}) as source:
+    with connect_sse(
+        api.acme, "GET", url, headers=headers | {"Last-Event-ID": str(got[-1][0])}
+    ) as source:
         for sse in frames(source):
             got.append((int(sse.id), sse.event, sse.json()))
             if sse.event == "step_started" and sse.json()["step_id"] == "2:work":
@@ -378,9 +435,19 @@ def test_curl_n_receives_the_whole_journal_and_heartbeats(api: Api) -> None:
     h.wait_parked(engine_id(run_id), "signal:go")
     token = api.token("acme", ("runs:read",))
     curl = subprocess.Popen(
-        ["curl", "-sS", "-N", f"{api.base}/v1/runs/{run_id}/events", "-H",
-         f"Authorization: Bearer {token}", "-H", "Accept: text/event-stream"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        [
+            "curl",
+            "-sS",
+            "-N",
+            f"{api.base}/v1/runs/{run_id}/events",
+            "-H",
+            f"Authorization: Bearer {token}",
+            "-H",
+            "Accept: text/event-stream",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert curl.stdout is not None
     lines: list[str] = []
     # The run is parked: the stream idles with heartbeats (every 0.3 s here) until woken.
@@ -406,14 +473,26 @@ def test_sse_resumes_from_after_seq_and_refuses_a_bad_last_event_id(api: Api) ->
     run_id = api.start("chain", {"n": 1})
     h.spawn("w", lease_ttl=3.0)
     h.wait_status(engine_id(run_id), "succeeded")
-    with connect_sse(api.acme, "GET", f"/v1/runs/{run_id}/events?after_seq=2",
-                     headers={"Accept": "text/event-stream"}) as source:
+    with connect_sse(
+        api.acme,
+        "GET",
+        f"/v1/runs/{run_id}/events?after_seq=2",
+        headers={"Accept": "text/event-stream"},
+    ) as source:
         seqs = [int(sse.id) for sse in frames(source)]
     assert seqs == [s for s, _ in journal(h, run_id)][2:]
-    problem(api.acme.get(f"/v1/runs/{run_id}/events", headers={
-        "Accept": "text/event-stream", "Last-Event-ID": "x"}), 422, "invalid_input")
-    wait_for("the stream's subscriber to be gone", lambda: "ratchet_sse_subscribers 0.0" in
-             api.acme.get("/metrics").text)
+    problem(
+        api.acme.get(
+            f"/v1/runs/{run_id}/events",
+            headers={"Accept": "text/event-stream", "Last-Event-ID": "x"},
+        ),
+        422,
+        "invalid_input",
+    )
+    wait_for(
+        "the stream's subscriber to be gone",
+        lambda: "ratchet_sse_subscribers 0.0" in api.acme.get("/metrics").text,
+    )
 
 
 def scrape(client: httpx.Client) -> dict[str, float]:
@@ -427,21 +506,29 @@ def scrape(client: httpx.Client) -> dict[str, float]:
 
 
 def test_embedded_workers_drive_runs_and_count_them_in_metrics(
-        h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The embedded worker runs crash_app's steps in this process: they log here.
     monkeypatch.setenv("CRASH_LOG", str(h.invocation_log))
     monkeypatch.setenv("CRASH_GATES", str(h.gates))
     app = crash_app.build(h.db_url)
     _, secret = h.app._portal.call(tokens.create_token(h.app.store, "acme", ALL))
     try:
-        with serving(app, workers=1) as base, httpx.Client(
+        with (
+            serving(app, workers=1) as base,
+            httpx.Client(
                 base_url=base, timeout=30, headers={"Authorization": f"Bearer {secret}"}
-        ) as client:
+            ) as client,
+        ):
             before = scrape(client)
-            run_id = client.post("/v1/runs", json={"workflow": "chain", "input": {"n": 3}}
-                                 ).json()["run_id"]
+            run_id = client.post("/v1/runs", json={"workflow": "chain", "input": {"n": 3}}).json()[
+                "run_id"
+            ]
             assert client.get(f"/v1/runs/{run_id}/result?wait=30").json()["output"] == [
-                "out-1", "out-2", "out-3"]
+                "out-1",
+                "out-2",
+                "out-3",
+            ]
             after = scrape(client)
     finally:
         app.shutdown()
@@ -460,14 +547,18 @@ def test_embedded_workers_drive_runs_and_count_them_in_metrics(
 
 
 async def test_fifty_subscribers_of_one_run_each_receive_every_event_once_in_order(
-        api: Api) -> None:
+    api: Api,
+) -> None:
     h = api.h
     run_id = api.start("chain", {"n": 5, "block_at": [1]})
     token = api.token("acme", ("runs:read",))
     n = 50
     url = f"/v1/runs/{run_id}/events"
-    async with httpx.AsyncClient(base_url=api.base, timeout=30, headers={
-            "Authorization": f"Bearer {token}", "Accept": "text/event-stream"}) as client:
+    async with httpx.AsyncClient(
+        base_url=api.base,
+        timeout=30,
+        headers={"Authorization": f"Bearer {token}", "Accept": "text/event-stream"},
+    ) as client:
 
         async def subscribe() -> list[tuple[int, str]]:
             got = []
@@ -479,8 +570,11 @@ async def test_fifty_subscribers_of_one_run_each_receive_every_event_once_in_ord
 
         streams = [asyncio.create_task(subscribe()) for _ in range(n)]
         # Every stream is open (and has read the queued event) before the run goes on.
-        await asyncio.to_thread(wait_for, f"{n} subscribers", lambda: (
-            f"ratchet_sse_subscribers {n}.0" in api.acme.get("/metrics").text))
+        await asyncio.to_thread(
+            wait_for,
+            f"{n} subscribers",
+            lambda: f"ratchet_sse_subscribers {n}.0" in api.acme.get("/metrics").text,
+        )
         h.spawn("w", lease_ttl=3.0)
         await asyncio.to_thread(h.wait_invoked, "1:work")
         h.open_gate("step-1")

@@ -27,7 +27,7 @@ from test_cli import SHOP, invoke
 def stored_hashes(db_url: str) -> list[str]:
     sql = "SELECT token_hash FROM api_tokens"
     if db_url.startswith("sqlite:///"):
-        with sqlite3.connect(db_url[len("sqlite:///"):]) as conn:
+        with sqlite3.connect(db_url[len("sqlite:///") :]) as conn:
             rows = conn.execute(sql).fetchall()
         conn.close()
     else:
@@ -37,8 +37,18 @@ def stored_hashes(db_url: str) -> list[str]:
 
 
 def test_tokens_create_list_revoke(db_url: str) -> None:
-    made = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:read,admin",
-                  "--name", "ci", "--db", db_url)
+    made = invoke(
+        "tokens",
+        "create",
+        "--tenant",
+        "acme",
+        "--scopes",
+        "runs:read,admin",
+        "--name",
+        "ci",
+        "--db",
+        db_url,
+    )
     assert made.exit_code == 0, made.output
     token = made.output.strip().splitlines()[-1]
     assert re.fullmatch(r"rt_[A-Za-z0-9_-]{40,}", token), made.output
@@ -51,18 +61,25 @@ def test_tokens_create_list_revoke(db_url: str) -> None:
     assert listed.exit_code == 0 and token not in listed.output
     (row,) = json.loads(listed.output)
     assert row | {"created_at": 0} == {
-        "id": token_id.group(1), "tenant": "acme", "scopes": ["runs:read", "admin"],
-        "name": "ci", "created_at": 0, "revoked_at": None, "expires_at": None}
+        "id": token_id.group(1),
+        "tenant": "acme",
+        "scopes": ["runs:read", "admin"],
+        "name": "ci",
+        "created_at": 0,
+        "revoked_at": None,
+        "expires_at": None,
+    }
     table = invoke("tokens", "list", "--db", db_url)
     assert token_id.group(1) in table.output and "acme" in table.output
 
     revoked = invoke("tokens", "revoke", token_id.group(1), "--db", db_url)
     assert revoked.exit_code == 0 and "revoked" in revoked.output
-    assert json.loads(invoke("tokens", "list", "--json", "--db", db_url).output)[0][
-        "revoked_at"] is not None
+    assert (
+        json.loads(invoke("tokens", "list", "--json", "--db", db_url).output)[0]["revoked_at"]
+        is not None
+    )
 
-    bad = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:delete",
-                 "--db", db_url)
+    bad = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:delete", "--db", db_url)
     assert bad.exit_code == 2 and "invalid scopes 'runs:delete'" in bad.output
     bad = invoke("tokens", "create", "--tenant", "no tenant", "--db", db_url)
     assert bad.exit_code == 2 and "invalid tenant" in bad.output
@@ -76,15 +93,39 @@ class ServerProc:
 
     def __init__(self, tmp_path: Path, db_url: str, workers: int) -> None:
         (tmp_path / "shop.py").write_text(SHOP)
-        made = invoke("tokens", "create", "--tenant", "acme", "--scopes",
-                      "runs:read,runs:write", "--db", db_url)
+        made = invoke(
+            "tokens",
+            "create",
+            "--tenant",
+            "acme",
+            "--scopes",
+            "runs:read,runs:write",
+            "--db",
+            db_url,
+        )
         self.token = made.output.strip().splitlines()[-1]
         env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ratchet.cli", "server", "--app", "shop:app", "--db", db_url,
-             "--port", "0", "--workers", str(workers)],
-            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-            text=True)
+            [
+                sys.executable,
+                "-m",
+                "ratchet.cli",
+                "server",
+                "--app",
+                "shop:app",
+                "--db",
+                db_url,
+                "--port",
+                "0",
+                "--workers",
+                str(workers),
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stderr is not None
         self.err: list[str] = []
         # uvicorn says where it listens once the app has started (port 0: any free one).
@@ -97,8 +138,9 @@ class ServerProc:
         self.base = found.group(1)
 
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.base, timeout=30,
-                            headers={"Authorization": f"Bearer {self.token}"})
+        return httpx.Client(
+            base_url=self.base, timeout=30, headers={"Authorization": f"Bearer {self.token}"}
+        )
 
     def sigterm(self) -> str:
         """Stop it with SIGTERM; its whole log."""
@@ -116,13 +158,15 @@ class ServerProc:
 
 @pytest.mark.crash
 def test_server_process_serves_runs_with_an_embedded_worker_and_stops_on_sigterm(
-        db_url: str, tmp_path: Path) -> None:
+    db_url: str, tmp_path: Path
+) -> None:
     server = ServerProc(tmp_path, db_url, workers=1)
     try:
         with server.client() as client:
             assert client.get("/readyz").json() == {"status": "ready"}
-            started = client.post("/v1/runs", json={"workflow": "checkout",
-                                                    "input": {"sku": "sku-42"}})
+            started = client.post(
+                "/v1/runs", json={"workflow": "checkout", "input": {"sku": "sku-42"}}
+            )
             assert started.status_code == 202, started.text
             run_id = started.json()["run_id"]
             result = client.get(f"/v1/runs/{run_id}/result", params={"wait": 30}).json()
@@ -140,7 +184,8 @@ def test_server_process_serves_runs_with_an_embedded_worker_and_stops_on_sigterm
 
 @pytest.mark.crash
 def test_sigterm_ends_open_event_streams_and_the_server_exits_0_at_once(
-        sqlite_url: str, tmp_path: Path) -> None:
+    sqlite_url: str, tmp_path: Path
+) -> None:
     """A stopping server ends its open streams at once instead of holding its shutdown to
     the graceful timeout and then cutting them with a traceback; a client resumes with
     Last-Event-ID and misses nothing."""
@@ -153,8 +198,9 @@ def test_sigterm_ends_open_event_streams_and_the_server_exits_0_at_once(
             seen: list[str] = []
 
             def follow() -> None:
-                with connect_sse(client, "GET", f"/v1/runs/{r.json()['run_id']}/events",
-                                 timeout=60) as source:
+                with connect_sse(
+                    client, "GET", f"/v1/runs/{r.json()['run_id']}/events", timeout=60
+                ) as source:
                     seen.extend(sse.event for sse in source.iter_sse())
 
             reader = threading.Thread(target=follow, daemon=True)

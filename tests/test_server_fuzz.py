@@ -23,8 +23,9 @@ from ratchet.store import tokens
 def fuzzed(tmp_path: Path) -> Iterator[Any]:
     app = crash_app.build(f"sqlite:///{tmp_path}/fuzz.db")
     try:
-        _, secret = app._portal.call(tokens.create_token(
-            app.store, "acme", ("runs:read", "runs:write", "admin")))
+        _, secret = app._portal.call(
+            tokens.create_token(app.store, "acme", ("runs:read", "runs:write", "admin"))
+        )
         with serving(app, workers=0, heartbeat_s=0.2) as base:
             schema = schemathesis.openapi.from_url(f"{base}/openapi.json")
             schema.config.base_url = base
@@ -36,23 +37,27 @@ def fuzzed(tmp_path: Path) -> Iterator[Any]:
 def test_fuzz_no_server_errors_and_answers_match_the_spec(fuzzed: Any) -> None:
     schema, token = fuzzed
     headers = {"Authorization": f"Bearer {token}"}
-    validate = [checks.not_a_server_error, openapi_checks.status_code_conformance,
-                openapi_checks.content_type_conformance,
-                openapi_checks.response_schema_conformance]
+    validate = [
+        checks.not_a_server_error,
+        openapi_checks.status_code_conformance,
+        openapi_checks.content_type_conformance,
+        openapi_checks.response_schema_conformance,
+    ]
     statuses: list[int] = []
     operations = [result.ok() for result in schema.get_all_operations()]
     assert len(operations) >= 13
 
     for operation in operations:
+
         @given(case=operation.as_strategy())
-        @settings(max_examples=25, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         def fuzz(case: Any) -> None:
             if case.headers:
                 # An event stream would stay open on a run that never ends; the streams
                 # have their own tests.
-                case.headers = {k: v for k, v in case.headers.items()
-                                if k.lower() != "accept"}
+                case.headers = {k: v for k, v in case.headers.items() if k.lower() != "accept"}
             response = case.call_and_validate(headers=headers, timeout=10, checks=validate)
             statuses.append(response.status_code)
 

@@ -34,15 +34,33 @@ class Served:
 def served(tmp_path: Path) -> Iterator[Served]:
     db_url = f"sqlite:///{tmp_path}/slow.db"
     (tmp_path / "shop.py").write_text(SHOP)
-    made = invoke("tokens", "create", "--tenant", "acme", "--scopes", "runs:read,runs:write",
-                  "--db", db_url)
+    made = invoke(
+        "tokens", "create", "--tenant", "acme", "--scopes", "runs:read,runs:write", "--db", db_url
+    )
     token = made.output.strip().splitlines()[-1]
     env = {k: v for k, v in os.environ.items() if k != "RATCHET_DATABASE_URL"}
     env["RATCHET_REQUEST_TIMEOUT"] = f"{BOUND_S:g}s"  # the variable; the flag is the same
-    proc = subprocess.Popen([sys.executable, "-m", "ratchet.cli", "server", "--app", "shop:app",
-                             "--db", db_url, "--port", "0", "--workers", "0"],
-                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ratchet.cli",
+            "server",
+            "--app",
+            "shop:app",
+            "--db",
+            db_url,
+            "--port",
+            "0",
+            "--workers",
+            "0",
+        ],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stderr is not None
     seen = ""
     try:
@@ -57,8 +75,9 @@ def served(tmp_path: Path) -> Iterator[Served]:
         proc.stderr.close()
 
 
-async def hold(s: Served, kind: str, opened: asyncio.Event, ready: list[int]
-               ) -> tuple[float, bytes]:
+async def hold(
+    s: Served, kind: str, opened: asyncio.Event, ready: list[int]
+) -> tuple[float, bytes]:
     """A slow client: its connection's seconds from opening until the server closed it,
     and what the server sent before closing."""
     start = time.monotonic()  # before the connect: the server's clock starts after it
@@ -66,9 +85,11 @@ async def hold(s: Served, kind: str, opened: asyncio.Event, ready: list[int]
     if kind == "head":  # a head that never ends
         writer.write(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nX-Slow: ")
     else:  # a whole head, then a body a byte at a time
-        writer.write(b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                     b"Authorization: Bearer " + s.token.encode() + b"\r\n"
-                     b"Content-Length: 100000\r\n\r\n{")
+        writer.write(
+            b"POST /v1/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer " + s.token.encode() + b"\r\n"
+            b"Content-Length: 100000\r\n\r\n{"
+        )
     await writer.drain()
     ready.append(1)
     if len(ready) == SLOW:
@@ -96,25 +117,30 @@ async def hold(s: Served, kind: str, opened: asyncio.Event, ready: list[int]
 
 
 async def test_three_hundred_slow_connections_are_closed_and_others_answered(
-        served: Served) -> None:
+    served: Served,
+) -> None:
     s = served
     opened = asyncio.Event()
     ready: list[int] = []
-    slow = [asyncio.create_task(hold(s, "head" if i % 2 else "body", opened, ready))
-            for i in range(SLOW)]
+    slow = [
+        asyncio.create_task(hold(s, "head" if i % 2 else "body", opened, ready))
+        for i in range(SLOW)
+    ]
     await asyncio.wait_for(opened.wait(), 30)
     # While they are open: ordinary requests, one after another, each answered at once.
     latencies = []
     until = time.monotonic() + BOUND_S * 10
-    async with httpx.AsyncClient(base_url=s.base, timeout=30, headers={
-            "Authorization": f"Bearer {s.token}"}) as client:
+    async with httpx.AsyncClient(
+        base_url=s.base, timeout=30, headers={"Authorization": f"Bearer {s.token}"}
+    ) as client:
         while not all(t.done() for t in slow) and time.monotonic() < until:
             t0 = time.monotonic()
             r = await client.get("/v1/runs")
             latencies.append(time.monotonic() - t0)
             assert r.status_code == 200, r.text
-        started = await client.post("/v1/runs", json={"workflow": "checkout",
-                                                      "input": {"sku": "a"}})
+        started = await client.post(
+            "/v1/runs", json={"workflow": "checkout", "input": {"sku": "a"}}
+        )
         assert started.status_code == 202
     # Every slow connection was closed by the server within the bound (plus a margin for
     # a loaded machine; without the bound they are never closed), answered 408 where
@@ -131,14 +157,17 @@ async def test_three_hundred_slow_connections_are_closed_and_others_answered(
     assert max(held) < BOUND_S + 2.0, sorted(held)[-5:]
     assert min(held) >= BOUND_S
     assert len(latencies) >= 3 and max(latencies) < BOUND_S, latencies
-    print(f"\n{SLOW} slow connections closed after {min(held):.2f}-{max(held):.2f} s "
-          f"(bound {BOUND_S:g} s); {len(latencies)} requests meanwhile, "
-          f"median {statistics.median(latencies) * 1000:.1f} ms, "
-          f"max {max(latencies) * 1000:.1f} ms")
+    print(
+        f"\n{SLOW} slow connections closed after {min(held):.2f}-{max(held):.2f} s "
+        f"(bound {BOUND_S:g} s); {len(latencies)} requests meanwhile, "
+        f"median {statistics.median(latencies) * 1000:.1f} ms, "
+        f"max {max(latencies) * 1000:.1f} ms"
+    )
 
 
 def test_a_kept_alive_connection_is_bounded_per_request_and_a_bad_bound_refused(
-        served: Served, tmp_path: Path) -> None:
+    served: Served, tmp_path: Path
+) -> None:
     import socket
 
     with socket.create_connection((served.host, served.port), timeout=30) as sock:
@@ -157,6 +186,13 @@ def test_a_kept_alive_connection_is_bounded_per_request_and_a_bad_bound_refused(
             rest += chunk
         assert rest.startswith(b"HTTP/1.1 408 "), rest
         assert BOUND_S <= time.monotonic() - t0 < BOUND_S + 2.0
-    bad = invoke("server", "--app", "shop:app", "--request-timeout", "soon",
-                 "--db", f"sqlite:///{tmp_path}/x.db")
+    bad = invoke(
+        "server",
+        "--app",
+        "shop:app",
+        "--request-timeout",
+        "soon",
+        "--db",
+        f"sqlite:///{tmp_path}/x.db",
+    )
     assert bad.exit_code != 0 and "invalid duration 'soon'" in bad.output

@@ -29,8 +29,14 @@ CALL = "openai.chat.completions.create"
 
 def worst(question: str, max_tokens: int = 1000) -> int:
     """The most :func:`ask` may spend: what a budget reserves for it."""
-    return worst_case((), {"model": MODEL, "max_tokens": max_tokens,
-                           "messages": [{"role": "user", "content": question}]})[0]
+    return worst_case(
+        (),
+        {
+            "model": MODEL,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": question}],
+        },
+    )[0]
 
 
 # A call with max_tokens=1000 and a short prompt ("question 1") may spend this much at most;
@@ -41,13 +47,17 @@ WORST = worst("question 1")
 def client(base: str, **options: Any) -> Any:
     retry = options.pop("retry", None)
     timeout_s = options.pop("timeout_s", None)
-    return ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET,
-                                               **options), retry=retry, timeout_s=timeout_s)
+    return ratchet.llm.wrap(
+        openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET, **options),
+        retry=retry,
+        timeout_s=timeout_s,
+    )
 
 
 async def ask(oai: Any, question: str, max_tokens: int = 1000) -> str:
     reply = await oai.chat.completions.create(
-        model=MODEL, max_tokens=max_tokens, messages=[{"role": "user", "content": question}])
+        model=MODEL, max_tokens=max_tokens, messages=[{"role": "user", "content": question}]
+    )
     return reply.choices[0].message.content or ""
 
 
@@ -55,10 +65,12 @@ def of_kind(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Event]
     return [e for e in app.events(run_id) if e.kind == kind]
 
 
-def ended(app: ratchet.Ratchet, run_id: str, status: str = "failed",
-          timeout: float = 20.0) -> ratchet.RunRecord:
-    rec = wait_for(lambda: (r := app.get(run_id)).status.terminal and r, timeout,
-                   what=f"run {run_id} to end")
+def ended(
+    app: ratchet.Ratchet, run_id: str, status: str = "failed", timeout: float = 20.0
+) -> ratchet.RunRecord:
+    rec = wait_for(
+        lambda: (r := app.get(run_id)).status.terminal and r, timeout, what=f"run {run_id} to end"
+    )
     assert rec.status == status, (rec.status, rec.error)
     return rec
 
@@ -70,11 +82,14 @@ def dead_letter(app: ratchet.Ratchet, run_id: str) -> str:
 # -- calls in flight count --------------------------------------------------------------
 
 
-@pytest.mark.parametrize("budget", [{"budget_tokens": 2 * WORST + 50},
-                                    {"budget_usd": 0.0035}], ids=["tokens", "usd"])
+@pytest.mark.parametrize(
+    "budget", [{"budget_tokens": 2 * WORST + 50}, {"budget_usd": 0.0035}], ids=["tokens", "usd"]
+)
 def test_parallel_calls_together_stay_within_the_budget(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str],
-        budget: dict[str, Any]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+    provider: tuple[LocalProvider, str],
+    budget: dict[str, Any],
+) -> None:
     server, base = provider
     oai = client(base)
     app = make_app()
@@ -101,7 +116,8 @@ def test_parallel_calls_together_stay_within_the_budget(
 
 
 def test_parallel_steps_stop_at_max_steps_and_at_the_steps_budget(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     ran: list[int] = []
 
@@ -138,29 +154,43 @@ def test_parallel_steps_stop_at_max_steps_and_at_the_steps_budget(
 
 
 def test_a_graph_wave_of_ai_steps_reserves_together(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     app = make_app()
     app.llm_client(openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET))
     wave = [f"ask{i}" for i in range(4)]
-    app.graph({
-        "name": "wave", "guards": {"budget_tokens": 2 * WORST + 200},
-        "nodes": [{"id": "start", "type": "trigger"},
-                  *({"id": n, "type": "ai-step",
-                     "data": {"model": MODEL, "prompt": f"q {n}", "max_tokens": 1000}}
-                    for n in wave)],
-        "edges": [{"from": "start", "to": n} for n in wave]})
+    app.graph(
+        {
+            "name": "wave",
+            "guards": {"budget_tokens": 2 * WORST + 200},
+            "nodes": [
+                {"id": "start", "type": "trigger"},
+                *(
+                    {
+                        "id": n,
+                        "type": "ai-step",
+                        "data": {"model": MODEL, "prompt": f"q {n}", "max_tokens": 1000},
+                    }
+                    for n in wave
+                ),
+            ],
+            "edges": [{"from": "start", "to": n} for n in wave],
+        }
+    )
     app.launch()
     run_id = app.start("wave", {})
     ended(app, run_id)
     assert dead_letter(app, run_id) == "budget_exceeded"
-    llm = [e for e in of_kind(app, run_id, EventKind.STEP_STARTED)
-           if e.payload.get("kind") == "llm"]
+    llm = [
+        e for e in of_kind(app, run_id, EventKind.STEP_STARTED) if e.payload.get("kind") == "llm"
+    ]
     assert len(llm) == 2 and len(server.requests()) <= 2
 
 
 def test_a_call_whose_outcome_is_unknown_keeps_its_reservation(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai = client(base, retry=ratchet.Retry(max_attempts=3, backoff_ms=1500, retry_on=["llm"]))
     app = make_app()
@@ -170,8 +200,7 @@ def test_a_call_whose_outcome_is_unknown_keeps_its_reservation(
         # The first call was received, billed and dropped, and its retry is journaled: it
         # is between attempts now, waiting out its backoff.
         run_id = ratchet.current_step().run_id
-        while not any(e.kind == EventKind.STEP_RETRYING
-                      for e in await app.events_async(run_id)):
+        while not any(e.kind == EventKind.STEP_RETRYING for e in await app.events_async(run_id)):
             await asyncio.sleep(0.01)
 
     async def later() -> str:
@@ -189,8 +218,9 @@ def test_a_call_whose_outcome_is_unknown_keeps_its_reservation(
     # The dropped call may have been billed: while it waits for its next attempt its worst
     # case still counts, and the second call is not sent.
     [found] = [e.payload for e in of_kind(app, run_id, EventKind.ANOMALY_DETECTED)]
-    first = next(e for e in of_kind(app, run_id, EventKind.STEP_STARTED)
-                 if e.step_id == f"1:{CALL}")
+    first = next(
+        e for e in of_kind(app, run_id, EventKind.STEP_STARTED) if e.step_id == f"1:{CALL}"
+    )
     assert found["in_flight"] == first.payload["reserve"]["tokens"] and found["used"] == 0
     [retrying] = of_kind(app, run_id, EventKind.STEP_RETRYING)
     assert retrying.payload["outcome_unknown"] is True
@@ -200,8 +230,9 @@ def test_a_call_whose_outcome_is_unknown_keeps_its_reservation(
 # -- a retried run keeps its limits ------------------------------------------------------
 
 
-def budget_app(make_app: Callable[..., ratchet.Ratchet], base: str, calls: int,
-               **guards: Any) -> ratchet.Ratchet:
+def budget_app(
+    make_app: Callable[..., ratchet.Ratchet], base: str, calls: int, **guards: Any
+) -> ratchet.Ratchet:
     oai = client(base)
     app = make_app()
 
@@ -213,7 +244,8 @@ def budget_app(make_app: Callable[..., ratchet.Ratchet], base: str, calls: int,
 
 
 def test_a_retried_run_stops_again_at_its_budget_unless_a_person_grants_more(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     # The first call fits; the second, on top of what the first spent, would not.
     app = budget_app(make_app, base, 3, budget_tokens=WORST + 1)
@@ -243,16 +275,20 @@ def test_a_retried_run_stops_again_at_its_budget_unless_a_person_grants_more(
     assert len(app.result(run_id, timeout_s=30)) == 3
     assert server.stats()["billed_calls"] == 3
     retried = [e.payload for e in of_kind(app, run_id, EventKind.RUN_QUEUED)][1:]
-    assert retried == [{"reason": "retry"},
-                       {"reason": "retry", "by": "ana", "grant": {"budget_tokens": 3 * WORST}}]
+    assert retried == [
+        {"reason": "retry"},
+        {"reason": "retry", "by": "ana", "grant": {"budget_tokens": 3 * WORST}},
+    ]
     assert fold(run_id, app.events(run_id)).grants == {"budget_tokens": 3 * WORST}
 
 
 def test_approving_a_budget_pause_lets_the_run_go_as_far_as_the_approval_says(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
-    app = budget_app(make_app, base, 4, budget_tokens=WORST + 1,
-                     actions={"budget_exceeded": "pause"})
+    app = budget_app(
+        make_app, base, 4, budget_tokens=WORST + 1, actions={"budget_exceeded": "pause"}
+    )
     app.launch()
     run_id = app.start("several")
 
@@ -261,6 +297,7 @@ def test_approving_a_budget_pause_lets_the_run_go_as_far_as_the_approval_says(
             pending = app.approvals(run_id)
             asked = of_kind(app, run_id, EventKind.ANOMALY_DETECTED)
             return pending[0] if pending and len(asked) == n else None
+
         return wait_for(probe, what=f"pause {n}")
 
     # Approved without a grant: the paused call goes, and the budget is raised to what it
@@ -274,15 +311,18 @@ def test_approving_a_budget_pause_lets_the_run_go_as_far_as_the_approval_says(
     app.approve(run_id, second.step_id, by="bo", grant={"budget_tokens": 10 * WORST})
     assert len(app.result(run_id, timeout_s=30)) == 4
     assert server.stats()["billed_calls"] == 4
-    decided = [(e.payload["by"], e.payload["grant"])
-               for e in of_kind(app, run_id, EventKind.APPROVAL_DECIDED)]
+    decided = [
+        (e.payload["by"], e.payload["grant"])
+        for e in of_kind(app, run_id, EventKind.APPROVAL_DECIDED)
+    ]
     assert decided == [("ana", made.grant), ("bo", {"budget_tokens": 10 * WORST})]
     keys = [e.payload["key"] for e in of_kind(app, run_id, EventKind.ANOMALY_DETECTED)]
     assert keys == ["budget_exceeded:tokens", "budget_exceeded:tokens@2"]
 
 
 def test_a_grant_is_only_for_a_guards_pause_of_a_limit(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow
@@ -291,10 +331,13 @@ def test_a_grant_is_only_for_a_guards_pause_of_a_limit(
 
     @app.workflow
     async def poses() -> bool:  # as a guard's pause of a budget
-        anomaly = {"kind": "budget_exceeded", "limit_key": "budget_exceeded:tokens",
-                   "limit_field": "budget_tokens", "needed": 10**9}
-        return (await ratchet.approval("guard:budget_exceeded",
-                                       data={"anomaly": anomaly})).approved
+        anomaly = {
+            "kind": "budget_exceeded",
+            "limit_key": "budget_exceeded:tokens",
+            "limit_field": "budget_tokens",
+            "needed": 10**9,
+        }
+        return (await ratchet.approval("guard:budget_exceeded", data={"anomaly": anomaly})).approved
 
     app.launch()
     run_id = app.start(asks)
@@ -324,12 +367,15 @@ def one_call_app(make_app: Callable[..., ratchet.Ratchet], oai: Any) -> ratchet.
 
 
 def keys_sent(app: ratchet.Ratchet, run_id: str) -> list[tuple[int | None, str]]:
-    return [(e.attempt, e.payload["idempotency_key"])
-            for e in of_kind(app, run_id, EventKind.STEP_STARTED)]
+    return [
+        (e.attempt, e.payload["idempotency_key"])
+        for e in of_kind(app, run_id, EventKind.STEP_STARTED)
+    ]
 
 
 def test_a_dropped_connection_is_retried_under_the_same_key_and_billed_once(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai = client(base, retry=ratchet.Retry(max_attempts=3, backoff_ms=50, retry_on=["llm"]))
     app = one_call_app(make_app, oai)
@@ -344,7 +390,9 @@ def test_a_dropped_connection_is_retried_under_the_same_key_and_billed_once(
     # The provider saw the key twice, billed the first and answered the second from it.
     log = server.requests()
     assert [(r["idempotency_key"], r["fault"], r["billed"], r["replayed"]) for r in log] == [
-        (key, "drop", True, False), (key, None, False, True)]
+        (key, "drop", True, False),
+        (key, None, False, True),
+    ]
     assert server.stats()["billed_calls"] == 1
     [done] = of_kind(app, run_id, EventKind.STEP_COMPLETED)
     assert done.payload["llm"]["usage"]["output_tokens"] == log[0]["output_tokens"]
@@ -352,13 +400,16 @@ def test_a_dropped_connection_is_retried_under_the_same_key_and_billed_once(
 
 @pytest.mark.parametrize("where", ["step", "sdk"])
 def test_a_client_timeout_is_retried_under_the_same_key_and_billed_once(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str],
-        where: str) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str], where: str
+) -> None:
     server, base = provider
     retry = ratchet.Retry(max_attempts=5, backoff_ms=700, retry_on=["llm", "timeout"])
     # The step's own timeout (wrap(timeout_s=...)) or the SDK's (APITimeoutError).
-    oai = (client(base, retry=retry, timeout_s=0.4) if where == "step"
-           else client(base, retry=retry, timeout=0.4))
+    oai = (
+        client(base, retry=retry, timeout_s=0.4)
+        if where == "step"
+        else client(base, retry=retry, timeout=0.4)
+    )
     app = one_call_app(make_app, oai)
     server.fail("slow", times=1, delay_s=1.0)
     app.launch()
@@ -374,8 +425,8 @@ def test_a_client_timeout_is_retried_under_the_same_key_and_billed_once(
 
 @pytest.mark.parametrize("status", ["429", "500"])
 def test_an_answered_failure_is_retried_under_a_new_key(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str],
-        status: str) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str], status: str
+) -> None:
     server, base = provider
     oai = client(base, retry=ratchet.Retry(max_attempts=3, backoff_ms=50, retry_on=["llm"]))
     app = one_call_app(make_app, oai)
@@ -384,15 +435,18 @@ def test_an_answered_failure_is_retried_under_a_new_key(
     run_id = app.start("once")
     assert app.result(run_id, timeout_s=30) == "echo: hi"
     step = f"1:{CALL}"
-    assert keys_sent(app, run_id) == [(1, idempotency_key(run_id, step, 1)),
-                                      (2, idempotency_key(run_id, step, 2))]
+    assert keys_sent(app, run_id) == [
+        (1, idempotency_key(run_id, step, 1)),
+        (2, idempotency_key(run_id, step, 2)),
+    ]
     [retrying] = of_kind(app, run_id, EventKind.STEP_RETRYING)
     assert "outcome_unknown" not in retrying.payload
     assert [r["status"] for r in server.requests()] == [int(status), 200]
 
 
 def test_unknown_outcomes_never_take_more_than_max_attempts_and_a_retry_keeps_the_key(
-        make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]) -> None:
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
     server, base = provider
     oai = client(base, retry=ratchet.Retry(max_attempts=3, backoff_ms=20, retry_on=["llm"]))
     app = one_call_app(make_app, oai)
@@ -445,14 +499,16 @@ def deadline_app(make_app: Callable[..., ratchet.Ratchet]) -> ratchet.Ratchet:
 
 @pytest.mark.parametrize("workflow", ["on_signal", "on_approval", "on_sleep", "on_child"])
 def test_a_parked_run_fails_at_its_deadline_with_its_children_cancelled(
-        make_app: Callable[..., ratchet.Ratchet], workflow: str) -> None:
+    make_app: Callable[..., ratchet.Ratchet], workflow: str
+) -> None:
     app = deadline_app(make_app)
     app.launch()
     # timeout_s at start, on the workflow, or the wall-time budget under fail.
     timeout = DEADLINE_S if workflow in ("on_signal", "on_child") else None
     run_id = app.start(workflow, timeout_s=timeout)
-    parked = wait_for(lambda: (r := app.get(run_id)).status == "waiting" and r,
-                      what="the run parked")
+    parked = wait_for(
+        lambda: (r := app.get(run_id)).status == "waiting" and r, what="the run parked"
+    )
     assert parked.not_before is not None  # its wake-up: the deadline, on the database's clock
     rec = ended(app, run_id)
     assert rec.error is not None and rec.error.startswith("RunTimeout: "), rec.error
@@ -471,7 +527,8 @@ def test_a_parked_run_fails_at_its_deadline_with_its_children_cancelled(
 
 
 def test_a_deadline_interrupts_a_running_step_and_bad_ones_are_refused(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step
@@ -486,8 +543,9 @@ def test_a_deadline_interrupts_a_running_step_and_bad_ones_are_refused(
     app.launch()
     run_id = app.start(slow, timeout_s=0.5)
     rec = ended(app, run_id)
-    assert rec.error == (f"RunTimeout: run {run_id} passed its deadline (timeout_s 0.5s "
-                         "from its first start)")
+    assert rec.error == (
+        f"RunTimeout: run {run_id} passed its deadline (timeout_s 0.5s from its first start)"
+    )
     assert of_kind(app, run_id, EventKind.STEP_COMPLETED) == []
     for bad in (0, -1, "soon", float("nan")):
         with pytest.raises(ratchet.InvalidInput, match="timeout_s must be a positive number"):

@@ -39,24 +39,34 @@ def app(db_url: str) -> Iterator[ratchet.Ratchet]:
 @pytest.fixture
 def api(app: ratchet.Ratchet) -> Iterator[httpx.Client]:
     with serving(app, workers=1) as base:
-        _, secret = app._portal.call(tokens.create_token(
-            app.store, "default", ("runs:read", "runs:write", "admin"), name="ana"))
-        with httpx.Client(base_url=base, timeout=30,
-                          headers={"Authorization": f"Bearer {secret}"}) as client:
+        _, secret = app._portal.call(
+            tokens.create_token(
+                app.store, "default", ("runs:read", "runs:write", "admin"), name="ana"
+            )
+        )
+        with httpx.Client(
+            base_url=base, timeout=30, headers={"Authorization": f"Bearer {secret}"}
+        ) as client:
             yield client
 
 
 def dead(app: ratchet.Ratchet, run_id: str, times: int = 1) -> None:
-    wait_for(lambda: len([e for e in app.events(run_id) if e.kind == EventKind.RUN_FAILED])
-             == times and app.get(run_id).status == "failed", what="the run dead-lettered")
+    wait_for(
+        lambda: (
+            len([e for e in app.events(run_id) if e.kind == EventKind.RUN_FAILED]) == times
+            and app.get(run_id).status == "failed"
+        ),
+        what="the run dead-lettered",
+    )
 
 
 def retries(app: ratchet.Ratchet, run_id: str) -> list[dict[str, Any]]:
     return [e.payload for e in app.events(run_id) if e.kind == EventKind.RUN_QUEUED][1:]
 
 
-def test_a_retry_over_http_grants_as_the_tokens_name(app: ratchet.Ratchet,
-                                                     api: httpx.Client) -> None:
+def test_a_retry_over_http_grants_as_the_tokens_name(
+    app: ratchet.Ratchet, api: httpx.Client
+) -> None:
     run_id = api.post("/v1/runs", json={"workflow": "steps", "input": {"n": 4}}).json()["run_id"]
     dead(app, run_id)
     # As it was: it stops again at its budget.
@@ -68,16 +78,21 @@ def test_a_retry_over_http_grants_as_the_tokens_name(app: ratchet.Ratchet,
     moved = api.post(f"/v1/dead-letters/{run_id}/retry", json={"grant": {"budget_steps": 10}})
     assert moved.status_code == 202, moved.text
     assert app.result(run_id, timeout_s=30) == 6
-    assert retries(app, run_id) == [{"reason": "retry", "by": "ana"},
-                                    {"reason": "retry", "by": "ana",
-                                     "grant": {"budget_steps": 10}}]
+    assert retries(app, run_id) == [
+        {"reason": "retry", "by": "ana"},
+        {"reason": "retry", "by": "ana", "grant": {"budget_steps": 10}},
+    ]
 
 
-def test_approving_a_pause_over_http_says_how_far(app: ratchet.Ratchet,
-                                                  api: httpx.Client) -> None:
-    run_id = api.post("/v1/runs", json={
-        "workflow": "steps", "input": {"n": 4},
-        "guards": {"actions": {"budget_exceeded": "pause"}}}).json()["run_id"]
+def test_approving_a_pause_over_http_says_how_far(app: ratchet.Ratchet, api: httpx.Client) -> None:
+    run_id = api.post(
+        "/v1/runs",
+        json={
+            "workflow": "steps",
+            "input": {"n": 4},
+            "guards": {"actions": {"budget_exceeded": "pause"}},
+        },
+    ).json()["run_id"]
     [asked] = wait_for(lambda: app.approvals(run_id), what="the pause")
     url = f"/v1/runs/{run_id}/approvals/{asked.step_id}"
     refused = api.post(url, json={"approved": False, "by": "ana", "grant": {"budget_steps": 9}})
@@ -103,14 +118,14 @@ def test_the_cli_retries_and_approves_with_a_grant(app: ratchet.Ratchet, db_url:
     assert refused.exit_code == 2 and "--grant is not JSON" in refused.stderr, refused.output
     done = cli_run("retry", run_id, "--grant", '{"budget_steps": 10}', "--by", "bo")
     assert done.exit_code == 0, done.output
-    assert done.stdout.strip() == (f'run {run_id}: re-queued (status: queued), granted '
-                                   '{"budget_steps":10} by bo')
+    assert done.stdout.strip() == (
+        f'run {run_id}: re-queued (status: queued), granted {{"budget_steps":10}} by bo'
+    )
     assert app.result(run_id, timeout_s=30) == 6
 
     paused = app.start("steps", 4, guards={"actions": {"budget_exceeded": "pause"}})
     [asked] = wait_for(lambda: app.approvals(paused), what="the pause")
-    done = cli_run("approve", paused, asked.step_id, "--by", "bo", "--grant",
-                   '{"budget_steps": 9}')
+    done = cli_run("approve", paused, asked.step_id, "--by", "bo", "--grant", '{"budget_steps": 9}')
     assert done.exit_code == 0, done.output
     assert done.stdout.strip().endswith('approved by bo, granted {"budget_steps":9}')
     assert app.result(paused, timeout_s=30) == 6

@@ -30,8 +30,7 @@ def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
         harness.close()
 
 
-def test_a_call_in_flight_when_its_worker_died_counts_against_the_budget_once(
-        h: Harness) -> None:
+def test_a_call_in_flight_when_its_worker_died_counts_against_the_budget_once(h: Harness) -> None:
     server = LocalProvider()
     with serve(server) as base:
         env = {"CRASH_LLM_URL": base}
@@ -58,16 +57,18 @@ def test_a_call_in_flight_when_its_worker_died_counts_against_the_budget_once(
     assert found["in_flight"] == state.reserved[f"1:{CALL}"]["tokens"]
     # The call in flight was re-sent under its own key (counted once: it does not trip on
     # its own reservation); the other call was never sent.
-    started = [(e.step_id, e.attempt, e.payload["idempotency_key"]) for e in events
-               if e.kind == EventKind.STEP_STARTED and e.step_id and CALL in e.step_id]
+    started = [
+        (e.step_id, e.attempt, e.payload["idempotency_key"])
+        for e in events
+        if e.kind == EventKind.STEP_STARTED and e.step_id and CALL in e.step_id
+    ]
     key = idempotency_key(run_id, f"1:{CALL}", 1)
     assert started == [(f"1:{CALL}", 1, key), (f"1:{CALL}", 1, key)]
     assert {r["idempotency_key"] for r in requests} <= {key}
     assert [r["billed"] for r in requests].count(True) <= 1
 
 
-def test_a_retry_after_a_dropped_connection_reads_its_key_back_after_a_crash(
-        h: Harness) -> None:
+def test_a_retry_after_a_dropped_connection_reads_its_key_back_after_a_crash(h: Harness) -> None:
     server = LocalProvider()
     with serve(server) as base:
         env = {"CRASH_LLM_URL": base}
@@ -83,10 +84,13 @@ def test_a_retry_after_a_dropped_connection_reads_its_key_back_after_a_crash(
     assert rec.output == "echo: question d"
     key = idempotency_key(run_id, f"1:{CALL}", 1)
     started = [e for e in h.app.events(run_id) if e.kind == EventKind.STEP_STARTED]
-    assert [(e.attempt, e.payload["idempotency_key"], e.payload.get("key_attempt"))
-            for e in started] == [(1, key, None), (2, key, 1)]
+    assert [
+        (e.attempt, e.payload["idempotency_key"], e.payload.get("key_attempt")) for e in started
+    ] == [(1, key, None), (2, key, 1)]
     assert [(r["idempotency_key"], r["billed"], r["replayed"]) for r in requests] == [
-        (key, True, False), (key, False, True)]
+        (key, True, False),
+        (key, False, True),
+    ]
 
 
 def test_a_parked_run_fails_at_its_deadline_after_its_worker_was_killed(h: Harness) -> None:

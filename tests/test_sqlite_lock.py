@@ -26,7 +26,8 @@ async def _until(predicate: object, timeout: float = 15.0) -> None:
 
 
 async def test_the_loop_keeps_running_while_another_process_holds_the_write_lock(
-        sqlite_url: str) -> None:
+    sqlite_url: str,
+) -> None:
     app = ratchet.Ratchet(sqlite_url)
     release = asyncio.Event()
 
@@ -67,7 +68,7 @@ async def test_the_loop_keeps_running_while_another_process_holds_the_write_lock
         held, done = threading.Event(), threading.Event()
 
         def hold_the_lock() -> None:  # another writer: its own connection, as a process has
-            conn = sqlite3.connect(sqlite_url[len("sqlite:///"):], isolation_level=None)
+            conn = sqlite3.connect(sqlite_url[len("sqlite:///") :], isolation_level=None)
             conn.execute("BEGIN IMMEDIATE")
             held.set()
             time.sleep(HOLD_S)  # the fault itself: the lock held this long
@@ -95,10 +96,15 @@ async def test_the_loop_keeps_running_while_another_process_holds_the_write_lock
         rec = await store.get_run("r1")
         assert rec is not None and rec.status == RunStatus.SUCCEEDED and rec.output == 3
         kinds = [(e.kind, e.step_id) for e in await store.load_events("r1")]
-        assert kinds == [("run_queued", None), ("run_started", None),
-                         ("step_started", "1:blocked"), ("step_completed", "1:blocked"),
-                         ("step_started", "2:after"), ("step_completed", "2:after"),
-                         ("run_succeeded", None)]
+        assert kinds == [
+            ("run_queued", None),
+            ("run_started", None),
+            ("step_started", "1:blocked"),
+            ("step_completed", "1:blocked"),
+            ("step_started", "2:after"),
+            ("step_completed", "2:after"),
+            ("run_succeeded", None),
+        ]
         assert worker.outcomes == {"succeeded": 1}  # the lease was never lost
     finally:
         tick_task.cancel()

@@ -18,16 +18,19 @@ SERVED = [("wf", "1")]
 
 
 async def _new(store: Store, run_id: str = "r1", queue: str = "default") -> None:
-    _, created = await store.create_run(NewRun(run_id, "wf", "1", {"args": [], "kwargs": {}},
-                                               queue))
+    _, created = await store.create_run(
+        NewRun(run_id, "wf", "1", {"args": [], "kwargs": {}}, queue)
+    )
     assert created
 
 
-def _next(events: list[Event], kind: str, payload: dict | None = None,
-          step_id: str | None = None) -> Event:
+def _next(
+    events: list[Event], kind: str, payload: dict | None = None, step_id: str | None = None
+) -> Event:
     last = events[-1]
-    return Event.chain(last.run_id, last.seq + 1, kind, step_id, None, payload or {}, 0.0,
-                       last.hash)
+    return Event.chain(
+        last.run_id, last.seq + 1, kind, step_id, None, payload or {}, 0.0, last.hash
+    )
 
 
 async def test_create_run_is_idempotent_and_journals_run_queued(store: Store) -> None:
@@ -61,7 +64,8 @@ async def test_queues_are_separate(store: Store) -> None:
 
 
 async def test_expired_lease_is_stolen_with_a_higher_epoch_and_the_old_holder_is_fenced(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     await _new(store)
     [claimed] = await store.claim("w1", TTL, 10, ["default"], SERVED)
     assert await store.steal_expired("w2", TTL, 20, ["default"], SERVED) == []  # still live
@@ -100,8 +104,12 @@ async def test_two_sweepers_race_and_one_wins_each_run(db_url: str) -> None:
         await stores[0].claim("dead", TTL, 10, ["default"], SERVED)
         for s in stores:
             s.clock.advance(TTL + 1)
-        got = await asyncio.gather(*(s.steal_expired(f"sweeper{i}", TTL, 20, ["default"], SERVED)
-                                     for i, s in enumerate(stores)))
+        got = await asyncio.gather(
+            *(
+                s.steal_expired(f"sweeper{i}", TTL, 20, ["default"], SERVED)
+                for i, s in enumerate(stores)
+            )
+        )
         ids = [c.record.run_id for batch in got for c in batch]
         assert sorted(ids) == sorted(f"r{i}" for i in range(10))  # each exactly once
     finally:
@@ -117,13 +125,13 @@ async def test_reclaim_own_takes_back_running_runs_at_once(store: Store) -> None
     assert await store.reclaim_own("someone-else", TTL, SERVED) == []
 
 
-async def test_start_worker_registers_it_and_takes_back_its_runs_in_one_call(
-        store: Store) -> None:
+async def test_start_worker_registers_it_and_takes_back_its_runs_in_one_call(store: Store) -> None:
     await _new(store, "r1")
     await _new(store, "r2")
     [claimed] = await store.claim("w-fixed", TTL, 1, ["default"], SERVED)
-    [again] = await store.start_worker("w-fixed", "host", 7, serves=SERVED,
-                                       queues=["default"], lease_ttl=TTL)
+    [again] = await store.start_worker(
+        "w-fixed", "host", 7, serves=SERVED, queues=["default"], lease_ttl=TTL
+    )
     assert again.record.run_id == claimed.record.run_id and again.reason == "reclaim"
     assert again.lease.epoch == claimed.lease.epoch + 1
     [worker] = [w for w in await store.live_workers() if w.worker_id == "w-fixed"]
@@ -133,8 +141,7 @@ async def test_start_worker_registers_it_and_takes_back_its_runs_in_one_call(
     assert (await store.get_run("r2")).status == RunStatus.QUEUED  # type: ignore[union-attr]
 
 
-async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(
-        db_url: str) -> None:
+async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(db_url: str) -> None:
     # Two holders that both believe they own the run (what a bug in leasing would give)
     # race to finish it: the database lets exactly one through.
     stores = [make_store(db_url, Clock()) for _ in range(2)]
@@ -145,8 +152,12 @@ async def test_finish_happens_once_even_for_two_finishers_with_the_same_lease(
         [claimed] = await stores[0].claim("w1", TTL, 10, ["default"], SERVED)
         events = await stores[0].load_events("r1")
         attempts = [
-            s.finish(claimed.lease, [_next(events, EventKind.RUN_SUCCEEDED, {"output": i})],
-                     RunStatus.SUCCEEDED, output=i)
+            s.finish(
+                claimed.lease,
+                [_next(events, EventKind.RUN_SUCCEEDED, {"output": i})],
+                RunStatus.SUCCEEDED,
+                output=i,
+            )
             for i, s in enumerate(stores)
         ]
         results = await asyncio.gather(*attempts, return_exceptions=True)
@@ -239,8 +250,12 @@ async def test_journal_is_a_gapless_hash_chain(store: Store) -> None:
     for prev, ev in itertools.pairwise(stored):
         assert ev.prev_hash == prev.hash
         assert ev.verify()
-        assert Event.chain(ev.run_id, ev.seq, ev.kind, ev.step_id, ev.attempt, ev.payload,
-                           ev.at, ev.prev_hash).hash == ev.hash
+        assert (
+            Event.chain(
+                ev.run_id, ev.seq, ev.kind, ev.step_id, ev.attempt, ev.payload, ev.at, ev.prev_hash
+            ).hash
+            == ev.hash
+        )
     assert fold("r1", stored).last_seq == 6
 
 
@@ -248,15 +263,20 @@ async def test_migrations_apply_once_and_reopen_cleanly(db_url: str) -> None:
     for _ in range(2):
         s = make_store(db_url)
         await s.open()
-        applied = await s._run(lambda tx: tx._cur.execute(
-            "SELECT version FROM schema_migrations ORDER BY version").fetchall())
-        assert [r[0] for r in applied] == [v for v, _, _ in load_migrations(s.dialect
-                                           if s.dialect == "sqlite" else "postgres")]
+        applied = await s._run(
+            lambda tx: tx._cur.execute(
+                "SELECT version FROM schema_migrations ORDER BY version"
+            ).fetchall()
+        )
+        assert [r[0] for r in applied] == [
+            v for v, _, _ in load_migrations(s.dialect if s.dialect == "sqlite" else "postgres")
+        ]
         await s.close()
 
 
 async def test_a_postgres_store_with_every_migration_applied_opens_without_the_migrators_lock(
-        pg_url: str) -> None:
+    pg_url: str,
+) -> None:
     # A start against a migrated database reads which migrations it has and goes on: it
     # neither waits for another process's migrator nor writes DDL. One that lacks some
     # (a fresh schema, as every other test opens) migrates under the lock as before.
@@ -301,10 +321,18 @@ async def test_a_postgres_store_opens_its_appends_connection_as_it_opens(pg_url:
     assert conn.closed
 
 
-@pytest.mark.parametrize("url", [
-    "", "mysql://x", "sqlite://relative.db", "sqlite:///", "postgresql://", "nonsense",
-    "postgresql://host:notaport/db",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "",
+        "mysql://x",
+        "sqlite://relative.db",
+        "sqlite:///",
+        "postgresql://",
+        "nonsense",
+        "postgresql://host:notaport/db",
+    ],
+)
 def test_malformed_database_url_is_refused_before_anything_opens(url: str) -> None:
     with pytest.raises(ConfigError, match="database URL|RATCHET_DATABASE_URL"):
         make_store(url)
@@ -319,12 +347,19 @@ async def test_terminal_status_is_guarded_by_the_database_not_the_lease(store: S
     # Hand the same lease back, as a broken lease mechanism would: the guarded update
     # still refuses a second terminal transition, and its event rolls back with it.
     far = "to_timestamp(1e10)" if store.dialect == "postgresql" else "1e10"
-    await store._run(lambda tx: tx._cur.execute(
-        "INSERT INTO run_locks (run_id, worker_id, epoch, expires_at) "
-        f"VALUES ('r1', 'w1', {claimed.lease.epoch}, {far})"))
+    await store._run(
+        lambda tx: tx._cur.execute(
+            "INSERT INTO run_locks (run_id, worker_id, epoch, expires_at) "
+            f"VALUES ('r1', 'w1', {claimed.lease.epoch}, {far})"
+        )
+    )
     with pytest.raises(RunFinished):
-        await store.finish(claimed.lease, [_next([*events, done], EventKind.RUN_FAILED)],
-                           RunStatus.FAILED, error="late")
+        await store.finish(
+            claimed.lease,
+            [_next([*events, done], EventKind.RUN_FAILED)],
+            RunStatus.FAILED,
+            error="late",
+        )
     journal = await store.load_events("r1")
     assert [e.kind for e in journal] == ["run_queued", "run_succeeded"]
     assert (await store.get_run("r1")).status == RunStatus.SUCCEEDED  # type: ignore[union-attr]
@@ -355,7 +390,8 @@ async def test_a_cancelled_caller_learns_its_write_landed_or_why_not(store: Stor
 
 
 async def test_a_journal_reads_back_every_payload_as_written_in_canonical_key_order(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     # load_events decodes a journal's payloads together: each must still come back as the
     # value it was written as (nested objects, unicode, numbers, keys in sorted order on
     # both backends), in its own event, and verify against its hash.
@@ -364,8 +400,8 @@ async def test_a_journal_reads_back_every_payload_as_written_in_canonical_key_or
     payloads: list[dict[str, Any]] = [
         {},
         {"output": None},
-        {"output": {"zeta": 1, "a": [1, 2.5, {"yy": "é\n\"", "b": None}], "mm": True}},
-        {"output": "x-0.0 [1,2] {\"a\":1},"},
+        {"output": {"zeta": 1, "a": [1, 2.5, {"yy": 'é\n"', "b": None}], "mm": True}},
+        {"output": 'x-0.0 [1,2] {"a":1},'},
         {"output": [[], {}, -3, 1e300]},
         {"idempotency_key": "ab" * 32, "kind": "llm", "llm": {"usage": {"input_tokens": 3}}},
     ]
@@ -375,7 +411,7 @@ async def test_a_journal_reads_back_every_payload_as_written_in_canonical_key_or
         ev = _next([*events, *written], EventKind.STEP_COMPLETED, payload, f"{i + 1}:s")
         written.append(ev)
     await store.append(claimed.lease, written)
-    read = (await store.load_events("r1"))[len(events):]
+    read = (await store.load_events("r1"))[len(events) :]
     assert [e.payload for e in read] == payloads
     for e in read:
         assert e.verify()

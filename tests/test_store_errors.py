@@ -18,8 +18,10 @@ SERVED = [("wf", "1")]
 async def _claimed(store: Store, *run_ids: str) -> dict[str, object]:
     for run_id in run_ids:
         await store.create_run(NewRun(run_id, "wf", "1", {"args": [], "kwargs": {}}))
-    return {c.record.run_id: c.lease
-            for c in await store.claim("w1", TTL, len(run_ids), ["default"], SERVED)}
+    return {
+        c.record.run_id: c.lease
+        for c in await store.claim("w1", TTL, len(run_ids), ["default"], SERVED)
+    }
 
 
 def _after(events: list[Event], kind: str, step_id: str | None = None) -> Event:
@@ -27,8 +29,7 @@ def _after(events: list[Event], kind: str, step_id: str | None = None) -> Event:
     return Event.chain(last.run_id, last.seq + 1, kind, step_id, None, {}, 0.0, last.hash)
 
 
-async def test_a_signal_consumed_twice_is_a_logic_error_not_a_storage_error(
-        store: Store) -> None:
+async def test_a_signal_consumed_twice_is_a_logic_error_not_a_storage_error(store: Store) -> None:
     leases = await _claimed(store, "r1")
     await store.send_signal("r1", "go", 1)
     found = await store.pending_signal("r1", "go")
@@ -37,8 +38,17 @@ async def test_a_signal_consumed_twice_is_a_logic_error_not_a_storage_error(
     first = _after(events, EventKind.SIGNAL_RECEIVED, "1:signal:go")
     await store.consume_signal(leases["r1"], [first], found[0])  # type: ignore[arg-type]
     with pytest.raises(SignalAlreadyConsumed) as caught:
-        await store.consume_signal(leases["r1"], [_after([*events, first],  # type: ignore[arg-type]
-                                   EventKind.SIGNAL_RECEIVED, "1:signal:go")], found[0])
+        await store.consume_signal(
+            leases["r1"],
+            [
+                _after(
+                    [*events, first],  # type: ignore[arg-type]
+                    EventKind.SIGNAL_RECEIVED,
+                    "1:signal:go",
+                )
+            ],
+            found[0],
+        )
     assert not isinstance(caught.value, StorageError)
     assert [e.seq for e in await store.load_events("r1")] == [1, 2]
 
@@ -63,7 +73,8 @@ async def test_one_bad_run_in_a_group_commit_fails_alone(store: Store) -> None:
         store.append(leases["good"], [good]),  # type: ignore[arg-type]
         store.append(leases["bad"], [bad]),  # type: ignore[arg-type]
         store.append(leases["good2"], [good2]),  # type: ignore[arg-type]
-        return_exceptions=True)
+        return_exceptions=True,
+    )
     assert results[0] is None and results[2] is None, results
     if store.dialect != "sqlite":  # SQLite stores the NUL faithfully
         assert isinstance(results[1], ValueRefused), results

@@ -41,7 +41,8 @@ def _next(last: Event, kind: str) -> Event:
 
 
 async def test_appends_wake_nobody_until_a_journal_is_tailed_then_every_tail_hears_them(
-        stores: tuple[Store, Store]) -> None:
+    stores: tuple[Store, Store],
+) -> None:
     heard, writer = stores
     woken: list[tuple[str, str]] = []
     wake = heard._wake
@@ -59,8 +60,9 @@ async def test_appends_wake_nobody_until_a_journal_is_tailed_then_every_tail_hea
     with heard.watching(DONE, "quiet") as done:
         started = _next(last, EventKind.RUN_STARTED)
         await writer.append(lease, [started])
-        await writer.finish(lease, [_next(started, EventKind.RUN_SUCCEEDED)],
-                            RunStatus.SUCCEEDED, output=None)
+        await writer.finish(
+            lease, [_next(started, EventKind.RUN_SUCCEEDED)], RunStatus.SUCCEEDED, output=None
+        )
         await asyncio.wait_for(done.wait(), WAIT_S)
     assert ("ratchet_done", "quiet") in woken
     assert not [w for w in woken if w[0] == EVENTS and w[1] == "quiet"]

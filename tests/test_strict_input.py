@@ -33,8 +33,11 @@ def test_a_decision_is_a_boolean_and_nothing_else(api: Api) -> None:
     h.wait_parked(engine_id(run_id), "approval:")
     step = h.app.approvals(engine_id(run_id))[0].step_id
     for approved in ["yes", "true", 1, 0, None, "1"]:
-        refused = problem(api.acme.post(f"/v1/runs/{run_id}/approvals/{step}",
-                                        json={"approved": approved}), 422, "invalid_input")
+        refused = problem(
+            api.acme.post(f"/v1/runs/{run_id}/approvals/{step}", json={"approved": approved}),
+            422,
+            "invalid_input",
+        )
         assert refused["details"][0]["field"] == "approved", refused
     assert h.app.approvals(engine_id(run_id))[0].status == "pending"  # nothing decided
     ok = api.acme.post(f"/v1/runs/{run_id}/approvals/{step}", json={"approved": False})
@@ -43,20 +46,25 @@ def test_a_decision_is_a_boolean_and_nothing_else(api: Api) -> None:
 
 def test_names_have_length_limits(api: Api) -> None:
     start = {"workflow": "chain", "input": {"n": 1}}
-    for body, field in [(start | {"workflow": "w" * 201}, "workflow"),
-                        (start | {"run_id": "r" * 201}, "run_id"),
-                        (start | {"queue": "q" * 201}, "queue")]:
+    for body, field in [
+        (start | {"workflow": "w" * 201}, "workflow"),
+        (start | {"run_id": "r" * 201}, "run_id"),
+        (start | {"queue": "q" * 201}, "queue"),
+    ]:
         refused = problem(api.acme.post("/v1/runs", json=body), 422, "invalid_input")
         assert refused["details"][0]["field"] == field, refused
-        batch = problem(api.acme.post("/v1/runs:batch", json={"runs": [start, body]}), 422,
-                        "invalid_input")
+        batch = problem(
+            api.acme.post("/v1/runs:batch", json={"runs": [start, body]}), 422, "invalid_input"
+        )
         assert batch["details"][0]["field"] == f"runs[1].{field}", batch
     assert api.acme.post("/v1/runs", json=start | {"run_id": "r" * 200}).status_code == 202
     run_id = api.start("listener", {})
-    problem(api.acme.post(f"/v1/runs/{run_id}/signals/{'s' * 201}", json={}), 422,
-            "invalid_input")
-    problem(api.acme.post(f"/v1/runs/{run_id}/approvals/{'a' * 1001}",
-                          json={"approved": True}), 422, "invalid_input")
+    problem(api.acme.post(f"/v1/runs/{run_id}/signals/{'s' * 201}", json={}), 422, "invalid_input")
+    problem(
+        api.acme.post(f"/v1/runs/{run_id}/approvals/{'a' * 1001}", json={"approved": True}),
+        422,
+        "invalid_input",
+    )
     problem(api.acme.get(f"/v1/runs/{'r' * 1001}"), 422, "invalid_input")
     problem(api.acme.get(f"/v1/runs/{'r' * 1000}"), 404, "not_found")
     problem(api.acme.get("/v1/runs", params={"workflow": "w" * 201}), 422, "invalid_input")
@@ -65,32 +73,38 @@ def test_names_have_length_limits(api: Api) -> None:
         api.h.app.start("chain", n=1, queue="q" * 201)
 
 
-@pytest.mark.parametrize("path, params, headers", [
-    ("/v1/runs/{id}/events", {"after_seq": 2**63}, {}),
-    ("/v1/runs/{id}/events", {"after_seq": 10**30}, {}),
-    ("/v1/runs/{id}/events", {"after_seq": "nan"}, {}),
-    ("/v1/runs/{id}/events", {}, {"Accept": "text/event-stream",
-                                  "Last-Event-ID": "9" * 25}),
-    ("/v1/runs/{id}/events", {}, {"Accept": "text/event-stream",
-                                  "Last-Event-ID": "9223372036854775808"}),
-    ("/v1/runs/{id}/events", {}, {"Accept": "text/event-stream", "Last-Event-ID": "-1"}),
-    ("/v1/runs/{id}/state", {"at_seq": 2**64}, {}),
-    ("/v1/runs/{id}/waterfall", {"at_seq": 10**30}, {}),
-    ("/v1/runs", {"created_after": "nan"}, {}),
-    ("/v1/runs", {"created_after": "inf"}, {}),
-    ("/v1/runs", {"created_before": "-inf"}, {}),
-    ("/v1/runs", {"created_after": 1e300}, {}),
-    ("/v1/runs", {"created_before": -1e300}, {}),
-    ("/v1/runs/{id}/result", {"wait": "nan"}, {}),
-    ("/v1/runs", {"workflow": "a\x00b"}, {}),
-    ("/v1/runs", {"parent": "p\x00"}, {}),
-    ("/v1/runs/{id}/step", {"step_id": "1:\x00"}, {}),
-    ("/v1/runs/a%00b", {}, {}),
-    ("/v1/runs/a%00b/events", {}, {}),
-    ("/v1/runs/a%09b", {}, {}),
-])
-def test_out_of_range_numbers_nan_and_nul_answer_422(api: Api, path: str, params: dict[
-        str, object], headers: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    "path, params, headers",
+    [
+        ("/v1/runs/{id}/events", {"after_seq": 2**63}, {}),
+        ("/v1/runs/{id}/events", {"after_seq": 10**30}, {}),
+        ("/v1/runs/{id}/events", {"after_seq": "nan"}, {}),
+        ("/v1/runs/{id}/events", {}, {"Accept": "text/event-stream", "Last-Event-ID": "9" * 25}),
+        (
+            "/v1/runs/{id}/events",
+            {},
+            {"Accept": "text/event-stream", "Last-Event-ID": "9223372036854775808"},
+        ),
+        ("/v1/runs/{id}/events", {}, {"Accept": "text/event-stream", "Last-Event-ID": "-1"}),
+        ("/v1/runs/{id}/state", {"at_seq": 2**64}, {}),
+        ("/v1/runs/{id}/waterfall", {"at_seq": 10**30}, {}),
+        ("/v1/runs", {"created_after": "nan"}, {}),
+        ("/v1/runs", {"created_after": "inf"}, {}),
+        ("/v1/runs", {"created_before": "-inf"}, {}),
+        ("/v1/runs", {"created_after": 1e300}, {}),
+        ("/v1/runs", {"created_before": -1e300}, {}),
+        ("/v1/runs/{id}/result", {"wait": "nan"}, {}),
+        ("/v1/runs", {"workflow": "a\x00b"}, {}),
+        ("/v1/runs", {"parent": "p\x00"}, {}),
+        ("/v1/runs/{id}/step", {"step_id": "1:\x00"}, {}),
+        ("/v1/runs/a%00b", {}, {}),
+        ("/v1/runs/a%00b/events", {}, {}),
+        ("/v1/runs/a%09b", {}, {}),
+    ],
+)
+def test_out_of_range_numbers_nan_and_nul_answer_422(
+    api: Api, path: str, params: dict[str, object], headers: dict[str, str]
+) -> None:
     run_id = api.start("chain", {"n": 1})
     r = api.acme.get(path.replace("{id}", run_id), params=params, headers=headers)
     problem(r, 422, "invalid_input")
@@ -102,8 +116,9 @@ def test_the_largest_numbers_in_range_are_answered(api: Api) -> None:
     assert page.status_code == 200 and page.json()["events"] == []
     state = api.acme.get(f"/v1/runs/{run_id}/state", params={"at_seq": 2**63 - 1})
     assert state.status_code == 200 and state.json()["last_seq"] == 1
-    listed = api.acme.get("/v1/runs", params={"created_after": -62135596800,
-                                              "created_before": 253402300799})
+    listed = api.acme.get(
+        "/v1/runs", params={"created_after": -62135596800, "created_before": 253402300799}
+    )
     assert listed.status_code == 200 and len(listed.json()["runs"]) == 1
     # A cursor carrying NaN or a NUL is refused as a bad cursor.
     import base64
@@ -121,8 +136,10 @@ def test_the_largest_numbers_in_range_are_answered(api: Api) -> None:
 def served(db_url: str) -> Iterator[httpx.Client]:
     app = ratchet.Ratchet(db_url)
     try:
-        with serving(app, ready_timeout_s=2.0) as base, httpx.Client(base_url=base,
-                                                                    timeout=30) as client:
+        with (
+            serving(app, ready_timeout_s=2.0) as base,
+            httpx.Client(base_url=base, timeout=30) as client,
+        ):
             yield client
     finally:
         app.shutdown()
@@ -134,10 +151,11 @@ def unavailable(client: httpx.Client, path: str) -> str:
 
 
 async def test_metrics_and_readyz_answer_503_while_the_database_is_unreachable(
-        served: httpx.Client, db_url: str) -> None:
+    served: httpx.Client, db_url: str
+) -> None:
     assert served.get("/metrics").status_code == 200
     if db_url.startswith("sqlite:///"):
-        path = Path(db_url[len("sqlite:///"):])
+        path = Path(db_url[len("sqlite:///") :])
         aside = path.with_name("aside.db")
         path.rename(aside)
         assert "cannot be found" in unavailable(served, "/metrics")

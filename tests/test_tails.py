@@ -26,8 +26,7 @@ async def _until(what: str, probe: Callable[[], bool], timeout: float = 15.0) ->
 def _chain(last: Event, kinds: list[str]) -> list[Event]:
     events = []
     for kind in kinds:
-        last = Event.chain(last.run_id, last.seq + 1, kind, None, None, {}, time.time(),
-                           last.hash)
+        last = Event.chain(last.run_id, last.seq + 1, kind, None, None, {}, time.time(), last.hash)
         events.append(last)
     return events
 
@@ -37,7 +36,8 @@ async def _next(stream: AsyncIterator[bytes | None]) -> bytes | None:
 
 
 async def test_each_event_is_encoded_once_and_a_subscriber_gets_all_that_is_new_in_one_chunk(
-        store: Store) -> None:
+    store: Store,
+) -> None:
     await store.create_run(NewRun("r1", "wf", "1", {}))
     [claimed] = await store.claim("w1", TTL, 10, ["default"], [("wf", "1")])
     lease = claimed.lease
@@ -67,10 +67,13 @@ async def test_each_event_is_encoded_once_and_a_subscriber_gets_all_that_is_new_
             nxt = _chain(done[-1], [EventKind.STEP_STARTED, EventKind.STEP_COMPLETED])
             await store.append(lease, nxt)
             await _until("the tail to read seq 6", lambda: tail.head == 6)
-            assert await _next(behind) == (b"2:run_started;3:step_started;4:step_completed;"
-                                           b"5:step_started;6:step_completed;")
-            assert await _next(ahead) in (b"4:step_completed;5:step_started;6:step_completed;",
-                                          b"4:step_completed;")
+            assert await _next(behind) == (
+                b"2:run_started;3:step_started;4:step_completed;5:step_started;6:step_completed;"
+            )
+            assert await _next(ahead) in (
+                b"4:step_completed;5:step_started;6:step_completed;",
+                b"4:step_completed;",
+            )
             assert encoded == [2, 3, 4, 5, 6]  # once each, for both subscribers
 
             end = _chain(nxt[-1], [EventKind.RUN_SUCCEEDED])
@@ -107,7 +110,7 @@ def test_the_window_and_its_encodings_stay_aligned_and_bounded() -> None:
     first = Event.chain("r1", 1, EventKind.RUN_QUEUED, None, None, {}, 0.0, "0" * 64)
     events = [first, *_chain(first, [EventKind.STEP_STARTED] * 2099)]
     for i in range(0, 2100, 700):
-        tail._publish(events[i:i + 700])
+        tail._publish(events[i : i + 700])
     assert len(tail.window) == len(tail.encoded) == 2000
     assert (tail.window[0].seq, tail.encoded[0]) == (101, b"101")
     assert (tail.window[-1].seq, tail.encoded[-1], tail.head) == (2100, b"2100", 2100)

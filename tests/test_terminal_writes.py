@@ -19,11 +19,17 @@ TTL = 10.0
 SERVED = [("wf", "1")]
 
 
-def _next(events: list[Event], kind: str, payload: dict[str, Any] | None = None,
-          step_id: str | None = None, attempt: int | None = None) -> Event:
+def _next(
+    events: list[Event],
+    kind: str,
+    payload: dict[str, Any] | None = None,
+    step_id: str | None = None,
+    attempt: int | None = None,
+) -> Event:
     last = events[-1]
-    return Event.chain(last.run_id, last.seq + 1, kind, step_id, attempt, payload or {}, 0.0,
-                       last.hash)
+    return Event.chain(
+        last.run_id, last.seq + 1, kind, step_id, attempt, payload or {}, 0.0, last.hash
+    )
 
 
 async def _claimed_run(store: Store) -> Any:
@@ -32,14 +38,14 @@ async def _claimed_run(store: Store) -> Any:
     return claimed
 
 
-async def test_a_branch_waiting_to_write_never_carries_the_terminal_event(
-        store: Store) -> None:
+async def test_a_branch_waiting_to_write_never_carries_the_terminal_event(store: Store) -> None:
     # A branch queued for the drive's write lock while the drive ends the run: had the
     # terminal event been pending when the branch got the lock, its append would commit it
     # with the run still running, and the failed finish below would leave the two apart.
     claimed = await _claimed_run(store)
-    ctx = RunContext(store, claimed, fold("r1", await store.load_events("r1")), {},
-                     Control(), StepThreads(1))
+    ctx = RunContext(
+        store, claimed, fold("r1", await store.load_events("r1")), {}, Control(), StepThreads(1)
+    )
     ctx.emit(EventKind.RUN_STARTED, payload={"worker_id": "w1"})
     await ctx.flush()
 
@@ -62,15 +68,22 @@ async def test_a_branch_waiting_to_write_never_carries_the_terminal_event(
     assert rec is not None and rec.status == RunStatus.RUNNING
 
 
-@pytest.mark.parametrize(("kind", "payload", "status", "dead"), [
-    (EventKind.RUN_CANCELLED, {"error": "cancelled"}, RunStatus.CANCELLED, None),
-    (EventKind.RUN_FAILED, {"error": "step 1:a failed", "reason": "step_failed"},
-     RunStatus.FAILED, "step_failed"),
-    (EventKind.RUN_SUCCEEDED, {"output": {"n": 1}}, RunStatus.SUCCEEDED, None),
-])
+@pytest.mark.parametrize(
+    ("kind", "payload", "status", "dead"),
+    [
+        (EventKind.RUN_CANCELLED, {"error": "cancelled"}, RunStatus.CANCELLED, None),
+        (
+            EventKind.RUN_FAILED,
+            {"error": "step 1:a failed", "reason": "step_failed"},
+            RunStatus.FAILED,
+            "step_failed",
+        ),
+        (EventKind.RUN_SUCCEEDED, {"output": {"n": 1}}, RunStatus.SUCCEEDED, None),
+    ],
+)
 async def test_a_row_behind_its_journal_is_settled_by_the_next_drive(
-        store: Store, kind: str, payload: dict[str, Any], status: RunStatus,
-        dead: str | None) -> None:
+    store: Store, kind: str, payload: dict[str, Any], status: RunStatus, dead: str | None
+) -> None:
     # The journal is the truth: a run whose journal ended while its row did not (written by
     # an older version, or by hand) is given the journal's end, and its code never runs.
     claimed = await _claimed_run(store)

@@ -22,8 +22,10 @@ def journal(*spec: tuple[float, str, str | None, int | None, dict[str, Any]]) ->
 
 
 def shape(events: list[Event]) -> dict[str, list[tuple[str, str, float, float | None]]]:
-    return {r.step_id: [(s.kind, s.outcome, s.start, s.end) for s in r.segments]
-            for r in waterfall("r", events).rows}
+    return {
+        r.step_id: [(s.kind, s.outcome, s.start, s.end) for s in r.segments]
+        for r in waterfall("r", events).rows
+    }
 
 
 def test_retries_backoff_and_completion() -> None:
@@ -37,9 +39,13 @@ def test_retries_backoff_and_completion() -> None:
         (3.0, "run_succeeded", None, None, {"output": 1}),
     )
     w = waterfall("r", events)
-    assert shape(events) == {"1:fetch": [("attempt", "retrying", 1.0, 2.0),
-                                         ("backoff", "over", 2.0, 2.5),
-                                         ("attempt", "completed", 2.5, 3.0)]}
+    assert shape(events) == {
+        "1:fetch": [
+            ("attempt", "retrying", 1.0, 2.0),
+            ("backoff", "over", 2.0, 2.5),
+            ("attempt", "completed", 2.5, 3.0),
+        ]
+    }
     assert w.rows[0].attempts == 2 and w.rows[0].status == "completed"
     assert (w.start, w.end, w.last_seq, w.terminal) == (0.0, 3.0, 7, True)
     assert w.markers == []
@@ -49,18 +55,25 @@ def test_a_takeover_interrupts_the_attempt_in_flight_and_is_a_marker() -> None:
     events = journal(
         (0.0, "run_started", None, None, {"worker_id": "a", "epoch": 1, "reason": "claim"}),
         (1.0, "step_started", "1:work", 1, {}),
-        (5.0, "run_resumed", None, None, {"worker_id": "b", "epoch": 2, "reason": "sweep",
-                                          "drive": 2}),
+        (
+            5.0,
+            "run_resumed",
+            None,
+            None,
+            {"worker_id": "b", "epoch": 2, "reason": "sweep", "drive": 2},
+        ),
         (5.1, "step_started", "1:work", 1, {"resumed": True}),
         (5.2, "step_completed", "1:work", 1, {"output": None}),
         (5.3, "anomaly_detected", None, None, {"kind": "retry_storm"}),
     )
-    assert shape(events) == {"1:work": [("attempt", "interrupted", 1.0, 5.0),
-                                        ("attempt", "completed", 5.1, 5.2)]}
+    assert shape(events) == {
+        "1:work": [("attempt", "interrupted", 1.0, 5.0), ("attempt", "completed", 5.1, 5.2)]
+    }
     w = waterfall("r", events)
     assert [(m.kind, m.label) for m in w.markers] == [
         ("run_resumed", "drive 2: sweep by b"),
-        ("anomaly_detected", "anomaly_detected: retry_storm")]
+        ("anomaly_detected", "anomaly_detected: retry_storm"),
+    ]
     assert w.rows[0].attempts == 1 and not w.terminal
 
 
@@ -76,7 +89,8 @@ def test_parked_stretches_children_and_a_journal_cut_short() -> None:
     )
     assert shape(events) == {
         "1:approval:ok": [("parked", "over", 1.0, 90.0)],
-        "2:child:payout": [("attempt", "over", 91.0, 91.5), ("parked", "over", 91.5, 95.0)]}
+        "2:child:payout": [("attempt", "over", 91.0, 91.5), ("parked", "over", 91.5, 95.0)],
+    }
     w = waterfall("r", events)
     assert w.rows[1].child_run_id == "r/2"
     assert w.parked == [(1.0, 90.0), (91.5, 95.0)]
@@ -95,8 +109,9 @@ def test_a_long_backoff_is_parked_time_and_a_cancel_ends_what_goes_on() -> None:
         (2.0, "step_waiting", "1:call", 1, {"reason": "backoff", "retry_at": 60.0}),
         (30.0, "run_cancelled", None, None, {"by": "request"}),
     )
-    assert shape(events) == {"1:call": [("attempt", "retrying", 1.0, 2.0),
-                                        ("parked", "cancelled", 2.0, 30.0)]}
+    assert shape(events) == {
+        "1:call": [("attempt", "retrying", 1.0, 2.0), ("parked", "cancelled", 2.0, 30.0)]
+    }
     assert waterfall("r", events).parked == [(2.0, 30.0)]
 
 
@@ -114,9 +129,11 @@ def test_the_compact_form_expands_to_the_api_form() -> None:
     compact = json.loads(json.dumps(as_compact(w)))
     rf, sf = compact.pop("row_fields"), compact.pop("segment_fields")
     # What run.js's expand() does.
-    compact["rows"] = [dict(zip(rf, r, strict=False)) | {
-        "segments": [dict(zip(sf, s, strict=True)) for s in r[len(rf)]]}
-        for r in compact["rows"]]
+    compact["rows"] = [
+        dict(zip(rf, r, strict=False))
+        | {"segments": [dict(zip(sf, s, strict=True)) for s in r[len(rf)]]}
+        for r in compact["rows"]
+    ]
     assert compact == json.loads(json.dumps(as_dict(w)))
     assert compact["rows"][0]["kind"] == "tool" and compact["rows"][0]["attempts"] == 2
 
@@ -126,8 +143,13 @@ def test_an_isolated_runs_sandboxes_are_spans_and_a_cut_shows_them_as_they_were(
         (0.0, "run_queued", None, None, {}),
         (1.2, "run_started", None, None, {"worker_id": "a", "epoch": 1, "reason": "claim"}),
         (1.3, "step_started", "1:work", 1, {}),
-        (4.2, "run_resumed", None, None, {"worker_id": "a", "epoch": 2, "reason": "resume",
-                                          "drive": 2}),
+        (
+            4.2,
+            "run_resumed",
+            None,
+            None,
+            {"worker_id": "a", "epoch": 2, "reason": "resume", "drive": 2},
+        ),
         (4.3, "step_started", "1:work", 1, {"resumed": True}),
         (4.4, "step_completed", "1:work", 1, {"output": 1}),
         (4.5, "run_succeeded", None, None, {"output": 1}),
@@ -137,17 +159,27 @@ def test_an_isolated_runs_sandboxes_are_spans_and_a_cut_shows_them_as_they_were(
     w = waterfall("r", events, [second, first])
     assert w.sandboxes == [first, second]  # by attempt; the last outlives the run's end
     assert as_dict(w)["sandboxes"][0] == {
-        "sandbox_id": "sbx-1", "attempt": 1, "start": 1.0, "end": 3.0, "status": "terminated",
-        "exit_code": None, "signal": 9, "end_reason": "crashed", "peak_memory": 2 << 20}
+        "sandbox_id": "sbx-1",
+        "attempt": 1,
+        "start": 1.0,
+        "end": 3.0,
+        "status": "terminated",
+        "exit_code": None,
+        "signal": 9,
+        "end_reason": "crashed",
+        "peak_memory": 2 << 20,
+    }
     # Cut at seq 3 (t=1.3): the first sandbox alive, the second not started yet.
     cut = waterfall("r", events[:3], [first, second], until=events[2].at)
     assert [(s.sandbox_id, s.end, s.status, s.signal, s.end_reason) for s in cut.sandboxes] == [
-        ("sbx-1", None, "running", None, None)]
+        ("sbx-1", None, "running", None, None)
+    ]
     # Cut at seq 5 (t=4.3): the first over, the second alive.
     cut = waterfall("r", events[:5], [first, second], until=events[4].at)
     assert [(s.sandbox_id, s.end_reason) for s in cut.sandboxes] == [
-        ("sbx-1", "crashed"), ("sbx-2", None)]
+        ("sbx-1", "crashed"),
+        ("sbx-2", None),
+    ]
     # A cut that holds the run's end is the whole run.
-    assert waterfall("r", events, [first, second], until=events[-1].at).sandboxes == [
-        first, second]
+    assert waterfall("r", events, [first, second], until=events[-1].at).sandboxes == [first, second]
     assert waterfall("r", events).sandboxes == []  # an in-process run has none

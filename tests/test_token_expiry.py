@@ -24,8 +24,9 @@ def api(h: Harness) -> Iterator[Api]:
 
 
 def test_tokens_create_expires_on_the_command_line(db_url: str) -> None:
-    made = invoke("tokens", "create", "--tenant", "acme", "--name", "ana", "--expires", "30d",
-                  "--db", db_url)
+    made = invoke(
+        "tokens", "create", "--tenant", "acme", "--name", "ana", "--expires", "30d", "--db", db_url
+    )
     assert made.exit_code == 0, made.output
     assert ", expires " in made.output
     (row,) = json.loads(invoke("tokens", "list", "--json", "--db", db_url).output)
@@ -38,8 +39,9 @@ def test_tokens_create_expires_on_the_command_line(db_url: str) -> None:
 
 
 def test_an_admin_makes_lists_and_revokes_its_tenants_tokens_over_the_api(api: Api) -> None:
-    made = api.acme.post("/v1/tokens", json={"scopes": ["runs:read"], "name": "dash",
-                                             "expires_in": 3600})
+    made = api.acme.post(
+        "/v1/tokens", json={"scopes": ["runs:read"], "name": "dash", "expires_in": 3600}
+    )
     assert made.status_code == 201, made.text
     body = made.json()
     assert body["tenant"] == "acme" and body["scopes"] == ["runs:read"]
@@ -58,10 +60,13 @@ def test_an_admin_makes_lists_and_revokes_its_tenants_tokens_over_the_api(api: A
     revoked = api.acme.post(f"/v1/tokens/{body['id']}/revoke")
     assert revoked.status_code == 200 and revoked.json()["revoked_at"] is not None
     problem(reader.get("/v1/runs"), 401, "unauthorized")
-    for bad in [{"scopes": ["runs:delete"]}, {"scopes": []}, {"scopes": ["admin"],
-                                                               "expires_in": -1},
-                {"scopes": ["admin"], "expires_in": 1e12}, {"scopes": ["admin"],
-                                                            "name": "x" * 101}]:
+    for bad in [
+        {"scopes": ["runs:delete"]},
+        {"scopes": []},
+        {"scopes": ["admin"], "expires_in": -1},
+        {"scopes": ["admin"], "expires_in": 1e12},
+        {"scopes": ["admin"], "name": "x" * 101},
+    ]:
         problem(api.acme.post("/v1/tokens", json=bad), 422, "invalid_input")
 
 
@@ -69,8 +74,7 @@ def test_a_token_is_refused_once_it_has_expired(api: Api) -> None:
     secret = api.token("acme", ("runs:read",), expires_in=1.0)
     client = api.client(secret)
     assert client.get("/v1/runs").status_code == 200
-    wait_for("the token to expire", lambda: client.get("/v1/runs").status_code == 401,
-             timeout=15)
+    wait_for("the token to expire", lambda: client.get("/v1/runs").status_code == 401, timeout=15)
     problem(client.get("/v1/runs"), 401, "unauthorized")
 
 
@@ -83,8 +87,9 @@ def test_an_open_stream_ends_when_its_token_is_revoked_or_expires(api: Api) -> N
 
     # Revoked over the API while the stream is open: the stream ends.
     made = api.acme.post("/v1/tokens", json={"scopes": ["runs:read"]}).json()
-    with connect_sse(api.client(made["token"]), "GET", f"/v1/runs/{run_id}/events",
-                     headers=headers) as source:
+    with connect_sse(
+        api.client(made["token"]), "GET", f"/v1/runs/{run_id}/events", headers=headers
+    ) as source:
         events = source.iter_sse()
         assert next(events).event == "run_queued"
         assert api.acme.post(f"/v1/tokens/{made['id']}/revoke").status_code == 200
@@ -96,8 +101,9 @@ def test_an_open_stream_ends_when_its_token_is_revoked_or_expires(api: Api) -> N
     # A token that expires while its stream is open: the stream ends at the expiry.
     secret = api.token("acme", ("runs:read",), expires_in=1.5)
     opened = time.monotonic()
-    with connect_sse(api.client(secret), "GET", f"/v1/runs/{run_id}/events",
-                     headers=headers) as source:
+    with connect_sse(
+        api.client(secret), "GET", f"/v1/runs/{run_id}/events", headers=headers
+    ) as source:
         seen = [sse.event for sse in source.iter_sse() if sse.data]
     assert seen[:1] == ["run_queued"] and "run_succeeded" not in seen
     assert 1.0 <= time.monotonic() - opened < 10
@@ -105,9 +111,12 @@ def test_an_open_stream_ends_when_its_token_is_revoked_or_expires(api: Api) -> N
 
     # The dashboard's live list on a revoked token ends too.
     made = api.acme.post("/v1/tokens", json={"scopes": ["runs:read"]}).json()
-    with httpx.Client(base_url=api.base, timeout=30, headers={
-            "Authorization": f"Bearer {made['token']}"}) as client, client.stream(
-                "GET", "/ui/runs/live") as live:
+    with (
+        httpx.Client(
+            base_url=api.base, timeout=30, headers={"Authorization": f"Bearer {made['token']}"}
+        ) as client,
+        client.stream("GET", "/ui/runs/live") as live,
+    ):
         lines = live.iter_lines()
         assert api.acme.post(f"/v1/tokens/{made['id']}/revoke").status_code == 200
         tail = list(lines)

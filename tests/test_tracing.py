@@ -41,7 +41,8 @@ def spans(path: Path) -> list[dict[str, Any]]:
 
 
 def test_one_trace_per_drive_across_a_kill_a_reclaim_and_a_park_linked_in_order(
-        th: tuple[Harness, str, Path]) -> None:
+    th: tuple[Harness, str, Path],
+) -> None:
     h, llm_url, span_file = th
     env = {"TRACE_FILE": str(span_file), "CRASH_LLM_URL": llm_url}
     first = h.spawn("a", worker_id="w-a", env_extra=env)
@@ -85,8 +86,11 @@ def test_one_trace_per_drive_across_a_kill_a_reclaim_and_a_park_linked_in_order(
     assert roots[trace_ids[2]]["attributes"]["ratchet.drive.outcome"] == "succeeded"
 
     def step_spans(trace_id: str) -> dict[str, dict[str, Any]]:
-        return {s["attributes"]["ratchet.step_id"]: s for s in by_trace.get(trace_id, [])
-                if s["parent"] is not None}
+        return {
+            s["attributes"]["ratchet.step_id"]: s
+            for s in by_trace.get(trace_id, [])
+            if s["parent"] is not None
+        }
 
     # Drive 1 ran the plain step and the model call (the blocker's span died with it).
     one = step_spans(trace_ids[0])
@@ -134,9 +138,15 @@ print(json.dumps({"trace": started.get("trace"),
 
 def _run(tmp_path: Path, env: dict[str, str]) -> tuple[dict[str, Any], str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RATCHET_"))}
-    out = subprocess.run([sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path}/t.db"],
-                         env={**clean, **env}, cwd=tmp_path, capture_output=True, text=True,
-                         timeout=60, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path}/t.db"],
+        env={**clean, **env},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return json.loads(out.stderr.strip().splitlines()[-1]), out.stdout
 
 
@@ -147,8 +157,9 @@ def test_without_a_provider_or_otel_variables_nothing_is_traced(tmp_path: Path) 
 
 
 def test_the_standard_variables_alone_switch_tracing_on(tmp_path: Path) -> None:
-    result, stdout = _run(tmp_path, {"OTEL_TRACES_EXPORTER": "console",
-                                     "OTEL_SERVICE_NAME": "billing"})
+    result, stdout = _run(
+        tmp_path, {"OTEL_TRACES_EXPORTER": "console", "OTEL_SERVICE_NAME": "billing"}
+    )
     assert result["sdk"] is True and len(result["trace"]["trace_id"]) == 32
     assert '"name": "drive wf"' in stdout and '"name": "step 1:hello"' in stdout
     assert '"service.name": "billing"' in stdout

@@ -83,28 +83,44 @@ class Line:
 print(to_json({"tags": {"b", "a", "c", "dd"}, "blob": b"\\xff", "days": {dt.date(2024, 1, 2)},
                "line": Line("x-1", dt.datetime(2024, 5, 6, tzinfo=dt.UTC))}, "x"))
 """
-    texts = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            check=True, env={**os.environ, "PYTHONHASHSEED": str(seed)}
-                            ).stdout for seed in (1, 2, 3)}
-    assert texts == {'{"blob":"_w==","days":["2024-01-02"],'
-                     '"line":{"at":"2024-05-06T00:00:00Z","sku":"x-1"},'
-                     '"tags":["a","b","c","dd"]}\n'}
+    texts = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        ).stdout
+        for seed in (1, 2, 3)
+    }
+    assert texts == {
+        '{"blob":"_w==","days":["2024-01-02"],'
+        '"line":{"at":"2024-05-06T00:00:00Z","sku":"x-1"},'
+        '"tags":["a","b","c","dd"]}\n'
+    }
 
 
 # -- without an annotation: the JSON form ----------------------------------------------
 
 
 def test_unannotated_values_are_written_in_pydantics_json_form_and_read_back_as_json(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     seen: list[Any] = []
 
     @app.step
     async def loose():  # type: ignore[no-untyped-def]  # no annotation on purpose
-        return {"at": WHEN, "invoice": INVOICE, "ids": {3}, "blob": b"\x00\xff",
-                "ticket": Ticket(id=uuid.UUID(int=1), opened=dt.date(2024, 1, 2)),
-                "span": dt.timedelta(minutes=90), "tier": Tier.GOLD,
-                "counts": {Tier.GOLD: 1, dt.date(2024, 1, 1): 2, 3: "int beside str keys"}}
+        return {
+            "at": WHEN,
+            "invoice": INVOICE,
+            "ids": {3},
+            "blob": b"\x00\xff",
+            "ticket": Ticket(id=uuid.UUID(int=1), opened=dt.date(2024, 1, 2)),
+            "span": dt.timedelta(minutes=90),
+            "tier": Tier.GOLD,
+            "counts": {Tier.GOLD: 1, dt.date(2024, 1, 1): 2, 3: "int beside str keys"},
+        }
 
     @app.workflow()
     async def wf(when, invoice):  # type: ignore[no-untyped-def]
@@ -112,21 +128,28 @@ def test_unannotated_values_are_written_in_pydantics_json_form_and_read_back_as_
         await ratchet.wait_for_signal("again")  # parks: the next drive replays the step
         return INVOICE
 
-    expected = {"at": "2024-05-06T07:08:09Z", "invoice": INVOICE_JSON, "ids": [3],
-                "blob": "AP8=", "ticket": {"id": "00000000-0000-0000-0000-000000000001",
-                                           "opened": "2024-01-02"},
-                "span": "PT1H30M", "tier": "gold",
-                "counts": {"gold": 1, "2024-01-01": 2, "3": "int beside str keys"}}
+    expected = {
+        "at": "2024-05-06T07:08:09Z",
+        "invoice": INVOICE_JSON,
+        "ids": [3],
+        "blob": "AP8=",
+        "ticket": {"id": "00000000-0000-0000-0000-000000000001", "opened": "2024-01-02"},
+        "span": "PT1H30M",
+        "tier": "gold",
+        "counts": {"gold": 1, "2024-01-01": 2, "3": "int beside str keys"},
+    }
     app.launch()
     run_id = app.start(wf, WHEN, INVOICE)
-    assert app.get(run_id).input == {"args": ["2024-05-06T07:08:09Z", INVOICE_JSON],
-                                     "kwargs": {}}
+    assert app.get(run_id).input == {"args": ["2024-05-06T07:08:09Z", INVOICE_JSON], "kwargs": {}}
     wait_for(lambda: app.get(run_id).status == RunStatus.WAITING)
     app.signal(run_id, "again")
     assert app.result(run_id, timeout_s=30) == INVOICE_JSON
     assert seen == [("2024-05-06T07:08:09Z", INVOICE_JSON, expected)] * 2
-    [done] = [e for e in app.events(run_id) if e.kind == EventKind.STEP_COMPLETED
-              and e.step_id == "1:loose"]
+    [done] = [
+        e
+        for e in app.events(run_id)
+        if e.kind == EventKind.STEP_COMPLETED and e.step_id == "1:loose"
+    ]
     assert done.payload == {"output": expected}
     assert all(e.verify() for e in app.events(run_id))
 
@@ -135,7 +158,8 @@ def test_unannotated_values_are_written_in_pydantics_json_form_and_read_back_as_
 
 
 def test_annotated_outputs_come_back_as_their_types_on_the_first_drive_and_on_replay(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     drives: list[dict[str, Any]] = []
 
@@ -161,9 +185,17 @@ def test_annotated_outputs_come_back_as_their_types_on_the_first_drive_and_on_re
 
     @app.workflow()
     async def wf(first: Invoice, at: dt.datetime) -> Invoice:
-        drives.append({"first": first, "at": at, "when": await when(),
-                       "invoice": await invoice(), "tickets": await tickets(),
-                       "blob": await blob(), "tally": await tally()})
+        drives.append(
+            {
+                "first": first,
+                "at": at,
+                "when": await when(),
+                "invoice": await invoice(),
+                "tickets": await tickets(),
+                "blob": await blob(),
+                "tally": await tally(),
+            }
+        )
         await ratchet.wait_for_signal("again")  # parks: the next drive replays everything
         return await invoice()
 
@@ -174,10 +206,19 @@ def test_annotated_outputs_come_back_as_their_types_on_the_first_drive_and_on_re
     result = app.result(run_id, timeout_s=30)
     assert result == INVOICE and type(result) is Invoice
     first, replay = drives
-    assert first == replay == {
-        "first": INVOICE, "at": WHEN, "when": WHEN, "invoice": INVOICE,
-        "tickets": {"open": [Ticket(id=uuid.UUID(int=2), opened=dt.date(2024, 3, 4))]},
-        "blob": bytes(range(256)), "tally": {Tier.GOLD: 3}}
+    assert (
+        first
+        == replay
+        == {
+            "first": INVOICE,
+            "at": WHEN,
+            "when": WHEN,
+            "invoice": INVOICE,
+            "tickets": {"open": [Ticket(id=uuid.UUID(int=2), opened=dt.date(2024, 3, 4))]},
+            "blob": bytes(range(256)),
+            "tally": {Tier.GOLD: 3},
+        }
+    )
     assert type(replay["invoice"].total) is decimal.Decimal
     assert type(replay["tickets"]["open"][0]) is Ticket
     assert repr(first) == repr(replay)
@@ -185,7 +226,8 @@ def test_annotated_outputs_come_back_as_their_types_on_the_first_drive_and_on_re
 
 
 def test_app_result_is_the_annotated_type_and_json_without_the_definition_or_over_http(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -198,11 +240,13 @@ def test_app_result_is_the_annotated_type_and_json_without_the_definition_or_ove
     # A client that does not know the workflow (another process, another app) gets JSON.
     client = make_app()
     assert client.result(run_id, timeout_s=30) == INVOICE_JSON
-    _, secret = client._portal.call(tokens.create_token(client.store, "default",
-                                                        ("runs:read",)))
+    _, secret = client._portal.call(tokens.create_token(client.store, "default", ("runs:read",)))
     with serving(client) as base:
-        r = httpx.get(f"{base}/v1/runs/{run_id}/result", timeout=30,
-                      headers={"Authorization": f"Bearer {secret}"})
+        r = httpx.get(
+            f"{base}/v1/runs/{run_id}/result",
+            timeout=30,
+            headers={"Authorization": f"Bearer {secret}"},
+        )
     assert r.status_code == 200 and r.json()["output"] == INVOICE_JSON
 
 
@@ -210,7 +254,8 @@ def test_app_result_is_the_annotated_type_and_json_without_the_definition_or_ove
 
 
 def test_a_signal_comes_back_as_the_type_the_workflow_waits_for(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
     drives: list[list[Any]] = []
 
@@ -236,22 +281,32 @@ def test_a_signal_comes_back_as_the_type_the_workflow_waits_for(
     app.signal(run_id, "decision", decision)
     app.signal(run_id, "tickets", [{"id": str(uuid.UUID(int=3)), "opened": "2024-06-07"}])
     assert app.result(run_id, timeout_s=30) == ["done"]
-    refused = ("the data of signal 'invoice' does not fit Invoice: Input should be a valid "
-               "integer, unable to parse string as an integer at number (and 3 more)")
-    expected = [refused, INVOICE, decision, [Ticket(id=uuid.UUID(int=3),
-                                                    opened=dt.date(2024, 6, 7))]]
+    refused = (
+        "the data of signal 'invoice' does not fit Invoice: Input should be a valid "
+        "integer, unable to parse string as an integer at number (and 3 more)"
+    )
+    expected = [
+        refused,
+        INVOICE,
+        decision,
+        [Ticket(id=uuid.UUID(int=3), opened=dt.date(2024, 6, 7))],
+    ]
     # Each drive got what the journal held by then, the bad one refused every time; the
     # last replayed every signal.
-    assert all(got == expected[:len(got)] for got in drives) and len(drives) >= 2
+    assert all(got == expected[: len(got)] for got in drives) and len(drives) >= 2
     assert drives[-1] == expected
     assert type(drives[-1][2]) is ratchet.Decision
-    [sent] = [e for e in app.events(run_id)
-              if e.kind == EventKind.STEP_COMPLETED and e.step_id == "2:signal:invoice"]
+    [sent] = [
+        e
+        for e in app.events(run_id)
+        if e.kind == EventKind.STEP_COMPLETED and e.step_id == "2:signal:invoice"
+    ]
     assert sent.payload == {"output": INVOICE_JSON}
 
 
-def test_approval_data_is_written_in_its_json_form(make_app: Callable[..., ratchet.Ratchet]
-                                                   ) -> None:
+def test_approval_data_is_written_in_its_json_form(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -304,16 +359,19 @@ UNENCODABLE: dict[str, tuple[Callable[[list[Any]], Any], Any, str]] = {
     "socket": (_socket, socket.socket, "cannot encode a socket"),
     "generator": (lambda _: _lines(), Iterator[int], "a generator is an iterator"),
     "set of objects": (lambda _: {object()}, set[Any], "unknown type: <class 'object'>"),
-    "binary bytes in a model": (lambda _: Hex(raw=b"\xff"), Hex,
-                                "cannot encode a Hex .*UTF-8 text.*ser_json_bytes"),
+    "binary bytes in a model": (
+        lambda _: Hex(raw=b"\xff"),
+        Hex,
+        "cannot encode a Hex .*UTF-8 text.*ser_json_bytes",
+    ),
 }
 
 
 @pytest.mark.parametrize("annotated", [True, False], ids=["annotated", "unannotated"])
 @pytest.mark.parametrize("kind", list(UNENCODABLE))
 def test_an_unencodable_output_fails_its_step_naming_the_step_and_the_type(
-        make_app: Callable[..., ratchet.Ratchet], resources: list[Any], kind: str,
-        annotated: bool) -> None:
+    make_app: Callable[..., ratchet.Ratchet], resources: list[Any], kind: str, annotated: bool
+) -> None:
     make, annotation, named = UNENCODABLE[kind]
     app = make_app()
 
@@ -329,8 +387,9 @@ def test_an_unencodable_output_fails_its_step_naming_the_step_and_the_type(
 
     app.launch()
     run_id = app.start(wf)
-    with pytest.raises(ratchet.RunFailed, match="output of step 1:leaky is not "
-                                                f"JSON-serialisable.*{named}"):
+    with pytest.raises(
+        ratchet.RunFailed, match=f"output of step 1:leaky is not JSON-serialisable.*{named}"
+    ):
         app.result(run_id, timeout_s=30)
     assert (EventKind.STEP_COMPLETED, "1:leaky") not in kinds(app, run_id)
     [error] = [e for e in app.events(run_id) if e.kind == EventKind.STEP_FAILED]
@@ -339,7 +398,8 @@ def test_an_unencodable_output_fails_its_step_naming_the_step_and_the_type(
 
 
 def test_an_output_that_does_not_fit_its_annotation_fails_its_step_unjournaled(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.step
@@ -352,14 +412,18 @@ def test_an_output_that_does_not_fit_its_annotation_fails_its_step_unjournaled(
 
     app.launch()
     run_id = app.start(wf)
-    with pytest.raises(ratchet.RunFailed, match=r"the output of step stamp does not fit its "
-                                                r"return annotation .*datetime"):
+    with pytest.raises(
+        ratchet.RunFailed,
+        match=r"the output of step stamp does not fit its "
+        r"return annotation .*datetime",
+    ):
         app.result(run_id, timeout_s=30)
     assert (EventKind.STEP_COMPLETED, "1:stamp") not in kinds(app, run_id)
 
 
 def test_an_unencodable_result_input_or_signal_is_refused_naming_it(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     app = make_app()
 
     @app.workflow()
@@ -377,24 +441,34 @@ def test_an_unencodable_result_input_or_signal_is_refused_naming_it(
     assert app.runs() == []
     app.launch()
     run_id = app.start(opener)
-    with pytest.raises(ratchet.RunFailed, match=r"the result of workflow opener is not "
-                                                r"JSON-serialisable as Invoice: .*function"):
+    with pytest.raises(
+        ratchet.RunFailed,
+        match=r"the result of workflow opener is not "
+        r"JSON-serialisable as Invoice: .*function",
+    ):
         app.result(run_id, timeout_s=30)
     assert app.dead_letters()[0].reason == "not_serializable"
-    with socket.socket() as s, pytest.raises(ratchet.NotSerializable,
-                                             match=r"the data of signal 'go' .*socket"):
+    with (
+        socket.socket() as s,
+        pytest.raises(ratchet.NotSerializable, match=r"the data of signal 'go' .*socket"),
+    ):
         app.signal(run_id, "go", {"conn": s})
     other = app.start(misfit)
-    with pytest.raises(ratchet.RunFailed, match=r"the result of workflow misfit does not fit "
-                                                r"its return annotation"):
+    with pytest.raises(
+        ratchet.RunFailed,
+        match=r"the result of workflow misfit does not fit "
+        r"its return annotation",
+    ):
         app.result(other, timeout_s=30)
     assert EventKind.RUN_SUCCEEDED not in [k for k, _ in kinds(app, other)]
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="typing.TypedDict is pydantic's "
-                    "from Python 3.12 on")
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="typing.TypedDict is pydantic's from Python 3.12 on"
+)
 def test_a_typing_typed_dict_on_python_3_11_is_refused_with_what_to_use(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     from typing import TypedDict
 
     class Row(TypedDict):
@@ -413,8 +487,11 @@ def test_a_typing_typed_dict_on_python_3_11_is_refused_with_what_to_use(
         await step()
 
     app.launch()
-    with pytest.raises(ratchet.RunFailed, match=r"values of Row cannot be journaled: .*"
-                                                r"typing_extensions.TypedDict"):
+    with pytest.raises(
+        ratchet.RunFailed,
+        match=r"values of Row cannot be journaled: .*"
+        r"typing_extensions.TypedDict",
+    ):
         app.result(app.start(wf), timeout_s=30)
 
 
@@ -429,7 +506,8 @@ class Forecast:
 
 
 def test_a_pydantic_ai_dataclass_output_is_a_workflow_result(
-        make_app: Callable[..., ratchet.Ratchet]) -> None:
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
     from pydantic_ai import Agent
     from pydantic_ai.models.test import TestModel
 
@@ -437,8 +515,12 @@ def test_a_pydantic_ai_dataclass_output_is_a_workflow_result(
 
     app = make_app()
     answer = {"city": "Porto", "at": "2024-05-06T07:08:09Z", "celsius": "21.5"}
-    agent = Agent(TestModel(custom_output_args=answer), name="forecaster",
-                  output_type=Forecast, capabilities=[RatchetDurability()])
+    agent = Agent(
+        TestModel(custom_output_args=answer),
+        name="forecaster",
+        output_type=Forecast,
+        capabilities=[RatchetDurability()],
+    )
     drives: list[Any] = []
 
     @app.workflow()

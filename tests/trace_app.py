@@ -24,8 +24,9 @@ import ratchet
 MODEL = "gpt-4.1-mini"
 
 
-def build(url: str, *, lease_ttl: float | None = None,
-          recovery_interval: float | None = None) -> ratchet.Ratchet:
+def build(
+    url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
+) -> ratchet.Ratchet:
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
 
     @app.step
@@ -48,11 +49,13 @@ def build(url: str, *, lease_ttl: float | None = None,
     async def traced() -> list[Any]:
         import openai
 
-        client = ratchet.llm.wrap(openai.AsyncOpenAI(
-            base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key=LLM_SECRET))
+        client = ratchet.llm.wrap(
+            openai.AsyncOpenAI(base_url=os.environ["CRASH_LLM_URL"] + "/v1", api_key=LLM_SECRET)
+        )
         first = await one()
         chat = await client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hello"}])
+            model=MODEL, messages=[{"role": "user", "content": "hello"}]
+        )
         second = await blocker()
         await ratchet.wait_for_signal("go")
         return [first, chat.choices[0].message.content, second, await last()]
@@ -74,16 +77,25 @@ def _install_file_tracer(path: str) -> None:
             for span in spans:
                 ctx = span.get_span_context()
                 assert ctx is not None
-                line = json.dumps({
-                    "name": span.name,
-                    "trace_id": format(ctx.trace_id, "032x"),
-                    "span_id": format(ctx.span_id, "016x"),
-                    "parent": format(span.parent.span_id, "016x") if span.parent else None,
-                    "links": [{"trace_id": format(link.context.trace_id, "032x"),
-                               "span_id": format(link.context.span_id, "016x")}
-                              for link in span.links],
-                    "attributes": dict(span.attributes or {}),
-                }) + "\n"
+                line = (
+                    json.dumps(
+                        {
+                            "name": span.name,
+                            "trace_id": format(ctx.trace_id, "032x"),
+                            "span_id": format(ctx.span_id, "016x"),
+                            "parent": format(span.parent.span_id, "016x") if span.parent else None,
+                            "links": [
+                                {
+                                    "trace_id": format(link.context.trace_id, "032x"),
+                                    "span_id": format(link.context.span_id, "016x"),
+                                }
+                                for link in span.links
+                            ],
+                            "attributes": dict(span.attributes or {}),
+                        }
+                    )
+                    + "\n"
+                )
                 fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 try:
                     os.write(fd, line.encode())

@@ -87,8 +87,12 @@ class Everything(TypedDict):
 
 WHEN = dt.datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=dt.timezone(dt.timedelta(hours=2)))
 PARCEL = Parcel(WHEN, decimal.Decimal("1.250"), b"\x00\xffbinary\x80")
-ORDER = Order(id=uuid.UUID("12345678-1234-5678-1234-567812345678"), color=Color.BLUE,
-              parcels=[PARCEL], wait=dt.timedelta(days=1, microseconds=7))
+ORDER = Order(
+    id=uuid.UUID("12345678-1234-5678-1234-567812345678"),
+    color=Color.BLUE,
+    parcels=[PARCEL],
+    wait=dt.timedelta(days=1, microseconds=7),
+)
 VALUES: dict[str, Any] = {
     "moment": WHEN,
     "day": dt.date(2024, 2, 29),
@@ -116,8 +120,12 @@ def seen_log(invocation_log: Path | str) -> Path:
 
 
 def _note(values: dict[str, Any], expected: dict[str, Any]) -> None:
-    line = json.dumps({"pid": os.getpid(), "seen": {
-        k: {"repr": repr(v), "equal": v == expected[k]} for k, v in values.items()}})
+    line = json.dumps(
+        {
+            "pid": os.getpid(),
+            "seen": {k: {"repr": repr(v), "equal": v == expected[k]} for k, v in values.items()},
+        }
+    )
     with seen_log(os.environ["CRASH_LOG"]).open("a") as f:
         f.write(line + "\n")
         f.flush()
@@ -136,12 +144,15 @@ def _returning(name: str, annotation: Any, value: Any) -> Callable[[], Any]:
     return step
 
 
-def build(url: str, *, lease_ttl: float | None = None,
-          recovery_interval: float | None = None) -> ratchet.Ratchet:
+def build(
+    url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
+) -> ratchet.Ratchet:
     """The app: a step per field of :class:`Everything`, and the workflow ``kinds``."""
     app = ratchet.Ratchet(url, lease_ttl=lease_ttl, recovery_interval=recovery_interval)
-    steps = {name: app.step(_returning(name, annotation, VALUES[name]))
-             for name, annotation in typing.get_type_hints(Everything).items()}
+    steps = {
+        name: app.step(_returning(name, annotation, VALUES[name]))
+        for name, annotation in typing.get_type_hints(Everything).items()
+    }
 
     @app.step
     async def hold() -> None:
@@ -152,8 +163,10 @@ def build(url: str, *, lease_ttl: float | None = None,
     async def kinds(parcel: Parcel, when: dt.datetime) -> Everything:
         got: dict[str, Any] = {name: await step() for name, step in steps.items()}
         order = await ratchet.wait_for_signal("order", type=Order)
-        _note({**got, "arg:parcel": parcel, "arg:when": when, "signal": order},
-              {**VALUES, "arg:parcel": ARGS[0], "arg:when": ARGS[1], "signal": SIGNAL})
+        _note(
+            {**got, "arg:parcel": parcel, "arg:when": when, "signal": order},
+            {**VALUES, "arg:parcel": ARGS[0], "arg:when": ARGS[1], "signal": SIGNAL},
+        )
         await hold()
         return typing.cast(Everything, got)
 

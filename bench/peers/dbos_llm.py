@@ -51,9 +51,11 @@ def llm_resume(args: argparse.Namespace) -> Result:
     launch(args)  # recovers the PENDING workflow
     handle = DBOS.retrieve_workflow(_workflow_id(args))
     answer = handle.get_result(polling_interval_sec=0.01)
-    return {"answer": answer,
-            "resumed_by": "DBOS.launch() recovers the PENDING workflow; recorded steps "
-                          "return their outputs"}
+    return {
+        "answer": answer,
+        "resumed_by": "DBOS.launch() recovers the PENDING workflow; recorded steps "
+        "return their outputs",
+    }
 
 
 MEASURES = {"llm-crash": llm_crash, "llm-resume": llm_resume}

@@ -56,16 +56,19 @@ def _answer(state: dict[str, Any]) -> str:
 def llm_crash(args: argparse.Namespace) -> Result:
     with saver_for(args) as saver:
         # the bench kills us during call 4
-        graph(saver).invoke({"messages": llm.opening(), "turns": 0}, _config(args),
-                            durability="sync")
+        graph(saver).invoke(
+            {"messages": llm.opening(), "turns": 0}, _config(args), durability="sync"
+        )
     return {"error": "the run finished; the process was not killed during its 4th call"}
 
 
 def llm_resume(args: argparse.Namespace) -> Result:
     with saver_for(args) as saver:
         state = graph(saver).invoke(None, _config(args), durability="sync")
-    return {"answer": _answer(state),
-            "resumed_by": "graph.invoke(None) on the same thread_id, from the last checkpoint"}
+    return {
+        "answer": _answer(state),
+        "resumed_by": "graph.invoke(None) on the same thread_id, from the last checkpoint",
+    }
 
 
 MEASURES = {"llm-crash": llm_crash, "llm-resume": llm_resume}

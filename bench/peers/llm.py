@@ -43,10 +43,14 @@ HOLD_S = 1.0
 SYSTEMS = ("ratchet", "dbos", "langgraph")
 ROOT = Path(__file__).resolve().parents[2]
 
-SYSTEM_PROMPT = ("You are a travel-planning agent. Work through the task one step at a "
-                 "time, and say what you decided at each step.")
-TASK = ("Plan three days in Lisbon for two people in May: flights from Berlin, a hotel "
-        "near Alfama under 180 EUR a night, one day trip, and a restaurant each evening.")
+SYSTEM_PROMPT = (
+    "You are a travel-planning agent. Work through the task one step at a "
+    "time, and say what you decided at each step."
+)
+TASK = (
+    "Plan three days in Lisbon for two people in May: flights from Berlin, a hotel "
+    "near Alfama under 180 EUR a night, one day trip, and a restaurant each evening."
+)
 
 
 # -- the agent's shape --------------------------------------------------------------------
@@ -59,8 +63,11 @@ def opening() -> list[dict[str, str]]:
 
 def follow_up(turn: int) -> dict[str, str]:
     """The instruction sent after the reply to call ``turn`` (1-based, below CALLS)."""
-    return {"role": "user", "content": f"Step {turn} is settled. Now do step {turn + 1} of "
-            f"{CALLS}, keeping what was decided so far."}
+    return {
+        "role": "user",
+        "content": f"Step {turn} is settled. Now do step {turn + 1} of "
+        f"{CALLS}, keeping what was decided so far.",
+    }
 
 
 def after(turn: int, reply: str) -> list[dict[str, str]]:
@@ -87,10 +94,14 @@ def run_agent(create: Callable[[list[dict[str, str]]], str]) -> str:
 def bill(provider: LocalProvider) -> dict[str, int]:
     """What the provider received and billed."""
     s = provider.stats()
-    return {"sent": s["received"], "calls": s["billed_calls"],
-            "input_tokens": s["billed_input_tokens"], "output_tokens": s["billed_output_tokens"],
-            "tokens": s["billed_input_tokens"] + s["billed_output_tokens"],
-            "replayed": s["replayed"]}
+    return {
+        "sent": s["received"],
+        "calls": s["billed_calls"],
+        "input_tokens": s["billed_input_tokens"],
+        "output_tokens": s["billed_output_tokens"],
+        "tokens": s["billed_input_tokens"] + s["billed_output_tokens"],
+        "replayed": s["replayed"],
+    }
 
 
 def crash_free_bill() -> dict[str, Any]:
@@ -114,12 +125,27 @@ def _env(base: str) -> dict[str, str]:
 
 
 def _argv(system: str, measure: str, db: str, timeout: float, *extra: str) -> list[str]:
-    return [sys.executable, "-m", f"bench.peers.{system}_llm", measure, "--backend", "sqlite",
-            "--db", db, "--timeout", str(timeout), *extra]
+    return [
+        sys.executable,
+        "-m",
+        f"bench.peers.{system}_llm",
+        measure,
+        "--backend",
+        "sqlite",
+        "--db",
+        db,
+        "--timeout",
+        str(timeout),
+        *extra,
+    ]
 
 
-def _wait(what: str, done: Callable[[], bool], deadline: float,
-          gone: Callable[[], str | None] = lambda: None) -> None:
+def _wait(
+    what: str,
+    done: Callable[[], bool],
+    deadline: float,
+    gone: Callable[[], str | None] = lambda: None,
+) -> None:
     """Poll ``done`` until it holds; raise naming ``what`` at the deadline, or as soon as
     ``gone()`` says why it never will."""
     while not done():
@@ -154,16 +180,26 @@ def _crash_bill(system: str, db: str, timeout: float) -> dict[str, Any]:
     with serve(provider) as base, tempfile.TemporaryDirectory(prefix="bench-llm-") as tmp:
         log_path = Path(tmp) / "crash.log"
         with open(log_path, "w") as log:
-            child = subprocess.Popen(_argv(system, "llm-crash", db, timeout), cwd=ROOT,
-                                     env=_env(base), stdout=log, stderr=subprocess.STDOUT)
+            child = subprocess.Popen(
+                _argv(system, "llm-crash", db, timeout),
+                cwd=ROOT,
+                env=_env(base),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         try:
+
             def gone() -> str | None:
                 if child.poll() is None:
                     return None
                 return f"the crash run ended first: {log_path.read_text()[-400:]}"
 
-            _wait(f"call {KILL_AT} of the {system} run", lambda: provider.stats()["received"]
-                  >= KILL_AT, deadline, gone)
+            _wait(
+                f"call {KILL_AT} of the {system} run",
+                lambda: provider.stats()["received"] >= KILL_AT,
+                deadline,
+                gone,
+            )
             child.send_signal(signal.SIGKILL)
             child.wait()
         finally:
@@ -173,27 +209,43 @@ def _crash_bill(system: str, db: str, timeout: float) -> dict[str, Any]:
         sent_before_kill = provider.stats()["received"]
         started = time.monotonic()
         remaining = max(deadline - started, 1.0)
-        done = subprocess.run(_argv(system, "llm-resume", db, remaining), cwd=ROOT,
-                              env=_env(base), capture_output=True, text=True,
-                              timeout=remaining + 10)
+        done = subprocess.run(
+            _argv(system, "llm-resume", db, remaining),
+            cwd=ROOT,
+            env=_env(base),
+            capture_output=True,
+            text=True,
+            timeout=remaining + 10,
+        )
         resume_s = time.monotonic() - started
         resumed = last_json(done.stdout, done.stderr)
         # The held call is answered (and billed) after its client is gone: wait for it.
-        _wait("the held call's answer", lambda: provider.stats()["requests"]
-              >= provider.stats()["received"], deadline + HOLD_S)
+        _wait(
+            "the held call's answer",
+            lambda: provider.stats()["requests"] >= provider.stats()["received"],
+            deadline + HOLD_S,
+        )
         billed = bill(provider)
-        requests = [{"key": r["idempotency_key"], "billed": r["billed"],
-                     "replayed": r["replayed"]} for r in provider.requests()]
+        requests = [
+            {"key": r["idempotency_key"], "billed": r["billed"], "replayed": r["replayed"]}
+            for r in provider.requests()
+        ]
     if "error" in resumed or "skipped" in resumed:
         return resumed
     if resumed.get("answer") != clean["answer"]:
-        return {"error": f"the resumed {system} run answered {resumed.get('answer')!r}, "
-                f"expected {clean['answer']!r}"}
+        return {
+            "error": f"the resumed {system} run answered {resumed.get('answer')!r}, "
+            f"expected {clean['answer']!r}"
+        }
     return {
-        "system": system, **billed, "sent_before_kill": sent_before_kill,
-        "clean_calls": clean["calls"], "clean_tokens": clean["tokens"],
+        "system": system,
+        **billed,
+        "sent_before_kill": sent_before_kill,
+        "clean_calls": clean["calls"],
+        "clean_tokens": clean["tokens"],
         "calls_ratio": billed["calls"] / clean["calls"],
         "tokens_ratio": billed["tokens"] / clean["tokens"],
-        "resume_ms": round(resume_s * 1000, 1), "resumed_by": resumed.get("resumed_by"),
+        "resume_ms": round(resume_s * 1000, 1),
+        "resumed_by": resumed.get("resumed_by"),
         "requests": requests,
     }

@@ -32,8 +32,7 @@ def _app(args: argparse.Namespace) -> tuple[ratchet.Ratchet, ratchet.WorkflowDef
     async def agent() -> str:
         messages, reply = llm.opening(), ""
         for turn in range(1, llm.CALLS + 1):
-            completion = await client.chat.completions.create(model=llm.MODEL,
-                                                              messages=messages)
+            completion = await client.chat.completions.create(model=llm.MODEL, messages=messages)
             reply = completion.choices[0].message.content or ""
             messages = messages + llm.after(turn, reply)
         return reply
@@ -63,8 +62,10 @@ def llm_resume(args: argparse.Namespace) -> Result:
         return await app.result_async(_run_id(args), timeout_s=args.timeout)
 
     answer = asyncio.run(_with_worker(app, body, worker_id=WORKER_ID))
-    return {"answer": answer,
-            "resumed_by": "a worker with the killed worker's id reclaims the run at once"}
+    return {
+        "answer": answer,
+        "resumed_by": "a worker with the killed worker's id reclaims the run at once",
+    }
 
 
 MEASURES = {"llm-crash": llm_crash, "llm-resume": llm_resume}

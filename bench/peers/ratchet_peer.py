@@ -46,9 +46,13 @@ def _url(args: argparse.Namespace) -> str:
     return f"sqlite:///{args.db}" if args.backend == "sqlite" else str(args.db)
 
 
-def _app(args: argparse.Namespace, probe: Probe | None = None, *,
-         lease_ttl: float | None = None, block: bool = False
-         ) -> tuple[ratchet.Ratchet, ratchet.WorkflowDef]:
+def _app(
+    args: argparse.Namespace,
+    probe: Probe | None = None,
+    *,
+    lease_ttl: float | None = None,
+    block: bool = False,
+) -> tuple[ratchet.Ratchet, ratchet.WorkflowDef]:
     """An app with one workflow of ``--steps`` no-op steps. With ``block``, step
     ``--kill-at`` writes the marker and blocks the first time it runs (no marker yet).
     The lease TTL is ``lease_ttl``, else ``RATCHET_LEASE_TTL``, else the default."""
@@ -115,8 +119,12 @@ def concurrent(args: argparse.Namespace) -> Result:
         return clock() - started, [ms(x) for x in latencies]
 
     seconds, latencies = asyncio.run(_with_worker(app, body, concurrency=concurrency))
-    return {"seconds": seconds, "steps_per_s": args.n * args.steps / seconds,
-            "setting": f"one worker, concurrency {concurrency}", **latency_summary(latencies)}
+    return {
+        "seconds": seconds,
+        "steps_per_s": args.n * args.steps / seconds,
+        "setting": f"one worker, concurrency {concurrency}",
+        **latency_summary(latencies),
+    }
 
 
 def recovery_crash(args: argparse.Namespace) -> Result:
@@ -141,8 +149,11 @@ def recovery_resume(args: argparse.Namespace) -> Result:
 
     asyncio.run(_with_worker(app, body, worker_id=WORKER_ID))
     done = clock()
-    return {"to_step5_ms": ms(probe.wait(f"step{args.kill_at}", 0) - started),
-            "to_result_ms": ms(done - started), "peak_rss_mb": peak_rss_mb()}
+    return {
+        "to_step5_ms": ms(probe.wait(f"step{args.kill_at}", 0) - started),
+        "to_result_ms": ms(done - started),
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def takeover(args: argparse.Namespace) -> Result:
@@ -150,12 +161,24 @@ def takeover(args: argparse.Namespace) -> Result:
     already running, takes the run once A's lease expires (TTL 2 s, sweep 500 ms)."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-takeover-"))
     marker = str(workdir / "takeover.marker")
-    argv = [sys.executable, "-m", "bench.peers.ratchet_peer", "recovery-crash",
-            "--backend", args.backend, "--db", args.db, "--steps", str(args.steps),
-            "--kill-at", str(args.kill_at), "--marker", marker]
+    argv = [
+        sys.executable,
+        "-m",
+        "bench.peers.ratchet_peer",
+        "recovery-crash",
+        "--backend",
+        args.backend,
+        "--db",
+        args.db,
+        "--steps",
+        str(args.steps),
+        "--kill-at",
+        str(args.kill_at),
+        "--marker",
+        marker,
+    ]
     env = {**os.environ, "RATCHET_LEASE_TTL": "2s"}
-    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not os.path.exists(marker):
             if child.poll() is not None:
@@ -174,8 +197,11 @@ def takeover(args: argparse.Namespace) -> Result:
             return killed
 
         killed = asyncio.run(_with_worker(app, body, worker_id="bench-worker-b"))
-        return {"takeover_ms": ms(probe.wait(f"step{args.kill_at}", 0) - killed),
-                "lease_ttl_s": 2.0, "sweep_s": 0.5}
+        return {
+            "takeover_ms": ms(probe.wait(f"step{args.kill_at}", 0) - killed),
+            "lease_ttl_s": 2.0,
+            "sweep_s": 0.5,
+        }
     finally:
         if child.poll() is None:
             child.kill()
@@ -185,8 +211,9 @@ def takeover(args: argparse.Namespace) -> Result:
         workdir.rmdir()
 
 
-def _graph_app(args: argparse.Namespace, probe: Probe | None = None, *, block: bool = False
-               ) -> ratchet.Ratchet:
+def _graph_app(
+    args: argparse.Namespace, probe: Probe | None = None, *, block: bool = False
+) -> ratchet.Ratchet:
     """An app with graph ``chain``: a loop of ``--steps`` iterations over a tool node. With
     ``block``, iteration ``--kill-at`` (counted from 1) writes the marker and blocks the
     first time it runs (no marker yet)."""
@@ -202,13 +229,27 @@ def _graph_app(args: argparse.Namespace, probe: Probe | None = None, *, block: b
             await asyncio.sleep(3600)
         return i
 
-    app.graph({"name": "chain", "guards": {"max_steps": None}, "nodes": [
-        {"id": "start", "type": "trigger"},
-        {"id": "each", "type": "loop", "data": {"over": "{{ input.items }}", "item": "i",
-                                                "body": ["tick"],
-                                                "max_iterations": args.steps}},
-        {"id": "tick", "type": "tool", "data": {"tool": "tick", "args": {"i": "{{ i }}"}}}],
-        "edges": [{"from": "start", "to": "each"}, {"from": "each", "to": "tick"}]})
+    app.graph(
+        {
+            "name": "chain",
+            "guards": {"max_steps": None},
+            "nodes": [
+                {"id": "start", "type": "trigger"},
+                {
+                    "id": "each",
+                    "type": "loop",
+                    "data": {
+                        "over": "{{ input.items }}",
+                        "item": "i",
+                        "body": ["tick"],
+                        "max_iterations": args.steps,
+                    },
+                },
+                {"id": "tick", "type": "tool", "data": {"tool": "tick", "args": {"i": "{{ i }}"}}},
+            ],
+            "edges": [{"from": "start", "to": "each"}, {"from": "each", "to": "tick"}],
+        }
+    )
     return app
 
 
@@ -216,8 +257,11 @@ def graph_crash(args: argparse.Namespace) -> Result:
     app = _graph_app(args, block=True)
 
     async def body() -> None:
-        await app.start_async("chain", {"items": list(range(1, args.steps + 1))},
-                              run_id=stable_id("ratchet-graph", args.marker))
+        await app.start_async(
+            "chain",
+            {"items": list(range(1, args.steps + 1))},
+            run_id=stable_id("ratchet-graph", args.marker),
+        )
         await asyncio.sleep(3600)  # iteration --kill-at blocks; the orchestrator kills us
 
     asyncio.run(_with_worker(app, body, worker_id=WORKER_ID))
@@ -237,8 +281,11 @@ def graph_resume(args: argparse.Namespace) -> Result:
 
     asyncio.run(_with_worker(app, body, worker_id=WORKER_ID))
     done = clock()
-    return {"to_open_node_ms": ms(probe.wait(f"tick{args.kill_at}", 0) - started),
-            "to_result_ms": ms(done - started), "peak_rss_mb": peak_rss_mb()}
+    return {
+        "to_open_node_ms": ms(probe.wait(f"tick{args.kill_at}", 0) - started),
+        "to_result_ms": ms(done - started),
+        "peak_rss_mb": peak_rss_mb(),
+    }
 
 
 def replay(args: argparse.Namespace) -> Result:
@@ -263,8 +310,11 @@ def pickup(args: argparse.Namespace) -> Result:
         return samples
 
     samples = asyncio.run(_with_worker(app, body))
-    return {**latency_summary(samples), "n": args.n,
-            "setting": "LISTEN/NOTIFY" if args.backend == "postgres" else "in-process wake-up"}
+    return {
+        **latency_summary(samples),
+        "n": args.n,
+        "setting": "LISTEN/NOTIFY" if args.backend == "postgres" else "in-process wake-up",
+    }
 
 
 def claim_backlog(args: argparse.Namespace) -> Result:
@@ -277,30 +327,44 @@ def claim_backlog(args: argparse.Namespace) -> Result:
         store = await app._astore()
         half = args.n // 2
         if args.backend == "postgres":
-            fill = ("INSERT INTO runs (run_id, workflow, workflow_version, input, status, "
-                    "priority, not_before, created_at, updated_at) SELECT 'b' || i, %s, %s, "
-                    "'{}', CASE WHEN i <= %s THEN 'queued' ELSE 'waiting' END, 0, CASE WHEN "
-                    "i <= %s THEN NULL ELSE ratchet_now() + interval '1 hour' END, "
-                    "to_timestamp(i), to_timestamp(i) FROM generate_series(1, %s) i")
+            fill = (
+                "INSERT INTO runs (run_id, workflow, workflow_version, input, status, "
+                "priority, not_before, created_at, updated_at) SELECT 'b' || i, %s, %s, "
+                "'{}', CASE WHEN i <= %s THEN 'queued' ELSE 'waiting' END, 0, CASE WHEN "
+                "i <= %s THEN NULL ELSE ratchet_now() + interval '1 hour' END, "
+                "to_timestamp(i), to_timestamp(i) FROM generate_series(1, %s) i"
+            )
         else:
-            fill = ("WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
-                    "WHERE i < ?) INSERT INTO runs (run_id, workflow, workflow_version, input, "
-                    "status, priority, not_before, created_at, updated_at) SELECT 'b' || i, ?, "
-                    "?, '{}', CASE WHEN i <= ? THEN 'queued' ELSE 'waiting' END, 0, CASE WHEN "
-                    "i <= ? THEN NULL ELSE ratchet_now() + 3600 END, i, i FROM n")
-        params = ((wf.name, wf.version, half, half, args.n) if args.backend == "postgres"
-                  else (args.n, wf.name, wf.version, half, half))
+            fill = (
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                "WHERE i < ?) INSERT INTO runs (run_id, workflow, workflow_version, input, "
+                "status, priority, not_before, created_at, updated_at) SELECT 'b' || i, ?, "
+                "?, '{}', CASE WHEN i <= ? THEN 'queued' ELSE 'waiting' END, 0, CASE WHEN "
+                "i <= ? THEN NULL ELSE ratchet_now() + 3600 END, i, i FROM n"
+            )
+        params = (
+            (wf.name, wf.version, half, half, args.n)
+            if args.backend == "postgres"
+            else (args.n, wf.name, wf.version, half, half)
+        )
         if args.n:
             await store._run(lambda tx: tx._cur.execute(fill, params))
         # The runs the samples claim, at the head of the queue (older than the backlog), so
         # every sample claims one run whatever N is.
         for i in range(samples_n + WARMUP_RUNS):
-            await store.create_run(NewRun(f"head-{i}", wf.name, wf.version,
-                                          {"args": [], "kwargs": {}}))
-        older = ("-created_at" if args.backend == "sqlite"  # timestamptz on PostgreSQL
-                 else "to_timestamp(-extract(epoch FROM created_at))")
-        await store._run(lambda tx: tx._cur.execute(
-            f"UPDATE runs SET created_at = {older} WHERE run_id LIKE 'head-%'"))
+            await store.create_run(
+                NewRun(f"head-{i}", wf.name, wf.version, {"args": [], "kwargs": {}})
+            )
+        older = (
+            "-created_at"
+            if args.backend == "sqlite"  # timestamptz on PostgreSQL
+            else "to_timestamp(-extract(epoch FROM created_at))"
+        )
+        await store._run(
+            lambda tx: tx._cur.execute(
+                f"UPDATE runs SET created_at = {older} WHERE run_id LIKE 'head-%'"
+            )
+        )
         if args.backend == "postgres":
             await store._run(lambda tx: tx._cur.execute("ANALYZE runs"))
         served = [(wf.name, wf.version)]

@@ -63,26 +63,44 @@ def cli_markdown() -> str:
     root = root_command()
     ctx = typer.Context(root, info_name="ratchet")
     overview = (Path(__file__).parent / "cli_overview.md").read_text(encoding="utf-8")
-    lines = ["# CLI reference", "", overview.split("-->", 1)[-1].strip(), "",
-             "## Every command", "",
-             "Generated from the commands themselves when the site is built (the same text "
-             "as `ratchet COMMAND --help`). Options of the `ratchet` group itself (`--db`, "
-             "`--version`) go before the command.", ""]
+    lines = [
+        "# CLI reference",
+        "",
+        overview.split("-->", 1)[-1].strip(),
+        "",
+        "## Every command",
+        "",
+        "Generated from the commands themselves when the site is built (the same text "
+        "as `ratchet COMMAND --help`). Options of the `ratchet` group itself (`--db`, "
+        "`--version`) go before the command.",
+        "",
+    ]
     for path, command in [("ratchet", root), *_commands(root, ctx)]:
-        sub = typer.Context(command, info_name=path.split(" ")[-1],
-                            parent=None if path == "ratchet" else ctx)
+        sub = typer.Context(
+            command, info_name=path.split(" ")[-1], parent=None if path == "ratchet" else ctx
+        )
         pieces = " ".join(command.collect_usage_pieces(sub))
         lines += [f"### `{path}`", "", f"```text\nUsage: {path} {pieces}\n```", ""]
         if command.help:
             lines += [command.help.strip(), ""]
-        params = [p for p in command.get_params(sub) if not getattr(p, "hidden", False)
-                  and p.name != "help"]
+        params = [
+            p
+            for p in command.get_params(sub)
+            if not getattr(p, "hidden", False) and p.name != "help"
+        ]
         if params:
-            lines += ["| parameter | meaning |", "|---|---|",
-                      *(_param_row(p, sub) for p in params), ""]
+            lines += [
+                "| parameter | meaning |",
+                "|---|---|",
+                *(_param_row(p, sub) for p in params),
+                "",
+            ]
         if isinstance(command, TyperGroup):
-            subs = [n for n in command.list_commands(sub)
-                    if not (c := command.get_command(sub, n)) or not c.hidden]
+            subs = [
+                n
+                for n in command.list_commands(sub)
+                if not (c := command.get_command(sub, n)) or not c.hidden
+            ]
             lines += ["Commands: " + ", ".join(f"`{path} {n}`" for n in subs), ""]
     return "\n".join(lines)
 
@@ -115,13 +133,18 @@ def http_markdown(spec: dict[str, Any] | None = None) -> str:
     the schemas they use."""
     spec = spec if spec is not None else openapi_spec()
     info = spec["info"]
-    lines = ["# HTTP API reference", "",
-             f"{info.get('description', '')} Generated from the OpenAPI spec "
-             f"({spec['openapi']}) of `ratchet server` {info['version']} when the site is "
-             "built; a running server serves the same spec at `/openapi.json`.", "",
-             "Routes under `/v1` take `Authorization: Bearer <token>` "
-             "(see [The server and tokens](../how-to/server.md)). Every error has one "
-             "shape: `{\"error\": code, \"message\": ..., \"details\": ...}`.", ""]
+    lines = [
+        "# HTTP API reference",
+        "",
+        f"{info.get('description', '')} Generated from the OpenAPI spec "
+        f"({spec['openapi']}) of `ratchet server` {info['version']} when the site is "
+        "built; a running server serves the same spec at `/openapi.json`.",
+        "",
+        "Routes under `/v1` take `Authorization: Bearer <token>` "
+        "(see [The server and tokens](../how-to/server.md)). Every error has one "
+        'shape: `{"error": code, "message": ..., "details": ...}`.',
+        "",
+    ]
     for path, methods in spec["paths"].items():
         for method, op in methods.items():
             lines += [f"## `{method.upper()} {path}`", ""]
@@ -132,20 +155,27 @@ def http_markdown(spec: dict[str, Any] | None = None) -> str:
             params = op.get("parameters", [])
             if params:
                 lines += ["| parameter | in | type | required | meaning |", "|---|---|---|---|---|"]
-                lines += [f"| `{p['name']}` | {p['in']} | "
-                          f"{_cell(_schema_name(p.get('schema', {})))} | "
-                          f"{'yes' if p.get('required') else ''} | "
-                          f"{_cell(p.get('description', ''))} |" for p in params]
+                lines += [
+                    f"| `{p['name']}` | {p['in']} | "
+                    f"{_cell(_schema_name(p.get('schema', {})))} | "
+                    f"{'yes' if p.get('required') else ''} | "
+                    f"{_cell(p.get('description', ''))} |"
+                    for p in params
+                ]
                 lines.append("")
             body = op.get("requestBody", {}).get("content", {})
             for media, content in body.items():
                 lines += [f"Body ({media}): {_schema_name(content.get('schema', {}))}", ""]
             lines += ["| status | meaning | body |", "|---|---|---|"]
             for status, response in op.get("responses", {}).items():
-                shapes = [_schema_name(c.get("schema", {})) if c.get("schema") else media
-                          for media, c in response.get("content", {}).items()]
-                lines.append(f"| {status} | {_cell(response.get('description', ''))} | "
-                             f"{_cell(', '.join(shapes))} |")
+                shapes = [
+                    _schema_name(c.get("schema", {})) if c.get("schema") else media
+                    for media, c in response.get("content", {}).items()
+                ]
+                lines.append(
+                    f"| {status} | {_cell(response.get('description', ''))} | "
+                    f"{_cell(', '.join(shapes))} |"
+                )
             lines.append("")
     schemas = spec.get("components", {}).get("schemas", {})
     if schemas:
@@ -158,9 +188,12 @@ def http_markdown(spec: dict[str, Any] | None = None) -> str:
         required = set(schema.get("required", []))
         if props:
             lines += ["| field | type | required | meaning |", "|---|---|---|---|"]
-            lines += [f"| `{field}` | {_cell(_schema_name(p))} | "
-                      f"{'yes' if field in required else ''} | "
-                      f"{_cell(p.get('description', ''))} |" for field, p in props.items()]
+            lines += [
+                f"| `{field}` | {_cell(_schema_name(p))} | "
+                f"{'yes' if field in required else ''} | "
+                f"{_cell(p.get('description', ''))} |"
+                for field, p in props.items()
+            ]
             lines.append("")
         elif "enum" in schema:
             lines += ["One of " + ", ".join(f"`{json.dumps(v)}`" for v in schema["enum"]), ""]

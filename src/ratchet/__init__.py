@@ -145,8 +145,12 @@ _T = TypeVar("_T")
 
 # The LLM layer (ratchet.llm, the agent loop) loads on first use: a worker of plain
 # workflows never imports the SDKs, pydantic or the price table for it.
-_LAZY = {"Agent": "ratchet.llm.agent", "AgentResult": "ratchet.llm.agent",
-         "AgentMaxTurns": "ratchet.llm.agent", "Gate": "ratchet.llm.gate"}
+_LAZY = {
+    "Agent": "ratchet.llm.agent",
+    "AgentResult": "ratchet.llm.agent",
+    "AgentMaxTurns": "ratchet.llm.agent",
+    "Gate": "ratchet.llm.gate",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -171,31 +175,29 @@ async def sleep(seconds: float) -> None:
 @overload
 async def wait_for_signal(name: str, timeout_s: float | None = None) -> Any: ...
 @overload
-async def wait_for_signal(name: str, timeout_s: float | None = None, *,
-                          type: type[_T]) -> _T: ...
+async def wait_for_signal(name: str, timeout_s: float | None = None, *, type: type[_T]) -> _T: ...
 @overload
 async def wait_for_signal(name: str, timeout_s: float | None = None, *, type: Any) -> Any: ...
 
 
-async def wait_for_signal(name: str, timeout_s: float | None = None, *,
-                          type: Any = None) -> Any:
+async def wait_for_signal(name: str, timeout_s: float | None = None, *, type: Any = None) -> Any:
     """Park until signal ``name`` arrives (``app.signal``); return its data, as ``type``
     where one is given (any type pydantic reads: a model, a dataclass, ``Decision``,
     ``list[Item]``; data that does not fit raises :class:`NotSerializable`, on every
     replay alike), else as the JSON data that was sent. After ``timeout_s`` raise
     :class:`SignalTimeout`."""
     check_name(name, "signal name")
-    if timeout_s is not None and (isinstance(timeout_s, bool) or
-                                  not isinstance(timeout_s, int | float) or timeout_s <= 0):
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0
+    ):
         raise InvalidInput(
-            f"ratchet.wait_for_signal: timeout_s must be positive, got {timeout_s!r}")
+            f"ratchet.wait_for_signal: timeout_s must be positive, got {timeout_s!r}"
+        )
     codec = None if type is None else codec_for(type)
-    return await require_run("ratchet.wait_for_signal()").wait_for_signal(name, timeout_s,
-                                                                           codec)
+    return await require_run("ratchet.wait_for_signal()").wait_for_signal(name, timeout_s, codec)
 
 
-def approval(name: str, data: Any = None, *, timeout_s: float | None = None
-             ) -> Awaitable[Decision]:
+def approval(name: str, data: Any = None, *, timeout_s: float | None = None) -> Awaitable[Decision]:
     """Ask a person to approve ``name`` (showing them ``data``) and park until someone
     decides (``app.approve`` / ``app.reject``, ``ratchet approve`` / ``ratchet reject``);
     return their :class:`Decision`. After ``timeout_s`` without one raise
@@ -204,12 +206,12 @@ def approval(name: str, data: Any = None, *, timeout_s: float | None = None
     from ratchet.engine import approvals
 
     ctx = require_run("ratchet.approval()")
-    return approvals.approval(ctx, name, approvals.check_request(name, data, timeout_s),
-                              timeout_s)
+    return approvals.approval(ctx, name, approvals.check_request(name, data, timeout_s), timeout_s)
 
 
-async def child(workflow: WorkflowDef, /, *args: Any, queue: str | None = None,
-                **kwargs: Any) -> Any:
+async def child(
+    workflow: WorkflowDef, /, *args: Any, queue: str | None = None, **kwargs: Any
+) -> Any:
     """Run ``workflow`` as a child run and return its result. The child's id derives from
     the parent and the step, so a re-driven parent finds its child instead of starting
     another."""

@@ -87,8 +87,9 @@ class _Portal:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=self._serve, args=(loop,),
-                                                name="ratchet-portal", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._serve, args=(loop,), name="ratchet-portal", daemon=True
+                )
                 self._thread.start()
                 self._loop = loop
             return self._loop
@@ -110,8 +111,10 @@ class _Portal:
             running = None
         if running is not None and running is self._loop:
             coro.close()
-            raise RatchetError("a blocking Ratchet call was made on the engine's own event loop; "
-                               "await the *_async variant instead")
+            raise RatchetError(
+                "a blocking Ratchet call was made on the engine's own event loop; "
+                "await the *_async variant instead"
+            )
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     @property
@@ -138,8 +141,9 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 
 def _check_status(status: str | None) -> None:
     if status is not None and status not in RunStatus.__members__.values():
-        raise InvalidInput(f"unknown status {status!r}: expected one of "
-                           f"{', '.join(s.value for s in RunStatus)}")
+        raise InvalidInput(
+            f"unknown status {status!r}: expected one of {', '.join(s.value for s in RunStatus)}"
+        )
 
 
 class Ratchet:
@@ -151,9 +155,15 @@ class Ratchet:
     being created, and a SQLite file is opened read-only.
     """
 
-    def __init__(self, database_url: str | None = None, *, lease_ttl: float | None = None,
-                 recovery_interval: float | None = None, clock: Clock | None = None,
-                 read_only: bool = False) -> None:
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        lease_ttl: float | None = None,
+        recovery_interval: float | None = None,
+        clock: Clock | None = None,
+        read_only: bool = False,
+    ) -> None:
         self.database_url = database_url or database_url_from_env()
         if DatabaseURL.parse(self.database_url).scheme == "postgresql":
             # Here rather than at first use: a missing extra is a setup error, best told
@@ -179,14 +189,27 @@ class Ratchet:
     @overload
     def workflow(self, fn: Callable[..., Any], /) -> WorkflowDef: ...
     @overload
-    def workflow(self, name: str | None = None, version: str = "1", *,
-                 guards: Guards | None = None, tier: str = "process",
-                 sandbox: Sandbox | None = None, timeout_s: float | None = None
-                 ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
+    def workflow(
+        self,
+        name: str | None = None,
+        version: str = "1",
+        *,
+        guards: Guards | None = None,
+        tier: str = "process",
+        sandbox: Sandbox | None = None,
+        timeout_s: float | None = None,
+    ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
-    def workflow(self, name: Any = None, version: str = "1", *,
-                 guards: Guards | None = None, tier: str = "process",
-                 sandbox: Sandbox | None = None, timeout_s: float | None = None) -> Any:
+    def workflow(
+        self,
+        name: Any = None,
+        version: str = "1",
+        *,
+        guards: Guards | None = None,
+        tier: str = "process",
+        sandbox: Sandbox | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
         Its name (default: the function's) and version are stored with each run; a worker
         drives runs of the workflows it has. ``guards`` are its :class:`ratchet.Guards`
@@ -206,8 +229,7 @@ class Ratchet:
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
             wf_name = name or fn.__name__
-            wd = WorkflowDef(fn, wf_name, str(version), guards,
-                             check_tier(tier, sandbox, wf_name))
+            wd = WorkflowDef(fn, wf_name, str(version), guards, check_tier(tier, sandbox, wf_name))
             if wd.name in self.workflows and self.workflows[wd.name].fn is not fn:
                 raise InvalidInput(f"workflow {wd.name!r} is already registered")
             self.workflows[wd.name] = wd
@@ -218,12 +240,23 @@ class Ratchet:
     @overload
     def step(self, fn: F, /) -> F: ...
     @overload
-    def step(self, *, name: str | None = None, retry: Retry | Mapping[str, Any] | None = None,
-             timeout_s: float | None = None) -> Callable[[F], F]: ...
+    def step(
+        self,
+        *,
+        name: str | None = None,
+        retry: Retry | Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Callable[[F], F]: ...
 
-    def step(self, fn: Any = None, /, *, name: str | None = None,  # type: ignore[misc]
-             retry: Retry | Mapping[str, Any] | None = None,
-             timeout_s: float | None = None) -> Any:
+    def step(
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,  # type: ignore[misc]
+        retry: Retry | Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
         """Declare a step (``async def`` or plain ``def``, which runs in a thread). Inside a
         workflow each call is journaled and, once completed, never runs again for that run.
         Outside a workflow (or inside another step) it is a plain call."""
@@ -244,10 +277,19 @@ class Ratchet:
 
         return decorate(fn) if fn is not None else decorate
 
-    def tool(self, fn: Any = None, /, *, name: str | None = None, risk: str = "low",
-             timeout_s: float | None = None, retry: Retry | Mapping[str, Any] | None = None,
-             idempotency_key: Callable[[StepKey], str] | None = None,
-             description: str | None = None, requires_approval: bool = False) -> Any:
+    def tool(
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        risk: str = "low",
+        timeout_s: float | None = None,
+        retry: Retry | Mapping[str, Any] | None = None,
+        idempotency_key: Callable[[StepKey], str] | None = None,
+        description: str | None = None,
+        requires_approval: bool = False,
+    ) -> Any:
         """Declare a tool: a step a model may call (``ratchet.Agent``), with a JSON schema
         from its type hints and a ``tool_called`` event (name, arguments, ``risk``: low,
         medium, high or critical) before each attempt. ``idempotency_key`` (a function of
@@ -260,9 +302,16 @@ class Ratchet:
         policy = as_policy(retry)
 
         def decorate(fn: F) -> F:
-            call = make_tool(fn, name, risk=risk, timeout_s=timeout_s, retry=policy,
-                             idempotency_key=idempotency_key, description=description,
-                             requires_approval=requires_approval)
+            call = make_tool(
+                fn,
+                name,
+                risk=risk,
+                timeout_s=timeout_s,
+                retry=policy,
+                idempotency_key=idempotency_key,
+                description=description,
+                requires_approval=requires_approval,
+            )
             self.tools[call.tool.name] = call
             return cast(F, call)
 
@@ -284,10 +333,13 @@ class Ratchet:
 
         graph = load(source, tools=self.tools, workflows=self.workflows)
         if graph.name in self.workflows:
-            raise InvalidInput(f"graph {graph.name!r}: the app has a code workflow of that "
-                               "name; rename one of them")
-        stored = await (await self._astore()).register_graph(graph.name, graph.version,
-                                                             graph.definition)
+            raise InvalidInput(
+                f"graph {graph.name!r}: the app has a code workflow of that "
+                "name; rename one of them"
+            )
+        stored = await (await self._astore()).register_graph(
+            graph.name, graph.version, graph.definition
+        )
         self.graphs[graph.name] = stored.version
         return stored.version
 
@@ -344,10 +396,18 @@ class Ratchet:
 
     # -- client calls (async) --------------------------------------------------------------
 
-    async def start_async(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
-                          queue: str = "default", priority: int = 0,
-                          guards: Mapping[str, Any] | None = None,
-                          timeout_s: float | None = None, **kwargs: Any) -> str:
+    async def start_async(
+        self,
+        wf: WorkflowDef | str,
+        /,
+        *args: Any,
+        run_id: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        guards: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
         explicit ``run_id`` the call is idempotent: the existing run's id comes back.
         ``guards`` overrides some of the workflow's guard fields for this run (their JSON
@@ -355,22 +415,32 @@ class Ratchet:
         is the run's deadline (the guard field of that name), in seconds from its start."""
         if timeout_s is not None:
             guards = {**(guards or {}), "timeout_s": timeout_s}
-        rec, _ = await self.start_run_async(wf, args, kwargs, run_id=run_id, queue=queue,
-                                      priority=priority, guards=guards)
+        rec, _ = await self.start_run_async(
+            wf, args, kwargs, run_id=run_id, queue=queue, priority=priority, guards=guards
+        )
         return rec.run_id
 
-    async def start_run_async(self, wf: WorkflowDef | str, args: Sequence[Any],
-                        kwargs: Mapping[str, Any], *, run_id: str | None = None,
-                        queue: str = "default", priority: int = 0,
-                        tenant: str | None = None, guards: Mapping[str, Any] | None = None
-                        ) -> tuple[RunRecord, bool]:
+    async def start_run_async(
+        self,
+        wf: WorkflowDef | str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        *,
+        run_id: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        tenant: str | None = None,
+        guards: Mapping[str, Any] | None = None,
+    ) -> tuple[RunRecord, bool]:
         """:meth:`start_async` for callers that need the record and whether it was created,
         its arguments given as a sequence and a mapping. With ``tenant`` (the HTTP API),
         ``run_id`` is that tenant's id (see :mod:`ratchet.store.tenants`; the record
         carries the engine's), and a conflict with an existing run names the fields that
         differ without quoting the stored values."""
-        new, graph = await self._new_run(RunRequest(wf, tuple(args), kwargs, run_id, queue,
-                                                    priority, guards), tenant or DEFAULT_TENANT)
+        new, graph = await self._new_run(
+            RunRequest(wf, tuple(args), kwargs, run_id, queue, priority, guards),
+            tenant or DEFAULT_TENANT,
+        )
         store = await self._astore()
         redact = tenant is not None
         if redact:
@@ -378,16 +448,22 @@ class Ratchet:
             [internal] = await tenants.internal_ids(store, tenant, [new.run_id])
             new = dataclasses.replace(new, run_id=internal)
         rec, created = await store.create_run(new, redact=redact)
-        if not created and graph and (rec.workflow, rec.workflow_version) != (
-                new.workflow, new.workflow_version):
-            raise RunIdConflict(f"run id {rec.run_id!r} already belongs to another version "
-                                "of the graph" if redact else
-                                f"run id {rec.run_id!r} already belongs to workflow "
-                                f"{rec.workflow!r} {rec.workflow_version}")
+        if (
+            not created
+            and graph
+            and (rec.workflow, rec.workflow_version) != (new.workflow, new.workflow_version)
+        ):
+            raise RunIdConflict(
+                f"run id {rec.run_id!r} already belongs to another version of the graph"
+                if redact
+                else f"run id {rec.run_id!r} already belongs to workflow "
+                f"{rec.workflow!r} {rec.workflow_version}"
+            )
         return rec, created
 
-    async def start_runs_async(self, requests: Sequence[RunRequest], *,
-                               tenant: str | None = None) -> list[tuple[str, RunStatus, bool]]:
+    async def start_runs_async(
+        self, requests: Sequence[RunRequest], *, tenant: str | None = None
+    ) -> list[tuple[str, RunStatus, bool]]:
         """Start many runs in one transaction: ``(run_id, status, created)`` per request,
         in order. Every request is checked first; a bad one raises
         :class:`BatchItemInvalid` naming its index and field, and nothing is written. With
@@ -416,19 +492,24 @@ class Ratchet:
             overrides = check_overrides(r.guards) if r.guards is not None else None
             run_id, queue, priority = r.run_id, r.queue, r.priority
             field = "run_id"
-            if run_id is not None and (not isinstance(run_id, str)
-                                       or not _RUN_ID.fullmatch(run_id)):
-                raise InvalidInput(f"invalid run id {run_id!r}: use 1-200 characters of "
-                                   "letters, digits and . _ : @ -, starting with a letter "
-                                   "or digit")
+            if run_id is not None and (
+                not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)
+            ):
+                raise InvalidInput(
+                    f"invalid run id {run_id!r}: use 1-200 characters of "
+                    "letters, digits and . _ : @ -, starting with a letter "
+                    "or digit"
+                )
             field = "queue"
             check_length(check_name(queue, "queue"), "queue", MAX_QUEUE)
             field = "priority"
             if isinstance(priority, bool) or not isinstance(priority, int):
                 raise InvalidInput(f"invalid priority {priority!r}: expected an integer")
             if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
-                raise InvalidInput(f"invalid priority {priority}: expected an integer from "
-                                   f"{PRIORITY_MIN} to {PRIORITY_MAX} (32-bit signed)")
+                raise InvalidInput(
+                    f"invalid priority {priority}: expected an integer from "
+                    f"{PRIORITY_MIN} to {PRIORITY_MAX} (32-bit signed)"
+                )
             wf = r.workflow
             field = "workflow"
             check_length(wf, "workflow name", MAX_WORKFLOW)
@@ -437,9 +518,16 @@ class Ratchet:
 
                 field = "input"
                 try:
-                    new = await new_graph_run(await self._astore(), wf, r.args,
-                                              dict(r.kwargs), run_id or uuid.uuid4().hex,
-                                              queue, priority, known=self.workflows)
+                    new = await new_graph_run(
+                        await self._astore(),
+                        wf,
+                        r.args,
+                        dict(r.kwargs),
+                        run_id or uuid.uuid4().hex,
+                        queue,
+                        priority,
+                        known=self.workflows,
+                    )
                 except UnknownWorkflow:
                     field = "workflow"
                     raise
@@ -452,12 +540,27 @@ class Ratchet:
             if e.field is None:
                 e.field = field
             raise
-        return NewRun(run_id or uuid.uuid4().hex, wd.name, wd.version, data, queue, priority,
-                      tenant_id=tenant, guards=overrides), False
+        return NewRun(
+            run_id or uuid.uuid4().hex,
+            wd.name,
+            wd.version,
+            data,
+            queue,
+            priority,
+            tenant_id=tenant,
+            guards=overrides,
+        ), False
 
-    async def start_many_async(self, wf: WorkflowDef | str, items: Iterable[Any], /, *,
-                               queue: str = "default", priority: int = 0,
-                               guards: Mapping[str, Any] | None = None) -> list[str]:
+    async def start_many_async(
+        self,
+        wf: WorkflowDef | str,
+        items: Iterable[Any],
+        /,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        guards: Mapping[str, Any] | None = None,
+    ) -> list[str]:
         """Queue many runs of ``wf`` at once and return their ids, in order: one
         transaction and one wake-up for the whole batch. Each item is a
         :class:`ratchet.Start` (arguments, and optionally its own ``run_id``, ``queue``,
@@ -468,11 +571,17 @@ class Ratchet:
         requests = []
         for i, item in enumerate(items):
             start = as_start(item, i)
-            requests.append(RunRequest(
-                wf, start.args, start.kwargs, start.run_id,
-                queue if start.queue is None else start.queue,
-                priority if start.priority is None else start.priority,
-                guards if start.guards is None else start.guards))
+            requests.append(
+                RunRequest(
+                    wf,
+                    start.args,
+                    start.kwargs,
+                    start.run_id,
+                    queue if start.queue is None else start.queue,
+                    priority if start.priority is None else start.priority,
+                    guards if start.guards is None else start.guards,
+                )
+            )
         return [run_id for run_id, _, _ in await self.start_runs_async(requests)]
 
     async def get_async(self, run_id: str) -> RunRecord:
@@ -492,7 +601,8 @@ class Ratchet:
                 if not rec.status.terminal:
                     if deadline is not None and time.monotonic() >= deadline:
                         raise ResultTimeout(
-                            f"run {run_id} is still {rec.status} after {timeout_s:g}s")
+                            f"run {run_id} is still {rec.status} after {timeout_s:g}s"
+                        )
                     # Woken when the run finishes, wherever its worker is; the timeout is
                     # a backstop for a notification lost with a dropped connection.
                     wait = 5.0 if deadline is None else min(5.0, deadline - time.monotonic())
@@ -515,9 +625,16 @@ class Ratchet:
         data = json.loads(to_json(data, f"the data of signal {name!r}"))
         await (await self._astore()).send_signal(run_id, name, data)
 
-    async def approve_async(self, run_id: str, step: str, *, by: str,
-                            comment: str | None = None, note: str | None = None,
-                            grant: Mapping[str, Any] | None = None) -> Decision:
+    async def approve_async(
+        self,
+        run_id: str,
+        step: str,
+        *,
+        by: str,
+        comment: str | None = None,
+        note: str | None = None,
+        grant: Mapping[str, Any] | None = None,
+    ) -> Decision:
         """Approve the run's pending approval ``step`` (its step id, or its name when that
         picks one) as ``by``; the run wakes and ``ratchet.approval`` returns the decision.
         ``note``: a name given beside the decider, journaled with the decision (the HTTP
@@ -534,14 +651,28 @@ class Ratchet:
         the decision (``approval_decided``: who, and the grant)."""
         return await self._decide(run_id, step, True, by, comment, note, grant)
 
-    async def reject_async(self, run_id: str, step: str, *, by: str,
-                           comment: str | None = None, note: str | None = None) -> Decision:
+    async def reject_async(
+        self,
+        run_id: str,
+        step: str,
+        *,
+        by: str,
+        comment: str | None = None,
+        note: str | None = None,
+    ) -> Decision:
         """Reject the run's pending approval ``step``; see :meth:`approve_async`."""
         return await self._decide(run_id, step, False, by, comment, note)
 
-    async def _decide(self, run_id: str, step: str, approved: bool, by: str,
-                      comment: str | None, note: str | None = None,
-                      grant: Mapping[str, Any] | None = None) -> Decision:
+    async def _decide(
+        self,
+        run_id: str,
+        step: str,
+        approved: bool,
+        by: str,
+        comment: str | None,
+        note: str | None = None,
+        grant: Mapping[str, Any] | None = None,
+    ) -> Decision:
         check_name(run_id, "run id")
         check_length(check_name(step, "approval step"), "approval step", MAX_STEP)
         check_length(check_name(by, "decider (by)"), "decider (by)", MAX_DECIDER)
@@ -550,13 +681,13 @@ class Ratchet:
         if note is not None:
             check_length(check_name(note, "note"), "note", MAX_DECIDER)
         granted = check_grant(grant) if grant is not None else None
-        found = await (await self._astore()).decide_approval(run_id, step, approved, by,
-                                                             comment, note, granted)
+        found = await (await self._astore()).decide_approval(
+            run_id, step, approved, by, comment, note, granted
+        )
         assert found.decision is not None
         return found.decision
 
-    async def approvals_async(self, run_id: str | None = None,
-                              limit: int = 100) -> list[Approval]:
+    async def approvals_async(self, run_id: str | None = None, limit: int = 100) -> list[Approval]:
         """Pending approvals of unfinished runs, oldest first: run, step, name, data, when
         asked, and the top-level run (``root_run_id``; a child run's approval carries its
         parent's). With ``run_id``, only that run's and those of the runs under it."""
@@ -569,8 +700,9 @@ class Ratchet:
         by its worker at its next lease renewal)."""
         return await (await self._astore()).cancel(run_id)
 
-    async def retry_async(self, run_id: str, *, grant: Mapping[str, Any] | None = None,
-                          by: str | None = None) -> RunRecord:
+    async def retry_async(
+        self, run_id: str, *, grant: Mapping[str, Any] | None = None, by: str | None = None
+    ) -> RunRecord:
         """Re-queue a dead-lettered run; it resumes after its last completed step. It keeps
         its limits: a budget it crossed stops it again at the next call over it. ``grant``
         moves limits for the rest of the run (``{"budget_tokens": 5000}``, the fields of
@@ -589,8 +721,9 @@ class Ratchet:
         await self.get_async(run_id)
         return await (await self._astore()).receipts(run_id)
 
-    async def settle_receipt_async(self, key: str, *, response: Any = _UNSET,
-                                   failed: bool = False) -> Receipt:
+    async def settle_receipt_async(
+        self, key: str, *, response: Any = _UNSET, failed: bool = False
+    ) -> Receipt:
         """Resolve a receipt left ``claimed`` by hand, once a person knows what happened:
         ``response=`` what the receiver answered (the step then returns it, without
         dispatching), or ``failed=True``: it did not happen (the step's ``deliver`` then
@@ -600,13 +733,16 @@ class Ratchet:
         if not isinstance(failed, bool):
             raise InvalidInput(f"failed must be True or False, got {failed!r}")
         if failed == (response is not _UNSET):
-            raise InvalidInput("settle a receipt with either response=... (what the receiver "
-                               "answered) or failed=True (it did not happen), not "
-                               + ("both" if failed else "neither"))
+            raise InvalidInput(
+                "settle a receipt with either response=... (what the receiver "
+                "answered) or failed=True (it did not happen), not "
+                + ("both" if failed else "neither")
+            )
         if not failed:
             response = json.loads(to_json(response, f"the response for receipt {key}"))
         return await (await self._astore()).resolve_receipt(
-            key, None if failed else response, failed)
+            key, None if failed else response, failed
+        )
 
     @property
     def signer(self) -> Signer:
@@ -622,14 +758,19 @@ class Ratchet:
         delivery receipts of its side effects."""
         return (await ensure_receipt(await self._astore(), self.signer, run_id)).envelope
 
-    async def prune_async(self, finished_before_s: float, *,
-                          statuses: Sequence[str] = DEFAULT_STATUSES,
-                          dry_run: bool = False) -> PruneReport:
+    async def prune_async(
+        self,
+        finished_before_s: float,
+        *,
+        statuses: Sequence[str] = DEFAULT_STATUSES,
+        dry_run: bool = False,
+    ) -> PruneReport:
         """Delete the journals (keeping the signed receipts) of runs that finished more than
         ``finished_before_s`` seconds ago, with one of ``statuses``."""
         if not isinstance(finished_before_s, int | float) or finished_before_s <= 0:
-            raise InvalidInput(f"finished_before_s must be a positive number of seconds, "
-                               f"got {finished_before_s!r}")
+            raise InvalidInput(
+                f"finished_before_s must be a positive number of seconds, got {finished_before_s!r}"
+            )
         store = await self._astore()
         before = await store.now() - finished_before_s
         return await prune(store, self.signer, before, statuses, dry_run=dry_run)
@@ -644,8 +785,9 @@ class Ratchet:
         _check_status(status)
         return await (await self._astore()).list_runs(status, limit)
 
-    async def sandboxes_async(self, run_id: str | None = None,
-                              limit: int = 100) -> list[SandboxRecord]:
+    async def sandboxes_async(
+        self, run_id: str | None = None, limit: int = 100
+    ) -> list[SandboxRecord]:
         """The sandboxes of an isolated run, by attempt (with ``run_id``), else the most
         recent ones of every run: status, times, exit code or signal, peak memory, and
         why each ended."""
@@ -677,21 +819,46 @@ class Ratchet:
 
     # -- client calls (blocking) -----------------------------------------------------------
 
-    def start(self, wf: WorkflowDef | str, /, *args: Any, run_id: str | None = None,
-              queue: str = "default", priority: int = 0,
-              guards: Mapping[str, Any] | None = None, timeout_s: float | None = None,
-              **kwargs: Any) -> str:
+    def start(
+        self,
+        wf: WorkflowDef | str,
+        /,
+        *args: Any,
+        run_id: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        guards: Mapping[str, Any] | None = None,
+        timeout_s: float | None = None,
+        **kwargs: Any,
+    ) -> str:
         """Blocking :meth:`start_async`."""
-        return self._portal.call(self.start_async(wf, *args, run_id=run_id, queue=queue,
-                                                  priority=priority, guards=guards,
-                                                  timeout_s=timeout_s, **kwargs))
+        return self._portal.call(
+            self.start_async(
+                wf,
+                *args,
+                run_id=run_id,
+                queue=queue,
+                priority=priority,
+                guards=guards,
+                timeout_s=timeout_s,
+                **kwargs,
+            )
+        )
 
-    def start_many(self, wf: WorkflowDef | str, items: Iterable[Any], /, *,
-                   queue: str = "default", priority: int = 0,
-                   guards: Mapping[str, Any] | None = None) -> list[str]:
+    def start_many(
+        self,
+        wf: WorkflowDef | str,
+        items: Iterable[Any],
+        /,
+        *,
+        queue: str = "default",
+        priority: int = 0,
+        guards: Mapping[str, Any] | None = None,
+    ) -> list[str]:
         """Blocking :meth:`start_many_async`."""
-        return self._portal.call(self.start_many_async(wf, items, queue=queue,
-                                                       priority=priority, guards=guards))
+        return self._portal.call(
+            self.start_many_async(wf, items, queue=queue, priority=priority, guards=guards)
+        )
 
     def get(self, run_id: str) -> RunRecord:
         """Blocking :meth:`get_async`."""
@@ -705,17 +872,32 @@ class Ratchet:
         """Blocking :meth:`signal_async`."""
         self._portal.call(self.signal_async(run_id, name, data))
 
-    def approve(self, run_id: str, step: str, *, by: str, comment: str | None = None,
-                note: str | None = None, grant: Mapping[str, Any] | None = None) -> Decision:
+    def approve(
+        self,
+        run_id: str,
+        step: str,
+        *,
+        by: str,
+        comment: str | None = None,
+        note: str | None = None,
+        grant: Mapping[str, Any] | None = None,
+    ) -> Decision:
         """Blocking :meth:`approve_async`."""
-        return self._portal.call(self.approve_async(run_id, step, by=by, comment=comment,
-                                                    note=note, grant=grant))
+        return self._portal.call(
+            self.approve_async(run_id, step, by=by, comment=comment, note=note, grant=grant)
+        )
 
-    def reject(self, run_id: str, step: str, *, by: str,
-               comment: str | None = None, note: str | None = None) -> Decision:
+    def reject(
+        self,
+        run_id: str,
+        step: str,
+        *,
+        by: str,
+        comment: str | None = None,
+        note: str | None = None,
+    ) -> Decision:
         """Blocking :meth:`reject_async`."""
-        return self._portal.call(self.reject_async(run_id, step, by=by, comment=comment,
-                                                   note=note))
+        return self._portal.call(self.reject_async(run_id, step, by=by, comment=comment, note=note))
 
     def approvals(self, run_id: str | None = None, limit: int = 100) -> list[Approval]:
         """Blocking :meth:`approvals_async`."""
@@ -725,8 +907,9 @@ class Ratchet:
         """Blocking :meth:`cancel_async`."""
         return self._portal.call(self.cancel_async(run_id))
 
-    def retry(self, run_id: str, *, grant: Mapping[str, Any] | None = None,
-              by: str | None = None) -> RunRecord:
+    def retry(
+        self, run_id: str, *, grant: Mapping[str, Any] | None = None, by: str | None = None
+    ) -> RunRecord:
         """Blocking :meth:`retry_async`."""
         return self._portal.call(self.retry_async(run_id, grant=grant, by=by))
 
@@ -764,11 +947,17 @@ class Ratchet:
         """Blocking :meth:`run_receipt_async`."""
         return self._portal.call(self.run_receipt_async(run_id))
 
-    def prune(self, finished_before_s: float, *, statuses: Sequence[str] = DEFAULT_STATUSES,
-              dry_run: bool = False) -> PruneReport:
+    def prune(
+        self,
+        finished_before_s: float,
+        *,
+        statuses: Sequence[str] = DEFAULT_STATUSES,
+        dry_run: bool = False,
+    ) -> PruneReport:
         """Blocking :meth:`prune_async`."""
-        return self._portal.call(self.prune_async(finished_before_s, statuses=statuses,
-                                                  dry_run=dry_run))
+        return self._portal.call(
+            self.prune_async(finished_before_s, statuses=statuses, dry_run=dry_run)
+        )
 
     def sandboxes(self, run_id: str | None = None, limit: int = 100) -> list[SandboxRecord]:
         """Blocking :meth:`sandboxes_async`."""
@@ -778,11 +967,9 @@ class Ratchet:
         """Blocking :meth:`live_workers_async`."""
         return self._portal.call(self.live_workers_async())
 
-    def settle_receipt(self, key: str, *, response: Any = _UNSET,
-                       failed: bool = False) -> Receipt:
+    def settle_receipt(self, key: str, *, response: Any = _UNSET, failed: bool = False) -> Receipt:
         """Blocking :meth:`settle_receipt_async`."""
-        return self._portal.call(self.settle_receipt_async(key, response=response,
-                                                           failed=failed))
+        return self._portal.call(self.settle_receipt_async(key, response=response, failed=failed))
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -797,13 +984,14 @@ class Ratchet:
         options.setdefault("signer", self.signer)
         # Graph versions may be isolated too (tier: isolated); the runner costs nothing
         # until a sandbox is needed.
-        if "isolation" not in options and (options["serve_graphs"] or any(
-                wd.sandbox is not None for wd in self.workflows.values())):
+        if "isolation" not in options and (
+            options["serve_graphs"] or any(wd.sandbox is not None for wd in self.workflows.values())
+        ):
             from ratchet.sandbox.on_demand import OnDemandRunner
 
             options["isolation"] = OnDemandRunner(
-                self.store, signer=options["signer"],
-                private=private_paths(self.database_url))
+                self.store, signer=options["signer"], private=private_paths(self.database_url)
+            )
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:
@@ -841,8 +1029,10 @@ class Ratchet:
             stop, task = self._embedded
             loop = task.get_loop()
             if loop is not self._portal.current and _running_loop() is loop:
-                raise RatchetError("the worker was launched on this event loop with "
-                                   "launch_async(); await shutdown_async() instead")
+                raise RatchetError(
+                    "the worker was launched on this event loop with "
+                    "launch_async(); await shutdown_async() instead"
+                )
             self._embedded = None
 
             async def end() -> None:
@@ -868,6 +1058,7 @@ class Ratchet:
                 stop.set()
                 await task
             else:
+
                 async def end() -> None:
                     stop.set()
                     await task
@@ -885,4 +1076,3 @@ class Ratchet:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
-

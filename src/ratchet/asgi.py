@@ -20,8 +20,9 @@ class Server(uvicorn.Server):
     calling ``on_shutdown`` on its loop as it starts to stop, before it waits for the
     requests still open (so that streams can end instead of being cut at the timeout)."""
 
-    def __init__(self, config: uvicorn.Config,
-                 on_shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None
+    ) -> None:
         super().__init__(config)
         self.ready = threading.Event()
         self.on_shutdown = on_shutdown
@@ -60,9 +61,13 @@ def url_of(sock: socket.socket) -> str:
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, sock: socket.socket, what: str,
-                    on_shutdown: Callable[[], None] | None = None,
-                    **config: Any) -> Iterator[str]:
+def serve_in_thread(
+    app: Any,
+    sock: socket.socket,
+    what: str,
+    on_shutdown: Callable[[], None] | None = None,
+    **config: Any,
+) -> Iterator[str]:
     """Serve ``app`` on ``sock`` (``uvicorn.Config`` options in ``config``) in a daemon
     thread; yield the base URL once it accepts connections; stop it (gracefully, within
     its ``timeout_graceful_shutdown``; see :class:`Server` for ``on_shutdown``) and close
@@ -84,8 +89,9 @@ def serve_in_thread(app: Any, sock: socket.socket, what: str,
     thread.start()
     try:
         if not server.ready.wait(STARTUP_TIMEOUT_S) or failed or not server.started:
-            raise RuntimeError(f"{what} did not start on {url}"
-                               + (f": {failed[0]!r}" if failed else ""))
+            raise RuntimeError(
+                f"{what} did not start on {url}" + (f": {failed[0]!r}" if failed else "")
+            )
         yield url
     finally:
         server.should_exit = True

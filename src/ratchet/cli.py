@@ -56,17 +56,27 @@ cli = typer.Typer(
 
 DbOption = Annotated[
     str | None,
-    typer.Option("--db", metavar="URL",
-                 help="Database URL (sqlite:///path or postgresql://...); default: "
-                      f"$RATCHET_DATABASE_URL, else {DEFAULT_DATABASE_URL}."),
+    typer.Option(
+        "--db",
+        metavar="URL",
+        help="Database URL (sqlite:///path or postgresql://...); default: "
+        f"$RATCHET_DATABASE_URL, else {DEFAULT_DATABASE_URL}.",
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run id.")]
 
 _STATUS_STYLE = {
-    "queued": "cyan", "running": "blue", "waiting": "yellow", "succeeded": "green",
-    "failed": "red", "cancelled": "magenta", "completed": "green", "started": "blue",
-    "retrying": "yellow", "pending": "dim",
+    "queued": "cyan",
+    "running": "blue",
+    "waiting": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "completed": "green",
+    "started": "blue",
+    "retrying": "yellow",
+    "pending": "dim",
 }
 
 
@@ -192,10 +202,16 @@ def _print_version(value: bool) -> None:
 
 
 @cli.callback()
-def _root(ctx: typer.Context, db: DbOption = None,
-          version: Annotated[bool, typer.Option(
-              "--version", is_eager=True, callback=_print_version,
-              help="Print the version and exit.")] = False) -> None:
+def _root(
+    ctx: typer.Context,
+    db: DbOption = None,
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """Ratchet: a durable execution engine for AI-agent workflows."""
     ctx.obj = db
 
@@ -207,17 +223,20 @@ def load_app(spec: str) -> Ratchet:
     """``module:attribute`` (importable from the current directory) → the Ratchet app."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise _Fail(f"invalid APP {spec!r}: expected module:attribute, "
-                    "e.g. myproject.workflows:app")
+        raise _Fail(
+            f"invalid APP {spec!r}: expected module:attribute, e.g. myproject.workflows:app"
+        )
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name is not None and (module_name == e.name or module_name.startswith(e.name + ".")):
-            raise _Fail(f"cannot import module {module_name!r} for APP {spec!r}: "
-                        f"no module named {e.name!r} (looked in the current directory "
-                        "and on sys.path)") from e
+            raise _Fail(
+                f"cannot import module {module_name!r} for APP {spec!r}: "
+                f"no module named {e.name!r} (looked in the current directory "
+                "and on sys.path)"
+            ) from e
         raise _Fail(f"importing module {module_name!r} failed: {_where(e)}") from e
     except Exception as e:
         raise _Fail(f"importing module {module_name!r} failed: {_where(e)}") from e
@@ -272,20 +291,32 @@ async def _work(app: Ratchet, options: dict[str, Any]) -> None:
 @cli.command()
 def worker(
     ctx: typer.Context,
-    app_spec: Annotated[str, typer.Argument(metavar="APP",
-                                            help="The app, as module:attribute.")],
+    app_spec: Annotated[str, typer.Argument(metavar="APP", help="The app, as module:attribute.")],
     concurrency: Annotated[int, typer.Option(min=1, help="Runs driven at once.")] = 16,
-    worker_id: Annotated[str | None, typer.Option(
-        "--worker-id", help="Keep it stable across restarts (e.g. a pod name) so a restarted "
-                            "worker reclaims its runs at once; default $RATCHET_WORKER_ID, "
-                            "else unique.")] = None,
-    queue: Annotated[list[str] | None, typer.Option(
-        "--queue", "-q", help="A queue to take runs from (repeatable); default: default.")
+    worker_id: Annotated[
+        str | None,
+        typer.Option(
+            "--worker-id",
+            help="Keep it stable across restarts (e.g. a pod name) so a restarted "
+            "worker reclaims its runs at once; default $RATCHET_WORKER_ID, "
+            "else unique.",
+        ),
     ] = None,
-    grace: Annotated[str, typer.Option(
-        "--grace", metavar="DURATION",
-        help="On SIGTERM, how long steps in flight may run on before they are interrupted "
-             "(e.g. 10s, 500ms, 2m).")] = "10s",
+    queue: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--queue", "-q", help="A queue to take runs from (repeatable); default: default."
+        ),
+    ] = None,
+    grace: Annotated[
+        str,
+        typer.Option(
+            "--grace",
+            metavar="DURATION",
+            help="On SIGTERM, how long steps in flight may run on before they are interrupted "
+            "(e.g. 10s, 500ms, 2m).",
+        ),
+    ] = "10s",
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
     db: DbOption = None,
 ) -> None:
@@ -298,8 +329,11 @@ def worker(
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
         _die(f"invalid --log-level {log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
     with _errors():
         faults.check()
         app = load_app(app_spec)
@@ -313,13 +347,21 @@ def worker(
             grace_s = parse_duration(grace)
         except ConfigError as e:
             raise _Fail(f"invalid --grace: {e}") from e
-        options: dict[str, Any] = {"concurrency": concurrency, "grace": grace_s,
-                                   "queues": tuple(queue or ("default",))}
+        options: dict[str, Any] = {
+            "concurrency": concurrency,
+            "grace": grace_s,
+            "queues": tuple(queue or ("default",)),
+        }
         if worker_id:
             options["worker_id"] = worker_id
-        log.info("action=worker_boot app=%s db=%s workflows=%s queues=%s pid=%s", app_spec,
-                 _redact(app.database_url), ",".join(sorted(app.workflows)) or "-",
-                 ",".join(options["queues"]), os.getpid())
+        log.info(
+            "action=worker_boot app=%s db=%s workflows=%s queues=%s pid=%s",
+            app_spec,
+            _redact(app.database_url),
+            ",".join(sorted(app.workflows)) or "-",
+            ",".join(options["queues"]),
+            os.getpid(),
+        )
         try:
             asyncio.run(_work(app, options))
         finally:
@@ -332,16 +374,17 @@ def worker(
 @cli.command()
 def runs(
     ctx: typer.Context,
-    status: Annotated[str | None, typer.Option(
-        help="Only runs with this status: " + ", ".join(s.value for s in RunStatus))] = None,
+    status: Annotated[
+        str | None,
+        typer.Option(help="Only runs with this status: " + ", ".join(s.value for s in RunStatus)),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
     """List runs, newest first."""
     if status is not None and status not in {s.value for s in RunStatus}:
-        _die(f"unknown status {status!r}: expected one of "
-             f"{', '.join(s.value for s in RunStatus)}")
+        _die(f"unknown status {status!r}: expected one of {', '.join(s.value for s in RunStatus)}")
     with _client(ctx, db, read_only=True) as app:
         # One more than asked for tells whether there are more, without counting each time.
         records = app.runs(status, limit + 1)
@@ -353,19 +396,25 @@ def runs(
         totals = app.llm_totals([r.run_id for r in records]) if records else {}
     note = _more(len(records), total, "runs" + (f" with status {status}" if status else ""))
     if as_json:
-        _echo_json([{**r.as_dict(), "llm": _totals_dict(totals.get(r.run_id))}
-                    for r in records])
+        _echo_json([{**r.as_dict(), "llm": _totals_dict(totals.get(r.run_id))} for r in records])
         if more:
             typer.echo(note, err=True)
         return
-    table = Table("run_id", "workflow", "status", "created", "updated", "tokens", "cost",
-                  title=None)
+    table = Table(
+        "run_id", "workflow", "status", "created", "updated", "tokens", "cost", title=None
+    )
     table.columns[0].no_wrap = True
     for r in records:
         t = totals.get(r.run_id)
-        table.add_row(Text(r.run_id), Text(f"{r.workflow} v{r.workflow_version}"),
-                      _status(r.status), _when(r.created_at), _when(r.updated_at),
-                      f"{t.tokens:,}" if t else "-", _cost(t) if t else "-")
+        table.add_row(
+            Text(r.run_id),
+            Text(f"{r.workflow} v{r.workflow_version}"),
+            _status(r.status),
+            _when(r.created_at),
+            _when(r.updated_at),
+            f"{t.tokens:,}" if t else "-",
+            _cost(t) if t else "-",
+        )
     console = _console()
     if not records:
         console.print("no runs" + (f" with status {status}" if status else ""))
@@ -386,8 +435,10 @@ def _unserved_notes(queued: list[RunRecord], workers: list[WorkerInfo]) -> list[
         if not serving:
             why = f"no live worker serves workflow {r.workflow} v{r.workflow_version}"
         elif not any(r.queue in w.queues for w in serving):
-            why = (f"no live worker of workflow {r.workflow} v{r.workflow_version} takes "
-                   f"queue {r.queue}")
+            why = (
+                f"no live worker of workflow {r.workflow} v{r.workflow_version} takes "
+                f"queue {r.queue}"
+            )
         else:
             continue
         notes[why] = notes.get(why, 0) + 1
@@ -397,9 +448,15 @@ def _unserved_notes(queued: list[RunRecord], workers: list[WorkerInfo]) -> list[
 def _totals_dict(t: LLMTotals | None) -> dict[str, Any] | None:
     if t is None:
         return None
-    return {"calls": t.calls, "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
-            "cached_tokens": t.cached_tokens, "reasoning_tokens": t.reasoning_tokens,
-            "cost_usd": _cost_value(t), "unpriced_calls": t.unpriced_calls}
+    return {
+        "calls": t.calls,
+        "input_tokens": t.input_tokens,
+        "output_tokens": t.output_tokens,
+        "cached_tokens": t.cached_tokens,
+        "reasoning_tokens": t.reasoning_tokens,
+        "cost_usd": _cost_value(t),
+        "unpriced_calls": t.unpriced_calls,
+    }
 
 
 def _cost_value(t: LLMTotals) -> float | None:
@@ -435,8 +492,9 @@ def _step_dict(step: StepState) -> dict[str, Any]:
 def show(
     ctx: typer.Context,
     run_id: RunArg,
-    full: Annotated[bool, typer.Option(
-        "--full", help="Print inputs, outputs and errors whole, not shortened.")] = False,
+    full: Annotated[
+        bool, typer.Option("--full", help="Print inputs, outputs and errors whole, not shortened.")
+    ] = False,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -450,9 +508,15 @@ def show(
         state = fold(run_id, app.events(run_id))
     steps = [_step_dict(s) for s in sorted(state.steps.values(), key=lambda s: s.ordinal)]
     if as_json:
-        _echo_json({**rec.as_dict(), "drives": state.drives, "events": state.last_seq,
-                    "llm": _totals_dict(state.llm if state.llm.calls else None),
-                    "steps": steps})
+        _echo_json(
+            {
+                **rec.as_dict(),
+                "drives": state.drives,
+                "events": state.last_seq,
+                "llm": _totals_dict(state.llm if state.llm.calls else None),
+                "steps": steps,
+            }
+        )
         return
     console = _console()
     rows: list[tuple[str, Text]] = [
@@ -472,15 +536,27 @@ def show(
         rows.append(("waiting for", Text(rec.waiting_for)))
     # Every run journals run_queued: a finished run with no events was pruned.
     pruned = state.last_seq == 0 and rec.status.terminal
-    rows += [("drives", Text(str(state.drives))), ("events", Text(
-        "0 (journal pruned; signed receipt kept)" if pruned else str(state.last_seq)))]
+    rows += [
+        ("drives", Text(str(state.drives))),
+        (
+            "events",
+            Text("0 (journal pruned; signed receipt kept)" if pruned else str(state.last_seq)),
+        ),
+    ]
     t = state.llm
     if t.calls:
-        rows += [("llm calls", Text(str(t.calls))),
-                 ("tokens", Text(f"{t.tokens:,} (input {t.input_tokens:,}, cached "
-                                 f"{t.cached_tokens:,}, output {t.output_tokens:,}, "
-                                 f"reasoning {t.reasoning_tokens:,})")),
-                 ("cost", Text(_cost(t)))]
+        rows += [
+            ("llm calls", Text(str(t.calls))),
+            (
+                "tokens",
+                Text(
+                    f"{t.tokens:,} (input {t.input_tokens:,}, cached "
+                    f"{t.cached_tokens:,}, output {t.output_tokens:,}, "
+                    f"reasoning {t.reasoning_tokens:,})"
+                ),
+            ),
+            ("cost", Text(_cost(t))),
+        ]
     if full:
         _show_full(console, rows, steps)
         return
@@ -506,15 +582,19 @@ def show(
         else:
             text, detail = "-", Text("-")
         shortened = shortened or text.endswith("…")
-        table.add_row(Text(s["step_id"]), _status(s["status"]), str(s["attempts"]),
-                      _duration(s["duration_s"]), detail)
+        table.add_row(
+            Text(s["step_id"]),
+            _status(s["status"]),
+            str(s["attempts"]),
+            _duration(s["duration_s"]),
+            detail,
+        )
     console.print(table)
     if shortened or any(len(v) >= SHOW_LIMIT for _, v in rows):
         console.print("values ending in … are shortened; --full prints them whole")
 
 
-def _show_full(console: Console, rows: list[tuple[str, Text]],
-               steps: list[dict[str, Any]]) -> None:
+def _show_full(console: Console, rows: list[tuple[str, Text]], steps: list[dict[str, Any]]) -> None:
     """``show --full``: one value a line, never wrapped or cut by the console, so a whole
     input or output can be copied or piped."""
     for key, value in rows:
@@ -533,9 +613,15 @@ def _show_full(console: Console, rows: list[tuple[str, Text]],
 
 def _event_line(ev: Event) -> Text:
     at = datetime.fromtimestamp(ev.at).strftime("%H:%M:%S.%f")[:-3]
-    style = ("green" if ev.kind in ("step_completed", "run_succeeded") else
-             "red" if ev.kind in ("step_failed", "run_failed") else
-             "yellow" if ev.kind in ("step_retrying", "step_waiting", "run_resumed") else "")
+    style = (
+        "green"
+        if ev.kind in ("step_completed", "run_succeeded")
+        else "red"
+        if ev.kind in ("step_failed", "run_failed")
+        else "yellow"
+        if ev.kind in ("step_retrying", "step_waiting", "run_resumed")
+        else ""
+    )
     line = Text(f"{ev.seq:>4}  {at}  ")
     line.append(f"{ev.kind:<16}", style=style)
     attempt = f"#{ev.attempt}" if ev.attempt is not None else "-"
@@ -547,10 +633,13 @@ def _event_line(ev: Event) -> Text:
 def events(
     ctx: typer.Context,
     run_id: RunArg,
-    follow: Annotated[bool, typer.Option("--follow", "-f", help=(
-        "Keep printing new events until the run finishes."))] = False,
-    interval: Annotated[float, typer.Option(min=0.01, help=(
-        "Seconds between polls with --follow."))] = 0.2,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help=("Keep printing new events until the run finishes.")),
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(min=0.01, help=("Seconds between polls with --follow."))
+    ] = 0.2,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -598,8 +687,18 @@ def dlq(
         total = app.count_dead_letters() if more else len(dead)
     note = _more(len(dead), total, "dead-lettered runs")
     if as_json:
-        _echo_json([{"run_id": d.run_id, "workflow": d.workflow, "reason": d.reason,
-                     "error": d.error, "at": d.at} for d in dead])
+        _echo_json(
+            [
+                {
+                    "run_id": d.run_id,
+                    "workflow": d.workflow,
+                    "reason": d.reason,
+                    "error": d.error,
+                    "at": d.at,
+                }
+                for d in dead
+            ]
+        )
         if more:
             typer.echo(note, err=True)
         return
@@ -610,8 +709,13 @@ def dlq(
     table = Table("run_id", "workflow", "reason", "error", "at")
     table.columns[0].no_wrap = True
     for d in dead:
-        table.add_row(Text(d.run_id), Text(d.workflow), Text(d.reason),
-                      Text(d.error, style="red"), _when(d.at))
+        table.add_row(
+            Text(d.run_id),
+            Text(d.workflow),
+            Text(d.reason),
+            Text(d.error, style="red"),
+            _when(d.at),
+        )
     console.print(table)
     if more:
         console.print(note)
@@ -625,8 +729,9 @@ def signal_(
     ctx: typer.Context,
     run_id: RunArg,
     name: Annotated[str, typer.Argument(help="The signal's name.")],
-    data: Annotated[str | None, typer.Option(
-        "--data", metavar="JSON", help="The signal's data, as JSON.")] = None,
+    data: Annotated[
+        str | None, typer.Option("--data", metavar="JSON", help="The signal's data, as JSON.")
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Send a signal to a run; a run waiting for it wakes up."""
@@ -653,14 +758,21 @@ def cancel(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
     elif status == RunStatus.CANCELLED:
         typer.echo(f"run {run_id}: cancelled")
     else:
-        typer.echo(f"run {run_id}: {status}, cancel requested (its worker will finish it "
-                   "as cancelled)")
+        typer.echo(
+            f"run {run_id}: {status}, cancel requested (its worker will finish it as cancelled)"
+        )
 
 
-GrantOption = Annotated[str | None, typer.Option(
-    "--grant", metavar="JSON", help='Limits the run may go over to, e.g. '
-    '\'{"budget_tokens": 5000}\' (budget_tokens, budget_usd, budget_steps, budget_wall_s, '
-    'max_steps, timeout_s; null for off). Journaled with who granted it.')]
+GrantOption = Annotated[
+    str | None,
+    typer.Option(
+        "--grant",
+        metavar="JSON",
+        help="Limits the run may go over to, e.g. "
+        "'{\"budget_tokens\": 5000}' (budget_tokens, budget_usd, budget_steps, budget_wall_s, "
+        "max_steps, timeout_s; null for off). Journaled with who granted it.",
+    ),
+]
 
 
 def grant_option(text: str | None) -> dict[str, Any] | None:
@@ -677,10 +789,16 @@ def grant_option(text: str | None) -> dict[str, Any] | None:
 
 
 @cli.command()
-def retry(ctx: typer.Context, run_id: RunArg, grant: GrantOption = None,
-          by: Annotated[str | None, typer.Option(
-              "--by", metavar="NAME", help="Who retries it (needed with --grant).")] = None,
-          db: DbOption = None) -> None:
+def retry(
+    ctx: typer.Context,
+    run_id: RunArg,
+    grant: GrantOption = None,
+    by: Annotated[
+        str | None,
+        typer.Option("--by", metavar="NAME", help="Who retries it (needed with --grant)."),
+    ] = None,
+    db: DbOption = None,
+) -> None:
     """Re-queue a dead-lettered run; it resumes after its last completed step. It keeps
     its limits (a budget it crossed stops it again) unless --grant moves them."""
     granted = grant_option(grant)
@@ -707,17 +825,18 @@ receipts_cli = typer.Typer(
     cls=_ReceiptsGroup,
     no_args_is_help=True,
     help="A run's delivery receipts (one per side effect it sent), and settling one by "
-         "hand. For the signed receipt over a run's journal, see `ratchet receipt`.\n\n"
-         "`ratchet receipts RUN` lists them (same as `ratchet receipts list RUN`); "
-         "`ratchet receipts settle KEY --response JSON | --failed` resolves one a crash "
-         "left claimed.",
+    "hand. For the signed receipt over a run's journal, see `ratchet receipt`.\n\n"
+    "`ratchet receipts RUN` lists them (same as `ratchet receipts list RUN`); "
+    "`ratchet receipts settle KEY --response JSON | --failed` resolves one a crash "
+    "left claimed.",
 )
 cli.add_typer(receipts_cli, name="receipts")
 
 
 @receipts_cli.command("list")
-def receipts_list(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = False,
-                  db: DbOption = None) -> None:
+def receipts_list(
+    ctx: typer.Context, run_id: RunArg, as_json: JsonOption = False, db: DbOption = None
+) -> None:
     """A run's receipts: key, step, delivery, status, response, times."""
     with _client(ctx, db, read_only=True) as app:
         found = app.receipts(run_id)
@@ -728,16 +847,21 @@ def receipts_list(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = Fals
     if not found:
         console.print(Text(f"run {run_id} has no receipts"))
         return
-    table = Table("key", "step", "delivery", "attempt", "status", "response", "claimed",
-                  "settled")
+    table = Table("key", "step", "delivery", "attempt", "status", "response", "claimed", "settled")
     table.columns[0].no_wrap = True
     for r in found:
         status = r.status + (" (by hand)" if r.settled_by == "hand" else "")
         response = _compact(r.response) if r.status == "settled" else "-"
-        table.add_row(Text(r.idempotency_key), Text(r.step_id), Text(r.delivery),
-                      str(r.attempt) if r.attempt is not None else "-",
-                      Text(status, style=_STATUS_STYLE.get(r.status, "")), Text(response),
-                      _when(r.claimed_at), _when(r.settled_at))
+        table.add_row(
+            Text(r.idempotency_key),
+            Text(r.step_id),
+            Text(r.delivery),
+            str(r.attempt) if r.attempt is not None else "-",
+            Text(status, style=_STATUS_STYLE.get(r.status, "")),
+            Text(response),
+            _when(r.claimed_at),
+            _when(r.settled_at),
+        )
     console.print(table)
 
 
@@ -745,12 +869,22 @@ def receipts_list(ctx: typer.Context, run_id: RunArg, as_json: JsonOption = Fals
 def receipts_settle(
     ctx: typer.Context,
     key: Annotated[str, typer.Argument(metavar="KEY", help="The receipt's idempotency key.")],
-    response: Annotated[str | None, typer.Option(
-        "--response", metavar="JSON", help="What the receiver answered, as JSON: the step "
-                                           "returns it without dispatching.")] = None,
-    failed: Annotated[bool, typer.Option(
-        "--failed", help="The delivery did not happen: the step's deliver raises "
-                         "DeliveryFailed instead of dispatching.")] = False,
+    response: Annotated[
+        str | None,
+        typer.Option(
+            "--response",
+            metavar="JSON",
+            help="What the receiver answered, as JSON: the step returns it without dispatching.",
+        ),
+    ] = None,
+    failed: Annotated[
+        bool,
+        typer.Option(
+            "--failed",
+            help="The delivery did not happen: the step's deliver raises "
+            "DeliveryFailed instead of dispatching.",
+        ),
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Settle a receipt left claimed (by a crash between dispatch and settle) by hand.
@@ -759,8 +893,11 @@ def receipts_settle(
     dispatching the delivery again; a dead-lettered run after `ratchet retry RUN`.
     """
     if (response is None) == (not failed):
-        _die("give either --response JSON or --failed, not "
-             + ("both" if failed else "neither") + "; nothing was settled")
+        _die(
+            "give either --response JSON or --failed, not "
+            + ("both" if failed else "neither")
+            + "; nothing was settled"
+        )
     value: Any = None
     if response is not None:
         try:
@@ -774,11 +911,12 @@ def receipts_settle(
             r = app.settle_receipt(key, response=value)
         status = app.get(r.run_id).status
     what = "failed (not delivered)" if failed else f"settled with {_compact(value)}"
-    typer.echo(f"receipt {key} (run {r.run_id}, step {r.step_id}, delivery {r.delivery}): "
-               f"{what}")
+    typer.echo(f"receipt {key} (run {r.run_id}, step {r.step_id}, delivery {r.delivery}): {what}")
     if status == RunStatus.FAILED:
-        typer.echo(f"run {r.run_id} is dead-lettered: `ratchet retry {r.run_id}` resumes it "
-                   "without dispatching this delivery again")
+        typer.echo(
+            f"run {r.run_id} is dead-lettered: `ratchet retry {r.run_id}` resumes it "
+            "without dispatching this delivery again"
+        )
     elif not status.terminal:
         typer.echo(f"run {r.run_id} ({status}) uses it when its step runs again")
 
@@ -786,17 +924,35 @@ def receipts_settle(
 @cli.command()
 def demo(
     ctx: typer.Context,
-    db: Annotated[str | None, typer.Option(
-        "--db", metavar="URL", help="Database URL; default sqlite:///.ratchet/demo.db, or "
-                                     ".ratchet/server.db with --serve (wiped first).")] = None,
-    serve: Annotated[bool, typer.Option(
-        "--serve", help="Play it through ratchet server (the HTTP API, one embedded worker), "
-                        "then keep serving until Ctrl-C: what make run does.")] = False,
-    host: Annotated[str, typer.Option(help="With --serve: the interface to listen on.")
-                    ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, envvar="RATCHET_PORT",
-                                      help="With --serve: the port (0: any free one).")
-                    ] = 8000,
+    db: Annotated[
+        str | None,
+        typer.Option(
+            "--db",
+            metavar="URL",
+            help="Database URL; default sqlite:///.ratchet/demo.db, or "
+            ".ratchet/server.db with --serve (wiped first).",
+        ),
+    ] = None,
+    serve: Annotated[
+        bool,
+        typer.Option(
+            "--serve",
+            help="Play it through ratchet server (the HTTP API, one embedded worker), "
+            "then keep serving until Ctrl-C: what make run does.",
+        ),
+    ] = False,
+    host: Annotated[
+        str, typer.Option(help="With --serve: the interface to listen on.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            max=65535,
+            envvar="RATCHET_PORT",
+            help="With --serve: the port (0: any free one).",
+        ),
+    ] = 8000,
 ) -> None:
     """Kill a worker in the middle of a run and watch a new one finish it.
 
@@ -823,12 +979,16 @@ def demo(
 @cli.command("llm-server")
 def llm_server(
     host: Annotated[str, typer.Option(help="The interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535,
-                                      help="The port; 0 picks a free one.")] = 8089,
-    script: Annotated[Path | None, typer.Option(
-        metavar="FILE", help="A YAML or JSON script: reply rules and queued faults.")] = None,
-    log: Annotated[Path | None, typer.Option(
-        metavar="FILE", help="Append one JSON line per request to FILE.")] = None,
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="The port; 0 picks a free one.")
+    ] = 8089,
+    script: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="A YAML or JSON script: reply rules and queued faults."),
+    ] = None,
+    log: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="Append one JSON line per request to FILE.")
+    ] = None,
 ) -> None:
     """Serve a local model provider speaking OpenAI's and Anthropic's APIs, until SIGTERM
     or Ctrl-C.

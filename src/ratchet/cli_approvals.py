@@ -23,25 +23,41 @@ from ratchet.cli import (
 )
 from ratchet.model import Approval, Decision, dumps
 
-StepArg = Annotated[str, typer.Argument(
-    metavar="STEP", help="The approval's step id, or its name when the run asked only one "
-                         "pending approval of that name.")]
+StepArg = Annotated[
+    str,
+    typer.Argument(
+        metavar="STEP",
+        help="The approval's step id, or its name when the run asked only one "
+        "pending approval of that name.",
+    ),
+]
 ByOption = Annotated[str, typer.Option("--by", metavar="NAME", help="Who decides.")]
-CommentOption = Annotated[str | None, typer.Option(
-    "--comment", metavar="TEXT", help="Why, for the record.")]
+CommentOption = Annotated[
+    str | None, typer.Option("--comment", metavar="TEXT", help="Why, for the record.")
+]
 
 
 def _row(a: Approval) -> dict[str, object]:
-    return {"run_id": a.run_id, "step_id": a.step_id, "name": a.name, "data": a.data,
-            "since": a.asked_at, "deadline": a.deadline, "root_run_id": a.root_run_id,
-            "parent_run_id": a.parent_run_id}
+    return {
+        "run_id": a.run_id,
+        "step_id": a.step_id,
+        "name": a.name,
+        "data": a.data,
+        "since": a.asked_at,
+        "deadline": a.deadline,
+        "root_run_id": a.root_run_id,
+        "parent_run_id": a.parent_run_id,
+    }
 
 
 @cli.command()
 def approvals(
     ctx: typer.Context,
-    run_id: Annotated[str | None, typer.Option(
-        "--run", metavar="RUN", help="Only this run's, and those of the runs under it.")
+    run_id: Annotated[
+        str | None,
+        typer.Option(
+            "--run", metavar="RUN", help="Only this run's, and those of the runs under it."
+        ),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, oldest first.")] = 100,
     as_json: JsonOption = False,
@@ -61,9 +77,14 @@ def approvals(
     table = Table("run_id", "step", "what", "data", "since", "top-level run")
     table.columns[0].no_wrap = True
     for a in pending:
-        table.add_row(Text(a.run_id), Text(a.step_id), Text(a.name), Text(dumps(a.data)),
-                      _when(a.asked_at),
-                      Text(a.root_run_id if a.root_run_id != a.run_id else "-"))
+        table.add_row(
+            Text(a.run_id),
+            Text(a.step_id),
+            Text(a.name),
+            Text(dumps(a.data)),
+            _when(a.asked_at),
+            Text(a.root_run_id if a.root_run_id != a.run_id else "-"),
+        )
     console.print(table)
 
 
@@ -75,9 +96,15 @@ def _decided(run_id: str, step: str, decision: Decision) -> None:
 
 
 @cli.command()
-def approve(ctx: typer.Context, run_id: RunArg, step: StepArg, by: ByOption,
-            comment: CommentOption = None, grant: GrantOption = None,
-            db: DbOption = None) -> None:
+def approve(
+    ctx: typer.Context,
+    run_id: RunArg,
+    step: StepArg,
+    by: ByOption,
+    comment: CommentOption = None,
+    grant: GrantOption = None,
+    db: DbOption = None,
+) -> None:
     """Approve a run's pending approval; the run wakes and goes on. Recorded once. On a
     guard's pause of a budget or of max_steps, --grant says how far the run may go over
     (without it: a budget rises to what the paused call needed, max_steps is lifted)."""
@@ -88,8 +115,14 @@ def approve(ctx: typer.Context, run_id: RunArg, step: StepArg, by: ByOption,
 
 
 @cli.command()
-def reject(ctx: typer.Context, run_id: RunArg, step: StepArg, by: ByOption,
-           comment: CommentOption = None, db: DbOption = None) -> None:
+def reject(
+    ctx: typer.Context,
+    run_id: RunArg,
+    step: StepArg,
+    by: ByOption,
+    comment: CommentOption = None,
+    db: DbOption = None,
+) -> None:
     """Reject a run's pending approval; the run wakes with the rejection. Recorded once."""
     with _client(ctx, db) as app:
         decision = app.reject(run_id, step, by=by, comment=comment)

@@ -25,14 +25,21 @@ from ratchet.cli import (
 from ratchet.errors import InvalidInput
 from ratchet.graphs import json_schema, load_document, validate
 
-graph_cli = typer.Typer(help="Graph workflows: validate, register and list them.",
-                        no_args_is_help=True)
+graph_cli = typer.Typer(
+    help="Graph workflows: validate, register and list them.", no_args_is_help=True
+)
 cli.add_typer(graph_cli, name="graph")
 
 FileArg = Annotated[str, typer.Argument(metavar="FILE", help="A graph file (YAML or JSON).")]
-AppOption = Annotated[str | None, typer.Option(
-    "--app", metavar="APP", help="module:attribute of a Ratchet app whose tools and "
-                                 "workflows the graph may name (checked when given).")]
+AppOption = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        metavar="APP",
+        help="module:attribute of a Ratchet app whose tools and "
+        "workflows the graph may name (checked when given).",
+    ),
+]
 
 
 def _check(path: str, app_spec: str | None) -> tuple[Any, list[Any]]:
@@ -48,19 +55,25 @@ def _check(path: str, app_spec: str | None) -> tuple[Any, list[Any]]:
 
 
 @graph_cli.command("validate")
-def validate_cmd(path: FileArg, app_spec: AppOption = None, as_json: JsonOption = False
-                 ) -> None:
+def validate_cmd(path: FileArg, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
     """Check a graph; list every problem (node and field) and exit 1 if there are any.
     Writes nothing."""
     with _errors():
         graph, problems = _check(path, app_spec)
     if as_json:
-        _echo_json({"valid": graph is not None, "version": graph.version if graph else None,
-                    "problems": [{"node": p.node, "field": p.field, "message": p.message}
-                                 for p in problems]})
+        _echo_json(
+            {
+                "valid": graph is not None,
+                "version": graph.version if graph else None,
+                "problems": [
+                    {"node": p.node, "field": p.field, "message": p.message} for p in problems
+                ],
+            }
+        )
     elif graph is not None:
-        typer.echo(f"graph {graph.name} is valid (version {graph.version}, "
-                   f"{len(graph.nodes)} nodes)")
+        typer.echo(
+            f"graph {graph.name} is valid (version {graph.version}, {len(graph.nodes)} nodes)"
+        )
     else:
         for p in problems:
             typer.echo(f"{path}: {p}", err=True)
@@ -76,8 +89,9 @@ def schema_cmd() -> None:
 
 
 @graph_cli.command("register")
-def register_cmd(ctx: typer.Context, path: FileArg, app_spec: AppOption = None,
-                 db: DbOption = None) -> None:
+def register_cmd(
+    ctx: typer.Context, path: FileArg, app_spec: AppOption = None, db: DbOption = None
+) -> None:
     """Validate a graph and store it, versioned by its content. Runs already started keep
     the version they started with."""
     with _errors():
@@ -87,8 +101,9 @@ def register_cmd(ctx: typer.Context, path: FileArg, app_spec: AppOption = None,
             typer.echo(f"{path}: {p}", err=True)
         _die(f"graph not registered: {len(problems)} problem(s)", 1)
     with _client(ctx, db) as app:
-        stored = app._portal.call(app.store.register_graph(graph.name, graph.version,
-                                                           graph.definition))
+        stored = app._portal.call(
+            app.store.register_graph(graph.name, graph.version, graph.definition)
+        )
     typer.echo(f"graph {stored.name} registered: version {stored.version}")
 
 
@@ -98,13 +113,23 @@ def list_cmd(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = Non
     with _client(ctx, db, read_only=True) as app:
         graphs = app._portal.call(app.store.list_graphs())
     if as_json:
-        _echo_json([{"name": g.name, "version": g.version, "registered_at": g.registered_at,
-                     "nodes": len(g.definition.get("nodes", []))} for g in graphs])
+        _echo_json(
+            [
+                {
+                    "name": g.name,
+                    "version": g.version,
+                    "registered_at": g.registered_at,
+                    "nodes": len(g.definition.get("nodes", [])),
+                }
+                for g in graphs
+            ]
+        )
         return
     table = Table("name", "version", "registered", "nodes")
     for g in graphs:
-        table.add_row(g.name, g.version, _when(g.registered_at),
-                      str(len(g.definition.get("nodes", []))))
+        table.add_row(
+            g.name, g.version, _when(g.registered_at), str(len(g.definition.get("nodes", [])))
+        )
     _console().print(table)
 
 
@@ -112,14 +137,22 @@ def list_cmd(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = Non
 def start_cmd(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(metavar="GRAPH", help="A registered graph's name.")],
-    input: Annotated[str, typer.Option("--input", metavar="JSON",
-                                       help="The run's input, as JSON.")] = "null",
-    run_id: Annotated[str | None, typer.Option("--run-id", metavar="RUN",
-                                               help="Choose the run's id.")] = None,
+    input: Annotated[
+        str, typer.Option("--input", metavar="JSON", help="The run's input, as JSON.")
+    ] = "null",
+    run_id: Annotated[
+        str | None, typer.Option("--run-id", metavar="RUN", help="Choose the run's id.")
+    ] = None,
     queue: Annotated[str, typer.Option(help="The queue to run it on.")] = "default",
-    guards: Annotated[str | None, typer.Option(
-        "--guards", metavar="JSON", help='Guard overrides for this run, e.g. '
-        '\'{"max_steps": 50, "actions": {"runaway_loop": "pause"}}\'.')] = None,
+    guards: Annotated[
+        str | None,
+        typer.Option(
+            "--guards",
+            metavar="JSON",
+            help="Guard overrides for this run, e.g. "
+            '\'{"max_steps": 50, "actions": {"runaway_loop": "pause"}}\'.',
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Start a run of the graph's latest version; print its id. A worker of any app

@@ -43,8 +43,10 @@ def _output(path: Path | None) -> Iterator[IO[str]]:
         yield f
 
 
-OutputOption = Annotated[Path | None, typer.Option(
-    "--output", "-o", metavar="FILE", help="Write here instead of to stdout.")]
+OutputOption = Annotated[
+    Path | None,
+    typer.Option("--output", "-o", metavar="FILE", help="Write here instead of to stdout."),
+]
 
 
 @keys_cli.command("show")
@@ -61,8 +63,9 @@ def keys_show(ctx: typer.Context, output: OutputOption = None, db: DbOption = No
 
 
 @cli.command()
-def receipt(ctx: typer.Context, run_id: RunArg, output: OutputOption = None,
-            db: DbOption = None) -> None:
+def receipt(
+    ctx: typer.Context, run_id: RunArg, output: OutputOption = None, db: DbOption = None
+) -> None:
     """A finished run's signed receipt (a DSSE envelope over its journal's hash chain),
     as JSON; signed now if it has none. For delivery receipts, see `ratchet receipts`."""
     with _client(ctx, db) as app:
@@ -84,8 +87,14 @@ def export(
         app.get(run_id)
         store = app.store
         if app._portal.call(retention.pruned_at(store, run_id)) is not None:
-            raise _Fail(str(JournalPruned(f"the journal of run {run_id} was pruned; its "
-                                          "receipt was kept (ratchet receipt)")))
+            raise _Fail(
+                str(
+                    JournalPruned(
+                        f"the journal of run {run_id} was pruned; its "
+                        "receipt was kept (ratchet receipt)"
+                    )
+                )
+            )
         with _output(output) as out:
             after = 0
             while batch := app._portal.call(store.load_events(run_id, after, EXPORT_PAGE)):
@@ -95,14 +104,24 @@ def export(
 
 @cli.command("verify")
 def verify_cmd(
-    receipt_file: Annotated[Path, typer.Argument(metavar="RECEIPT",
-                                                 help="The receipt, as `ratchet receipt` "
-                                                      "printed it.")],
-    events: Annotated[Path, typer.Option("--events", metavar="EVENTS.jsonl",
-                                         help="The journal, as `ratchet export` wrote it.")],
-    public_key: Annotated[Path, typer.Option("--public-key", metavar="KEY",
-                                             help="The signer's public key (PEM), as "
-                                                  "`ratchet keys show` printed it.")],
+    receipt_file: Annotated[
+        Path,
+        typer.Argument(metavar="RECEIPT", help="The receipt, as `ratchet receipt` printed it."),
+    ],
+    events: Annotated[
+        Path,
+        typer.Option(
+            "--events", metavar="EVENTS.jsonl", help="The journal, as `ratchet export` wrote it."
+        ),
+    ],
+    public_key: Annotated[
+        Path,
+        typer.Option(
+            "--public-key",
+            metavar="KEY",
+            help="The signer's public key (PEM), as `ratchet keys show` printed it.",
+        ),
+    ],
 ) -> None:
     """Check a receipt offline, with no database: its signature with KEY, then the journal's
     hash chain event by event. Exit 0 if it holds; else 1, naming the first bad seq or the
@@ -121,22 +140,32 @@ def verify_cmd(
                 ok = verify(envelope, lines, key)
             except VerificationFailed as e:
                 raise _Fail(f"verification failed: {e}", code=1) from e
-    typer.echo(f"ok: run {ok.run_id} ({ok.status}), {ok.event_count} events, chain head "
-               f"{ok.head}, signed by key {ok.key_id}")
+    typer.echo(
+        f"ok: run {ok.run_id} ({ok.status}), {ok.event_count} events, chain head "
+        f"{ok.head}, signed by key {ok.key_id}"
+    )
 
 
 @cli.command("prune")
 def prune_cmd(
     ctx: typer.Context,
-    finished_before: Annotated[str, typer.Option(
-        "--finished-before", metavar="AGE",
-        help="Prune runs that finished longer ago than this: 30d, 12h, 90m.")],
-    status: Annotated[str, typer.Option(
-        "--status", metavar="LIST",
-        help="Only runs with these statuses (comma-separated).")] = ",".join(
-            DEFAULT_STATUSES),
-    dry_run: Annotated[bool, typer.Option(
-        "--dry-run", help="Count what would be pruned; change nothing.")] = False,
+    finished_before: Annotated[
+        str,
+        typer.Option(
+            "--finished-before",
+            metavar="AGE",
+            help="Prune runs that finished longer ago than this: 30d, 12h, 90m.",
+        ),
+    ],
+    status: Annotated[
+        str,
+        typer.Option(
+            "--status", metavar="LIST", help="Only runs with these statuses (comma-separated)."
+        ),
+    ] = ",".join(DEFAULT_STATUSES),
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Count what would be pruned; change nothing.")
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Delete the journals of runs that finished more than AGE ago, in small batches. Their
@@ -147,8 +176,10 @@ def prune_cmd(
     with _client(ctx, db) as app:
         report = app.prune(age, statuses=statuses, dry_run=dry_run)
     verb = "would prune" if dry_run else "pruned"
-    line = (f"{verb} {report.runs} runs ({report.events} events) that finished more than "
-            f"{finished_before} ago")
+    line = (
+        f"{verb} {report.runs} runs ({report.events} events) that finished more than "
+        f"{finished_before} ago"
+    )
     if report.skipped:
         line += f"; {report.skipped} left alone (no receipt could be signed)"
     typer.echo(line)

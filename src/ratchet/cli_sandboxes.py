@@ -19,8 +19,9 @@ def _memory(n: int | None) -> str:
 @cli.command()
 def sandboxes(
     ctx: typer.Context,
-    run_id: Annotated[str | None, typer.Argument(
-        metavar="[RUN]", help="Only this run's sandboxes, by attempt.")] = None,
+    run_id: Annotated[
+        str | None, typer.Argument(metavar="[RUN]", help="Only this run's sandboxes, by attempt.")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 100,
     as_json: JsonOption = False,
     db: DbOption = None,
@@ -37,12 +38,26 @@ def sandboxes(
     if not found:
         console.print(f"run {run_id} has no sandboxes" if run_id else "no sandboxes yet")
         return
-    table = Table("sandbox", "run_id", "attempt", "status", "started", "ended", "exit",
-                  "peak memory", "why")
+    table = Table(
+        "sandbox", "run_id", "attempt", "status", "started", "ended", "exit", "peak memory", "why"
+    )
     for s in found:
-        exit = (f"signal {s.signal}" if s.signal is not None
-                else "-" if s.exit_code is None else str(s.exit_code))
-        table.add_row(Text(s.sandbox_id), Text(s.run_id), str(s.attempt), _status(s.status),
-                      _when(s.started_at), _when(s.ended_at), exit, _memory(s.peak_memory),
-                      Text(s.end_reason or "-"))
+        exit = (
+            f"signal {s.signal}"
+            if s.signal is not None
+            else "-"
+            if s.exit_code is None
+            else str(s.exit_code)
+        )
+        table.add_row(
+            Text(s.sandbox_id),
+            Text(s.run_id),
+            str(s.attempt),
+            _status(s.status),
+            _when(s.started_at),
+            _when(s.ended_at),
+            exit,
+            _memory(s.peak_memory),
+            Text(s.end_reason or "-"),
+        )
     console.print(table)

@@ -18,26 +18,46 @@ from ratchet.config import DatabaseURL, parse_age, parse_duration
 @cli.command()
 def server(
     ctx: typer.Context,
-    app_spec: Annotated[str, typer.Option("--app", metavar="APP",
-                                          help="The app, as module:attribute.")],
+    app_spec: Annotated[
+        str, typer.Option("--app", metavar="APP", help="The app, as module:attribute.")
+    ],
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")
-                    ] = 8000,
-    workers: Annotated[int, typer.Option(
-        min=0, help="Embedded workers driving runs in this process; 0 for an API-only node."
-    )] = 1,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
+    workers: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Embedded workers driving runs in this process; 0 for an API-only node."
+        ),
+    ] = 1,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
-    prune_finished_before: Annotated[str | None, typer.Option(
-        "--prune-finished-before", metavar="AGE", envvar="RATCHET_PRUNE_FINISHED_BEFORE",
-        help="Prune, periodically, the journals of runs that finished longer ago than AGE "
-             "(30d); their signed receipts stay. Off unless set.")] = None,
-    prune_interval: Annotated[str, typer.Option(
-        "--prune-interval", metavar="DURATION", envvar="RATCHET_PRUNE_INTERVAL",
-        help="How often to prune with --prune-finished-before.")] = "1h",
-    request_timeout: Annotated[str, typer.Option(
-        "--request-timeout", metavar="DURATION", envvar="RATCHET_REQUEST_TIMEOUT",
-        help="How long a client may take to send a request's head (from its connection "
-             "opening), and then its body; past it the connection is closed (408).")
+    prune_finished_before: Annotated[
+        str | None,
+        typer.Option(
+            "--prune-finished-before",
+            metavar="AGE",
+            envvar="RATCHET_PRUNE_FINISHED_BEFORE",
+            help="Prune, periodically, the journals of runs that finished longer ago than AGE "
+            "(30d); their signed receipts stay. Off unless set.",
+        ),
+    ] = None,
+    prune_interval: Annotated[
+        str,
+        typer.Option(
+            "--prune-interval",
+            metavar="DURATION",
+            envvar="RATCHET_PRUNE_INTERVAL",
+            help="How often to prune with --prune-finished-before.",
+        ),
+    ] = "1h",
+    request_timeout: Annotated[
+        str,
+        typer.Option(
+            "--request-timeout",
+            metavar="DURATION",
+            envvar="RATCHET_REQUEST_TIMEOUT",
+            help="How long a client may take to send a request's head (from its connection "
+            "opening), and then its body; past it the connection is closed (408).",
+        ),
     ] = "10s",
     db: DbOption = None,
 ) -> None:
@@ -48,8 +68,11 @@ def server(
     level = logging.getLevelName(log_level.upper())
     if not isinstance(level, int):
         raise typer.BadParameter(f"invalid --log-level {log_level!r}")
-    logging.basicConfig(level=level, stream=sys.stderr,
-                        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s")
+    logging.basicConfig(
+        level=level,
+        stream=sys.stderr,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
     with _errors():
         from ratchet.extras import require
 
@@ -60,8 +83,7 @@ def server(
         from ratchet.api.slow_clients import bounded_protocol
         from ratchet.asgi import Server
 
-        prune_age = (parse_age(prune_finished_before)
-                     if prune_finished_before is not None else None)
+        prune_age = parse_age(prune_finished_before) if prune_finished_before is not None else None
         prune_every = parse_duration(prune_interval)
         request_timeout_s = parse_duration(request_timeout)
         app = load_app(app_spec)
@@ -69,16 +91,23 @@ def server(
         if url is not None:
             DatabaseURL.parse(url)
             app.database_url = url
-        api = create_app(app, workers=workers, prune_finished_before=prune_age,
-                         prune_interval=prune_every)
+        api = create_app(
+            app, workers=workers, prune_finished_before=prune_age, prune_interval=prune_every
+        )
         # Access logs are off: they would print query strings, and tokens never belong in
         # a log (they travel in headers, but a client may misplace one).
         # The h11 protocol, bounded: a client that sends its request slowly, or never
         # finishes it, cannot hold a connection (see ratchet.api.slow_clients).
-        config = uvicorn.Config(api, host=host, port=port, log_level=log_level.lower(),
-                                access_log=False, lifespan="on",
-                                timeout_graceful_shutdown=30,
-                                http=bounded_protocol(request_timeout_s))
+        config = uvicorn.Config(
+            api,
+            host=host,
+            port=port,
+            log_level=log_level.lower(),
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=30,
+            http=bounded_protocol(request_timeout_s),
+        )
         # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the
         # handler it found: with this one, a graceful stop ends the command with status 0.
         signal.signal(signal.SIGTERM, _stopped)

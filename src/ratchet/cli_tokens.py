@@ -13,8 +13,9 @@ from ratchet.cli import DbOption, JsonOption, _client, _console, _echo_json, _wh
 from ratchet.config import parse_age
 from ratchet.store import tokens as store_tokens
 
-tokens_cli = typer.Typer(help="API tokens for ratchet server: create, list, revoke.",
-                         no_args_is_help=True)
+tokens_cli = typer.Typer(
+    help="API tokens for ratchet server: create, list, revoke.", no_args_is_help=True
+)
 cli.add_typer(tokens_cli, name="tokens")
 
 
@@ -22,16 +23,26 @@ cli.add_typer(tokens_cli, name="tokens")
 def create(
     ctx: typer.Context,
     tenant: Annotated[str, typer.Option("--tenant", help="The tenant the token acts for.")],
-    scopes: Annotated[str, typer.Option(
-        "--scopes", help="Comma-separated: runs:read, runs:write, admin.")] = "runs:read",
-    name: Annotated[str | None, typer.Option(
-        "--name", help="Who the token is, e.g. ana or ci: the decisions made with it "
-                       "(approvals, a gate turned off) are journaled under this name.")
+    scopes: Annotated[
+        str, typer.Option("--scopes", help="Comma-separated: runs:read, runs:write, admin.")
+    ] = "runs:read",
+    name: Annotated[
+        str | None,
+        typer.Option(
+            "--name",
+            help="Who the token is, e.g. ana or ci: the decisions made with it "
+            "(approvals, a gate turned off) are journaled under this name.",
+        ),
     ] = None,
-    expires: Annotated[str | None, typer.Option(
-        "--expires", metavar="AGE",
-        help="Refuse the token after AGE (30d, 12h, 15m); an open event stream bearing it "
-             "ends then. Never, unless set.")] = None,
+    expires: Annotated[
+        str | None,
+        typer.Option(
+            "--expires",
+            metavar="AGE",
+            help="Refuse the token after AGE (30d, 12h, 15m); an open event stream bearing it "
+            "ends then. Never, unless set.",
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Create a token. It is printed once, alone on the last line; only its hash is kept."""
@@ -41,10 +52,13 @@ def create(
         store_tokens.check_token_name(name)
         expires_in = parse_age(expires) if expires is not None else None
         token, secret = app._portal.call(
-            store_tokens.create_token(app.store, tenant, parsed, name, expires_in))
+            store_tokens.create_token(app.store, tenant, parsed, name, expires_in)
+        )
     until = f", expires {_when(token.expires_at)}" if token.expires_at is not None else ""
-    typer.echo(f"token {token.token_id} for tenant {token.tenant_id} "
-               f"(scopes {','.join(token.scopes)}{until}); it is shown once:")
+    typer.echo(
+        f"token {token.token_id} for tenant {token.tenant_id} "
+        f"(scopes {','.join(token.scopes)}{until}); it is shown once:"
+    )
     typer.echo(secret)
 
 
@@ -63,16 +77,24 @@ def list_(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) 
         return
     table = Table("id", "tenant", "scopes", "name", "created", "revoked", "expires")
     for t in found:
-        table.add_row(Text(t.token_id), Text(t.tenant_id), Text(",".join(t.scopes)),
-                      Text(t.name or "-"), _when(t.created_at), _when(t.revoked_at),
-                      _when(t.expires_at))
+        table.add_row(
+            Text(t.token_id),
+            Text(t.tenant_id),
+            Text(",".join(t.scopes)),
+            Text(t.name or "-"),
+            _when(t.created_at),
+            _when(t.revoked_at),
+            _when(t.expires_at),
+        )
     console.print(table)
 
 
 @tokens_cli.command("revoke")
-def revoke(ctx: typer.Context,
-           token_id: Annotated[str, typer.Argument(metavar="ID", help="A token id (tok_...).")],
-           db: DbOption = None) -> None:
+def revoke(
+    ctx: typer.Context,
+    token_id: Annotated[str, typer.Argument(metavar="ID", help="A token id (tok_...).")],
+    db: DbOption = None,
+) -> None:
     """Revoke a token: requests bearing it are refused (401) from now on."""
     with _client(ctx, db) as app:
         token = app._portal.call(store_tokens.revoke_token(app.store, token_id))

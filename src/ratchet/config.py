@@ -48,8 +48,9 @@ def duration_from_env(name: str, default: float) -> float:
     try:
         return parse_duration(raw)
     except ConfigError as e:
-        log.warning("action=config_fallback name=%s value=%r default=%ss: %s",
-                    name, raw, default, e)
+        log.warning(
+            "action=config_fallback name=%s value=%r default=%ss: %s", name, raw, default, e
+        )
         return default
 
 
@@ -64,7 +65,9 @@ class DatabaseURL:
     @staticmethod
     def parse(url: str) -> DatabaseURL:
         if not isinstance(url, str) or not url.strip():
-            raise ConfigError("RATCHET_DATABASE_URL is empty: expected sqlite:///path or postgresql://...")
+            raise ConfigError(
+                "RATCHET_DATABASE_URL is empty: expected sqlite:///path or postgresql://..."
+            )
         url = url.strip()
         parts = urlsplit(url)
         scheme = parts.scheme.lower()
@@ -104,8 +107,9 @@ def parse_age(text: str) -> float:
         try:
             return parse_duration(text)
         except ConfigError:
-            raise ConfigError(f"invalid age {text!r}: expected a number with d, h, m, s or "
-                              "ms, e.g. 30d") from None
+            raise ConfigError(
+                f"invalid age {text!r}: expected a number with d, h, m, s or ms, e.g. 30d"
+            ) from None
     days = float(match.group(1))
     if days <= 0:
         raise ConfigError(f"invalid age {text!r}: must be positive")
@@ -145,10 +149,14 @@ def lease_ttl_from_env() -> float:
     with a warning that names it."""
     ttl = duration_from_env("RATCHET_LEASE_TTL", DEFAULT_LEASE_TTL)
     if ttl < MIN_LEASE_TTL:
-        log.warning("action=config_floor name=RATCHET_LEASE_TTL value=%r floor=%gs: "
-                    "a lease TTL must be at least %gs; using %gs",
-                    os.environ.get("RATCHET_LEASE_TTL"), MIN_LEASE_TTL, MIN_LEASE_TTL,
-                    MIN_LEASE_TTL)
+        log.warning(
+            "action=config_floor name=RATCHET_LEASE_TTL value=%r floor=%gs: "
+            "a lease TTL must be at least %gs; using %gs",
+            os.environ.get("RATCHET_LEASE_TTL"),
+            MIN_LEASE_TTL,
+            MIN_LEASE_TTL,
+            MIN_LEASE_TTL,
+        )
         return MIN_LEASE_TTL
     return ttl
 

@@ -41,8 +41,10 @@ WORKER_ID = "demo-worker"
 STEPS = ("fetch_ticket", "classify", "retrieve_docs", "draft_reply", "review", "send_reply")
 CRASH_STEP = 4
 #: The journal's step ids; the fourth is the model call, named after the SDK method.
-STEP_IDS = tuple(f"{n}:{'openai.chat.completions.create' if n == CRASH_STEP else step}"
-                 for n, step in enumerate(STEPS, 1))
+STEP_IDS = tuple(
+    f"{n}:{'openai.chat.completions.create' if n == CRASH_STEP else step}"
+    for n, step in enumerate(STEPS, 1)
+)
 #: How long the provider holds the first answer to the model call: the kill lands inside.
 HOLD_S = 3.0
 WAIT_S = 30.0
@@ -92,12 +94,22 @@ class Demo:
         number = len(self.workers) + 1
         log_path = os.path.join(self.folder, f"{self.prefix}-worker-{number}.log")
 
-        log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
-                             "wb")
-        cmd = [sys.executable, "-m", "ratchet.cli", "worker", "ratchet.demo_app:app",
-               "--worker-id", WORKER_ID, "--concurrency", "4", *self.worker_args]
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file,
-                                stderr=subprocess.STDOUT)
+        log_file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+        cmd = [
+            sys.executable,
+            "-m",
+            "ratchet.cli",
+            "worker",
+            "ratchet.demo_app:app",
+            "--worker-id",
+            WORKER_ID,
+            "--concurrency",
+            "4",
+            *self.worker_args,
+        ]
+        proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT
+        )
         worker = _Worker(number, proc, log_path, log_file)
         self.workers.append(worker)
         return worker
@@ -106,31 +118,42 @@ class Demo:
         """Say why the demo failed, with the end of each worker's log; return 1."""
         self.console.print(Text(f"demo failed: {e}", style="bold red"), soft_wrap=True)
         for w in self.workers:
-            self.console.print(Text(f"--- worker {w.number} log ({w.log_path}), last lines:",
-                                    style="dim"))
+            self.console.print(
+                Text(f"--- worker {w.number} log ({w.log_path}), last lines:", style="dim")
+            )
             self.console.print(Text(w.tail()), soft_wrap=True)
         return 1
 
-    def kill_mid_call(self, w1: _Worker, provider: LocalProvider,
-                      journal: Callable[[], Sequence[Journaled]]) -> float:
+    def kill_mid_call(
+        self, w1: _Worker, provider: LocalProvider, journal: Callable[[], Sequence[Journaled]]
+    ) -> float:
         """Wait until worker 1's model call (step 4) has reached ``provider``, which holds
         its answer, then kill the worker with SIGKILL; the kill's monotonic time."""
         from ratchet.demo_app import MODEL
 
         crash_step = STEPS[CRASH_STEP - 1]
-        self.wait_for(f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
-                      lambda: provider.stats()["received"] >= 1, alive=w1)
+        self.wait_for(
+            f"step {CRASH_STEP} ({crash_step}) to reach the model provider",
+            lambda: provider.stats()["received"] >= 1,
+            alive=w1,
+        )
         done = ", ".join(STEPS[: CRASH_STEP - 1])
         self.say(f"steps 1\N{EN DASH}{CRASH_STEP - 1} ({done}) completed in worker 1")
         key = started_key(journal(), STEP_IDS[CRASH_STEP - 1])
-        self.say(f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the "
-                 f"provider has received, Idempotency-Key {key[:12]}, and holds for "
-                 f"{HOLD_S:g}s")
+        self.say(
+            f"step {CRASH_STEP} {crash_step} in worker 1: a model call ({MODEL}) the "
+            f"provider has received, Idempotency-Key {key[:12]}, and holds for "
+            f"{HOLD_S:g}s"
+        )
         w1.proc.send_signal(signal.SIGKILL)
         w1.proc.wait()
         t_kill = time.monotonic()
-        self.say(Text(f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
-                      style="bold red"))
+        self.say(
+            Text(
+                f"SIGKILL → worker 1 (pid {w1.pid}) in the middle of step {CRASH_STEP}",
+                style="bold red",
+            )
+        )
         return t_kill
 
     def stop(self, worker: _Worker) -> None:
@@ -139,10 +162,8 @@ class Demo:
         try:
             worker.proc.wait(timeout=10)
         except subprocess.TimeoutExpired as e:
-            raise DemoFailed(f"worker {worker.number} did not stop within 10s of SIGTERM"
-                             ) from e
-        self.say(f"worker {worker.number} stopped gracefully (exit code "
-                 f"{worker.proc.returncode})")
+            raise DemoFailed(f"worker {worker.number} did not stop within 10s of SIGTERM") from e
+        self.say(f"worker {worker.number} stopped gracefully (exit code {worker.proc.returncode})")
 
     def stop_all(self) -> None:
         for w in self.workers:
@@ -151,13 +172,19 @@ class Demo:
                 w.proc.wait()
             w.log_file.close()
 
-    def wait_for(self, what: str, check: Callable[[], bool], alive: _Worker | None = None,
-                 timeout: float = WAIT_S) -> None:
+    def wait_for(
+        self,
+        what: str,
+        check: Callable[[], bool],
+        alive: _Worker | None = None,
+        timeout: float = WAIT_S,
+    ) -> None:
         deadline = time.monotonic() + timeout
         while not check():
             if alive is not None and alive.proc.poll() is not None:
-                raise DemoFailed(f"worker {alive.number} exited (code {alive.proc.returncode}) "
-                                 f"before {what}")
+                raise DemoFailed(
+                    f"worker {alive.number} exited (code {alive.proc.returncode}) before {what}"
+                )
             if time.monotonic() > deadline:
                 raise DemoFailed(f"timed out after {timeout:g}s waiting for {what}")
             time.sleep(0.01)
@@ -209,8 +236,11 @@ def prepare(db: str | None, name: str) -> Setup:
         relative = os.path.join(".ratchet", f"{name}.db")
         path = os.path.abspath(relative)
         _wipe(path)
-        url, shown, shown_url = (f"sqlite:///{path}", f"embedded SQLite at {relative}",
-                                 f"sqlite:///{relative}")
+        url, shown, shown_url = (
+            f"sqlite:///{path}",
+            f"embedded SQLite at {relative}",
+            f"sqlite:///{relative}",
+        )
     else:
         DatabaseURL.parse(db)
         url, shown, shown_url = db, "the database given with --db", db
@@ -218,8 +248,11 @@ def prepare(db: str | None, name: str) -> Setup:
     requests_path = os.path.join(folder, f"{name}-llm-requests.jsonl")
     _wipe(log_path)
     _wipe(requests_path)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("RATCHET_CRASH_AT", "RATCHET_PAUSE_AT", "RATCHET_WORKER_ID")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RATCHET_CRASH_AT", "RATCHET_PAUSE_AT", "RATCHET_WORKER_ID")
+    }
     env.update(RATCHET_DATABASE_URL=url, RATCHET_DEMO_LOG=log_path, PYTHONUNBUFFERED="1")
     return Setup(folder, url, shown, shown_url, log_path, requests_path, env)
 
@@ -233,14 +266,18 @@ def run_demo(db: str | None, console: Console) -> int:
     app = demo_app.app
     app.database_url = setup.url
     demo = Demo(console, setup.folder)
-    console.print(Text("Ratchet crash-resume demo", style="bold"),
-                  Text(f"— a 6-step agent workflow on {setup.shown}", style="dim"))
+    console.print(
+        Text("Ratchet crash-resume demo", style="bold"),
+        Text(f"— a 6-step agent workflow on {setup.shown}", style="dim"),
+    )
     provider = demo_provider(setup)
     try:
         with serve(provider) as base:
             setup.env["RATCHET_DEMO_LLM_URL"] = base
-            demo.say(f"local model provider listening on {base} (request log "
-                     f"{os.path.relpath(setup.requests_path)})")
+            demo.say(
+                f"local model provider listening on {base} (request log "
+                f"{os.path.relpath(setup.requests_path)})"
+            )
             return _play(demo, app, setup, provider)
     except DemoFailed as e:
         return demo.failed(e)
@@ -258,8 +295,10 @@ def _play(demo: Demo, app: Ratchet, setup: Setup, provider: LocalProvider) -> in
     # The first answer to the model call is held: worker 1 is killed while it waits.
     provider.fail("slow", times=1, delay_s=HOLD_S, endpoint="chat")
     w1 = demo.start_worker(env)
-    say(f"worker 1 launched: ratchet worker ratchet.demo_app:app --worker-id {WORKER_ID} "
-        f"(pid {w1.pid})")
+    say(
+        f"worker 1 launched: ratchet worker ratchet.demo_app:app --worker-id {WORKER_ID} "
+        f"(pid {w1.pid})"
+    )
     run_id = f"ticket-4711-{uuid.uuid4().hex[:6]}"
     app.start(answer_ticket, "T-4711", run_id=run_id)
     say(f"run {run_id} queued: answer_ticket('T-4711')")
@@ -271,17 +310,24 @@ def _play(demo: Demo, app: Ratchet, setup: Setup, provider: LocalProvider) -> in
 
     status = app.get(run_id).status
     lease = _lease(app, run_id)
-    holder = (f"its lease (epoch {lease[1]}, {'unexpired' if lease[2] else 'expired'}) is "
-              f"still held by {lease[0]}, the process just killed"
-              if lease and lease[0] else "no lease is held")
+    holder = (
+        f"its lease (epoch {lease[1]}, {'unexpired' if lease[2] else 'expired'}) is "
+        f"still held by {lease[0]}, the process just killed"
+        if lease and lease[0]
+        else "no lease is held"
+    )
     say(f"run {run_id} is still {status}: {holder}")
     if status != "running" or not lease or lease[0] != WORKER_ID:
-        raise DemoFailed(f"expected the run running under {WORKER_ID}'s lease after the kill, "
-                         f"found status {status} and lease {lease}")
+        raise DemoFailed(
+            f"expected the run running under {WORKER_ID}'s lease after the kill, "
+            f"found status {status} and lease {lease}"
+        )
 
     w2 = demo.start_worker(env)
-    say(f"worker 2 launched with the same worker id {WORKER_ID} (pid {w2.pid}): it reclaims "
-        "the run at once instead of waiting for the lease to expire")
+    say(
+        f"worker 2 launched with the same worker id {WORKER_ID} (pid {w2.pid}): it reclaims "
+        "the run at once instead of waiting for the lease to expire"
+    )
     try:
         result = app.result(run_id, timeout_s=WAIT_S)
     except Exception as e:
@@ -289,10 +335,21 @@ def _play(demo: Demo, app: Ratchet, setup: Setup, provider: LocalProvider) -> in
     t_done = time.monotonic()
     say(Text(f"run {run_id} succeeded, {t_done - t_kill:.2f}s after the kill", style="bold green"))
     demo.stop(w2)
-    checks = report(demo.console, run_id, app.events(run_id), app.get(run_id).status,
-                    {w1.pid: 1, w2.pid: 2}, invocations(log_path), provider.requests())
-    return verdict(demo, checks, result,
-                   f"see the journal: ratchet --db {shlex.quote(setup.shown_url)} events {run_id}")
+    checks = report(
+        demo.console,
+        run_id,
+        app.events(run_id),
+        app.get(run_id).status,
+        {w1.pid: 1, w2.pid: 2},
+        invocations(log_path),
+        provider.requests(),
+    )
+    return verdict(
+        demo,
+        checks,
+        result,
+        f"see the journal: ratchet --db {shlex.quote(setup.shown_url)} events {run_id}",
+    )
 
 
 class Journaled(Protocol):
@@ -309,42 +366,76 @@ class Journaled(Protocol):
 
 def started_key(events: Sequence[Journaled], step_id: str) -> str:
     """The idempotency key the journal gave the step's first start."""
-    return next((str(e.payload.get("idempotency_key")) for e in events
-                 if e.kind == EventKind.STEP_STARTED and e.step_id == step_id), "?")
+    return next(
+        (
+            str(e.payload.get("idempotency_key"))
+            for e in events
+            if e.kind == EventKind.STEP_STARTED and e.step_id == step_id
+        ),
+        "?",
+    )
 
 
-def report(console: Console, run_id: str, events: Sequence[Journaled], status: str,
-           workers: dict[int, int], log: list[dict[str, Any]],
-           requests: list[dict[str, Any]]) -> list[tuple[bool, str]]:
+def report(
+    console: Console,
+    run_id: str,
+    events: Sequence[Journaled],
+    status: str,
+    workers: dict[int, int],
+    log: list[dict[str, Any]],
+    requests: list[dict[str, Any]],
+) -> list[tuple[bool, str]]:
     """Print the step invocations table, from the steps' own log and the provider's, and
     return the demo's claims, each checked against those records and the run's journal
     and status: ``(held, claim)``."""
     mine = [e for e in log if e["run_id"] == run_id]
     by_step = {step: [e for e in mine if e["step"] == step] for step in STEPS}
-    started = {step: [e for e in events if e.kind == EventKind.STEP_STARTED
-                      and e.step_id == step_id]
-               for step, step_id in zip(STEPS, STEP_IDS, strict=True)}
+    started = {
+        step: [e for e in events if e.kind == EventKind.STEP_STARTED and e.step_id == step_id]
+        for step, step_id in zip(STEPS, STEP_IDS, strict=True)
+    }
     crash_step = STEPS[CRASH_STEP - 1]
     crash_journal_keys = {e.payload.get("idempotency_key") for e in started[crash_step]}
     # The model call is counted by the provider: every request it received for this run.
     sent = [r for r in requests if r["idempotency_key"] in crash_journal_keys]
-    by_step[crash_step] = [{"idempotency_key": r["idempotency_key"], "pid": None,
-                            "billed": r["billed"], "replayed": r["replayed"]} for r in sent]
+    by_step[crash_step] = [
+        {
+            "idempotency_key": r["idempotency_key"],
+            "pid": None,
+            "billed": r["billed"],
+            "replayed": r["replayed"],
+        }
+        for r in sent
+    ]
 
-    table = Table("#", "step", "invocations", "idempotency keys", "ran in",
-                  title="step invocations (from the steps' own log and the provider's)",
-                  title_justify="left")
+    table = Table(
+        "#",
+        "step",
+        "invocations",
+        "idempotency keys",
+        "ran in",
+        title="step invocations (from the steps' own log and the provider's)",
+        title_justify="left",
+    )
     for n, step in enumerate(STEPS, 1):
         calls = by_step[step]
         keys = sorted({e["idempotency_key"][:12] for e in calls})
         if n == CRASH_STEP:
             where = "provider: " + ", ".join(
-                f"#{i} " + ("billed" if e["billed"] else
-                            "answered from its store" if e["replayed"] else "not answered")
-                for i, e in enumerate(calls, 1))
+                f"#{i} "
+                + (
+                    "billed"
+                    if e["billed"]
+                    else "answered from its store"
+                    if e["replayed"]
+                    else "not answered"
+                )
+                for i, e in enumerate(calls, 1)
+            )
         else:
-            where = ", ".join(f"worker {workers.get(e['pid'], '?')} (pid {e['pid']})"
-                              for e in calls)
+            where = ", ".join(
+                f"worker {workers.get(e['pid'], '?')} (pid {e['pid']})" for e in calls
+            )
         style = "bold yellow" if n == CRASH_STEP else ""
         table.add_row(str(n), step, str(len(calls)), ", ".join(keys), where, style=style)
     console.print()
@@ -360,25 +451,40 @@ def report(console: Console, run_id: str, events: Sequence[Journaled], status: s
     billed = sum(1 for r in requests if r["billed"])
 
     checks: list[tuple[bool, str]] = [
-        (all(len(by_step[s]) == 1 and by_step[s][0]["pid"] == w1
-             and len(started[s]) == 1 for s in STEPS[:3]),
-         "steps 1\N{EN DASH}3 ran once each, before the crash — not again after it"),
-        (len(crash) == 2 and len(crash_keys) == 1 and crash_journal_keys == crash_keys
-         and len(started[crash_step]) == 2,
-         f"step {CRASH_STEP} ran twice with the same idempotency key {key}: the model "
-         "call was sent before the crash and again after it"),
-        (billed == 1 and [e["billed"] for e in crash] == [True, False]
-         and crash[1]["replayed"],
-         f"the provider billed the model call once ({billed} billed call"
-         f"{'s' if billed != 1 else ''}): the re-sent request was answered from its "
-         "store"),
-        (all(len(by_step[s]) == 1 and by_step[s][0]["pid"] == w2 for s in STEPS[4:]),
-         "steps 5\N{EN DASH}6 ran once each, after the restart, in worker 2"),
-        (len(resumed) == 1 and resumed[0].payload.get("reason") == "reclaim",
-         "the journal shows one re-drive: run_resumed "
-         + (dumps(resumed[0].payload) if resumed else "missing")),
-        (succeeded == 1 and status == "succeeded",
-         f"run_succeeded written {succeeded} time{'s' if succeeded != 1 else ''}"),
+        (
+            all(
+                len(by_step[s]) == 1 and by_step[s][0]["pid"] == w1 and len(started[s]) == 1
+                for s in STEPS[:3]
+            ),
+            "steps 1\N{EN DASH}3 ran once each, before the crash — not again after it",
+        ),
+        (
+            len(crash) == 2
+            and len(crash_keys) == 1
+            and crash_journal_keys == crash_keys
+            and len(started[crash_step]) == 2,
+            f"step {CRASH_STEP} ran twice with the same idempotency key {key}: the model "
+            "call was sent before the crash and again after it",
+        ),
+        (
+            billed == 1 and [e["billed"] for e in crash] == [True, False] and crash[1]["replayed"],
+            f"the provider billed the model call once ({billed} billed call"
+            f"{'s' if billed != 1 else ''}): the re-sent request was answered from its "
+            "store",
+        ),
+        (
+            all(len(by_step[s]) == 1 and by_step[s][0]["pid"] == w2 for s in STEPS[4:]),
+            "steps 5\N{EN DASH}6 ran once each, after the restart, in worker 2",
+        ),
+        (
+            len(resumed) == 1 and resumed[0].payload.get("reason") == "reclaim",
+            "the journal shows one re-drive: run_resumed "
+            + (dumps(resumed[0].payload) if resumed else "missing"),
+        ),
+        (
+            succeeded == 1 and status == "succeeded",
+            f"run_succeeded written {succeeded} time{'s' if succeeded != 1 else ''}",
+        ),
     ]
     return checks
 
@@ -388,8 +494,12 @@ def verdict(demo: Demo, checks: Sequence[tuple[bool, str]], result: Any, hint: s
     console = demo.console
     console.print()
     for ok, text in checks:
-        console.print(Text("✓ " if ok else "✗ ", style="bold green" if ok else "bold red"),
-                      Text(text), sep="", soft_wrap=True)
+        console.print(
+            Text("✓ " if ok else "✗ ", style="bold green" if ok else "bold red"),
+            Text(text),
+            sep="",
+            soft_wrap=True,
+        )
     console.print(Text(f"result: {dumps(result)}"), soft_wrap=True)
     console.print(Text(f"elapsed: {time.monotonic() - demo.t0:.2f}s"))
     console.print(Text(hint, style="dim"), soft_wrap=True)

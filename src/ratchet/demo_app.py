@@ -22,8 +22,7 @@ app = ratchet.Ratchet()
 
 MODEL = "gpt-4.1-mini"
 #: What the demo's local provider answers the model call with.
-REPLY = ("Hi Ada, sorry about the double charge. We have refunded it "
-         "(see kb/billing/refund-policy).")
+REPLY = "Hi Ada, sorry about the double charge. We have refunded it (see kb/billing/refund-policy)."
 
 
 def _log_path() -> str:
@@ -53,11 +52,19 @@ def _record(step: str) -> bool:
     """Log this invocation; True when it is the step's first one in this run."""
     path = _log_path()
     info = ratchet.current_step()
-    first = not any(entry["run_id"] == info.run_id and entry["step"] == step
-                    for entry in invocations(path))
-    line = json.dumps({"run_id": info.run_id, "step": step, "step_id": info.step_id,
-                       "attempt": info.attempt, "idempotency_key": info.idempotency_key,
-                       "pid": os.getpid()})
+    first = not any(
+        entry["run_id"] == info.run_id and entry["step"] == step for entry in invocations(path)
+    )
+    line = json.dumps(
+        {
+            "run_id": info.run_id,
+            "step": step,
+            "step_id": info.step_id,
+            "attempt": info.attempt,
+            "idempotency_key": info.idempotency_key,
+            "pid": os.getpid(),
+        }
+    )
     with open(path, "a", encoding="utf-8") as f:
         f.write(line + "\n")
         f.flush()
@@ -91,8 +98,10 @@ def model_client() -> Any:
     """The wrapped OpenAI client of this worker, pointed at the demo's local provider."""
     url = os.environ.get("RATCHET_DEMO_LLM_URL")
     if not url:
-        raise ratchet.RatchetError("RATCHET_DEMO_LLM_URL is not set: the demo's model call "
-                                   "goes to the local provider the demo starts")
+        raise ratchet.RatchetError(
+            "RATCHET_DEMO_LLM_URL is not set: the demo's model call "
+            "goes to the local provider the demo starts"
+        )
     require("the demo's model call", "openai")
     import openai
 
@@ -102,10 +111,17 @@ def model_client() -> Any:
 async def draft_reply(ticket: dict[str, Any], docs: list[str]) -> str:
     """The model call: draft an answer from the ticket and the articles. Called in the
     workflow, it is a journaled LLM step whose key the provider sees as Idempotency-Key."""
-    response = await model_client().chat.completions.create(model=MODEL, messages=[
-        {"role": "system", "content": "You answer support tickets briefly and kindly."},
-        {"role": "user", "content": f"Ticket from {ticket['customer']}: {ticket['text']}\n"
-                                    f"Articles: {', '.join(docs)}"}])
+    response = await model_client().chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "system", "content": "You answer support tickets briefly and kindly."},
+            {
+                "role": "user",
+                "content": f"Ticket from {ticket['customer']}: {ticket['text']}\n"
+                f"Articles: {', '.join(docs)}",
+            },
+        ],
+    )
     return str(response.choices[0].message.content)
 
 
@@ -132,5 +148,9 @@ async def answer_ticket(ticket_id: str) -> dict[str, Any]:
     draft = await draft_reply(ticket, docs)
     verdict = await review(draft)
     receipt = await send_reply(ticket_id, draft)
-    return {"ticket": ticket_id, "category": category, "approved": verdict["approved"],
-            "sent": receipt["sent"]}
+    return {
+        "ticket": ticket_id,
+        "category": category,
+        "approved": verdict["approved"],
+        "sent": receipt["sent"],
+    }

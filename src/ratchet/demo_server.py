@@ -85,14 +85,21 @@ class _Follower:
         self.frames: list[tuple[int, str]] = []
         self.error: str | None = None
         self._thread = threading.Thread(
-            target=self._read, args=(f"{base}/v1/runs/{run_id}/events", headers),
-            name="demo-sse", daemon=True)
+            target=self._read,
+            args=(f"{base}/v1/runs/{run_id}/events", headers),
+            name="demo-sse",
+            daemon=True,
+        )
         self._thread.start()
 
     def _read(self, url: str, headers: dict[str, str]) -> None:
         try:
-            with httpx.stream("GET", url, headers={**headers, "Accept": "text/event-stream"},
-                              timeout=httpx.Timeout(10.0, read=WAIT_S)) as r:
+            with httpx.stream(
+                "GET",
+                url,
+                headers={**headers, "Accept": "text/event-stream"},
+                timeout=httpx.Timeout(10.0, read=WAIT_S),
+            ) as r:
                 if r.status_code != 200:
                     self.error = f"HTTP {r.status_code}"
                     return
@@ -124,8 +131,11 @@ def serve_demo(db: str | None, host: str, port: int, console: Console) -> int:
     try:
         sock = listen(host, port)
     except OSError as e:
-        reason = ("the port is taken; choose another with --port N or RATCHET_PORT=N "
-                  "(make run PORT=N)" if e.errno == errno.EADDRINUSE else e.strerror or str(e))
+        reason = (
+            "the port is taken; choose another with --port N or RATCHET_PORT=N (make run PORT=N)"
+            if e.errno == errno.EADDRINUSE
+            else e.strerror or str(e)
+        )
         raise ConfigError(f"cannot listen on {host}:{port}: {reason}") from e
     try:
         # Only once the port is ours: a second `make run` on the same port stops above,
@@ -156,10 +166,20 @@ def _serve_on(sock: socket.socket, setup: Setup, console: Console) -> int:
         token = asyncio.run(_new_token(setup.url))
         provider = demo_provider(setup)
         api = create_app(app, workers=1)
-        with serve(provider) as llm, serve_in_thread(
-                api, sock, "ratchet server", on_shutdown=lambda: drain(api), log_config=None,
-                log_level="warning", access_log=False, lifespan="on",
-                timeout_graceful_shutdown=GRACEFUL_S) as base:
+        with (
+            serve(provider) as llm,
+            serve_in_thread(
+                api,
+                sock,
+                "ratchet server",
+                on_shutdown=lambda: drain(api),
+                log_config=None,
+                log_level="warning",
+                access_log=False,
+                lifespan="on",
+                timeout_graceful_shutdown=GRACEFUL_S,
+            ) as base,
+        ):
             setup.env["RATCHET_DEMO_LLM_URL"] = os.environ["RATCHET_DEMO_LLM_URL"] = llm
             try:
                 _header(console, base, token, setup)
@@ -177,8 +197,13 @@ def _serve_on(sock: socket.socket, setup: Setup, console: Console) -> int:
         if not done.is_set():
             console.print(Text(f"stopped by {name} before the demo was done", style="bold"))
             return 128 + e.signum
-        console.print(Text(f"{name}: the server stopped; its embedded worker handed its runs "
-                           "back to the queue", style="bold"))
+        console.print(
+            Text(
+                f"{name}: the server stopped; its embedded worker handed its runs "
+                "back to the queue",
+                style="bold",
+            )
+        )
         return 0
     except DemoFailed as e:
         return demo.failed(e)
@@ -194,8 +219,7 @@ async def _new_token(url: str) -> str:
     store = make_store(url)
     await store.open()
     try:
-        _, secret = await tokens.create_token(store, TENANT, tokens.SCOPES,
-                                              "ratchet demo --serve")
+        _, secret = await tokens.create_token(store, TENANT, tokens.SCOPES, "ratchet demo --serve")
         return secret
     finally:
         await store.close()
@@ -207,18 +231,25 @@ def _line(console: Console, text: str, style: str = "") -> None:
 
 
 def _curl_events(base: str, run_id: str) -> str:
-    return (f'curl -N {base}/v1/runs/{run_id}/events -H "Accept: text/event-stream" '
-            '-H "Authorization: Bearer $RATCHET_TOKEN"')
+    return (
+        f'curl -N {base}/v1/runs/{run_id}/events -H "Accept: text/event-stream" '
+        '-H "Authorization: Bearer $RATCHET_TOKEN"'
+    )
 
 
 def _header(console: Console, base: str, token: str, setup: Setup) -> None:
-    console.print(Text("Ratchet server", style="bold"),
-                  Text(f"— the HTTP API with one embedded worker, on {setup.shown}",
-                       style="dim"))
+    console.print(
+        Text("Ratchet server", style="bold"),
+        Text(f"— the HTTP API with one embedded worker, on {setup.shown}", style="dim"),
+    )
     _line(console, f"URL: {base}  (OpenAPI: {base}/docs)")
     _line(console, f"export RATCHET_TOKEN={token}")
-    console.print(Text(f"(a fresh token of tenant {TENANT} with every scope; only its hash "
-                       "is stored)", style="dim"))
+    console.print(
+        Text(
+            f"(a fresh token of tenant {TENANT} with every scope; only its hash is stored)",
+            style="dim",
+        )
+    )
 
 
 def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvider) -> int:
@@ -230,45 +261,75 @@ def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvid
         # The first answer to the model call is held: worker 1 is killed while it waits.
         provider.fail("slow", times=1, delay_s=HOLD_S, endpoint="chat")
         w1 = demo.start_worker(setup.env)
-        say(f"worker 1 launched: ratchet worker ratchet.demo_app:app --worker-id {WORKER_ID} "
-            f"--queue {QUEUE} (pid {w1.pid})")
+        say(
+            f"worker 1 launched: ratchet worker ratchet.demo_app:app --worker-id {WORKER_ID} "
+            f"--queue {QUEUE} (pid {w1.pid})"
+        )
         run_id = f"ticket-4711-{uuid.uuid4().hex[:6]}"
-        started = http.post("/v1/runs", json={
-            "workflow": "answer_ticket", "input": {"ticket_id": "T-4711"}, "run_id": run_id,
-            "queue": QUEUE})
+        started = http.post(
+            "/v1/runs",
+            json={
+                "workflow": "answer_ticket",
+                "input": {"ticket_id": "T-4711"},
+                "run_id": run_id,
+                "queue": QUEUE,
+            },
+        )
         if started.status_code != 202:
             raise DemoFailed(f"POST /v1/runs answered {started.status_code}: {started.text}")
-        say(f"POST /v1/runs → 202: run {run_id} of answer_ticket('T-4711') queued on queue "
-            f"{QUEUE}, which only the demo's worker processes take")
+        say(
+            f"POST /v1/runs → 202: run {run_id} of answer_ticket('T-4711') queued on queue "
+            f"{QUEUE}, which only the demo's worker processes take"
+        )
         stream = _Follower(base, headers, run_id)
-        demo.console.print(Text("follow its journal live (a late start replays it from the "
-                                "first event):", style="dim"))
+        demo.console.print(
+            Text(
+                "follow its journal live (a late start replays it from the first event):",
+                style="dim",
+            )
+        )
         _line(demo.console, "  " + _curl_events(base, run_id))
 
         t_kill = demo.kill_mid_call(w1, provider, lambda: _journal(http, run_id))
         health = http.get("/healthz").status_code
         status = _run(http, run_id)["status"]
-        say(f"the server kept serving: GET /healthz {health}; GET /v1/runs/{run_id}: "
-            f"still {status}, under the dead worker's lease")
+        say(
+            f"the server kept serving: GET /healthz {health}; GET /v1/runs/{run_id}: "
+            f"still {status}, under the dead worker's lease"
+        )
         if health != 200 or status != "running":
-            raise DemoFailed(f"expected the server up and the run running after the kill, "
-                             f"found /healthz {health} and status {status}")
+            raise DemoFailed(
+                f"expected the server up and the run running after the kill, "
+                f"found /healthz {health} and status {status}"
+            )
 
         w2 = demo.start_worker(setup.env)
-        say(f"worker 2 launched with the same worker id {WORKER_ID} (pid {w2.pid}): it "
-            "reclaims the run at once instead of waiting for the lease to expire")
+        say(
+            f"worker 2 launched with the same worker id {WORKER_ID} (pid {w2.pid}): it "
+            "reclaims the run at once instead of waiting for the lease to expire"
+        )
         result = _result(http, run_id)
-        say(Text(f"GET /v1/runs/{run_id}/result: succeeded, "
-                 f"{time.monotonic() - t_kill:.2f}s after the kill", style="bold green"))
+        say(
+            Text(
+                f"GET /v1/runs/{run_id}/result: succeeded, "
+                f"{time.monotonic() - t_kill:.2f}s after the kill",
+                style="bold green",
+            )
+        )
         demo.stop(w2)
 
         ended = stream.wait(WAIT_S)
         journal = _journal(http, run_id)
         # The steps log the engine's run id: the tenant's, in its namespace.
-        checks = report(demo.console, tenants.scoped_id(TENANT, run_id), journal,
-                        _run(http, run_id)["status"],
-                        {w1.pid: 1, w2.pid: 2}, invocations(setup.log_path),
-                        provider.requests())
+        checks = report(
+            demo.console,
+            tenants.scoped_id(TENANT, run_id),
+            journal,
+            _run(http, run_id)["status"],
+            {w1.pid: 1, w2.pid: 2},
+            invocations(setup.log_path),
+            provider.requests(),
+        )
         checks.append(_stream_check(stream, ended, journal))
     return verdict(demo, checks, result, "the journal again: " + _curl_events(base, run_id))
 
@@ -290,16 +351,17 @@ def _result(http: httpx.Client, run_id: str) -> Any:
         if r.status_code == 200 and body.get("status") == "succeeded":
             return body["output"]
         if r.status_code != 202 or time.monotonic() > deadline:
-            raise DemoFailed(f"the run did not succeed after the restart: {r.status_code} "
-                             f"{r.text}")
+            raise DemoFailed(f"the run did not succeed after the restart: {r.status_code} {r.text}")
 
 
 def _journal(http: httpx.Client, run_id: str) -> list[_Seen]:
     """The run's whole journal, page by page (GET /v1/runs/{id}/events)."""
     seen: list[_Seen] = []
     while True:
-        r = http.get(f"/v1/runs/{run_id}/events",
-                     params={"after_seq": seen[-1].seq if seen else 0, "limit": 500})
+        r = http.get(
+            f"/v1/runs/{run_id}/events",
+            params={"after_seq": seen[-1].seq if seen else 0, "limit": 500},
+        )
         if r.status_code != 200:
             raise DemoFailed(f"GET /v1/runs/{run_id}/events answered {r.status_code}: {r.text}")
         page = r.json()["events"]
@@ -314,23 +376,38 @@ def _stream_check(stream: _Follower, ended: bool, journal: list[_Seen]) -> tuple
     resumed = sum(1 for _, kind in got if kind == "run_resumed")
     held = ended and stream.error is None and got == want and resumed == 1
     if held:
-        return True, (f"one event stream (SSE), opened before the kill, received all "
-                      f"{len(want)} journal events once, in order, run_resumed included, "
-                      "and ended after run_succeeded")
-    trouble = (stream.error or ("it had not ended" if not ended else "")
-               or f"seqs {[seq for seq, _ in got]}, run_resumed {resumed} times")
-    return False, (f"the event stream opened before the kill received {len(got)} events "
-                   f"for a journal of {len(want)}: {trouble}")
+        return True, (
+            f"one event stream (SSE), opened before the kill, received all "
+            f"{len(want)} journal events once, in order, run_resumed included, "
+            "and ended after run_succeeded"
+        )
+    trouble = (
+        stream.error
+        or ("it had not ended" if not ended else "")
+        or f"seqs {[seq for seq, _ in got]}, run_resumed {resumed} times"
+    )
+    return False, (
+        f"the event stream opened before the kill received {len(got)} events "
+        f"for a journal of {len(want)}: {trouble}"
+    )
 
 
 def _serving(console: Console, base: str, token: str) -> None:
     console.print()
-    console.print(Text(f"ratchet server keeps serving on {base}, its embedded worker driving "
-                       "the runs you start; Ctrl-C stops it. In another terminal:",
-                       style="bold"), soft_wrap=True)
+    console.print(
+        Text(
+            f"ratchet server keeps serving on {base}, its embedded worker driving "
+            "the runs you start; Ctrl-C stops it. In another terminal:",
+            style="bold",
+        ),
+        soft_wrap=True,
+    )
     _line(console, f"  export RATCHET_TOKEN={token}")
-    _line(console, f"  curl -X POST {base}/v1/runs -H \"Authorization: Bearer $RATCHET_TOKEN\" "
-                   "-H \"Content-Type: application/json\" "
-                   "-d '{\"workflow\": \"answer_ticket\", \"input\": {\"ticket_id\": \"T-1001\"}}'")
+    _line(
+        console,
+        f'  curl -X POST {base}/v1/runs -H "Authorization: Bearer $RATCHET_TOKEN" '
+        '-H "Content-Type: application/json" '
+        '-d \'{"workflow": "answer_ticket", "input": {"ticket_id": "T-1001"}}\'',
+    )
     console.print(Text("then follow the run it answers with, RUN_ID:", style="dim"))
     _line(console, "  " + _curl_events(base, "RUN_ID"))

@@ -159,9 +159,16 @@ class LLMError(RatchetError):
 
     retry_class = "llm"
 
-    def __init__(self, message: str = "", *, provider: str | None = None,
-                 status_code: int | None = None, retry_after_s: float | None = None,
-                 request_id: str | None = None, outcome_unknown: bool | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "",
+        *,
+        provider: str | None = None,
+        status_code: int | None = None,
+        retry_after_s: float | None = None,
+        request_id: str | None = None,
+        outcome_unknown: bool | None = None,
+    ) -> None:
         super().__init__(message or None)
         self.provider = provider
         self.status_code = status_code

@@ -56,5 +56,6 @@ def require(feature: str, *extras: str) -> None:
     if missing:
         names = " and ".join(missing)
         noun = "extra" if len(missing) == 1 else "extras"
-        raise MissingExtra(f"{feature} needs the {names} {noun}: {install_line(*missing)} "
-                           f"({'; '.join(reasons)})")
+        raise MissingExtra(
+            f"{feature} needs the {names} {noun}: {install_line(*missing)} ({'; '.join(reasons)})"
+        )

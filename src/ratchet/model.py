@@ -94,17 +94,29 @@ def dumps(value: Any, default: Callable[[Any], Any] = _jsonable) -> str:
     as 0.0. ``default`` gives the JSON form of what the json module cannot write (by
     default a pydantic model's; values from user code pass pydantic's encoder, see
     :mod:`ratchet.engine.values`), else raises TypeError."""
-    text = json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False,
-                      allow_nan=False, default=default)
+    text = json.dumps(
+        value,
+        separators=(",", ":"),
+        sort_keys=True,
+        ensure_ascii=False,
+        allow_nan=False,
+        default=default,
+    )
     # Python writes those floats as 1e+16 and -0.0, so any other text needs no second look.
     if "e+" in text or "-0.0" in text:
-        text = json.dumps(_jsonb_numbers(json.loads(text)), separators=(",", ":"),
-                          sort_keys=True, ensure_ascii=False, allow_nan=False)
+        text = json.dumps(
+            _jsonb_numbers(json.loads(text)),
+            separators=(",", ":"),
+            sort_keys=True,
+            ensure_ascii=False,
+            allow_nan=False,
+        )
     return text
 
 
-def output_payload(output: Any, output_json: str, extra: dict[str, Any]
-                   ) -> tuple[dict[str, Any], str]:
+def output_payload(
+    output: Any, output_json: str, extra: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
     """``{"output": output, **extra}`` and its canonical JSON (as :func:`dumps` writes it),
     with the output's JSON, ``output_json`` (``dumps(output)``, ``output`` as read back from
     it), put in as it is rather than encoded again: a model's answer can be large, the rest
@@ -154,8 +166,16 @@ class Event:
     payload_json: str = field(default="", compare=False, repr=False)
 
     @staticmethod
-    def digest(run_id: str, seq: int, kind: str, step_id: str | None, attempt: int | None,
-               payload_json: str, at: float, prev_hash: str) -> str:
+    def digest(
+        run_id: str,
+        seq: int,
+        kind: str,
+        step_id: str | None,
+        attempt: int | None,
+        payload_json: str,
+        at: float,
+        prev_hash: str,
+    ) -> str:
         # run_id cannot hold "|" and kind, seq, attempt and at are fixed forms; the step id
         # may hold anything, so it goes length-prefixed, just before the payload.
         sid = step_id if step_id is not None else ""
@@ -190,9 +210,16 @@ class Event:
 
     def verify(self) -> bool:
         """Whether ``hash`` matches the event's content and ``prev_hash``."""
-        return self.hash == Event.digest(self.run_id, self.seq, self.kind, self.step_id,
-                                         self.attempt, self.payload_json or dumps(self.payload),
-                                         self.at, self.prev_hash)
+        return self.hash == Event.digest(
+            self.run_id,
+            self.seq,
+            self.kind,
+            self.step_id,
+            self.attempt,
+            self.payload_json or dumps(self.payload),
+            self.at,
+            self.prev_hash,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -596,16 +623,25 @@ class Decision:
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON form journaled as the approval step's output."""
-        out = {"approved": self.approved, "by": self.by, "comment": self.comment,
-               "at": self.at.isoformat()}
+        out = {
+            "approved": self.approved,
+            "by": self.by,
+            "comment": self.comment,
+            "at": self.at.isoformat(),
+        }
         if self.grant is not None:
             out["grant"] = self.grant
         return out
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> Decision:
-        return Decision(bool(data["approved"]), str(data["by"]), data.get("comment"),
-                        datetime.fromisoformat(str(data["at"])), data.get("grant"))
+        return Decision(
+            bool(data["approved"]),
+            str(data["by"]),
+            data.get("comment"),
+            datetime.fromisoformat(str(data["at"])),
+            data.get("grant"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -634,8 +670,13 @@ class Approval:
         if self.status not in ("approved", "rejected"):
             return None
         assert self.decided_by is not None and self.decided_at is not None
-        return Decision(self.status == "approved", self.decided_by, self.comment,
-                        datetime.fromtimestamp(self.decided_at, UTC), self.grant)
+        return Decision(
+            self.status == "approved",
+            self.decided_by,
+            self.comment,
+            datetime.fromtimestamp(self.decided_at, UTC),
+            self.grant,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return {

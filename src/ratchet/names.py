@@ -22,6 +22,5 @@ MAX_COMMENT = 4000  # an approval's comment
 def check_length(value: Any, what: str, limit: int) -> Any:
     """``value``, unless it is a string longer than ``limit`` characters."""
     if isinstance(value, str) and len(value) > limit:
-        raise InvalidInput(f"invalid {what}: {len(value)} characters, over the limit of "
-                           f"{limit}")
+        raise InvalidInput(f"invalid {what}: {len(value)} characters, over the limit of {limit}")
     return value

@@ -19,9 +19,15 @@ class Start:
 
     __slots__ = ("args", "guards", "kwargs", "priority", "queue", "run_id")
 
-    def __init__(self, *args: Any, run_id: str | None = None, queue: str | None = None,
-                 priority: int | None = None, guards: Mapping[str, Any] | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        run_id: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        guards: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.args = args
         self.kwargs = kwargs
         self.run_id = run_id
@@ -31,8 +37,11 @@ class Start:
 
     def __repr__(self) -> str:
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
-        parts += [f"{k}={getattr(self, k)!r}" for k in ("run_id", "queue", "priority", "guards")
-                  if getattr(self, k) is not None]
+        parts += [
+            f"{k}={getattr(self, k)!r}"
+            for k in ("run_id", "queue", "priority", "guards")
+            if getattr(self, k) is not None
+        ]
         return f"Start({', '.join(parts)})"
 
 
@@ -47,8 +56,12 @@ def as_start(item: Any, index: int) -> Start:
         return Start(**item)
     if isinstance(item, tuple):
         return Start(*item)
-    raise BatchItemInvalid(index, "input", f"expected a ratchet.Start, a mapping of keyword "
-                           f"arguments or a tuple of positional arguments, got {item!r}")
+    raise BatchItemInvalid(
+        index,
+        "input",
+        f"expected a ratchet.Start, a mapping of keyword "
+        f"arguments or a tuple of positional arguments, got {item!r}",
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,9 @@ from ratchet.model import TAKEOVERS, TERMINAL_EVENTS, Event, EventKind
 
 # Event kinds drawn as markers on the time axis (the guards' kinds exist once the guards
 # journal them; a journal without them simply has none).
-MARKER_KINDS = frozenset({"run_resumed", "anomaly_detected", "confidence_evaluated",
-                          "confidence_gate_bypassed"})
+MARKER_KINDS = frozenset(
+    {"run_resumed", "anomaly_detected", "confidence_evaluated", "confidence_gate_bypassed"}
+)
 
 
 @dataclass(slots=True)
@@ -114,14 +115,29 @@ def _sandboxes_until(spans: Sequence[SandboxSpan], until: float | None) -> list[
     by then, one that ended later still alive."""
     if until is None:
         return list(spans)
-    return [s if s.end is not None and s.end <= until else
-            replace(s, end=None, status="running", exit_code=None, signal=None,
-                    end_reason=None, peak_memory=None)
-            for s in spans if s.start <= until]
+    return [
+        s
+        if s.end is not None and s.end <= until
+        else replace(
+            s,
+            end=None,
+            status="running",
+            exit_code=None,
+            signal=None,
+            end_reason=None,
+            peak_memory=None,
+        )
+        for s in spans
+        if s.start <= until
+    ]
 
 
-def waterfall(run_id: str, events: list[Event], sandboxes: Sequence[SandboxSpan] = (),
-              until: float | None = None) -> Waterfall:
+def waterfall(
+    run_id: str,
+    events: list[Event],
+    sandboxes: Sequence[SandboxSpan] = (),
+    until: float | None = None,
+) -> Waterfall:
     """The waterfall of ``events`` (a run's journal, or its first events, in seq order)
     and of the run's ``sandboxes``, cut at ``until`` (the time of the last event a cut
     journal holds; None: the whole run)."""
@@ -142,8 +158,9 @@ def waterfall(run_id: str, events: list[Event], sandboxes: Sequence[SandboxSpan]
         if kind in TERMINAL_EVENTS:
             terminal = True
             for seg in open_seg.values():
-                _close(seg, ev.at, ev.seq, "cancelled" if kind == EventKind.RUN_CANCELLED
-                       else "over")
+                _close(
+                    seg, ev.at, ev.seq, "cancelled" if kind == EventKind.RUN_CANCELLED else "over"
+                )
             open_seg.clear()
         if ev.step_id is None or not kind.startswith("step_"):
             continue
@@ -153,8 +170,9 @@ def waterfall(run_id: str, events: list[Event], sandboxes: Sequence[SandboxSpan]
             row = rows[ev.step_id] = Row(ev.step_id, name or ev.step_id, None, "pending")
         prev = open_seg.pop(ev.step_id, None)
         if kind == EventKind.STEP_STARTED:
-            _close(prev, ev.at, ev.seq, "over" if prev and prev.kind != "attempt"
-                   else "interrupted")
+            _close(
+                prev, ev.at, ev.seq, "over" if prev and prev.kind != "attempt" else "interrupted"
+            )
             row.kind = ev.payload.get("kind", row.kind)
             row.child_run_id = ev.payload.get("child_run_id", row.child_run_id)
             seg = Segment("attempt", ev.at, None, "running", ev.attempt, ev.seq)
@@ -162,8 +180,7 @@ def waterfall(run_id: str, events: list[Event], sandboxes: Sequence[SandboxSpan]
             open_seg[ev.step_id] = seg
             row.status = "running"
         elif kind == EventKind.STEP_COMPLETED:
-            _close(prev, ev.at, ev.seq, "completed" if prev and prev.kind == "attempt"
-                   else "over")
+            _close(prev, ev.at, ev.seq, "completed" if prev and prev.kind == "attempt" else "over")
             row.status = "completed"
         elif kind == EventKind.STEP_FAILED:
             _close(prev, ev.at, ev.seq, "failed")
@@ -185,22 +202,28 @@ def waterfall(run_id: str, events: list[Event], sandboxes: Sequence[SandboxSpan]
             else:
                 # A child step parks while its child runs: its attempt ends there.
                 _close(prev, ev.at, ev.seq, "over")
-                seg = Segment("parked", ev.at, None, "waiting", ev.attempt, ev.seq,
-                              reason=reason)
+                seg = Segment("parked", ev.at, None, "waiting", ev.attempt, ev.seq, reason=reason)
                 row.segments.append(seg)
                 open_seg[ev.step_id] = seg
             row.status = "waiting"
     for row in rows.values():  # once at the end, not at every event
         row.attempts = len({s.attempt for s in row.segments if s.kind == "attempt"})
-    parked = _merge([(s.start, s.end) for r in rows.values() for s in r.segments
-                     if s.kind == "parked"])
-    return Waterfall(run_id, events[-1].seq if events else 0,
-                     events[0].at if events else None, events[-1].at if events else None,
-                     terminal, list(rows.values()), markers, parked,
-                     # A journal cut at its end is the whole run: its last sandbox may
-                     # outlive the run's end event.
-                     _sandboxes_until(sorted(sandboxes, key=lambda s: s.attempt),
-                                      None if terminal else until))
+    parked = _merge(
+        [(s.start, s.end) for r in rows.values() for s in r.segments if s.kind == "parked"]
+    )
+    return Waterfall(
+        run_id,
+        events[-1].seq if events else 0,
+        events[0].at if events else None,
+        events[-1].at if events else None,
+        terminal,
+        list(rows.values()),
+        markers,
+        parked,
+        # A journal cut at its end is the whole run: its last sandbox may
+        # outlive the run's end event.
+        _sandboxes_until(sorted(sandboxes, key=lambda s: s.attempt), None if terminal else until),
+    )
 
 
 def _merge(spans: list[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
@@ -218,8 +241,7 @@ def _merge(spans: list[tuple[float, float | None]]) -> list[tuple[float, float |
 
 # The columns of a row and of a segment in the compact form, in order.
 ROW_FIELDS = ("step_id", "name", "kind", "status", "child_run_id", "attempts")
-SEGMENT_FIELDS = ("kind", "start", "end", "outcome", "attempt", "start_seq", "end_seq",
-                  "reason")
+SEGMENT_FIELDS = ("kind", "start", "end", "outcome", "attempt", "start_seq", "end_seq", "reason")
 
 
 def _segment(s: Segment) -> list[Any]:
@@ -227,28 +249,62 @@ def _segment(s: Segment) -> list[Any]:
 
 
 def _head(w: Waterfall) -> dict[str, Any]:
-    return {"run_id": w.run_id, "last_seq": w.last_seq, "start": w.start, "end": w.end,
-            "terminal": w.terminal,
-            "markers": [{"seq": m.seq, "at": m.at, "kind": m.kind, "step_id": m.step_id,
-                         "label": m.label} for m in w.markers],
-            "parked": [[start, end] for start, end in w.parked],
-            "sandboxes": [{"sandbox_id": s.sandbox_id, "attempt": s.attempt,
-                           "start": s.start, "end": s.end, "status": s.status,
-                           "exit_code": s.exit_code, "signal": s.signal,
-                           "end_reason": s.end_reason, "peak_memory": s.peak_memory}
-                          for s in w.sandboxes]}
+    return {
+        "run_id": w.run_id,
+        "last_seq": w.last_seq,
+        "start": w.start,
+        "end": w.end,
+        "terminal": w.terminal,
+        "markers": [
+            {"seq": m.seq, "at": m.at, "kind": m.kind, "step_id": m.step_id, "label": m.label}
+            for m in w.markers
+        ],
+        "parked": [[start, end] for start, end in w.parked],
+        "sandboxes": [
+            {
+                "sandbox_id": s.sandbox_id,
+                "attempt": s.attempt,
+                "start": s.start,
+                "end": s.end,
+                "status": s.status,
+                "exit_code": s.exit_code,
+                "signal": s.signal,
+                "end_reason": s.end_reason,
+                "peak_memory": s.peak_memory,
+            }
+            for s in w.sandboxes
+        ],
+    }
 
 
 def as_dict(w: Waterfall) -> dict[str, Any]:
     """The JSON form the API serves: each row and segment an object."""
     return _head(w) | {
-        "rows": [{"step_id": r.step_id, "name": r.name, "kind": r.kind, "status": r.status,
-                  "child_run_id": r.child_run_id, "attempts": r.attempts,
-                  "segments": [{"kind": s.kind, "start": s.start, "end": s.end,
-                                "outcome": s.outcome, "attempt": s.attempt,
-                                "start_seq": s.start_seq, "end_seq": s.end_seq,
-                                "reason": s.reason} for s in r.segments]}
-                 for r in w.rows]}
+        "rows": [
+            {
+                "step_id": r.step_id,
+                "name": r.name,
+                "kind": r.kind,
+                "status": r.status,
+                "child_run_id": r.child_run_id,
+                "attempts": r.attempts,
+                "segments": [
+                    {
+                        "kind": s.kind,
+                        "start": s.start,
+                        "end": s.end,
+                        "outcome": s.outcome,
+                        "attempt": s.attempt,
+                        "start_seq": s.start_seq,
+                        "end_seq": s.end_seq,
+                        "reason": s.reason,
+                    }
+                    for s in r.segments
+                ],
+            }
+            for r in w.rows
+        ]
+    }
 
 
 def as_compact(w: Waterfall) -> dict[str, Any]:
@@ -257,6 +313,18 @@ def as_compact(w: Waterfall) -> dict[str, Any]:
     its segments). For thousands of rows it is less than half the bytes for the server to
     encode and the browser to parse; the page expands it into :func:`as_dict`'s form."""
     return _head(w) | {
-        "row_fields": ROW_FIELDS, "segment_fields": SEGMENT_FIELDS,
-        "rows": [[r.step_id, r.name, r.kind, r.status, r.child_run_id, r.attempts,
-                  [_segment(s) for s in r.segments]] for r in w.rows]}
+        "row_fields": ROW_FIELDS,
+        "segment_fields": SEGMENT_FIELDS,
+        "rows": [
+            [
+                r.step_id,
+                r.name,
+                r.kind,
+                r.status,
+                r.child_run_id,
+                r.attempts,
+                [_segment(s) for s in r.segments],
+            ]
+            for r in w.rows
+        ],
+    }

@@ -24,19 +24,27 @@ Admin = Annotated[Token, Depends(scope("admin"))]
 
 
 @v1.get("/dead-letters", response_model=list[DeadLetterOut])
-async def dead_letters(request: Request, token: Admin,
-                       limit: Annotated[int, Query(ge=1, le=500)] = 100
-                       ) -> list[DeadLetterOut]:
+async def dead_letters(
+    request: Request, token: Admin, limit: Annotated[int, Query(ge=1, le=500)] = 100
+) -> list[DeadLetterOut]:
     """The tenant's dead-lettered runs, newest first (admin scope)."""
     found = await tokens.dead_letters(request.app.state.store, token.tenant_id, limit)
-    return [DeadLetterOut(run_id=shown(token, d.run_id), workflow=d.workflow, reason=d.reason,
-                          error=tenants.external_text(token.tenant_id, d.error), at=d.at)
-            for d in found]
+    return [
+        DeadLetterOut(
+            run_id=shown(token, d.run_id),
+            workflow=d.workflow,
+            reason=d.reason,
+            error=tenants.external_text(token.tenant_id, d.error),
+            at=d.at,
+        )
+        for d in found
+    ]
 
 
 @v1.post("/dead-letters/{run_id:path}/retry", response_model=StatusAfter, status_code=202)
-async def retry(run_id: str, request: Request, token: Admin,
-                body: RetryBody | None = None) -> StatusAfter:
+async def retry(
+    run_id: str, request: Request, token: Admin, body: RetryBody | None = None
+) -> StatusAfter:
     """Re-queue a dead-lettered run; it resumes after its last completed step, keeping its
     limits unless the body grants more (journaled with the token's name as who)."""
     found = await owned(request, run_id, token)
@@ -50,11 +58,20 @@ async def retry(run_id: str, request: Request, token: Admin,
 async def workflows(request: Request, token: Reader) -> list[WorkflowOut]:
     """What this server can start: its code workflows and registered graphs."""
     app: Ratchet = request.app.state.ratchet
-    out = [WorkflowOut(name=w.name, kind="code", version=w.version,
-                       parameters=list(inspect.signature(w.fn).parameters))
-           for w in app.workflows.values() if w.name not in app.graphs]
-    out += [WorkflowOut(name=name, kind="graph", version=version, parameters=["input"])
-            for name, version in sorted(app.graphs.items())]
+    out = [
+        WorkflowOut(
+            name=w.name,
+            kind="code",
+            version=w.version,
+            parameters=list(inspect.signature(w.fn).parameters),
+        )
+        for w in app.workflows.values()
+        if w.name not in app.graphs
+    ]
+    out += [
+        WorkflowOut(name=name, kind="graph", version=version, parameters=["input"])
+        for name, version in sorted(app.graphs.items())
+    ]
     return sorted(out, key=lambda w: w.name)
 
 
@@ -75,8 +92,11 @@ async def readyz(request: Request) -> Response:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics", response_class=Response,
-            responses={200: {"content": {"text/plain": {}}}, 503: {"model": Error}})
+@router.get(
+    "/metrics",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}, 503: {"model": Error}},
+)
 async def metrics(request: Request) -> Response:
     """Prometheus metrics; 503 with the reason while the database is not ready (the
     counts by status are read from it), as ``/readyz`` answers."""
@@ -84,10 +104,12 @@ async def metrics(request: Request) -> Response:
     try:
         await readiness.check()
         body, content_type = await asyncio.wait_for(
-            request.app.state.metrics.render(request.app.state.store), readiness.timeout_s)
+            request.app.state.metrics.render(request.app.state.store), readiness.timeout_s
+        )
     except StoreNotReady as e:
         return error_response(503, "unavailable", f"not ready: {e}")
     except (StorageError, TimeoutError) as e:
-        return error_response(503, "unavailable",
-                              f"not ready: the database did not answer ({type(e).__name__})")
+        return error_response(
+            503, "unavailable", f"not ready: the database did not answer ({type(e).__name__})"
+        )
     return Response(body, media_type=content_type)

@@ -43,16 +43,22 @@ async def _token(request: Request, creds: HTTPAuthorizationCredentials | None) -
         return token
     secret = request.cookies.get(SESSION_COOKIE)
     if secret is None:
-        raise ApiError(401, "missing bearer token: send Authorization: Bearer <token>",
-                       headers=_CHALLENGE)
+        raise ApiError(
+            401, "missing bearer token: send Authorization: Bearer <token>", headers=_CHALLENGE
+        )
     token = await sessions.session_token(store, secret)
     if token is None:
-        raise ApiError(401, "the session has expired or was signed out: sign in again",
-                       headers=_CHALLENGE)
+        raise ApiError(
+            401, "the session has expired or was signed out: sign in again", headers=_CHALLENGE
+        )
     if request.method not in SAFE_METHODS and not sessions.csrf_matches(
-            secret, request.headers.get(CSRF_HEADER)):
-        raise ApiError(403, f"missing or wrong CSRF token: a request on a session must send "
-                            f"the page's token in {CSRF_HEADER}")
+        secret, request.headers.get(CSRF_HEADER)
+    ):
+        raise ApiError(
+            403,
+            f"missing or wrong CSRF token: a request on a session must send "
+            f"the page's token in {CSRF_HEADER}",
+        )
     return token
 
 
@@ -62,8 +68,11 @@ def scope(needed: str) -> Callable[..., Awaitable[Token]]:
     async def check(request: Request, creds: Bearer) -> Token:
         token = await _caller(request, creds)
         if not allows(token, needed):
-            raise ApiError(403, f"this token lacks the {needed} scope",
-                           details={"needed": needed, "scopes": list(token.scopes)})
+            raise ApiError(
+                403,
+                f"this token lacks the {needed} scope",
+                details={"needed": needed, "scopes": list(token.scopes)},
+            )
         return token
 
     check.__name__ = f"scope_{needed.replace(':', '_')}"

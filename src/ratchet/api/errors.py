@@ -29,16 +29,30 @@ from ratchet.store.tenants import external_text
 
 log = logging.getLogger("ratchet.api")
 
-_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-          405: "method_not_allowed", 409: "conflict", 413: "payload_too_large",
-          422: "invalid_input", 500: "internal"}
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    422: "invalid_input",
+    500: "internal",
+}
 
 
 class ApiError(Exception):
     """An answer other than success: status, code, message and optional details."""
 
-    def __init__(self, status: int, message: str, code: str | None = None,
-                 details: Any = None, headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        details: Any = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code or _CODES.get(status, "error")
@@ -52,17 +66,26 @@ def not_found(run_id: str) -> ApiError:
     return ApiError(404, f"unknown run id {run_id!r}")
 
 
-def error_response(status: int, code: str, message: str, details: Any = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": code, "message": message, "details": details},
-                        status_code=status, headers=headers)
+def error_response(
+    status: int, code: str, message: str, details: Any = None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": code, "message": message, "details": details}, status_code=status, headers=headers
+    )
 
 
 def _status_of(e: Exception) -> int:
     if isinstance(e, UnknownRun | UnknownApproval | UnknownToken):
         return 404
-    if isinstance(e, RunFinished | ApprovalNotPending | NotDeadLettered
-                  | SignalAlreadyConsumed | RunNotFinished | JournalPruned):
+    if isinstance(
+        e,
+        RunFinished
+        | ApprovalNotPending
+        | NotDeadLettered
+        | SignalAlreadyConsumed
+        | RunNotFinished
+        | JournalPruned,
+    ):
         return 409
     if isinstance(e, InvalidInput):
         return 422
@@ -78,13 +101,20 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-        return error_response(e.status_code, _CODES.get(e.status_code, "error"),
-                              str(e.detail), None, getattr(e, "headers", None))
+        return error_response(
+            e.status_code,
+            _CODES.get(e.status_code, "error"),
+            str(e.detail),
+            None,
+            getattr(e, "headers", None),
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-        details = [{"field": _field(err.get("loc", ())[1:]) or "body",
-                    "message": err.get("msg", "")} for err in e.errors()]
+        details = [
+            {"field": _field(err.get("loc", ())[1:]) or "body", "message": err.get("msg", "")}
+            for err in e.errors()
+        ]
         fields = ", ".join(d["field"] for d in details)
         return error_response(422, "invalid_input", f"invalid request: {fields}", details)
 
@@ -116,6 +146,7 @@ def _field(loc: Any) -> str:
 
 
 def _internal(request: Request, e: Exception) -> JSONResponse:
-    log.error("action=request_failed path=%s error=%s", request.url.path, type(e).__name__,
-              exc_info=e)
+    log.error(
+        "action=request_failed path=%s error=%s", request.url.path, type(e).__name__, exc_info=e
+    )
     return error_response(500, "internal", "internal error; see the server log")

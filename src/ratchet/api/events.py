@@ -36,8 +36,15 @@ def event_dict(ev: Event, tenant: str) -> dict[str, Any]:
     child = payload.get("child_run_id")
     if isinstance(child, str):
         payload = {**payload, "child_run_id": tenants.external_id(tenant, child)}
-    return {"run_id": tenants.external_id(tenant, ev.run_id), "seq": ev.seq, "kind": ev.kind,
-            "step_id": ev.step_id, "attempt": ev.attempt, "payload": payload, "at": ev.at}
+    return {
+        "run_id": tenants.external_id(tenant, ev.run_id),
+        "seq": ev.seq,
+        "kind": ev.kind,
+        "step_id": ev.step_id,
+        "attempt": ev.attempt,
+        "payload": payload,
+        "at": ev.at,
+    }
 
 
 def frame(ev: Event, tenant: str = tenants.DEFAULT_TENANT) -> bytes:
@@ -49,17 +56,19 @@ def frame(ev: Event, tenant: str = tenants.DEFAULT_TENANT) -> bytes:
 ENDED = b": the token was revoked or has expired\n\n"
 
 
-async def _stream(request: Request, rec: RunRecord, token: Token,
-                  after: int) -> AsyncIterator[bytes]:
+async def _stream(
+    request: Request, rec: RunRecord, token: Token, after: int
+) -> AsyncIterator[bytes]:
     state = request.app.state
     state.metrics.sse_subscribers.inc()
     encode = functools.partial(frame, tenant=rec.tenant_id)
     try:
-        with state.token_watch.watching(token) as watched, \
-                state.tails.subscribe(rec.run_id, encode) as tail:
+        with (
+            state.token_watch.watching(token) as watched,
+            state.tails.subscribe(rec.run_id, encode) as tail,
+        ):
             watched.on_end(tail.wake)
-            async for frames in tail.follow(after, state.heartbeat_s,
-                                            stop=lambda: watched.ended):
+            async for frames in tail.follow(after, state.heartbeat_s, stop=lambda: watched.ended):
                 # None: nothing happened for a heartbeat interval.
                 yield b": heartbeat\n\n" if frames is None else frames
             if watched.ended:
@@ -73,15 +82,25 @@ MAX_SEQ = 2**63 - 1
 _SEQ = re.compile(r"[0-9]{1,19}")
 
 
-@router.get("/runs/{run_id:path}/events", response_model=EventPage,
-            responses={200: {"content": {"text/event-stream": {}},
-                             "description": "JSON pages, or SSE with Accept: "
-                                            "text/event-stream."}})
-async def run_events(run_id: str, request: Request, token: Reader,
-                     after_seq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
-                     limit: Annotated[int, Query(ge=1, le=PAGE)] = 100,
-                     accept: Annotated[str | None, Header()] = None,
-                     last_event_id: Annotated[str | None, Header()] = None) -> Any:
+@router.get(
+    "/runs/{run_id:path}/events",
+    response_model=EventPage,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "JSON pages, or SSE with Accept: text/event-stream.",
+        }
+    },
+)
+async def run_events(
+    run_id: str,
+    request: Request,
+    token: Reader,
+    after_seq: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+    limit: Annotated[int, Query(ge=1, le=PAGE)] = 100,
+    accept: Annotated[str | None, Header()] = None,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> Any:
     """The run's journal after ``after_seq``: a JSON page, or with ``Accept:
     text/event-stream`` a live stream (``id`` = seq, ``event`` = kind, ``data`` = the event)
     that resumes after ``Last-Event-ID`` and ends after the terminal event, or when its
@@ -93,16 +112,20 @@ async def run_events(run_id: str, request: Request, token: Reader,
         if last_event_id:
             seq = last_event_id.strip()
             if not _SEQ.fullmatch(seq) or int(seq) > MAX_SEQ:
-                raise ApiError(422, f"invalid Last-Event-ID {last_event_id[:40]!r}: expected "
-                                    f"a seq, 0 to {MAX_SEQ}",
-                               details=[{"field": "Last-Event-ID"}])
+                raise ApiError(
+                    422,
+                    f"invalid Last-Event-ID {last_event_id[:40]!r}: expected a seq, 0 to {MAX_SEQ}",
+                    details=[{"field": "Last-Event-ID"}],
+                )
             after = int(seq)
         return StreamingResponse(
-            _stream(request, rec, token, after), media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            _stream(request, rec, token, after),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     events = await store.load_events(rec.run_id, after_seq, limit)
-    return EventPage(events=[JournalEvent(**event_dict(e, rec.tenant_id)) for e in events],
-                     next_after_seq=events[-1].seq if events else after_seq,
-                     done=any(e.kind in TERMINAL for e in events))
-
-
+    return EventPage(
+        events=[JournalEvent(**event_dict(e, rec.tenant_id)) for e in events],
+        next_after_seq=events[-1].seq if events else after_seq,
+        done=any(e.kind in TERMINAL for e in events),
+    )

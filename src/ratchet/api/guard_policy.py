@@ -23,9 +23,20 @@ from ratchet.store import Store
 from ratchet.store.tokens import Token
 
 # Limits where a lower number acts sooner; None switches one off (the loosest).
-_LOWER_IS_TIGHTER = ("runaway_repeats", "max_steps", "retry_storm_run", "retry_storm_workflow",
-                     "spike_factor", "spike_history", "budget_tokens", "budget_usd",
-                     "budget_steps", "budget_wall_s", "pause_timeout_s", "timeout_s")
+_LOWER_IS_TIGHTER = (
+    "runaway_repeats",
+    "max_steps",
+    "retry_storm_run",
+    "retry_storm_workflow",
+    "spike_factor",
+    "spike_history",
+    "budget_tokens",
+    "budget_usd",
+    "budget_steps",
+    "budget_wall_s",
+    "pause_timeout_s",
+    "timeout_s",
+)
 _SEVERITY = {"record": 0, "pause": 1, "fail": 2}
 
 
@@ -62,9 +73,14 @@ async def base_guards(app: Ratchet, store: Store, workflow: str) -> Guards:
         return DEFAULT
 
 
-async def authorised(app: Ratchet, store: Store, token: Token, workflow: str,
-                     overrides: Mapping[str, Any] | None, field: str = "guards"
-                     ) -> dict[str, Any] | None:
+async def authorised(
+    app: Ratchet,
+    store: Store,
+    token: Token,
+    workflow: str,
+    overrides: Mapping[str, Any] | None,
+    field: str = "guards",
+) -> dict[str, Any] | None:
     """``overrides`` as the run is to be started with them by ``token``: refused 403 when
     they loosen the workflow's guards and the token lacks admin; ``gate_bypass_by`` set to
     the token (a client's own kept as ``gate_bypass_note``). Malformed overrides are
@@ -87,7 +103,10 @@ async def authorised(app: Ratchet, store: Store, token: Token, workflow: str,
         return out
     wider = loosened(await base_guards(app, store, workflow), checked)
     if wider:
-        raise ApiError(403, f"{field}: raising or switching off {', '.join(wider)} needs the "
-                            "admin scope (a runs:write token may only tighten guards)",
-                       details={"needed": "admin", "fields": wider})
+        raise ApiError(
+            403,
+            f"{field}: raising or switching off {', '.join(wider)} needs the "
+            "admin scope (a runs:write token may only tighten guards)",
+            details={"needed": "admin", "fields": wider},
+        )
     return out

@@ -24,8 +24,9 @@ class BodyLimit:
     """ASGI middleware: Content-Length over ``limit`` is answered 413 at once; a chunked
     body is counted as it arrives and cut off at the limit."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY,
-                 batch_limit: int = MAX_BATCH_BODY) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int = MAX_BODY, batch_limit: int = MAX_BATCH_BODY
+    ) -> None:
         self.app = app
         self.limit = limit
         self.batch_limit = max(batch_limit, limit)
@@ -61,13 +62,22 @@ class BodyLimit:
                 await self._refuse(send, limit)
 
     async def _refuse(self, send: Send, limit: int) -> None:
-        body: dict[str, Any] = {"error": "payload_too_large",
-                                "message": f"request body over {limit} bytes",
-                                "details": {"limit": limit}}
+        body: dict[str, Any] = {
+            "error": "payload_too_large",
+            "message": f"request body over {limit} bytes",
+            "details": {"limit": limit},
+        }
         data = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(data)).encode())]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 413,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(data)).encode()),
+                ],
+            }
+        )
         await send({"type": "http.response.body", "body": data})
 
 
@@ -80,16 +90,29 @@ class PlainTarget:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and ("\x00" in scope.get("path", "")
-                                        or b"%00" in scope.get("query_string", b"")
-                                        or b"\x00" in scope.get("query_string", b"")):
-            body = json.dumps({"error": "invalid_input",
-                               "message": "invalid request: the path or the query string "
-                                          "contains a NUL character",
-                               "details": [{"field": "path"}]}).encode()
-            await send({"type": "http.response.start", "status": 422,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
+        if scope["type"] == "http" and (
+            "\x00" in scope.get("path", "")
+            or b"%00" in scope.get("query_string", b"")
+            or b"\x00" in scope.get("query_string", b"")
+        ):
+            body = json.dumps(
+                {
+                    "error": "invalid_input",
+                    "message": "invalid request: the path or the query string "
+                    "contains a NUL character",
+                    "details": [{"field": "path"}],
+                }
+            ).encode()
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 422,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)

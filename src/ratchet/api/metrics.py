@@ -20,16 +20,21 @@ from ratchet.store import Store
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.runs_started = Counter("ratchet_api_runs_started", "Runs created through the API.",
-                                    registry=self.registry)
-        self.sse_subscribers = Gauge("ratchet_sse_subscribers", "Open event streams.",
-                                     registry=self.registry)
-        self.runs = Gauge("ratchet_runs", "Runs in the database by status.", ["status"],
-                          registry=self.registry)
-        self.queue_depth = Gauge("ratchet_queue_depth", "Runs queued and not yet claimed.",
-                                 registry=self.registry)
-        self.dead_letters = Gauge("ratchet_dead_letters", "Runs in the dead-letter queue.",
-                                  registry=self.registry)
+        self.runs_started = Counter(
+            "ratchet_api_runs_started", "Runs created through the API.", registry=self.registry
+        )
+        self.sse_subscribers = Gauge(
+            "ratchet_sse_subscribers", "Open event streams.", registry=self.registry
+        )
+        self.runs = Gauge(
+            "ratchet_runs", "Runs in the database by status.", ["status"], registry=self.registry
+        )
+        self.queue_depth = Gauge(
+            "ratchet_queue_depth", "Runs queued and not yet claimed.", registry=self.registry
+        )
+        self.dead_letters = Gauge(
+            "ratchet_dead_letters", "Runs in the dead-letter queue.", registry=self.registry
+        )
         self.registry.register(EngineCollector(STATS))
 
     async def render(self, store: Store) -> tuple[bytes, str]:
@@ -48,30 +53,41 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.stats
-        claimed = CounterMetricFamily("ratchet_runs_claimed", "Runs this process's workers "
-                                      "claimed from the queue.")
+        claimed = CounterMetricFamily(
+            "ratchet_runs_claimed", "Runs this process's workers claimed from the queue."
+        )
         claimed.add_metric([], s.runs_claimed)
-        finished = CounterMetricFamily("ratchet_runs_finished", "Runs this process's workers "
-                                       "finished, by status.", labels=["status"])
+        finished = CounterMetricFamily(
+            "ratchet_runs_finished",
+            "Runs this process's workers finished, by status.",
+            labels=["status"],
+        )
         for status, n in sorted(s.runs_finished.items()):
             finished.add_metric([status], n)
-        steals = CounterMetricFamily("ratchet_sweep_lease_steals", "Orphaned runs (lease "
-                                     "expired or missing) the recovery sweep found and took "
-                                     "over.")
+        steals = CounterMetricFamily(
+            "ratchet_sweep_lease_steals",
+            "Orphaned runs (lease expired or missing) the recovery sweep found and took over.",
+        )
         steals.add_metric([], s.lease_steals)
-        reclaimed = CounterMetricFamily("ratchet_runs_reclaimed", "A restarted worker's own "
-                                        "runs, taken back without waiting for the lease.")
+        reclaimed = CounterMetricFamily(
+            "ratchet_runs_reclaimed",
+            "A restarted worker's own runs, taken back without waiting for the lease.",
+        )
         reclaimed.add_metric([], s.runs_reclaimed)
-        steps = HistogramMetricFamily("ratchet_step_duration_seconds", "Step code run time "
-                                      "(replayed steps excluded), by outcome.",
-                                      labels=["outcome"])
+        steps = HistogramMetricFamily(
+            "ratchet_step_duration_seconds",
+            "Step code run time (replayed steps excluded), by outcome.",
+            labels=["outcome"],
+        )
         for outcome, h in sorted(s.step_seconds.items()):
             bounds = [*(str(b) for b in STEP_BUCKETS), "+Inf"]
             cumulative = list(itertools.accumulate(h.buckets))
             steps.add_metric([outcome], list(zip(bounds, cumulative, strict=True)), h.total)
-        anomalies = CounterMetricFamily("ratchet_anomalies", "Anomalies this process's "
-                                        "workers journaled (each once per occurrence), by "
-                                        "kind.", labels=["kind"])
+        anomalies = CounterMetricFamily(
+            "ratchet_anomalies",
+            "Anomalies this process's workers journaled (each once per occurrence), by kind.",
+            labels=["kind"],
+        )
         for kind, n in sorted(s.anomalies.items()):
             anomalies.add_metric([kind], n)
         yield from (claimed, finished, steals, reclaimed, steps, anomalies)

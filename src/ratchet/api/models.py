@@ -13,29 +13,38 @@ from ratchet.names import MAX_COMMENT, MAX_DECIDER, MAX_QUEUE, MAX_RUN_ID, MAX_W
 class Error(BaseModel):
     """Every refusal, whatever the status."""
 
-    error: str = Field(description="A stable code: unauthorized, forbidden, not_found, "
-                                   "conflict, payload_too_large, invalid_input, internal, "
-                                   "unavailable.")
+    error: str = Field(
+        description="A stable code: unauthorized, forbidden, not_found, "
+        "conflict, payload_too_large, invalid_input, internal, "
+        "unavailable."
+    )
     message: str
     details: Any = None
 
 
 class StartRun(BaseModel):
-    workflow: str = Field(min_length=1, max_length=MAX_WORKFLOW,
-                          description="A workflow's or a graph's name.")
+    workflow: str = Field(
+        min_length=1, max_length=MAX_WORKFLOW, description="A workflow's or a graph's name."
+    )
     input: dict[str, Any] = Field(
         default_factory=dict,
-        description="The workflow's arguments by parameter name; for a graph, its input.")
+        description="The workflow's arguments by parameter name; for a graph, its input.",
+    )
     run_id: str | None = Field(
-        default=None, min_length=1, max_length=MAX_RUN_ID,
+        default=None,
+        min_length=1,
+        max_length=MAX_RUN_ID,
         description="Makes the start idempotent. The tenant's own: another tenant's run "
-                    "of the same id is another run.")
+        "of the same id is another run.",
+    )
     queue: str = Field(default="default", min_length=1, max_length=MAX_QUEUE)
     guards: dict[str, Any] | None = Field(
-        default=None, description='Guard overrides for this run (ratchet.Guards fields), '
-                                  'e.g. {"max_steps": 50, "budget_usd": 0.5}. Raising or '
-                                  'switching off a guard needs the admin scope; a '
-                                  'runs:write token may only tighten them.')
+        default=None,
+        description="Guard overrides for this run (ratchet.Guards fields), "
+        'e.g. {"max_steps": 50, "budget_usd": 0.5}. Raising or '
+        "switching off a guard needs the admin scope; a "
+        "runs:write token may only tighten them.",
+    )
 
 
 class RunAccepted(BaseModel):
@@ -48,14 +57,17 @@ MAX_BATCH = 10_000  # runs in one POST /v1/runs:batch
 
 class StartRuns(BaseModel):
     runs: list[StartRun] = Field(
-        min_length=1, max_length=MAX_BATCH,
+        min_length=1,
+        max_length=MAX_BATCH,
         description=f"The runs to start (1 to {MAX_BATCH:,}), each as POST /v1/runs takes it; "
-                    "all are written in one transaction, or none.")
+        "all are written in one transaction, or none.",
+    )
 
 
 class BatchRunAccepted(RunAccepted):
-    created: bool = Field(description="False when the run existed already (same run_id or "
-                                      "Idempotency-Key).")
+    created: bool = Field(
+        description="False when the run existed already (same run_id or Idempotency-Key)."
+    )
 
 
 class RunsAccepted(BaseModel):
@@ -96,8 +108,9 @@ class RunDetail(Run):
 
 class RunPage(BaseModel):
     runs: list[Run]
-    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null "
-                                                "at the end.")
+    next_cursor: str | None = Field(
+        description="Pass as ?cursor= for the next page; null at the end."
+    )
 
 
 class RunResult(BaseModel):
@@ -128,17 +141,22 @@ class SignalBody(BaseModel):
     data: Any = None
 
 
-_GRANT = ("Limits the run may go over to, for a guard's pause of a budget or of max_steps: "
-          '{"budget_tokens": 5000} (budget_tokens, budget_usd, budget_steps, budget_wall_s, '
-          "max_steps, timeout_s; null for off). Journaled with who decided.")
+_GRANT = (
+    "Limits the run may go over to, for a guard's pause of a budget or of max_steps: "
+    '{"budget_tokens": 5000} (budget_tokens, budget_usd, budget_steps, budget_wall_s, '
+    "max_steps, timeout_s; null for off). Journaled with who decided."
+)
 
 
 class Decision(BaseModel):
     approved: StrictBool = Field(description="true or false; nothing else is a decision.")
     by: str | None = Field(
-        default=None, min_length=1, max_length=MAX_DECIDER,
+        default=None,
+        min_length=1,
+        max_length=MAX_DECIDER,
         description="A name to keep as a note: who decided is journaled as the token's name "
-                    "(its id when it has none).")
+        "(its id when it has none).",
+    )
     comment: str | None = Field(default=None, max_length=MAX_COMMENT)
     grant: dict[str, Any] | None = Field(None, description=_GRANT)
 
@@ -155,9 +173,11 @@ class DecisionMade(BaseModel):
 
 class RetryBody(BaseModel):
     grant: dict[str, Any] | None = Field(
-        None, description="Limits the retried run may go over to (else it keeps its limits: "
-                          "a budget it crossed stops it again). Journaled with the token's "
-                          "name as who granted it.")
+        None,
+        description="Limits the retried run may go over to (else it keeps its limits: "
+        "a budget it crossed stops it again). Journaled with the token's "
+        "name as who granted it.",
+    )
 
 
 class StatusAfter(BaseModel):
@@ -220,8 +240,9 @@ class SegmentOut(BaseModel):
     kind: str = Field(description="attempt, backoff or parked")
     start: float
     end: float | None = Field(description="null while it goes on")
-    outcome: str = Field(description="running, completed, failed, retrying, interrupted, "
-                                     "cancelled, waiting or over")
+    outcome: str = Field(
+        description="running, completed, failed, retrying, interrupted, cancelled, waiting or over"
+    )
     attempt: int | None
     start_seq: int
     end_seq: int | None
@@ -256,8 +277,9 @@ class SandboxSpanOut(BaseModel):
     status: str = Field(description="starting, running or terminated")
     exit_code: int | None
     signal: int | None = Field(description="the signal that killed it, if one did")
-    end_reason: str | None = Field(description="finished, crashed, oom, timeout, killed, "
-                                               "shutdown or orphaned")
+    end_reason: str | None = Field(
+        description="finished, crashed, oom, timeout, killed, shutdown or orphaned"
+    )
     peak_memory: int | None = Field(description="bytes, where the backend measures it")
 
 
@@ -274,9 +296,11 @@ class WaterfallOut(BaseModel):
     rows: list[RowOut]
     markers: list[MarkerOut]
     parked: list[tuple[float, float | None]] = Field(
-        description="Stretches when the run was parked, merged; a viewer may compress them.")
+        description="Stretches when the run was parked, merged; a viewer may compress them."
+    )
     sandboxes: list[SandboxSpanOut] = Field(
-        default_factory=list, description="An isolated run's sandboxes, by attempt.")
+        default_factory=list, description="An isolated run's sandboxes, by attempt."
+    )
 
 
 class StepDetail(BaseModel):
@@ -285,12 +309,14 @@ class StepDetail(BaseModel):
     run_id: str
     state: StepStateOut
     idempotency_key: str | None
-    lease_epoch: int | None = Field(description="The fencing epoch of the drive that started "
-                                                "the latest attempt.")
+    lease_epoch: int | None = Field(
+        description="The fencing epoch of the drive that started the latest attempt."
+    )
     input: dict[str, Any] | None = Field(description="The latest step_started payload.")
     tokens: int | None
     cost_usd: float | None
     events: list[JournalEvent]
+
 
 class ReceiptSignature(BaseModel):
     keyid: str = Field(description="sha256 (hex) of the raw Ed25519 public key.")
@@ -308,13 +334,18 @@ class RunReceipt(BaseModel):
 class NewToken(BaseModel):
     scopes: list[str] = Field(min_length=1, description="runs:read, runs:write, admin.")
     name: str | None = Field(
-        default=None, max_length=100,
+        default=None,
+        max_length=100,
         description="What the token's decisions are journaled as (approvals, a gate turned "
-                    "off at start); its id where it has none.")
+        "off at start); its id where it has none.",
+    )
     expires_in: float | None = Field(
-        default=None, gt=0, le=10 * 366 * 86400, allow_inf_nan=False,
-        description="Seconds until it expires (null: never); an open event stream ends "
-                    "then.")
+        default=None,
+        gt=0,
+        le=10 * 366 * 86400,
+        allow_inf_nan=False,
+        description="Seconds until it expires (null: never); an open event stream ends then.",
+    )
 
 
 class TokenOut(BaseModel):

@@ -31,8 +31,9 @@ class Readiness:
         """Return when the store is ready; raise :class:`StoreNotReady` saying why not."""
         look = self._look
         if look is None or look.done():
-            look = self._look = asyncio.create_task(self.store.check_ready(),
-                                                    name="ratchet-readiness")
+            look = self._look = asyncio.create_task(
+                self.store.check_ready(), name="ratchet-readiness"
+            )
             # Its outcome is read by the probes awaiting it; one that outlived them all
             # must not be reported as an exception nobody retrieved.
             look.add_done_callback(lambda t: t.cancelled() or t.exception())

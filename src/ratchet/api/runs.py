@@ -48,7 +48,8 @@ from ratchet.store.base import DONE
 from ratchet.store.tokens import Token
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Error} for code in (401, 403, 404, 409, 413, 422)}
+    code: {"model": Error} for code in (401, 403, 404, 409, 413, 422)
+}
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 # A child run's id holds "/" (parent/step), so run ids are matched as paths; the bare
 # /runs/{id} goes on a router included after every /runs/{id}/... route, which it would
@@ -74,8 +75,11 @@ def check_path_id(run_id: str, what: str = "run id") -> str:
     run can have (too long, or with a control character such as NUL, which PostgreSQL
     text cannot even be compared with)."""
     if len(run_id) > MAX_RUN_PATH or any(c < " " or c == "\x7f" for c in run_id):
-        problem = (f"over {MAX_RUN_PATH} characters" if len(run_id) > MAX_RUN_PATH
-                   else "it contains a control character")
+        problem = (
+            f"over {MAX_RUN_PATH} characters"
+            if len(run_id) > MAX_RUN_PATH
+            else "it contains a control character"
+        )
         raise ApiError(422, f"invalid {what}: {problem}", details=[{"field": what}])
     return run_id
 
@@ -112,22 +116,38 @@ def _input(stored: Any) -> Any:
 
 
 def _run(rec: RunRecord, token: Token) -> Run:
-    return Run(run_id=shown(token, rec.run_id), workflow=rec.workflow,
-               workflow_version=rec.workflow_version, status=str(rec.status),
-               input=_input(rec.input), output=rec.output,
-               error=None if rec.error is None else tenants.external_text(token.tenant_id,
-                                                                           rec.error),
-               parent_run_id=shown_or_none(token, rec.parent_run_id), queue=rec.queue,
-               created_at=rec.created_at, updated_at=rec.updated_at)
+    return Run(
+        run_id=shown(token, rec.run_id),
+        workflow=rec.workflow,
+        workflow_version=rec.workflow_version,
+        status=str(rec.status),
+        input=_input(rec.input),
+        output=rec.output,
+        error=None if rec.error is None else tenants.external_text(token.tenant_id, rec.error),
+        parent_run_id=shown_or_none(token, rec.parent_run_id),
+        queue=rec.queue,
+        created_at=rec.created_at,
+        updated_at=rec.updated_at,
+    )
 
 
-@router.post("/runs", status_code=202, response_model=RunAccepted,
-             responses={200: {"model": RunAccepted, "description": "The run existed already "
-                                                                   "(same run_id or key)."}})
-async def start_run(body: StartRun, request: Request, response: Response, token: Writer,
-                    idempotency_key: Annotated[str | None, Header(
-                        description="Same key, same run; a different body is refused 422."
-                    )] = None) -> RunAccepted:
+@router.post(
+    "/runs",
+    status_code=202,
+    response_model=RunAccepted,
+    responses={
+        200: {"model": RunAccepted, "description": "The run existed already (same run_id or key)."}
+    },
+)
+async def start_run(
+    body: StartRun,
+    request: Request,
+    response: Response,
+    token: Writer,
+    idempotency_key: Annotated[
+        str | None, Header(description="Same key, same run; a different body is refused 422.")
+    ] = None,
+) -> RunAccepted:
     """Queue a run and return at once: 202 when created, 200 when it existed. Guard
     overrides that raise or switch off the workflow's guards need the admin scope."""
     app = _app(request)
@@ -137,9 +157,15 @@ async def start_run(body: StartRun, request: Request, response: Response, token:
     guards = await authorised(app, _store(request), token, body.workflow, body.guards)
     r = _request(app, body, run_id, guards)
     try:
-        rec, created = await app.start_run_async(r.workflow, r.args, r.kwargs, run_id=run_id,
-                                                 queue=body.queue, tenant=token.tenant_id,
-                                                 guards=guards)
+        rec, created = await app.start_run_async(
+            r.workflow,
+            r.args,
+            r.kwargs,
+            run_id=run_id,
+            queue=body.queue,
+            tenant=token.tenant_id,
+            guards=guards,
+        )
     except InvalidInput as e:
         raise ApiError(422, speak(request, str(e)), details={"workflow": body.workflow}) from e
     _mine(rec, token)
@@ -154,8 +180,7 @@ def _mine(rec: RunRecord, token: Token) -> None:
     # Scoped ids make another tenant's run unreachable from a start; were that ever to
     # break, the answer is an error of ours, not the other run.
     if rec.tenant_id != token.tenant_id:
-        raise RatchetError(f"a start of tenant {token.tenant_id!r} reached a run of "
-                           "another tenant")
+        raise RatchetError(f"a start of tenant {token.tenant_id!r} reached a run of another tenant")
 
 
 def _keyed_run_id(tenant: str, key: str) -> str:
@@ -166,8 +191,9 @@ def _keyed_run_id(tenant: str, key: str) -> str:
     return f"idem-{digest[:40]}"
 
 
-def _request(app: Ratchet, body: StartRun, run_id: str | None,
-             guards: dict[str, Any] | None) -> RunRequest:
+def _request(
+    app: Ratchet, body: StartRun, run_id: str | None, guards: dict[str, Any] | None
+) -> RunRequest:
     """A start's body as the app takes it: a graph's input is its one argument, a code
     workflow's its arguments by name."""
     graph = body.workflow not in app.workflows
@@ -176,15 +202,26 @@ def _request(app: Ratchet, body: StartRun, run_id: str | None,
     return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, guards)
 
 
-@router.post("/runs:batch", status_code=202, response_model=RunsAccepted,
-             responses={200: {"model": RunsAccepted,
-                              "description": "Every run existed already."}})
-async def start_runs(body: StartRuns, request: Request, response: Response, token: Writer,
-                     idempotency_key: Annotated[str | None, Header(
-                         description="Same key, same runs: item i without a run_id is the "
-                                     "run POST /v1/runs would start under the key "
-                                     "'<key>#<i>'; a different body is refused 422."
-                     )] = None) -> RunsAccepted:
+@router.post(
+    "/runs:batch",
+    status_code=202,
+    response_model=RunsAccepted,
+    responses={200: {"model": RunsAccepted, "description": "Every run existed already."}},
+)
+async def start_runs(
+    body: StartRuns,
+    request: Request,
+    response: Response,
+    token: Writer,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            description="Same key, same runs: item i without a run_id is the "
+            "run POST /v1/runs would start under the key "
+            "'<key>#<i>'; a different body is refused 422."
+        ),
+    ] = None,
+) -> RunsAccepted:
     """Queue many runs in one transaction and return at once, their ids and statuses in
     the order asked: 202 when any was created, 200 when all existed. A bad item is refused
     422 naming ``runs[i].field``, and then nothing is written; guard overrides that raise
@@ -196,24 +233,33 @@ async def start_runs(body: StartRuns, request: Request, response: Response, toke
         run_id = item.run_id
         if run_id is None and idempotency_key is not None:
             run_id = _keyed_run_id(token.tenant_id, f"{idempotency_key}#{i}")
-        guards = item.guards if item.guards is None else await authorised(
-            app, store, token, item.workflow, item.guards, f"runs[{i}].guards")
+        guards = (
+            item.guards
+            if item.guards is None
+            else await authorised(
+                app, store, token, item.workflow, item.guards, f"runs[{i}].guards"
+            )
+        )
         requests.append(_request(app, item, run_id, guards))
     try:
         started = await app.start_runs_async(requests, tenant=token.tenant_id)
     except BatchItemInvalid as e:
         field = f"runs[{e.index}].{e.field}"
         problem = speak(request, e.problem)
-        raise ApiError(422, f"{field}: {problem}",
-                       details=[{"field": field, "message": problem}]) from e
+        raise ApiError(
+            422, f"{field}: {problem}", details=[{"field": field, "message": problem}]
+        ) from e
     created = sum(fresh for _, _, fresh in started)
     if created:
         request.app.state.metrics.runs_started.inc(created)
     else:
         response.status_code = 200
-    return RunsAccepted(runs=[BatchRunAccepted(run_id=shown(token, run_id), status=str(status),
-                                               created=fresh)
-                              for run_id, status, fresh in started])
+    return RunsAccepted(
+        runs=[
+            BatchRunAccepted(run_id=shown(token, run_id), status=str(status), created=fresh)
+            for run_id, status, fresh in started
+        ]
+    )
 
 
 def _cursor(text: str | None) -> tuple[float, str] | None:
@@ -227,27 +273,29 @@ def _cursor(text: str | None) -> tuple[float, str] | None:
             raise ValueError("not a time")
         return at, run_id
     except (ValueError, TypeError, ApiError) as e:
-        raise ApiError(422, "invalid cursor: pass next_cursor as it came",
-                       details=[{"field": "cursor"}]) from e
+        raise ApiError(
+            422, "invalid cursor: pass next_cursor as it came", details=[{"field": "cursor"}]
+        ) from e
 
 
 # Unix seconds from year 1 to year 9999: what both databases' timestamps can hold.
-UnixTime = Annotated[float | None, Query(ge=-62135596800, le=253402300799,
-                                         allow_inf_nan=False)]
+UnixTime = Annotated[float | None, Query(ge=-62135596800, le=253402300799, allow_inf_nan=False)]
 
 
 @router.get("/runs", response_model=RunPage)
-async def list_runs(request: Request, token: Reader,
-                    status: Annotated[RunStatus | None, Query()] = None,
-                    workflow: Annotated[str | None, Query(max_length=MAX_WORKFLOW)] = None,
-                    parent: Annotated[str | None, Query(description="Children of this run.",
-                                                        max_length=MAX_RUN_PATH)] = None,
-                    created_after: Annotated[UnixTime, Query(
-                        description="Unix seconds, inclusive.")] = None,
-                    created_before: Annotated[UnixTime, Query(
-                        description="Unix seconds, exclusive.")] = None,
-                    cursor: Annotated[str | None, Query(max_length=4 * MAX_RUN_PATH)] = None,
-                    limit: Annotated[int, Query(ge=1, le=500)] = 50) -> RunPage:
+async def list_runs(
+    request: Request,
+    token: Reader,
+    status: Annotated[RunStatus | None, Query()] = None,
+    workflow: Annotated[str | None, Query(max_length=MAX_WORKFLOW)] = None,
+    parent: Annotated[
+        str | None, Query(description="Children of this run.", max_length=MAX_RUN_PATH)
+    ] = None,
+    created_after: Annotated[UnixTime, Query(description="Unix seconds, inclusive.")] = None,
+    created_before: Annotated[UnixTime, Query(description="Unix seconds, exclusive.")] = None,
+    cursor: Annotated[str | None, Query(max_length=4 * MAX_RUN_PATH)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> RunPage:
     """The tenant's runs, newest first, a page at a time."""
     store = _store(request)
     parent_id = None
@@ -257,19 +305,28 @@ async def list_runs(request: Request, token: Reader,
             return RunPage(runs=[], next_cursor=None)
         parent_id = found.run_id
     if workflow is not None and "\x00" in workflow:
-        raise ApiError(422, "invalid workflow: it contains a NUL character",
-                       details=[{"field": "workflow"}])
+        raise ApiError(
+            422, "invalid workflow: it contains a NUL character", details=[{"field": "workflow"}]
+        )
     recs = await tokens.runs_page(
-        store, token.tenant_id, status=str(status) if status else None,
-        workflow=workflow, parent=parent_id, created_after=created_after,
-        created_before=created_before, cursor=_cursor(cursor), limit=limit + 1)
+        store,
+        token.tenant_id,
+        status=str(status) if status else None,
+        workflow=workflow,
+        parent=parent_id,
+        created_after=created_after,
+        created_before=created_before,
+        cursor=_cursor(cursor),
+        limit=limit + 1,
+    )
     more = len(recs) > limit
     recs = recs[:limit]
     next_cursor = None
     if more:
         last = recs[-1]
         next_cursor = base64.urlsafe_b64encode(
-            json.dumps([last.created_at, last.run_id]).encode()).decode()
+            json.dumps([last.created_at, last.run_id]).encode()
+        ).decode()
     return RunPage(runs=[_run(r, token) for r in recs], next_cursor=next_cursor)
 
 
@@ -280,22 +337,38 @@ async def get_run(run_id: str, request: Request, token: Reader) -> RunDetail:
     store = _store(request)
     totals = (await store.llm_totals([rec.run_id])).get(rec.run_id)
     children = await tokens.runs_page(store, token.tenant_id, parent=rec.run_id, limit=500)
-    llm = LLMUsage(calls=totals.calls if totals else 0,
-                   input_tokens=totals.input_tokens if totals else 0,
-                   output_tokens=totals.output_tokens if totals else 0,
-                   cost_usd=(None if totals and totals.unpriced_calls
-                             else (totals.cost_usd if totals else 0.0)))
-    return RunDetail(**_run(rec, token).model_dump(), llm=llm,
-                     children=[ChildRun(run_id=shown(token, c.run_id), workflow=c.workflow,
-                                        status=str(c.status)) for c in children])
+    llm = LLMUsage(
+        calls=totals.calls if totals else 0,
+        input_tokens=totals.input_tokens if totals else 0,
+        output_tokens=totals.output_tokens if totals else 0,
+        cost_usd=(
+            None if totals and totals.unpriced_calls else (totals.cost_usd if totals else 0.0)
+        ),
+    )
+    return RunDetail(
+        **_run(rec, token).model_dump(),
+        llm=llm,
+        children=[
+            ChildRun(run_id=shown(token, c.run_id), workflow=c.workflow, status=str(c.status))
+            for c in children
+        ],
+    )
 
 
-@router.get("/runs/{run_id:path}/result", response_model=RunResult,
-            responses={202: {"model": RunResult, "description": "Still going after wait."}})
-async def run_result(run_id: str, request: Request, response: Response, token: Reader,
-                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False,
-                                                  description="Seconds to wait.")] = 0
-                     ) -> RunResult:
+@router.get(
+    "/runs/{run_id:path}/result",
+    response_model=RunResult,
+    responses={202: {"model": RunResult, "description": "Still going after wait."}},
+)
+async def run_result(
+    run_id: str,
+    request: Request,
+    response: Response,
+    token: Reader,
+    wait: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_S, allow_inf_nan=False, description="Seconds to wait.")
+    ] = 0,
+) -> RunResult:
     """The run's outcome: 200 once finished; 202 if still going after ``wait`` seconds."""
     store = _store(request)
     deadline = time.monotonic() + wait
@@ -316,16 +389,23 @@ async def run_result(run_id: str, request: Request, response: Response, token: R
                 await asyncio.wait_for(finished.wait(), min(left, 5.0))
     if not rec.status.terminal:
         response.status_code = 202
-    return RunResult(run_id=shown(token, rec.run_id), status=str(rec.status),
-                     done=rec.status.terminal, output=rec.output,
-                     error=None if rec.error is None else tenants.external_text(
-                         token.tenant_id, rec.error))
+    return RunResult(
+        run_id=shown(token, rec.run_id),
+        status=str(rec.status),
+        done=rec.status.terminal,
+        output=rec.output,
+        error=None if rec.error is None else tenants.external_text(token.tenant_id, rec.error),
+    )
 
 
 @router.post("/runs/{run_id:path}/signals/{name}", response_model=StatusAfter, status_code=202)
-async def send_signal(run_id: str, name: Annotated[str, Path(max_length=MAX_SIGNAL)],
-                      request: Request, token: Writer,
-                      body: SignalBody | None = None) -> StatusAfter:
+async def send_signal(
+    run_id: str,
+    name: Annotated[str, Path(max_length=MAX_SIGNAL)],
+    request: Request,
+    token: Writer,
+    body: SignalBody | None = None,
+) -> StatusAfter:
     """Deliver a signal; a run waiting for it wakes. 409 once the run has finished."""
     rec = await owned(request, run_id, token)
     await _app(request).signal_async(rec.run_id, name, body.data if body else None)
@@ -341,8 +421,13 @@ async def cancel_run(run_id: str, request: Request, token: Writer) -> StatusAfte
 
 
 @router.post("/runs/{run_id:path}/approvals/{step_id:path}", response_model=DecisionMade)
-async def decide(run_id: str, step_id: Annotated[str, Path(max_length=MAX_STEP)],
-                 body: Decision, request: Request, token: Writer) -> DecisionMade:
+async def decide(
+    run_id: str,
+    step_id: Annotated[str, Path(max_length=MAX_STEP)],
+    body: Decision,
+    request: Request,
+    token: Writer,
+) -> DecisionMade:
     """Approve or reject a pending approval, once; 409 if already decided or finished.
     The decision is journaled as the token's (its name, else its id); a ``by`` in the
     body is kept beside it as a note."""
@@ -351,24 +436,40 @@ async def decide(run_id: str, step_id: Annotated[str, Path(max_length=MAX_STEP)]
     by, note = decider(token), body.by
     if body.grant is not None and not allows(token, "admin"):
         # A grant moves a run's limits; raising a limit takes an admin, as at start.
-        raise ApiError(403, "a grant moves the run's limits: it needs the admin scope",
-                       details={"needed": "admin", "scopes": list(token.scopes)})
+        raise ApiError(
+            403,
+            "a grant moves the run's limits: it needs the admin scope",
+            details={"needed": "admin", "scopes": list(token.scopes)},
+        )
     if not body.approved and body.grant is not None:
         raise InvalidInput("a rejection grants nothing: give a grant only when approving")
     try:
         if body.approved:
-            made = await app.approve_async(rec.run_id, step_id, by=by, comment=body.comment,
-                                           note=None if note == by else note,
-                                           grant=body.grant)
+            made = await app.approve_async(
+                rec.run_id,
+                step_id,
+                by=by,
+                comment=body.comment,
+                note=None if note == by else note,
+                grant=body.grant,
+            )
         else:
-            made = await app.reject_async(rec.run_id, step_id, by=by, comment=body.comment,
-                                          note=None if note == by else note)
+            made = await app.reject_async(
+                rec.run_id, step_id, by=by, comment=body.comment, note=None if note == by else note
+            )
     except ApprovalNotPending as e:
         if allows(token, "runs:read"):
             raise
         # Who decided, and what they wrote, are the run's to read.
-        raise ApiError(409, f"approval {step_id!r} of run {run_id!r} is no longer pending; "
-                            "nothing changed") from e
-    return DecisionMade(run_id=shown(token, rec.run_id), step_id=step_id,
-                        approved=made.approved, by=made.by, comment=made.comment,
-                        note=None if note == by else note, grant=made.grant)
+        raise ApiError(
+            409, f"approval {step_id!r} of run {run_id!r} is no longer pending; nothing changed"
+        ) from e
+    return DecisionMade(
+        run_id=shown(token, rec.run_id),
+        step_id=step_id,
+        approved=made.approved,
+        by=made.by,
+        comment=made.comment,
+        note=None if note == by else note,
+        grant=made.grant,
+    )

@@ -44,8 +44,9 @@ from ratchet.store.base import Store
 
 router = APIRouter(prefix="/v1/runtime", tags=["runtime"])
 
-_bearer = HTTPBearer(auto_error=False,
-                     description="The sandbox's own token (RATCHET_REPORT_TOKEN).")
+_bearer = HTTPBearer(
+    auto_error=False, description="The sandbox's own token (RATCHET_REPORT_TOKEN)."
+)
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Security(_bearer)]
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 MAX_EVENTS = 1000
@@ -115,8 +116,9 @@ class ModelAnswer(BaseModel):
 async def sandbox_grant(request: Request, creds: Bearer) -> Grant:
     """A dependency: the grant of the sandbox whose token this is."""
     if creds is None:
-        raise ApiError(401, "missing bearer token: send Authorization: Bearer <token>",
-                       headers=_CHALLENGE)
+        raise ApiError(
+            401, "missing bearer token: send Authorization: Bearer <token>", headers=_CHALLENGE
+        )
     grants: Grants = request.app.state.grants
     found = grants.find(creds.credentials)
     if isinstance(found, str):
@@ -129,8 +131,11 @@ Sandboxed = Annotated[Grant, Security(sandbox_grant)]
 
 def _mine(grant: Grant, run_id: str, sandbox_id: str) -> None:
     if run_id != grant.run_id or sandbox_id != grant.sandbox_id:
-        raise ApiError(403, f"this token is for sandbox {grant.sandbox_id} of run "
-                            f"{grant.run_id}, not sandbox {sandbox_id} of run {run_id}")
+        raise ApiError(
+            403,
+            f"this token is for sandbox {grant.sandbox_id} of run "
+            f"{grant.run_id}, not sandbox {sandbox_id} of run {run_id}",
+        )
 
 
 def _proposals(report: Report) -> list[Proposal]:
@@ -155,8 +160,11 @@ async def _answer(grant: Grant, work: Awaitable[T]) -> T:
     try:
         return await work
     except LeaseLost:
-        raise ApiError(409, f"sandbox {grant.sandbox_id} is no longer the current "
-                            f"sandbox of run {grant.run_id}", code="fenced") from None
+        raise ApiError(
+            409,
+            f"sandbox {grant.sandbox_id} is no longer the current sandbox of run {grant.run_id}",
+            code="fenced",
+        ) from None
     except RunFinished as e:
         raise ApiError(409, str(e), code="finished") from e
     except ValueRefused as e:
@@ -192,12 +200,22 @@ async def llm(body: ModelCall, grant: Sandboxed) -> ModelAnswer:
     if not isinstance(kwargs, dict):
         raise ApiError(422, "kwargs_json is not a JSON object")
     try:
-        answer = await _answer(grant, grant.journal.call_model(body.step_id, body.attempt,
-                                                               body.site, kwargs))
+        answer = await _answer(
+            grant, grant.journal.call_model(body.step_id, body.attempt, body.site, kwargs)
+        )
     except LLMError as e:
-        raise ApiError(502, str(e), code="llm_error", details={
-            "type": type(e).__name__, "provider": e.provider, "status_code": e.status_code,
-            "retry_after_s": e.retry_after_s, "request_id": e.request_id}) from e
+        raise ApiError(
+            502,
+            str(e),
+            code="llm_error",
+            details={
+                "type": type(e).__name__,
+                "provider": e.provider,
+                "status_code": e.status_code,
+                "retry_after_s": e.retry_after_s,
+                "request_id": e.request_id,
+            },
+        ) from e
     return ModelAnswer(**answer)
 
 
@@ -213,7 +231,19 @@ async def journal(request: Request, grant: Sandboxed) -> Journal:
             raise ApiError(503, f"the database is unavailable: {e}", code="unavailable") from e
     if run is None:
         raise ApiError(404, f"unknown run id {grant.run_id!r}")
-    return Journal(run=run.as_dict(), events=[
-        JournalEvent(seq=e.seq, kind=e.kind, step_id=e.step_id, attempt=e.attempt,
-                     payload_json=e.payload_json or dumps(e.payload), at=e.at,
-                     prev_hash=e.prev_hash, hash=e.hash) for e in events])
+    return Journal(
+        run=run.as_dict(),
+        events=[
+            JournalEvent(
+                seq=e.seq,
+                kind=e.kind,
+                step_id=e.step_id,
+                attempt=e.attempt,
+                payload_json=e.payload_json or dumps(e.payload),
+                at=e.at,
+                prev_hash=e.prev_hash,
+                hash=e.hash,
+            )
+            for e in events
+        ],
+    )

@@ -27,8 +27,9 @@ HEARTBEAT_S = 15.0
 PRUNE_INTERVAL_S = 3600.0
 
 
-async def _prune_every(ratchet: Ratchet, finished_before: float, interval: float,
-                       stop: asyncio.Event) -> None:
+async def _prune_every(
+    ratchet: Ratchet, finished_before: float, interval: float, stop: asyncio.Event
+) -> None:
     """Prune at start and then every ``interval`` until ``stop``; a failed pass is logged
     and the next one tries again (a prune interrupted midway is finished by the next)."""
     while not stop.is_set():
@@ -40,14 +41,20 @@ async def _prune_every(ratchet: Ratchet, finished_before: float, interval: float
             await asyncio.wait_for(stop.wait(), interval)
 
 
-def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
-               heartbeat_s: float = HEARTBEAT_S, max_body: int = MAX_BODY,
-               live_poll_s: float = pages.LIVE_POLL_S,
-               worker_options: dict[str, Any] | None = None,
-               ready_timeout_s: float = READY_TIMEOUT_S,
-               prune_finished_before: float | None = None,
-               prune_interval: float = PRUNE_INTERVAL_S,
-               token_check_s: float = TOKEN_CHECK_S) -> FastAPI:
+def create_app(
+    ratchet: Ratchet,
+    *,
+    workers: int = 0,
+    concurrency: int = 16,
+    heartbeat_s: float = HEARTBEAT_S,
+    max_body: int = MAX_BODY,
+    live_poll_s: float = pages.LIVE_POLL_S,
+    worker_options: dict[str, Any] | None = None,
+    ready_timeout_s: float = READY_TIMEOUT_S,
+    prune_finished_before: float | None = None,
+    prune_interval: float = PRUNE_INTERVAL_S,
+    token_check_s: float = TOKEN_CHECK_S,
+) -> FastAPI:
     """The API for ``ratchet``'s workflows, with ``workers`` embedded workers, and the
     dashboard (``live_poll_s``: how often its live runs list looks for changes). With
     ``prune_finished_before`` (seconds), every ``prune_interval`` seconds the journals of
@@ -64,14 +71,26 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
         api.state.readiness = Readiness(store, ready_timeout_s)
         api.state.token_watch = TokenWatch(store, token_check_s)
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(
-            ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
-            name=f"ratchet-embedded-worker-{i}") for i in range(workers)]
-        pruning = None if prune_finished_before is None else asyncio.create_task(
-            _prune_every(ratchet, prune_finished_before, prune_interval, stop),
-            name="ratchet-prune")
-        log.info("action=server_ready workers=%d workflows=%s", workers,
-                 ",".join(sorted(ratchet.workflows)) or "-")
+        tasks = [
+            asyncio.create_task(
+                ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
+                name=f"ratchet-embedded-worker-{i}",
+            )
+            for i in range(workers)
+        ]
+        pruning = (
+            None
+            if prune_finished_before is None
+            else asyncio.create_task(
+                _prune_every(ratchet, prune_finished_before, prune_interval, stop),
+                name="ratchet-prune",
+            )
+        )
+        log.info(
+            "action=server_ready workers=%d workflows=%s",
+            workers,
+            ",".join(sorted(ratchet.workflows)) or "-",
+        )
         try:
             yield
         finally:
@@ -87,9 +106,13 @@ def create_app(ratchet: Ratchet, *, workers: int = 0, concurrency: int = 16,
             api.state.readiness.close()
             await store.close()
 
-    api = FastAPI(title="Ratchet", version=__version__, lifespan=lifespan,
-                  description="Durable runs of AI-agent workflows: start them, follow their "
-                              "journals live, signal, cancel and approve.")
+    api = FastAPI(
+        title="Ratchet",
+        version=__version__,
+        lifespan=lifespan,
+        description="Durable runs of AI-agent workflows: start them, follow their "
+        "journals live, signal, cancel and approve.",
+    )
     api.state.ratchet = ratchet
     api.state.heartbeat_s = heartbeat_s
     api.state.live_poll_s = live_poll_s

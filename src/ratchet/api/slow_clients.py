@@ -26,8 +26,10 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 log = logging.getLogger("ratchet.api")
 REQUEST_TIMEOUT_S = 10.0
 _SAID = b"the request took too long to arrive\n"
-_TIMEOUT = (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
-            b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_SAID), _SAID))
+_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_SAID), _SAID)
+)
 
 
 class BoundedH11Protocol(H11Protocol):
@@ -85,12 +87,14 @@ class BoundedH11Protocol(H11Protocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        log.debug("action=slow_client_closed stage=%s timeout_s=%s", self._stage,
-                  self.request_timeout_s)
+        log.debug(
+            "action=slow_client_closed stage=%s timeout_s=%s", self._stage, self.request_timeout_s
+        )
         # A 408 only where this request has no answer under way: never a second answer.
         cycle = self.cycle
-        unanswered = cycle is None or (cycle.response_complete if self._stage == "head"
-                                       else not cycle.response_started)
+        unanswered = cycle is None or (
+            cycle.response_complete if self._stage == "head" else not cycle.response_started
+        )
         if unanswered:
             self.transport.write(_TIMEOUT)
         self._stage = None
@@ -102,5 +106,6 @@ def bounded_protocol(request_timeout_s: float = REQUEST_TIMEOUT_S) -> type[H11Pr
     ``request_timeout_s`` seconds on receiving a request's head, and then its body."""
     if not request_timeout_s > 0:
         raise ValueError(f"request_timeout_s must be positive, got {request_timeout_s!r}")
-    return type("BoundedH11Protocol", (BoundedH11Protocol,),
-                {"request_timeout_s": float(request_timeout_s)})
+    return type(
+        "BoundedH11Protocol", (BoundedH11Protocol,), {"request_timeout_s": float(request_timeout_s)}
+    )

@@ -53,7 +53,8 @@ class Tail:
     def start(self) -> None:
         if self._reader is None:
             self._reader = asyncio.get_running_loop().create_task(
-                self._read(), name=f"ratchet-tail-{self.run_id}")
+                self._read(), name=f"ratchet-tail-{self.run_id}"
+            )
 
     async def stop(self) -> None:
         if self._reader is not None:
@@ -107,8 +108,9 @@ class Tail:
         rows = await self.store._read(lambda tx: tx.all("events_heads", ids))
         return int(rows[0]["seq"]) if rows else 0
 
-    async def follow(self, after: int, heartbeat_s: float,
-                     stop: Callable[[], bool] | None = None) -> AsyncIterator[bytes | None]:
+    async def follow(
+        self, after: int, heartbeat_s: float, stop: Callable[[], bool] | None = None
+    ) -> AsyncIterator[bytes | None]:
         """The run's events after seq ``after``, encoded, each once and in order, as they
         commit: all those available at once joined in one chunk; None when ``heartbeat_s``
         passes without one. Ends after the terminal event, when the server drains, or
@@ -121,14 +123,14 @@ class Tail:
                 events = await self.store.load_events(self.run_id, after, PAGE)
                 encoded = [self.encode(ev) for ev in events]
             elif after < self.head:
-                events = self.window[after + 1 - start:]
-                encoded = self.encoded[after + 1 - start:]
+                events = self.window[after + 1 - start :]
+                encoded = self.encoded[after + 1 - start :]
             else:
                 events, encoded = [], []
             if events:
                 ends = next((i for i, ev in enumerate(events) if ev.kind in TERMINAL), None)
                 if ends is not None:
-                    yield b"".join(encoded[:ends + 1])
+                    yield b"".join(encoded[: ends + 1])
                     return
                 yield b"".join(encoded)
                 after = events[-1].seq
@@ -152,8 +154,9 @@ class Tails:
         self.draining = False
 
     @contextlib.contextmanager
-    def subscribe(self, run_id: str, encode: Callable[[Event], bytes] | None = None
-                  ) -> Iterator[Tail]:
+    def subscribe(
+        self, run_id: str, encode: Callable[[Event], bytes] | None = None
+    ) -> Iterator[Tail]:
         """Follow ``run_id`` while the block lasts. ``encode``: how its events are encoded
         (default: the tails' own), taken by the run's first subscriber; a run has one
         tenant, so every subscriber of it reads the same encoding."""

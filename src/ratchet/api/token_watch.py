@@ -60,7 +60,8 @@ class TokenWatch:
         self._added.set()  # its expiry may come before the next look
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="ratchet-token-watch")
+                self._run(), name="ratchet-token-watch"
+            )
         try:
             yield watched
         finally:

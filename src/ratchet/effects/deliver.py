@@ -53,11 +53,14 @@ def _prepare(policy: str, name: str | None) -> tuple[RunContext, StepInfo, str, 
     """Check the call; the run, the step, the delivery's identity and its key."""
     if policy not in POLICIES:
         raise InvalidInput(f"unknown delivery policy {policy!r}: expected one of {POLICIES}")
-    if name is not None and (not isinstance(name, str) or not name or name.startswith("#")
-                             or "\x00" in name):
+    if name is not None and (
+        not isinstance(name, str) or not name or name.startswith("#") or "\x00" in name
+    ):
         # "#..." is how unnamed deliveries are numbered; a name must not take one's place.
-        raise InvalidInput(f"invalid delivery name {name!r}: expected a non-empty string "
-                           "without NUL that does not start with '#'")
+        raise InvalidInput(
+            f"invalid delivery name {name!r}: expected a non-empty string "
+            "without NUL that does not start with '#'"
+        )
     info = current_step()
     ctx = current_run.get()
     if ctx is None:
@@ -96,16 +99,18 @@ def _resend(existing: Receipt | None, policy: str) -> bool:
     return True
 
 
-async def deliver(dispatch: Callable[[str], Any], *, policy: Policy = "resend",
-                  name: str | None = None) -> Any:
+async def deliver(
+    dispatch: Callable[[str], Any], *, policy: Policy = "resend", name: str | None = None
+) -> Any:
     """Call ``dispatch(idempotency_key)`` once per delivery and return its (JSON-
     serialisable) response; a later attempt or drive gets the stored response back. Use
     inside a step. Each call is its own delivery: named by ``name``, else numbered in call
     order within the step."""
     ctx, info, delivery, key = _prepare(policy, name)
     store, lease = ctx.store, ctx.lease
-    existing = await store.claim_receipt(lease, key, info.step_id, delivery=delivery,
-                                         attempt=info.attempt)
+    existing = await store.claim_receipt(
+        lease, key, info.step_id, delivery=delivery, attempt=info.attempt
+    )
     if existing is not None:
         if existing.status == "settled":
             return existing.response
@@ -121,8 +126,9 @@ async def deliver(dispatch: Callable[[str], Any], *, policy: Policy = "resend",
     return response
 
 
-def deliver_sync(dispatch: Callable[[str], Any], *, policy: Policy = "resend",
-                 name: str | None = None) -> Any:
+def deliver_sync(
+    dispatch: Callable[[str], Any], *, policy: Policy = "resend", name: str | None = None
+) -> Any:
     """:func:`deliver` for a plain ``def`` step, which runs in a thread: the receipt is
     claimed and settled on the worker's loop, the dispatch runs here. An ``async def``
     step must ``await ratchet.deliver(...)`` instead."""
@@ -135,14 +141,16 @@ def deliver_sync(dispatch: Callable[[str], Any], *, policy: Policy = "resend",
         # Waiting here for the loop to claim the receipt would block that very loop.
         raise RatchetError(
             f"ratchet.deliver_sync() called in step {info.step_id} on the worker's event loop "
-            "(an async def step): use `await ratchet.deliver(...)` there")
+            "(an async def step): use `await ratchet.deliver(...)` there"
+        )
     store, lease = ctx.store, ctx.lease
 
     def on_loop(coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, ctx.loop).result()
 
-    existing = on_loop(store.claim_receipt(lease, key, info.step_id, delivery=delivery,
-                                           attempt=info.attempt))
+    existing = on_loop(
+        store.claim_receipt(lease, key, info.step_id, delivery=delivery, attempt=info.attempt)
+    )
     if existing is not None:
         if existing.status == "settled":
             return existing.response

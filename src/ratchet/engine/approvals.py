@@ -41,27 +41,39 @@ def check_request(name: str, data: Any, timeout_s: float | None) -> Any:
     """Validate what an approval asks; return its data as JSON data."""
     check_name(name, "approval name")
     if name.startswith(_GUARD_NAMES):
-        raise InvalidInput(f"ratchet.approval: the name {name!r} is reserved: approvals named "
-                           f"{_GUARD_NAMES}... are the guards' pauses")
-    if timeout_s is not None and (isinstance(timeout_s, bool) or
-                                  not isinstance(timeout_s, int | float) or
-                                  not math.isfinite(timeout_s) or timeout_s <= 0):
-        raise InvalidInput(f"ratchet.approval: timeout_s must be a positive number of "
-                           f"seconds, got {timeout_s!r}")
+        raise InvalidInput(
+            f"ratchet.approval: the name {name!r} is reserved: approvals named "
+            f"{_GUARD_NAMES}... are the guards' pauses"
+        )
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, int | float)
+        or not math.isfinite(timeout_s)
+        or timeout_s <= 0
+    ):
+        raise InvalidInput(
+            f"ratchet.approval: timeout_s must be a positive number of seconds, got {timeout_s!r}"
+        )
     return json.loads(to_json(data, f"the data of approval {name!r}"))
 
 
-def approval(ctx: RunContext, name: str, data: Any, timeout_s: float | None
-             ) -> Coroutine[Any, Any, Decision]:
+def approval(
+    ctx: RunContext, name: str, data: Any, timeout_s: float | None
+) -> Coroutine[Any, Any, Decision]:
     """The workflow's next step: an approval. Its ordinal is taken now, at call time, so
     approvals asked together number the same way on every replay."""
     step_id, step = ctx.next_step(STEP_PREFIX + name)
     return run_approval(ctx, step_id, step, name, data, timeout_s)
 
 
-def approve_then_call(ctx: RunContext, sd: StepDef, name: str, data: Any,
-                      args: tuple[Any, ...], kwargs: dict[str, Any]
-                      ) -> Coroutine[Any, Any, Any]:
+def approve_then_call(
+    ctx: RunContext,
+    sd: StepDef,
+    name: str,
+    data: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Coroutine[Any, Any, Any]:
     """A step that needs an approval first: an approval step named ``name`` asking
     ``data``, then, if approved, the step itself; rejected, the step fails unrun."""
     ask_id, ask = ctx.next_step(STEP_PREFIX + name)
@@ -73,19 +85,31 @@ def approve_then_call(ctx: RunContext, sd: StepDef, name: str, data: Any,
             if step is not None and step.status == "failed":
                 raise ctx.replayed_failure(step)
             comment = f": {decision.comment}" if decision.comment else ""
-            error = (f"approval {name!r} ({ask_id}) was rejected by {decision.by} at "
-                     f"{decision.at.isoformat(timespec='seconds')}{comment}; the step did "
-                     "not run")
-            ctx.emit(EventKind.STEP_FAILED, step_id, None,
-                     {"error": error, "error_type": ApprovalRejected.__name__})
+            error = (
+                f"approval {name!r} ({ask_id}) was rejected by {decision.by} at "
+                f"{decision.at.isoformat(timespec='seconds')}{comment}; the step did "
+                "not run"
+            )
+            ctx.emit(
+                EventKind.STEP_FAILED,
+                step_id,
+                None,
+                {"error": error, "error_type": ApprovalRejected.__name__},
+            )
             raise ApprovalRejected(step_id, error)
         return await ctx.run_step(sd, args, kwargs, step_id, step)
 
     return go()
 
 
-async def run_approval(ctx: RunContext, step_id: str, step: StepState | None, name: str,
-                       data: Any, timeout_s: float | None) -> Decision:
+async def run_approval(
+    ctx: RunContext,
+    step_id: str,
+    step: StepState | None,
+    name: str,
+    data: Any,
+    timeout_s: float | None,
+) -> Decision:
     await ctx.close_held()
     if step is not None and step.status in ("completed", "failed"):
         await ctx.replayed(step)
@@ -98,11 +122,19 @@ async def run_approval(ctx: RunContext, step_id: str, step: StepState | None, na
         # replaces the expired one.
         attempt = step.attempt + 1 if step is not None else 1
         deadline = await ctx.store.now() + timeout_s if timeout_s is not None else None
-        asked = {"reason": "approval", "name": name, "data": data, "timeout_s": timeout_s,
-                 "deadline": deadline}
+        asked = {
+            "reason": "approval",
+            "name": name,
+            "data": data,
+            "timeout_s": timeout_s,
+            "deadline": deadline,
+        }
         ctx.emit(EventKind.STEP_WAITING, step_id, attempt, asked)
-        await ctx._write(lambda events: ctx.store.ask_approval(
-            ctx.lease, events, step_id, attempt, name, data, deadline))
+        await ctx._write(
+            lambda events: ctx.store.ask_approval(
+                ctx.lease, events, step_id, attempt, name, data, deadline
+            )
+        )
     else:
         attempt = step.attempt
         deadline = step.waiting.get("deadline")
@@ -110,8 +142,10 @@ async def run_approval(ctx: RunContext, step_id: str, step: StepState | None, na
     while True:
         found = await ctx.store.get_approval(ctx.run_id, step_id)
         if found is None or found.attempt != attempt:
-            raise RatchetError(f"run {ctx.run_id}: approval {step_id} (attempt {attempt}) "
-                               "is journaled as asked but has no row")
+            raise RatchetError(
+                f"run {ctx.run_id}: approval {step_id} (attempt {attempt}) "
+                "is journaled as asked but has no row"
+            )
         decision = found.decision
         if decision is not None:
             decided = {"name": name, **decision.as_dict()}
@@ -122,8 +156,12 @@ async def run_approval(ctx: RunContext, step_id: str, step: StepState | None, na
             return decision
         if found.status == "expired":
             error = f"no decision on approval {name!r} arrived within {timeout_s or 0:g}s"
-            ctx.emit(EventKind.STEP_FAILED, step_id, attempt,
-                     {"error": error, "error_type": ApprovalTimeout.__name__})
+            ctx.emit(
+                EventKind.STEP_FAILED,
+                step_id,
+                attempt,
+                {"error": error, "error_type": ApprovalTimeout.__name__},
+            )
             raise ApprovalTimeout(error)
         now = await ctx.store.now()
         if deadline is not None and now >= deadline:

@@ -18,7 +18,8 @@ from typing import Any
 
 # Per event loop, the HTTP clients (``httpx.AsyncClient``) that LLM calls used on it.
 _USED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakSet[Any]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 def http_client_of(sdk_client: Any) -> Any:
@@ -37,8 +38,7 @@ async def release() -> None:
     """Close the connections the noted HTTP clients keep open on the running loop."""
     clients = _USED.pop(asyncio.get_running_loop(), None)
     for http in list(clients or ()):
-        transports = [getattr(http, "_transport", None),
-                      *getattr(http, "_mounts", {}).values()]
+        transports = [getattr(http, "_transport", None), *getattr(http, "_mounts", {}).values()]
         for transport in transports:
             if transport is not None:
                 await transport.aclose()

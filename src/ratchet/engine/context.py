@@ -26,8 +26,9 @@ class StepInfo:
     # Numbers this execution's unnamed deliveries "#1", "#2", ... in call order. A StepInfo
     # lives for one execution of one attempt, so the numbering restarts with every retry and
     # re-drive, and the same delivery gets the same number each time.
-    _deliveries: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False,
-                                       repr=False, compare=False)
+    _deliveries: Iterator[int] = field(
+        default_factory=lambda: itertools.count(1), init=False, repr=False, compare=False
+    )
 
     def _next_delivery(self) -> str:
         """The identity of this execution's next unnamed delivery (``#n``); for ``deliver``."""

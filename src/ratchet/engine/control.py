@@ -56,8 +56,11 @@ class Control:
     # A deadline outranks a shutdown (the run ends rather than being handed on), and a
     # person's cancel outranks a deadline.
     _RANK: ClassVar[dict[StopReason, int]] = {
-        StopReason.SHUTDOWN: 0, StopReason.TIMEOUT: 1, StopReason.CANCEL: 2,
-        StopReason.LEASE_LOST: 3}
+        StopReason.SHUTDOWN: 0,
+        StopReason.TIMEOUT: 1,
+        StopReason.CANCEL: 2,
+        StopReason.LEASE_LOST: 3,
+    }
 
     def __init__(self) -> None:
         self.reason: StopReason | None = None

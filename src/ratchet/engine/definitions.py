@@ -34,19 +34,23 @@ def check_name(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"invalid {what} {value!r}: expected a non-empty string")
     if "\x00" in value:
-        raise InvalidInput(f"invalid {what} {value!r}: it contains a NUL character, "
-                           "which the database cannot store")
+        raise InvalidInput(
+            f"invalid {what} {value!r}: it contains a NUL character, "
+            "which the database cannot store"
+        )
     if not value.isascii():
         try:
             value.encode()
         except UnicodeEncodeError:
-            raise InvalidInput(f"invalid {what} {value!r}: it contains a lone surrogate, "
-                               "which UTF-8 cannot store") from None
+            raise InvalidInput(
+                f"invalid {what} {value!r}: it contains a lone surrogate, which UTF-8 cannot store"
+            ) from None
     return value
 
 
-def _annotation(fn: Callable[..., Any], key: str, what: str,
-                error: type[InvalidInput] = InvalidInput) -> Any:
+def _annotation(
+    fn: Callable[..., Any], key: str, what: str, error: type[InvalidInput] = InvalidInput
+) -> Any:
     """The annotation ``key`` (a parameter's name, or ``return``) of ``fn``, evaluated if
     it is a string (``from __future__ import annotations``, forward references); raises
     ``error`` where it cannot be."""
@@ -60,9 +64,11 @@ def _annotation(fn: Callable[..., Any], key: str, what: str,
         scope = dict(inspect.getclosurevars(fn).nonlocals)
         return eval(raw, getattr(fn, "__globals__", {}), scope)
     except Exception as e:
-        raise error(f"cannot resolve the annotation {raw!r} of {what}: "
-                           f"{type(e).__name__}: {e} (define the types it names at module "
-                           "level)") from e
+        raise error(
+            f"cannot resolve the annotation {raw!r} of {what}: "
+            f"{type(e).__name__}: {e} (define the types it names at module "
+            "level)"
+        ) from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +116,9 @@ class StepDef:
             or not isinstance(self.timeout_s, int | float)
             or self.timeout_s <= 0
         ):
-            raise InvalidInput(f"step {self.name}: timeout_s must be a positive number, "
-                               f"got {self.timeout_s!r}")
+            raise InvalidInput(
+                f"step {self.name}: timeout_s must be a positive number, got {self.timeout_s!r}"
+            )
 
     def _codec(self) -> Codec:
         codec = self._returns
@@ -140,8 +147,10 @@ class StepDef:
         try:
             return codec.revive(value, text)
         except Invalid as e:
-            raise NotSerializable(f"the output of step {self.name} does not fit its return "
-                                  f"annotation {codec.annotation!r}: {e}") from None
+            raise NotSerializable(
+                f"the output of step {self.name} does not fit its return "
+                f"annotation {codec.annotation!r}: {e}"
+            ) from None
 
 
 @dataclass(slots=True)
@@ -173,8 +182,9 @@ class WorkflowDef:
         """The parameter a positional argument (by position) or a keyword argument binds to."""
         params = list(self.signature.parameters.values())
         if position is not None:
-            positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY,
-                                                          p.POSITIONAL_OR_KEYWORD)]
+            positional = [
+                p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
             if position < len(positional):
                 return positional[position]
             return next((p for p in params if p.kind == p.VAR_POSITIONAL), None)
@@ -201,9 +211,10 @@ class WorkflowDef:
             raise InvalidInput(
                 f"arguments do not fit workflow {self.name}{self.signature}: {e}"
             ) from e
-        value = {"args": [self._check(self._param_for(i, None), v) for i, v in enumerate(args)],
-                 "kwargs": {k: self._check(self._param_for(None, k), v)
-                            for k, v in kwargs.items()}}
+        value = {
+            "args": [self._check(self._param_for(i, None), v) for i, v in enumerate(args)],
+            "kwargs": {k: self._check(self._param_for(None, k), v) for k, v in kwargs.items()},
+        }
         stored: dict[str, Any] = json.loads(to_json(value, f"the input of workflow {self.name}"))
         return stored
 
@@ -214,17 +225,22 @@ class WorkflowDef:
         try:
             return codec.check(value)
         except Invalid as e:
-            raise InvalidInput(f"invalid argument {param.name!r} of workflow {self.name}: "
-                               f"expected {codec.annotation!r}, got {value!r}: "
-                               f"{e}") from None
+            raise InvalidInput(
+                f"invalid argument {param.name!r} of workflow {self.name}: "
+                f"expected {codec.annotation!r}, got {value!r}: "
+                f"{e}"
+            ) from None
 
     def call_args(self, stored: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """The arguments to call the workflow with, revived from its stored input through
         the same annotations that checked them at start (a model parameter gets the model)."""
-        args = [self._revive(self._param_for(i, None), v)
-                for i, v in enumerate(stored.get("args", []))]
-        kwargs = {k: self._revive(self._param_for(None, k), v)
-                  for k, v in stored.get("kwargs", {}).items()}
+        args = [
+            self._revive(self._param_for(i, None), v) for i, v in enumerate(stored.get("args", []))
+        ]
+        kwargs = {
+            k: self._revive(self._param_for(None, k), v)
+            for k, v in stored.get("kwargs", {}).items()
+        }
         return args, kwargs
 
     def _revive(self, param: inspect.Parameter | None, value: Any) -> Any:
@@ -234,9 +250,11 @@ class WorkflowDef:
         try:
             return codec.revive(value)
         except Invalid as e:
-            raise NotSerializable(f"the stored argument {param.name!r} of workflow "
-                                  f"{self.name} does not fit its annotation "
-                                  f"{codec.annotation!r}: {e}") from None
+            raise NotSerializable(
+                f"the stored argument {param.name!r} of workflow "
+                f"{self.name} does not fit its annotation "
+                f"{codec.annotation!r}: {e}"
+            ) from None
 
     def _result_codec(self) -> Codec:
         codec = self._returns
@@ -258,6 +276,8 @@ class WorkflowDef:
         try:
             return codec.revive(value, text)
         except Invalid as e:
-            raise NotSerializable(f"the result of workflow {self.name} does not fit its "
-                                  f"return annotation {codec.annotation!r}: "
-                                  f"{e}") from None
+            raise NotSerializable(
+                f"the result of workflow {self.name} does not fit its "
+                f"return annotation {codec.annotation!r}: "
+                f"{e}"
+            ) from None

@@ -32,8 +32,9 @@ class DriveStore:
 
     __slots__ = ("_on_call", "_on_return", "_run_id", "raw")
 
-    def __init__(self, store: Store, run_id: str, on_call: Callable[[], None],
-                 on_return: Callable[[], None]) -> None:
+    def __init__(
+        self, store: Store, run_id: str, on_call: Callable[[], None], on_return: Callable[[], None]
+    ) -> None:
         self.raw = store
         self._run_id = run_id
         self._on_call = on_call
@@ -77,16 +78,26 @@ class DriveStore:
     async def recent_retries(self, workflow: str, window_s: float) -> int:
         return await self._guard(self.raw.recent_retries(workflow, window_s))
 
-    async def llm_history(self, workflow: str, limit: int
-                          ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
+    async def llm_history(
+        self, workflow: str, limit: int
+    ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
         return await self._guard(self.raw.llm_history(workflow, limit))
 
     # -- the holder's writes ---------------------------------------------------------------
 
-    async def ask_approval(self, lease: Lease, events: Sequence[Event], step_id: str,
-                           attempt: int, name: str, data: Any, deadline: float | None) -> None:
-        await self._guard(self.raw.ask_approval(lease, events, step_id, attempt, name, data,
-                                                deadline))
+    async def ask_approval(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        step_id: str,
+        attempt: int,
+        name: str,
+        data: Any,
+        deadline: float | None,
+    ) -> None:
+        await self._guard(
+            self.raw.ask_approval(lease, events, step_id, attempt, name, data, deadline)
+        )
 
     async def expire_approval(self, lease: Lease, step_id: str, attempt: int) -> Approval:
         return await self._guard(self.raw.expire_approval(lease, step_id, attempt))
@@ -94,34 +105,42 @@ class DriveStore:
     async def append(self, lease: Lease, events: Sequence[Event]) -> None:
         await self._guard(self.raw.append(lease, events))
 
-    async def start_child(self, lease: Lease, events: Sequence[Event],
-                          child: NewRun) -> RunRecord:
+    async def start_child(self, lease: Lease, events: Sequence[Event], child: NewRun) -> RunRecord:
         return await self._guard(self.raw.start_child(lease, events, child))
 
-    async def consume_signal(self, lease: Lease, events: Sequence[Event],
-                             signal_id: int) -> None:
+    async def consume_signal(self, lease: Lease, events: Sequence[Event], signal_id: int) -> None:
         await self._guard(self.raw.consume_signal(lease, events, signal_id))
 
-    async def park(self, lease: Lease, events: Sequence[Event], waits: Sequence[str],
-                   not_before: float | None) -> tuple[str, list[str]]:
+    async def park(
+        self, lease: Lease, events: Sequence[Event], waits: Sequence[str], not_before: float | None
+    ) -> tuple[str, list[str]]:
         return await self._guard(self.raw.park(lease, events, waits, not_before))
 
     async def hand_back(self, lease: Lease, events: Sequence[Event]) -> None:
         await self._guard(self.raw.hand_back(lease, events))
 
-    async def finish(self, lease: Lease, events: Sequence[Event], status: RunStatus,
-                     output: Any = None, error: str | None = None,
-                     dead_letter: str | None = None,
-                     receipt: dict[str, Any] | None = None) -> None:
-        await self._guard(self.raw.finish(lease, events, status, output, error, dead_letter,
-                                          receipt))
+    async def finish(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        status: RunStatus,
+        output: Any = None,
+        error: str | None = None,
+        dead_letter: str | None = None,
+        receipt: dict[str, Any] | None = None,
+    ) -> None:
+        await self._guard(
+            self.raw.finish(lease, events, status, output, error, dead_letter, receipt)
+        )
 
     # -- receipts (deliveries inside a step) ------------------------------------------------
 
-    async def claim_receipt(self, lease: Lease, key: str, step_id: str, *, delivery: str,
-                            attempt: int) -> Receipt | None:
-        return await self._guard(self.raw.claim_receipt(lease, key, step_id,
-                                                        delivery=delivery, attempt=attempt))
+    async def claim_receipt(
+        self, lease: Lease, key: str, step_id: str, *, delivery: str, attempt: int
+    ) -> Receipt | None:
+        return await self._guard(
+            self.raw.claim_receipt(lease, key, step_id, delivery=delivery, attempt=attempt)
+        )
 
     async def reclaim_receipt(self, lease: Lease, key: str) -> None:
         await self._guard(self.raw.reclaim_receipt(lease, key))

@@ -123,8 +123,13 @@ def child_run_id(parent_run_id: str, ordinal: int, attempt: int) -> str:
 
 
 # No guard at all: what a host-judged drive runs with (see HostJudgedGuards).
-UNGUARDED = Guards(runaway_repeats=None, max_steps=None, retry_storm_run=None,
-                   retry_storm_workflow=None, spike_factor=None)
+UNGUARDED = Guards(
+    runaway_repeats=None,
+    max_steps=None,
+    retry_storm_run=None,
+    retry_storm_workflow=None,
+    spike_factor=None,
+)
 
 
 class HostJudgedGuards(RunGuards):
@@ -135,8 +140,14 @@ class HostJudgedGuards(RunGuards):
     def configure(self, guards: Guards, overrides: Mapping[str, Any] | None) -> None:
         self.g = UNGUARDED
 
-    async def trip(self, kind: str, key: str, step_id: str | None,
-                   evidence: dict[str, Any], action: str | None = None) -> None:
+    async def trip(
+        self,
+        kind: str,
+        key: str,
+        step_id: str | None,
+        evidence: dict[str, Any],
+        action: str | None = None,
+    ) -> None:
         return None
 
 
@@ -154,10 +165,17 @@ class RunContext:
     """One drive of one run: its lease, its folded journal, the events not yet committed,
     and the branches at work."""
 
-    def __init__(self, store: Store, claimed: ClaimedRun, state: RunState,
-                 workflows: Mapping[str, WorkflowDef], control: Control,
-                 threads: StepThreads, signer: Signer | None = None,
-                 host_judged: bool = False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        claimed: ClaimedRun,
+        state: RunState,
+        workflows: Mapping[str, WorkflowDef],
+        control: Control,
+        threads: StepThreads,
+        signer: Signer | None = None,
+        host_judged: bool = False,
+    ) -> None:
         self.control = control
         self.host_judged = host_judged
         self.signer = signer
@@ -171,8 +189,7 @@ class RunContext:
         self.workflows = workflows
         self.threads = threads
         self.store = DriveStore(store, self.run_id, self._busy, self._idle)
-        self.waits = Waits(self.store, self._park,
-                           lambda: self.control.stop(StopReason.CANCEL))
+        self.waits = Waits(self.store, self._park, lambda: self.control.stop(StopReason.CANCEL))
         self.pending: list[Event] = []
         self.ordinal = 0
         self.journal_ordinals = max(state.by_ordinal, default=0)
@@ -228,7 +245,8 @@ class RunContext:
         if left <= 0:
             raise Stopped(StopReason.TIMEOUT)
         self._deadline_timer = self.loop.call_later(
-            left, lambda: self.control.stop(StopReason.TIMEOUT))
+            left, lambda: self.control.stop(StopReason.TIMEOUT)
+        )
 
     def check_stop(self) -> None:
         """A step boundary: no step starts once a stop was requested."""
@@ -264,8 +282,14 @@ class RunContext:
 
     # -- the journal -----------------------------------------------------------------------
 
-    def emit(self, kind: str, step_id: str | None = None, attempt: int | None = None,
-             payload: dict[str, Any] | None = None, payload_json: str | None = None) -> Event:
+    def emit(
+        self,
+        kind: str,
+        step_id: str | None = None,
+        attempt: int | None = None,
+        payload: dict[str, Any] | None = None,
+        payload_json: str | None = None,
+    ) -> Event:
         """Add an event to the chain, to be committed by the next write."""
         state = self.state
         if state.status.terminal:
@@ -273,14 +297,24 @@ class RunContext:
             # when the drive decided to end goes on afterwards; it adds nothing after the
             # terminal event (which may still be waiting for that call's write), it stops.
             raise Stopped(self.control.reason or StopReason.CANCEL)
-        ev = Event.chain(self.run_id, state.last_seq + 1, kind, step_id, attempt,
-                         payload or {}, time.time(), state.last_hash, payload_json)
+        ev = Event.chain(
+            self.run_id,
+            state.last_seq + 1,
+            kind,
+            step_id,
+            attempt,
+            payload or {},
+            time.time(),
+            state.last_hash,
+            payload_json,
+        )
         apply(state, ev)
         self.pending.append(ev)
         return ev
 
-    async def _write(self, op: Callable[[list[Event]], Awaitable[T]],
-                     last: Callable[[], Event] | None = None) -> T:
+    async def _write(
+        self, op: Callable[[list[Event]], Awaitable[T]], last: Callable[[], Event] | None = None
+    ) -> T:
         """Commit the pending events through ``op``, one write at a time, in seq order.
         ``last`` emits a final event once this write holds the lock, so that no other
         write (a branch's, queued for the lock) can carry it."""
@@ -307,17 +341,26 @@ class RunContext:
         if completed:
             crash_point("after_step_completed")
 
-    async def _park(self, waits: list[str], not_before: float | None
-                    ) -> tuple[str, list[str]]:
+    async def _park(self, waits: list[str], not_before: float | None) -> tuple[str, list[str]]:
         return await self._write(
-            lambda events: self.store.park(self.lease, events, waits, not_before))
+            lambda events: self.store.park(self.lease, events, waits, not_before)
+        )
 
-    async def finish(self, status: RunStatus, output: Any = None, error: str | None = None,
-                     dead_letter: str | None = None) -> None:
-        kind = {RunStatus.SUCCEEDED: EventKind.RUN_SUCCEEDED, RunStatus.FAILED:
-                EventKind.RUN_FAILED, RunStatus.CANCELLED: EventKind.RUN_CANCELLED}[status]
-        payload: dict[str, Any] = {"output": output} if status == RunStatus.SUCCEEDED else {
-            "error": error}
+    async def finish(
+        self,
+        status: RunStatus,
+        output: Any = None,
+        error: str | None = None,
+        dead_letter: str | None = None,
+    ) -> None:
+        kind = {
+            RunStatus.SUCCEEDED: EventKind.RUN_SUCCEEDED,
+            RunStatus.FAILED: EventKind.RUN_FAILED,
+            RunStatus.CANCELLED: EventKind.RUN_CANCELLED,
+        }[status]
+        payload: dict[str, Any] = (
+            {"output": output} if status == RunStatus.SUCCEEDED else {"error": error}
+        )
         if dead_letter:
             payload["reason"] = dead_letter
 
@@ -325,8 +368,15 @@ class RunContext:
             crash_point("before_terminal")
             # Signed here, with the terminal event folded in, and stored in the commit that
             # ends the run: no extra transaction, and no run ends unsigned.
-            await self.store.finish(self.lease, events, status, output, error, dead_letter,
-                                    receipt_for(self.signer, self.record, self.state))
+            await self.store.finish(
+                self.lease,
+                events,
+                status,
+                output,
+                error,
+                dead_letter,
+                receipt_for(self.signer, self.record, self.state),
+            )
 
         # The terminal event goes out only with the terminal status: were it emitted before
         # the lock, a branch's append waiting for the lock could commit it with the run
@@ -364,10 +414,14 @@ class RunContext:
         caller reports the step to the guards (``guards.replayed_step``)."""
         ordinal = self.ordinal + 1
         step = self.state.by_ordinal.get(ordinal)
-        if (step is None or step.status != "completed" or step.name != name
-                or step.step_id in self.state.paused_at
-                or ordinal < self._called_before[bisect.bisect_left(self._first_seqs,
-                                                                    step.finished_seq)]):
+        if (
+            step is None
+            or step.status != "completed"
+            or step.name != name
+            or step.step_id in self.state.paused_at
+            or ordinal
+            < self._called_before[bisect.bisect_left(self._first_seqs, step.finished_seq)]
+        ):
             return None
         self.ordinal = ordinal
         if self._turns:
@@ -387,9 +441,13 @@ class RunContext:
         for name in names:
             ordinal += 1
             step = get(ordinal)
-            if (step is None or step.name != name or step.status != "completed"
-                    or step.step_id in paused_at
-                    or ordinal < called_before[bisect_left(first_seqs, step.finished_seq)]):
+            if (
+                step is None
+                or step.name != name
+                or step.status != "completed"
+                or step.step_id in paused_at
+                or ordinal < called_before[bisect_left(first_seqs, step.finished_seq)]
+            ):
                 break
             append(step)
         taken = len(steps) - len(steps) % size  # steps in whole groups
@@ -487,16 +545,27 @@ class RunContext:
 
     # -- steps -----------------------------------------------------------------------------
 
-    def call_step(self, sd: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  started: dict[str, Any] | None = None) -> Coroutine[Any, Any, Any]:
+    def call_step(
+        self,
+        sd: StepDef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        started: dict[str, Any] | None = None,
+    ) -> Coroutine[Any, Any, Any]:
         """One call of ``sd`` as the workflow's next step. The ordinal is taken now, at call
         time, so steps started together (asyncio.gather) number the same way on every replay."""
         step_id, journaled = self.next_step(sd.name)
         return self.run_step(sd, args, kwargs, step_id, journaled, started)
 
-    async def run_step(self, sd: StepDef, args: tuple[Any, ...], kwargs: dict[str, Any],
-                       step_id: str, step: StepState | None,
-                       started: dict[str, Any] | None = None) -> Any:
+    async def run_step(
+        self,
+        sd: StepDef,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        step_id: str,
+        step: StepState | None,
+        started: dict[str, Any] | None = None,
+    ) -> Any:
         """Run one journaled step: its saved outcome if the journal has one, else its code,
         under its retry policy. ``started`` adds fields to its ``step_started`` events."""
         if self._held:
@@ -516,10 +585,16 @@ class RunContext:
         base = step.attempt_base if step else 0
         attempt, resumed, key_attempt = self._next_attempt(step)
         if resumed and step is not None and step.interrupted >= MAX_STARTS_PER_ATTEMPT:
-            error = (f"step {step_id}: attempt {attempt} was started {step.interrupted} times "
-                     "and never finished (its worker was lost each time)")
-            self.emit(EventKind.STEP_FAILED, step_id, attempt,
-                      {"error": error, "error_type": StepCrashLoop.__name__})
+            error = (
+                f"step {step_id}: attempt {attempt} was started {step.interrupted} times "
+                "and never finished (its worker was lost each time)"
+            )
+            self.emit(
+                EventKind.STEP_FAILED,
+                step_id,
+                attempt,
+                {"error": error, "error_type": StepCrashLoop.__name__},
+            )
             raise StepCrashLoop(step_id, error)
         if step is not None and step.status in ("retrying", "waiting"):
             until = (step.waiting or {}).get("retry_at")
@@ -534,8 +609,11 @@ class RunContext:
             reserve = await guards.before_attempt(sd, step_id, args, kwargs)
             # The key follows the outcome: an attempt after a failure whose outcome is
             # unknown sends the key of the attempt before it (key_attempt, journaled).
-            key = (idempotency_key(self.run_id, step_id, key_attempt) if sd.key is None
-                   else self._own_key(sd, step_id, key_attempt))
+            key = (
+                idempotency_key(self.run_id, step_id, key_attempt)
+                if sd.key is None
+                else self._own_key(sd, step_id, key_attempt)
+            )
             if sd.announce is not None and not resumed:
                 kind, announced = sd.announce(args, kwargs)
                 self.emit(kind, step_id, attempt, announced)
@@ -544,21 +622,30 @@ class RunContext:
                 payload["resumed"] = True
             if key_attempt != attempt:
                 payload["key_attempt"] = key_attempt
-            if (sd.kind is None and started is None and key_attempt == attempt
-                    and reserve is None):
+            if sd.kind is None and started is None and key_attempt == attempt and reserve is None:
                 # The key is hex: its canonical JSON is written out rather than encoded.
-                text = (f'{{"idempotency_key":"{key}","resumed":true}}' if resumed
-                        else f'{{"idempotency_key":"{key}"}}')
+                text = (
+                    f'{{"idempotency_key":"{key}","resumed":true}}'
+                    if resumed
+                    else f'{{"idempotency_key":"{key}"}}'
+                )
                 self.emit(EventKind.STEP_STARTED, step_id, attempt, payload, text)
             else:
                 if reserve is not None:  # held until the call's outcome is known
                     payload["reserve"] = reserve
-                self.emit(EventKind.STEP_STARTED, step_id, attempt,
-                          {**payload, "kind": sd.kind, **(started or {})})
+                self.emit(
+                    EventKind.STEP_STARTED,
+                    step_id,
+                    attempt,
+                    {**payload, "kind": sd.kind, **(started or {})},
+                )
             await self.flush()
             crash_point("after_step_started")
-            span = (self.trace.step(step_id, attempt, key, sd.kind, started)
-                    if self.trace is not None else None)
+            span = (
+                self.trace.step(step_id, attempt, key, sd.kind, started)
+                if self.trace is not None
+                else None
+            )
             began = time.monotonic()
             try:
                 if span is None:
@@ -586,10 +673,17 @@ class RunContext:
                 tracing.end_step(span, "abandoned")
                 # What the step had sent by then may land (and be billed): its outcome is
                 # unknown, and a model call keeps its reservation.
-                self.emit(EventKind.STEP_FAILED, step_id, attempt, {
-                    "error": f"step {step_id} was abandoned by its workflow (cancelled while "
-                             "running, e.g. by asyncio.wait_for)", "error_type": ABANDONED,
-                    "outcome_unknown": True})
+                self.emit(
+                    EventKind.STEP_FAILED,
+                    step_id,
+                    attempt,
+                    {
+                        "error": f"step {step_id} was abandoned by its workflow (cancelled while "
+                        "running, e.g. by asyncio.wait_for)",
+                        "error_type": ABANDONED,
+                        "outcome_unknown": True,
+                    },
+                )
                 raise
             except BaseException as e:  # SystemExit from step code is the step's failure too
                 STATS.step("failed", time.monotonic() - began)
@@ -600,8 +694,12 @@ class RunContext:
                     tracing.end_step(span, "retrying", error)
                     # A provider that says when to come back (429 retry-after) is believed.
                     delay = max(sd.retry.delay_s(used), _retry_after(e))
-                    retry = {"attempt": attempt, "of": base + sd.retry.max_attempts,
-                             "error": error, "delay_s": delay}
+                    retry = {
+                        "attempt": attempt,
+                        "of": base + sd.retry.max_attempts,
+                        "error": error,
+                        "delay_s": delay,
+                    }
                     if unknown:
                         retry["outcome_unknown"] = True
                     if delay >= PARK_BACKOFF_S:
@@ -609,15 +707,18 @@ class RunContext:
                         retry["retry_at"] = until
                         self.emit(EventKind.STEP_RETRYING, step_id, attempt, retry)
                         await guards.after_retry(step_id)
-                        self.emit(EventKind.STEP_WAITING, step_id, attempt,
-                                  {"reason": "backoff", "retry_at": until})
+                        self.emit(
+                            EventKind.STEP_WAITING,
+                            step_id,
+                            attempt,
+                            {"reason": "backoff", "retry_at": until},
+                        )
                         await self._wait_until(f"backoff:{step_id}", until)
                     else:
                         self.emit(EventKind.STEP_RETRYING, step_id, attempt, retry)
                         await guards.after_retry(step_id)
                         await self.flush()
-                        await self._wait_until(f"backoff:{step_id}",
-                                               await self.store.now() + delay)
+                        await self._wait_until(f"backoff:{step_id}", await self.store.now() + delay)
                     attempt, resumed = attempt + 1, False
                     if not unknown:
                         key_attempt = attempt
@@ -631,31 +732,48 @@ class RunContext:
             STATS.step("completed", time.monotonic() - began)
             tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
             if extra:
-                self.emit(EventKind.STEP_COMPLETED, step_id, attempt,
-                          *output_payload(output, text, extra))
+                self.emit(
+                    EventKind.STEP_COMPLETED, step_id, attempt, *output_payload(output, text, extra)
+                )
             else:
                 # The canonical form of {"output": output}, without encoding the output again.
-                self.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": output},
-                          f'{{"output":{text}}}')
-            await guards.after_step(sd, step_id, args, kwargs, output,
-                                    extra.get("llm") if extra else None, True)
+                self.emit(
+                    EventKind.STEP_COMPLETED,
+                    step_id,
+                    attempt,
+                    {"output": output},
+                    f'{{"output":{text}}}',
+                )
+            await guards.after_step(
+                sd, step_id, args, kwargs, output, extra.get("llm") if extra else None, True
+            )
             return value if sd.decode is None else sd.decode(output)
 
     def _own_key(self, sd: StepDef, step_id: str, attempt: int) -> str:
         assert sd.key is not None
         key = sd.key(StepKey(self.run_id, step_id, attempt, self.record.workflow))
         if not isinstance(key, str) or not key or len(key) > 255:
-            raise InvalidInput(f"step {step_id}: its idempotency_key function returned "
-                               f"{key!r}: expected a non-empty string of at most 255 characters")
+            raise InvalidInput(
+                f"step {step_id}: its idempotency_key function returned "
+                f"{key!r}: expected a non-empty string of at most 255 characters"
+            )
         return key
 
-    async def _call(self, sd: StepDef, step_id: str, attempt: int, key: str,
-                    args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def _call(
+        self,
+        sd: StepDef,
+        step_id: str,
+        attempt: int,
+        key: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         """Run the step's code, as a branch the drive can interrupt."""
         task = asyncio.current_task()
         assert task is not None
-        token = current_step_info.set(StepInfo(self.run_id, step_id, attempt, self.lease.epoch,
-                                               key))
+        token = current_step_info.set(
+            StepInfo(self.run_id, step_id, attempt, self.lease.epoch, key)
+        )
         self._stepping.add(task)
         self._busy()
         try:
@@ -670,8 +788,9 @@ class RunContext:
             self._idle()
 
     @staticmethod
-    async def _call_async(sd: StepDef, step_id: str, args: tuple[Any, ...],
-                          kwargs: dict[str, Any]) -> Any:
+    async def _call_async(
+        sd: StepDef, step_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         if sd.timeout_s is None:
             return await sd.fn(*args, **kwargs)
         # In this task, not a task of its own (as asyncio.wait_for would make): a task that
@@ -686,11 +805,13 @@ class RunContext:
                 raise  # the step's own TimeoutError, not its timeout
             raise StepTimeout(f"step {step_id} ran past its timeout of {sd.timeout_s:g}s") from e
 
-    async def _call_in_thread(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
-                              kwargs: dict[str, Any]) -> Any:
+    async def _call_in_thread(
+        self, sd: StepDef, step_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         # The thread runs in a copy of this context, so current_step() works there.
-        job = self.threads.submit(functools.partial(contextvars.copy_context().run, sd.fn,
-                                                    *args, **kwargs))
+        job = self.threads.submit(
+            functools.partial(contextvars.copy_context().run, sd.fn, *args, **kwargs)
+        )
         try:
             if sd.timeout_s is None:
                 return await job.done
@@ -701,7 +822,8 @@ class RunContext:
                 if not job.done.cancelled():
                     raise  # the step's own TimeoutError
                 raise StepTimeout(
-                    f"step {step_id} ran past its timeout of {sd.timeout_s:g}s") from e
+                    f"step {step_id} ran past its timeout of {sd.timeout_s:g}s"
+                ) from e
         finally:
             if not job.done.done() or job.done.cancelled():
                 self.threads.abandon(job)
@@ -745,13 +867,18 @@ class RunContext:
             until = float(step.waiting["until"])
         else:
             until = await self.store.now() + seconds
-            self.emit(EventKind.STEP_WAITING, step_id, None,
-                      {"reason": "sleep", "seconds": seconds, "until": until})
+            self.emit(
+                EventKind.STEP_WAITING,
+                step_id,
+                None,
+                {"reason": "sleep", "seconds": seconds, "until": until},
+            )
         await self._wait_until(f"sleep:{step_id}", until)
         self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": None})
 
-    async def wait_for_signal(self, name: str, timeout_s: float | None,
-                              codec: Codec | None = None) -> Any:
+    async def wait_for_signal(
+        self, name: str, timeout_s: float | None, codec: Codec | None = None
+    ) -> Any:
         """The data of signal ``name``, once it arrives, read as ``codec`` says (the type
         the workflow waits for; None: the JSON data)."""
         if self._held:
@@ -767,8 +894,9 @@ class RunContext:
             found = await self.store.pending_signal(self.run_id, name)
             if found is not None:
                 signal_id, payload = found
-                self.emit(EventKind.SIGNAL_RECEIVED, step_id, None,
-                          {"name": name, "signal_id": signal_id})
+                self.emit(
+                    EventKind.SIGNAL_RECEIVED, step_id, None, {"name": name, "signal_id": signal_id}
+                )
                 self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": payload})
                 await self._consume_signal(signal_id)
                 return _signal_data(codec, name, payload)
@@ -778,21 +906,29 @@ class RunContext:
                 deadline = step.waiting.get("deadline")
             else:
                 deadline = now + timeout_s if timeout_s is not None else None
-                self.emit(EventKind.STEP_WAITING, step_id, None,
-                          {"reason": "signal", "name": name, "deadline": deadline})
+                self.emit(
+                    EventKind.STEP_WAITING,
+                    step_id,
+                    None,
+                    {"reason": "signal", "name": name, "deadline": deadline},
+                )
             if deadline is not None and now >= deadline:
                 error = f"no signal {name!r} arrived within {timeout_s or 0:g}s"
-                self.emit(EventKind.STEP_FAILED, step_id, None,
-                          {"error": error, "error_type": "SignalTimeout"})
+                self.emit(
+                    EventKind.STEP_FAILED,
+                    step_id,
+                    None,
+                    {"error": error, "error_type": "SignalTimeout"},
+                )
                 raise SignalTimeout(error)
             await self.waits.wait(f"signal:{name}", deadline, now)
 
     async def _consume_signal(self, signal_id: int) -> None:
-        await self._write(
-            lambda events: self.store.consume_signal(self.lease, events, signal_id))
+        await self._write(lambda events: self.store.consume_signal(self.lease, events, signal_id))
 
-    async def child(self, wf: WorkflowDef, args: tuple[Any, ...], kwargs: dict[str, Any],
-                    queue: str | None) -> Any:
+    async def child(
+        self, wf: WorkflowDef, args: tuple[Any, ...], kwargs: dict[str, Any], queue: str | None
+    ) -> Any:
         if self._held:
             await self.close_held()
         step_id, step = self.next_step(f"child:{wf.name}")
@@ -804,9 +940,16 @@ class RunContext:
         self.check_stop()
 
         def new_child(child_id: str) -> NewRun:
-            return NewRun(child_id, wf.name, wf.version, wf.bind(args, kwargs),
-                          queue=queue or self.record.queue, priority=self.record.priority,
-                          parent_run_id=self.run_id, parent_step_id=step_id)
+            return NewRun(
+                child_id,
+                wf.name,
+                wf.version,
+                wf.bind(args, kwargs),
+                queue=queue or self.record.queue,
+                priority=self.record.priority,
+                parent_run_id=self.run_id,
+                parent_step_id=step_id,
+            )
 
         if step is None or step.status == "pending":
             # Never started, or started afresh by a retry of the run: a new child, whose id
@@ -816,7 +959,8 @@ class RunContext:
             new = new_child(child_id)
             self.emit(EventKind.STEP_STARTED, step_id, attempt, {"child_run_id": child_id})
             created = await self._write(
-                lambda events: self.store.start_child(self.lease, events, new))
+                lambda events: self.store.start_child(self.lease, events, new)
+            )
             self._check_child(created.parent_run_id, child_id, step_id)
         else:
             # Journaled by an earlier drive; runs journaled before child ids carried "/"
@@ -839,19 +983,29 @@ class RunContext:
                 return wf.revive(rec.output)
             if rec.status.terminal:
                 error = f"child run {child_id} {rec.status}: {rec.error}"
-                self.emit(EventKind.STEP_FAILED, step_id, None,
-                          {"error": error, "error_type": "ChildRunFailed"})
+                self.emit(
+                    EventKind.STEP_FAILED,
+                    step_id,
+                    None,
+                    {"error": error, "error_type": "ChildRunFailed"},
+                )
                 raise ChildRunFailed(error)
             current = self.state.steps.get(step_id)
             if current is None or current.status != "waiting":
-                self.emit(EventKind.STEP_WAITING, step_id, None,
-                          {"reason": "child", "child_run_id": child_id})
+                self.emit(
+                    EventKind.STEP_WAITING,
+                    step_id,
+                    None,
+                    {"reason": "child", "child_run_id": child_id},
+                )
             await self.waits.wait(f"child:{child_id}")
 
     def _check_child(self, parent: str | None, child_id: str, step_id: str) -> None:
         if parent != self.run_id:
-            raise RatchetError(f"run {child_id} is not the child of run {self.run_id} started "
-                               f"by step {step_id} (its parent is {parent!r})")
+            raise RatchetError(
+                f"run {child_id} is not the child of run {self.run_id} started "
+                f"by step {step_id} (its parent is {parent!r})"
+            )
 
     # -- the drive -------------------------------------------------------------------------
 
@@ -860,12 +1014,22 @@ class RunContext:
             return await self._drive()
         rec, lease, state = self.record, self.lease, self.state
         kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
-        payload: dict[str, Any] = {"worker_id": lease.worker_id, "epoch": lease.epoch,
-                                   "reason": self.claim_reason, "drive": state.drives + 1}
+        payload: dict[str, Any] = {
+            "worker_id": lease.worker_id,
+            "epoch": lease.epoch,
+            "reason": self.claim_reason,
+            "drive": state.drives + 1,
+        }
         reason = self.claim_reason if state.started else "start"
         self.trace = tracing.start_drive(
-            rec.run_id, rec.workflow, rec.workflow_version, state.drives + 1,
-            "resume" if reason == "claim" else reason, lease.worker_id, state.trace)
+            rec.run_id,
+            rec.workflow,
+            rec.workflow_version,
+            state.drives + 1,
+            "resume" if reason == "claim" else reason,
+            lease.worker_id,
+            state.trace,
+        )
         if self.trace is None:
             self.emit(kind, payload=payload)
             return await self._drive()
@@ -884,7 +1048,8 @@ class RunContext:
                 wf = self.workflows.get(rec.workflow)
                 if wf is None:
                     raise RatchetError(
-                        f"workflow {rec.workflow!r} is not registered with this worker")
+                        f"workflow {rec.workflow!r} is not registered with this worker"
+                    )
                 self.guards.configure(wf.guards or DEFAULT_GUARDS, self.state.guards)
                 args, kwargs = wf.call_args(rec.input)
                 result = await wf.fn(*args, **kwargs)
@@ -907,8 +1072,9 @@ class RunContext:
                 reason = _dead_letter_reason(e)
                 error = error_text(e) if not isinstance(e, StepFailed) else str(e)
                 await self.finish(RunStatus.FAILED, error=error, dead_letter=reason)
-                log.info("action=run_failed run_id=%s reason=%s error=%s", rec.run_id, reason,
-                         error)
+                log.info(
+                    "action=run_failed run_id=%s reason=%s error=%s", rec.run_id, reason, error
+                )
                 return DriveOutcome.FAILED
             await self._close_branches()
             await self.finish(RunStatus.SUCCEEDED, output=output)
@@ -966,8 +1132,11 @@ class RunContext:
             if self.threads_still_running():
                 # Python cannot stop a thread: the run stays leased to this worker until the
                 # lease expires, rather than being handed to another while its step runs.
-                log.warning("action=hand_back_skipped run_id=%s threads=%s", self.run_id,
-                            self.threads_still_running())
+                log.warning(
+                    "action=hand_back_skipped run_id=%s threads=%s",
+                    self.run_id,
+                    self.threads_still_running(),
+                )
                 return DriveOutcome.STOPPED
             await self._write(lambda events: self.store.hand_back(self.lease, events))
             return DriveOutcome.HANDED_BACK
@@ -986,9 +1155,16 @@ class RunContext:
         return DriveOutcome.ABORTED
 
 
-async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, WorkflowDef],
-                control: Control, threads: StepThreads | None = None,
-                signer: Signer | None = None, *, host_judged: bool = False) -> DriveOutcome:
+async def drive(
+    store: Store,
+    claimed: ClaimedRun,
+    workflows: Mapping[str, WorkflowDef],
+    control: Control,
+    threads: StepThreads | None = None,
+    signer: Signer | None = None,
+    *,
+    host_judged: bool = False,
+) -> DriveOutcome:
     """Drive one claimed run until it finishes, parks, stops or loses its lease; return how
     the drive ended. With ``signer``, a run that ends gets its signed receipt.
     ``host_judged``: a drive inside an isolated run's sandbox, whose host (the worker
@@ -1001,16 +1177,25 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         if state.status.terminal:
             # Re-driving a finished run changes nothing. A claim found it unfinished, so
             # its row is behind its journal (the journal is the truth): settle the row.
-            await _settle_from_journal(store, claimed.lease, state, events[-1],
-                                       receipt_for(signer, rec, state))
+            await _settle_from_journal(
+                store, claimed.lease, state, events[-1], receipt_for(signer, rec, state)
+            )
             return DriveOutcome.NOOP
     except (LeaseLost, RunFinished):
         return DriveOutcome.NOOP
     except RatchetError as e:
         log.warning("action=drive_aborted run_id=%s error=%s", rec.run_id, e)
         return DriveOutcome.ABORTED
-    ctx = RunContext(store, claimed, state, workflows, control, threads or _default_threads(),
-                     signer, host_judged)
+    ctx = RunContext(
+        store,
+        claimed,
+        state,
+        workflows,
+        control,
+        threads or _default_threads(),
+        signer,
+        host_judged,
+    )
     control.listen(ctx.interrupt)
     token = current_run.set(ctx)
     try:
@@ -1020,23 +1205,22 @@ async def drive(store: Store, claimed: ClaimedRun, workflows: Mapping[str, Workf
         current_run.reset(token)
 
 
-async def _settle_from_journal(store: Store, lease: Lease, state: RunState, last: Event,
-                               receipt: dict[str, Any] | None) -> None:
+async def _settle_from_journal(
+    store: Store, lease: Lease, state: RunState, last: Event, receipt: dict[str, Any] | None
+) -> None:
     """Give the run's row the end its journal already holds, writing no event."""
-    log.warning("action=run_settled_from_journal run_id=%s status=%s", state.run_id,
-                state.status)
+    log.warning("action=run_settled_from_journal run_id=%s status=%s", state.run_id, state.status)
     reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
-    await store.finish(lease, [], state.status, state.output, state.error,
-                       dead_letter=reason, receipt=receipt)
+    await store.finish(
+        lease, [], state.status, state.output, state.error, dead_letter=reason, receipt=receipt
+    )
 
 
-def receipt_for(signer: Signer | None, record: RunRecord, state: RunState
-             ) -> dict[str, Any] | None:
+def receipt_for(signer: Signer | None, record: RunRecord, state: RunState) -> dict[str, Any] | None:
     """The stored form of the run's signed receipt over ``state`` (None without a key)."""
     if signer is None:
         return None
-    return receipt_params(record.run_id, state.last_seq, signer.key_id,
-                          sign(signer, record, state))
+    return receipt_params(record.run_id, state.last_seq, signer.key_id, sign(signer, record, state))
 
 
 def _default_threads() -> StepThreads:
@@ -1060,8 +1244,9 @@ def _signal_data(codec: Codec | None, name: str, payload: Any) -> Any:
     try:
         return codec.revive(payload)
     except Invalid as e:
-        raise NotSerializable(f"the data of signal {name!r} does not fit {codec.name}: "
-                              f"{e}") from None
+        raise NotSerializable(
+            f"the data of signal {name!r} does not fit {codec.name}: {e}"
+        ) from None
 
 
 def _dead_letter_reason(e: BaseException) -> str:

@@ -34,19 +34,25 @@ def _parse(var: str, sig: int) -> dict[str, tuple[int, int]]:
     for part in filter(None, (os.environ.get(var) or "").split(",")):
         name, _, nth = part.strip().partition(":")
         if name not in POINTS:
-            raise ConfigError(f"{var}={os.environ.get(var)!r}: unknown crash point {name!r}; "
-                              f"expected point:nth with point one of {', '.join(POINTS)}")
+            raise ConfigError(
+                f"{var}={os.environ.get(var)!r}: unknown crash point {name!r}; "
+                f"expected point:nth with point one of {', '.join(POINTS)}"
+            )
         if not (nth or "1").isdigit() or int(nth or 1) < 1:
-            raise ConfigError(f"{var}={os.environ.get(var)!r}: invalid count {nth!r} for "
-                              f"crash point {name!r}; expected a whole number >= 1")
+            raise ConfigError(
+                f"{var}={os.environ.get(var)!r}: invalid count {nth!r} for "
+                f"crash point {name!r}; expected a whole number >= 1"
+            )
         out[name] = (int(nth or 1), sig)
     return out
 
 
 def _arm() -> tuple[dict[str, tuple[int, int]], ConfigError | None]:
     try:
-        return {**_parse("RATCHET_PAUSE_AT", signal.SIGSTOP),
-                **_parse("RATCHET_CRASH_AT", signal.SIGKILL)}, None
+        return {
+            **_parse("RATCHET_PAUSE_AT", signal.SIGSTOP),
+            **_parse("RATCHET_CRASH_AT", signal.SIGKILL),
+        }, None
     except ConfigError as e:
         return {}, e
 

@@ -71,6 +71,10 @@ class GcPacer:
             began = time.perf_counter()
             gc.collect()
             self.collections += 1
-            log.debug("action=gc_full finished=%s in_flight=%s ms=%.1f", self.finished,
-                      in_flight, (time.perf_counter() - began) * 1000)
+            log.debug(
+                "action=gc_full finished=%s in_flight=%s ms=%.1f",
+                self.finished,
+                in_flight,
+                (time.perf_counter() - began) * 1000,
+            )
             self.finished, self.peak, self.last_full = 0, in_flight, now

@@ -77,7 +77,8 @@ _ITERATION = re.compile(r"#\d+")
 _Deferred = tuple[str, str, Any, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]
 # Per store (an app's database), by (workflow, runs): when it expires, and the history.
 _HISTORY: weakref.WeakKeyDictionary[Store, dict[tuple[str, int], tuple[float, History]]] = (
-    weakref.WeakKeyDictionary())
+    weakref.WeakKeyDictionary()
+)
 
 
 class History:
@@ -156,16 +157,33 @@ class RunGuards:
         started = self.ctx.state.started_at or at
         limit = getattr(self.g, field)
         if field == "budget_wall_s":
-            self._journal_limit(BUDGET, f"{BUDGET}:wall_s", None, {
-                "budget": "wall_s", "used": round(time.time() - started, 3), "limit": limit,
-                "limit_field": field}, "fail")
-        return (f"RunTimeout: run {self.ctx.run_id} passed its deadline ({field} "
-                f"{limit:g}s from its first start)")
+            self._journal_limit(
+                BUDGET,
+                f"{BUDGET}:wall_s",
+                None,
+                {
+                    "budget": "wall_s",
+                    "used": round(time.time() - started, 3),
+                    "limit": limit,
+                    "limit_field": field,
+                },
+                "fail",
+            )
+        return (
+            f"RunTimeout: run {self.ctx.run_id} passed its deadline ({field} "
+            f"{limit:g}s from its first start)"
+        )
 
     # -- tripping ------------------------------------------------------------------------
 
-    async def trip(self, kind: str, key: str, step_id: str | None,
-                   evidence: dict[str, Any], action: str | None = None) -> None:
+    async def trip(
+        self,
+        kind: str,
+        key: str,
+        step_id: str | None,
+        evidence: dict[str, Any],
+        action: str | None = None,
+    ) -> None:
         """Journal anomaly ``key`` (unless the journal has it) and apply its action."""
         ctx = self.ctx
         if key in ctx.state.anomalies:
@@ -175,16 +193,23 @@ class RunGuards:
         if action == "pause":
             # The approval that asks is named in the anomaly: branches of a gather may trip
             # in any order, and a replay must hand each decision back to its own anomaly.
-            payload["approval_step_id"], _ = ctx.next_step(approvals.STEP_PREFIX +
-                                                           PAUSE_PREFIX + kind)
+            payload["approval_step_id"], _ = ctx.next_step(
+                approvals.STEP_PREFIX + PAUSE_PREFIX + kind
+            )
         ctx.emit(EventKind.ANOMALY_DETECTED, step_id, None, payload)
         STATS.anomaly(kind)
-        log.warning("action=anomaly_detected run_id=%s kind=%s key=%s guard_action=%s",
-                    ctx.run_id, kind, key, action)
+        log.warning(
+            "action=anomaly_detected run_id=%s kind=%s key=%s guard_action=%s",
+            ctx.run_id,
+            kind,
+            key,
+            action,
+        )
         await self._act(payload, fresh=True)
 
-    def _journal_limit(self, kind: str, limit: str, step_id: str | None,
-                       evidence: dict[str, Any], action: str) -> dict[str, Any] | None:
+    def _journal_limit(
+        self, kind: str, limit: str, step_id: str | None, evidence: dict[str, Any], action: str
+    ) -> dict[str, Any] | None:
         """Journal the next occurrence of ``limit`` crossed (the payload), or None when
         ``record`` or ``fail`` journaled it already since the last grant or retry."""
         state = self.ctx.state
@@ -196,19 +221,23 @@ class RunGuards:
         while key in state.anomalies:  # journaled before limits numbered their trips
             n += 1
             key = f"{limit}@{n}"
-        payload = {"kind": kind, "key": key, "action": action, **evidence,
-                   "limit_key": limit}
+        payload = {"kind": kind, "key": key, "action": action, **evidence, "limit_key": limit}
         if action == "pause":
-            payload["approval_step_id"], _ = self.ctx.next_step(approvals.STEP_PREFIX +
-                                                                PAUSE_PREFIX + kind)
+            payload["approval_step_id"], _ = self.ctx.next_step(
+                approvals.STEP_PREFIX + PAUSE_PREFIX + kind
+            )
         self.ctx.emit(EventKind.ANOMALY_DETECTED, step_id, None, payload)
         STATS.anomaly(kind)
-        log.warning("action=anomaly_detected run_id=%s kind=%s key=%s guard_action=%s",
-                    self.ctx.run_id, kind, key, action)
+        log.warning(
+            "action=anomaly_detected run_id=%s kind=%s key=%s guard_action=%s",
+            self.ctx.run_id,
+            kind,
+            key,
+            action,
+        )
         return payload
 
-    async def _limit(self, kind: str, limit: str, step_id: str,
-                     evidence: dict[str, Any]) -> bool:
+    async def _limit(self, kind: str, limit: str, step_id: str, evidence: dict[str, Any]) -> bool:
         """``limit`` would be crossed by this step: journal it and apply its action. True
         when a person approved going over (the limits moved: check again)."""
         action = self.g.action(kind)
@@ -230,12 +259,14 @@ class RunGuards:
             try:
                 decision = await self._ask(payload, fresh)
             except ApprovalTimeout as e:  # past pause_timeout_s: the fallback is fail
-                raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; "
-                                         f"{e}") from None
+                raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; {e}") from None
             if not decision.approved:
                 comment = f": {decision.comment}" if decision.comment else ""
-                raise GuardTripped(kind, f"guard {kind} ({payload['key']}): {what}; "
-                                         f"{decision.by} declined to continue{comment}")
+                raise GuardTripped(
+                    kind,
+                    f"guard {kind} ({payload['key']}): {what}; "
+                    f"{decision.by} declined to continue{comment}",
+                )
             if decision.grant is not None:  # folded into the state as it was journaled
                 self._regrant()
                 self.ctx.arm_deadline()  # a grant may have moved the deadline
@@ -261,8 +292,9 @@ class RunGuards:
 
     # -- step boundaries -----------------------------------------------------------------
 
-    async def before_attempt(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
-                             kwargs: dict[str, Any]) -> dict[str, Any] | None:
+    async def before_attempt(
+        self, sd: StepDef, step_id: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> dict[str, Any] | None:
         """Before an attempt of a step runs: the deadline, the step count, the wall time
         and, before an LLM call, the token and money budgets with the call's worst case
         plus that of every call in flight. Returns what the call reserves (its worst case,
@@ -274,18 +306,21 @@ class RunGuards:
             raise Stopped(StopReason.TIMEOUT)
         count = len(state.steps) + (step_id not in state.steps)
         while (limit := self.g.max_steps) is not None and count > limit:
-            if not await self._limit("excessive_steps", "excessive_steps", step_id,
-                                     {"steps": count, "max_steps": limit}):
+            if not await self._limit(
+                "excessive_steps", "excessive_steps", step_id, {"steps": count, "max_steps": limit}
+            ):
                 break
         while (limit := self.g.budget_steps) is not None and count > limit:
             if not await self._over("steps", step_id, count, limit, count):
                 break
         # Under fail, the wall-time budget is the run's deadline (checked above, and armed).
-        while ((wall := self.g.budget_wall_s) is not None and state.started_at is not None
-               and self.g.action(BUDGET) != "fail"):
+        while (
+            (wall := self.g.budget_wall_s) is not None
+            and state.started_at is not None
+            and self.g.action(BUDGET) != "fail"
+        ):
             elapsed = round(time.time() - state.started_at, 3)
-            if elapsed <= wall or not await self._over("wall_s", step_id, elapsed, wall,
-                                                       elapsed):
+            if elapsed <= wall or not await self._over("wall_s", step_id, elapsed, wall, elapsed):
                 break
         g = self.g
         if sd.worst_case is None or (g.budget_tokens is None and g.budget_usd is None):
@@ -301,16 +336,32 @@ class RunGuards:
         g, spent = self.g, self.ctx.state.llm
         held_tokens, held_usd = self._in_flight(step_id)
         need = spent.tokens + held_tokens + tokens
-        if g.budget_tokens is not None and need > g.budget_tokens and await self._over(
-                "tokens", step_id, spent.tokens, g.budget_tokens, need, worst_case=tokens,
-                in_flight=held_tokens):
+        if (
+            g.budget_tokens is not None
+            and need > g.budget_tokens
+            and await self._over(
+                "tokens",
+                step_id,
+                spent.tokens,
+                g.budget_tokens,
+                need,
+                worst_case=tokens,
+                in_flight=held_tokens,
+            )
+        ):
             return True
         if usd is None or g.budget_usd is None:
             return False
         cost = spent.cost_usd + held_usd + usd
         return cost > g.budget_usd and await self._over(
-            "usd", step_id, round(spent.cost_usd, 6), g.budget_usd, round(cost, 6),
-            worst_case=round(usd, 6), in_flight=round(held_usd, 6))
+            "usd",
+            step_id,
+            round(spent.cost_usd, 6),
+            g.budget_usd,
+            round(cost, 6),
+            worst_case=round(usd, 6),
+            in_flight=round(held_usd, 6),
+        )
 
     def _in_flight(self, step_id: str) -> tuple[int, float]:
         """What the calls in flight other than ``step_id`` (whose attempt this replaces)
@@ -322,9 +373,16 @@ class RunGuards:
                 usd += float(held.get("usd") or 0.0)
         return tokens, usd
 
-    async def _over(self, budget: str, step_id: str, used: float, limit: float,
-                    needed: float, worst_case: float | None = None,
-                    in_flight: float | None = None) -> bool:
+    async def _over(
+        self,
+        budget: str,
+        step_id: str,
+        used: float,
+        limit: float,
+        needed: float,
+        worst_case: float | None = None,
+        in_flight: float | None = None,
+    ) -> bool:
         """A budget would be crossed; True when a person approved going over."""
         evidence: dict[str, Any] = {"budget": budget, "used": used, "limit": limit}
         if worst_case is not None:
@@ -334,9 +392,16 @@ class RunGuards:
         evidence.update(needed=needed, limit_field=BUDGET_FIELDS[budget])
         return await self._limit(BUDGET, f"{BUDGET}:{budget}", step_id, evidence)
 
-    async def after_step(self, sd: StepDef, step_id: str, args: tuple[Any, ...],
-                         kwargs: dict[str, Any], output: Any,
-                         meta: dict[str, Any] | None, fresh: bool) -> None:
+    async def after_step(
+        self,
+        sd: StepDef,
+        step_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        meta: dict[str, Any] | None,
+        fresh: bool,
+    ) -> None:
         """After a step completed (``fresh``) or was replayed: the runaway-loop streak and,
         for an LLM call that ran now, the token and cost spikes. A replayed step only
         counts in the streak: what it tripped was committed with it, and is in the journal."""
@@ -345,8 +410,13 @@ class RunGuards:
         if fresh and meta is not None and self.g.spike_factor is not None:
             await self._spikes(step_id, meta)
 
-    def replayed_step(self, name: str, step_id: str, output: Any,
-                      call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]) -> None:
+    def replayed_step(
+        self,
+        name: str,
+        step_id: str,
+        output: Any,
+        call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+    ) -> None:
         """What :meth:`after_step` does for a replayed step, with its arguments built by
         ``call`` only when the streak is next looked at, and only for the last
         ``runaway_repeats`` replayed steps: a replay of many steps builds a few arguments,
@@ -389,8 +459,15 @@ class RunGuards:
         else:
             self._last, self._streak, self._streak_from = current, 1, step_id
 
-    async def _streak_check(self, name: str, step_id: str, args: tuple[Any, ...],
-                            kwargs: dict[str, Any], output: Any, fresh: bool) -> None:
+    async def _streak_check(
+        self,
+        name: str,
+        step_id: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        fresh: bool,
+    ) -> None:
         self._settle()
         try:
             called = _call_text(args, kwargs)
@@ -401,9 +478,17 @@ class RunGuards:
         limit = self.g.runaway_repeats
         if fresh and limit is not None and self._streak == limit:
             digest = hashlib.sha256(called.encode()).hexdigest()[:16]
-            await self.trip("runaway_loop", f"runaway_loop:{self._streak_from}", step_id, {
-                "step": name, "repeats": limit, "first_step_id": self._streak_from,
-                "arguments_sha256": digest})
+            await self.trip(
+                "runaway_loop",
+                f"runaway_loop:{self._streak_from}",
+                step_id,
+                {
+                    "step": name,
+                    "repeats": limit,
+                    "first_step_id": self._streak_from,
+                    "arguments_sha256": digest,
+                },
+            )
 
     async def _spikes(self, step_id: str, meta: dict[str, Any]) -> None:
         g = self.g
@@ -415,16 +500,32 @@ class RunGuards:
         if len(samples) >= g.spike_history:
             median = statistics.median(samples)
             if median > 0 and tokens > g.spike_factor * median:
-                await self.trip("token_spike", f"token_spike:{step_id}", step_id, {
-                    "tokens": tokens, "median": median, "factor": g.spike_factor,
-                    "runs": len(samples)})
+                await self.trip(
+                    "token_spike",
+                    f"token_spike:{step_id}",
+                    step_id,
+                    {
+                        "tokens": tokens,
+                        "median": median,
+                        "factor": g.spike_factor,
+                        "runs": len(samples),
+                    },
+                )
         if len(history.run_costs) >= g.spike_history:
             median = statistics.median(history.run_costs)
             cost = self.ctx.state.llm.cost_usd
             if median > 0 and cost > g.spike_factor * median:
-                await self.trip("cost_spike", "cost_spike", step_id, {
-                    "cost_usd": round(cost, 6), "median": median, "factor": g.spike_factor,
-                    "runs": len(history.run_costs)})
+                await self.trip(
+                    "cost_spike",
+                    "cost_spike",
+                    step_id,
+                    {
+                        "cost_usd": round(cost, 6),
+                        "median": median,
+                        "factor": g.spike_factor,
+                        "runs": len(history.run_costs),
+                    },
+                )
 
     async def _history(self) -> History:
         store = self.ctx.store.raw
@@ -434,8 +535,9 @@ class RunGuards:
         now = time.monotonic()
         if cached is not None and cached[0] > now:
             return cached[1]
-        history = History(await self.ctx.store.llm_history(self.ctx.record.workflow,
-                                                           self.g.spike_history))
+        history = History(
+            await self.ctx.store.llm_history(self.ctx.record.workflow, self.g.spike_history)
+        )
         # A short history (fewer than M finished runs) trips nothing, and only a run of the
         # workflow finishing can lengthen it: one finished here drops it from the cache at
         # once (run_finished), one finished by another process counts within the TTL. So
@@ -450,8 +552,9 @@ class RunGuards:
         if not cache:
             return
         workflow = self.ctx.record.workflow
-        for key in [k for k, (_, h) in cache.items()
-                    if k[0] == workflow and len(h.run_costs) < k[1]]:
+        for key in [
+            k for k, (_, h) in cache.items() if k[0] == workflow and len(h.run_costs) < k[1]
+        ]:
             del cache[key]
 
     async def after_retry(self, step_id: str) -> None:
@@ -461,19 +564,35 @@ class RunGuards:
             since = time.time() - g.retry_window_s
             recent = sum(1 for at in ctx.state.retried_at if at >= since)
             if recent > g.retry_storm_run:
-                await self.trip("retry_storm", "retry_storm:run", step_id, {
-                    "scope": "run", "retries": recent, "limit": g.retry_storm_run,
-                    "window_s": g.retry_window_s})
+                await self.trip(
+                    "retry_storm",
+                    "retry_storm:run",
+                    step_id,
+                    {
+                        "scope": "run",
+                        "retries": recent,
+                        "limit": g.retry_storm_run,
+                        "window_s": g.retry_window_s,
+                    },
+                )
         if g.retry_storm_workflow is not None and "retry_storm:workflow" not in (
-                ctx.state.anomalies):
+            ctx.state.anomalies
+        ):
             # This retry is not committed yet: the database counts the others.
-            recent = await ctx.store.recent_retries(ctx.record.workflow,
-                                                    STORM_WINDOW_S) + 1
+            recent = await ctx.store.recent_retries(ctx.record.workflow, STORM_WINDOW_S) + 1
             if recent > g.retry_storm_workflow:
-                await self.trip("retry_storm", "retry_storm:workflow", step_id, {
-                    "scope": "workflow", "workflow": ctx.record.workflow,
-                    "retries": recent, "limit": g.retry_storm_workflow,
-                    "window_s": STORM_WINDOW_S})
+                await self.trip(
+                    "retry_storm",
+                    "retry_storm:workflow",
+                    step_id,
+                    {
+                        "scope": "workflow",
+                        "workflow": ctx.record.workflow,
+                        "retries": recent,
+                        "limit": g.retry_storm_workflow,
+                        "window_s": STORM_WINDOW_S,
+                    },
+                )
 
 
 def _describe(payload: Mapping[str, Any]) -> str:
@@ -483,23 +602,33 @@ def _describe(payload: Mapping[str, Any]) -> str:
         worst = payload.get("worst_case")
         extra = f" + {held} held by calls in flight" if held else ""
         extra += f" + {worst} for the next call" if worst is not None else ""
-        return (f"the run's {payload['budget']} budget of {payload['limit']} would be "
-                f"crossed ({payload['used']} used{extra})")
+        return (
+            f"the run's {payload['budget']} budget of {payload['limit']} would be "
+            f"crossed ({payload['used']} used{extra})"
+        )
     if kind == "excessive_steps":
         return f"{payload['steps']} steps, more than max_steps {payload['max_steps']}"
     if kind == "runaway_loop" and "repeats" in payload:
-        return (f"step {payload['step']} ran {payload['repeats']} times in a row with the "
-                "same arguments and the same result")
+        return (
+            f"step {payload['step']} ran {payload['repeats']} times in a row with the "
+            "same arguments and the same result"
+        )
     if kind == "runaway_loop":
         return f"loop {payload['loop']} reached its max_iterations ({payload['max_iterations']})"
     if kind == "retry_storm":
-        return (f"{payload['retries']} retries in {payload['window_s']:g}s in this "
-                f"{payload['scope']}, more than {payload['limit']}")
+        return (
+            f"{payload['retries']} retries in {payload['window_s']:g}s in this "
+            f"{payload['scope']}, more than {payload['limit']}"
+        )
     if kind == "token_spike":
-        return (f"{payload['tokens']} tokens, more than {payload['factor']:g}x the median "
-                f"{payload['median']:g} of the last {payload['runs']} runs")
-    return (f"cost {payload['cost_usd']} USD, more than {payload['factor']:g}x the median "
-            f"{payload['median']:g} of the last {payload['runs']} runs")
+        return (
+            f"{payload['tokens']} tokens, more than {payload['factor']:g}x the median "
+            f"{payload['median']:g} of the last {payload['runs']} runs"
+        )
+    return (
+        f"cost {payload['cost_usd']} USD, more than {payload['factor']:g}x the median "
+        f"{payload['median']:g} of the last {payload['runs']} runs"
+    )
 
 
 _encode_str = json.encoder.encode_basestring  # what dumps writes a str as
@@ -510,9 +639,14 @@ def _call_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     strings and integers: their canonical text is written out directly, which every
     replayed step would otherwise pay a full encoding for."""
     if all(type(a) is int or type(a) is str for a in args) and all(
-            type(v) is int or type(v) is str for v in kwargs.values()):
+        type(v) is int or type(v) is str for v in kwargs.values()
+    ):
         listed = ",".join([str(a) if type(a) is int else _encode_str(a) for a in args])
-        named = ",".join([f"{_encode_str(k)}:{v if type(v) is int else _encode_str(v)}"
-                          for k, v in sorted(kwargs.items())])
+        named = ",".join(
+            [
+                f"{_encode_str(k)}:{v if type(v) is int else _encode_str(v)}"
+                for k, v in sorted(kwargs.items())
+            ]
+        )
         return f"[[{listed}],{{{named}}}]"
     return dumps([args, kwargs])

@@ -27,17 +27,33 @@ ACTIONS = ("record", "pause", "fail")
 # Everything else is journaled and the run goes on, unless a workflow says otherwise.
 DEFAULT_ACTIONS: Mapping[str, str] = {"excessive_steps": "fail", BUDGET: "fail"}
 
-_INTS = ("runaway_repeats", "max_steps", "retry_storm_run", "retry_storm_workflow",
-         "spike_history", "budget_tokens", "budget_steps")
-_FLOATS = ("retry_window_s", "spike_factor", "budget_usd", "budget_wall_s", "pause_timeout_s",
-           "timeout_s")
+_INTS = (
+    "runaway_repeats",
+    "max_steps",
+    "retry_storm_run",
+    "retry_storm_workflow",
+    "spike_history",
+    "budget_tokens",
+    "budget_steps",
+)
+_FLOATS = (
+    "retry_window_s",
+    "spike_factor",
+    "budget_usd",
+    "budget_wall_s",
+    "pause_timeout_s",
+    "timeout_s",
+)
 # The limits a person may move for one run (a grant: approving a guard's pause, or retrying
 # a dead-lettered run), each to a new value or to null (off).
-LIMITS = ("budget_tokens", "budget_usd", "budget_steps", "budget_wall_s", "max_steps",
-          "timeout_s")
+LIMITS = ("budget_tokens", "budget_usd", "budget_steps", "budget_wall_s", "max_steps", "timeout_s")
 # A budget's name in anomaly_detected (``budget``), and the field that holds its limit.
-BUDGET_FIELDS: Mapping[str, str] = {"tokens": "budget_tokens", "usd": "budget_usd",
-                                    "steps": "budget_steps", "wall_s": "budget_wall_s"}
+BUDGET_FIELDS: Mapping[str, str] = {
+    "tokens": "budget_tokens",
+    "usd": "budget_usd",
+    "steps": "budget_steps",
+    "wall_s": "budget_wall_s",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,12 +144,16 @@ def check_grant(data: Any, what: str = "grant") -> dict[str, Any]:
     """``data`` if it is a valid grant: an object of limits (:data:`LIMITS`) to their new
     values (null: off); else :class:`InvalidInput` naming every problem."""
     if not isinstance(data, Mapping) or not data:
-        raise InvalidInput(f"invalid {what}: expected an object of limits to new values "
-                           f"({', '.join(LIMITS)}), got {data!r}")
+        raise InvalidInput(
+            f"invalid {what}: expected an object of limits to new values "
+            f"({', '.join(LIMITS)}), got {data!r}"
+        )
     unknown = sorted(k for k in data if k not in LIMITS)
     if unknown:
-        raise InvalidInput(f"invalid {what}: {', '.join(map(repr, unknown))} is not a limit "
-                           f"a person can grant (limits: {', '.join(LIMITS)})")
+        raise InvalidInput(
+            f"invalid {what}: {', '.join(map(repr, unknown))} is not a limit "
+            f"a person can grant (limits: {', '.join(LIMITS)})"
+        )
     return check_overrides(data, what)
 
 
@@ -148,8 +168,9 @@ def check_overrides(data: Any, what: str = "guards") -> dict[str, Any]:
         problems.append(f"actions must be an object of kind: action, got {data['actions']!r}")
     elif not unknown:
         try:
-            merged = dataclasses.replace(DEFAULT, **{k: v for k, v in data.items()
-                                                     if k != "actions"})
+            merged = dataclasses.replace(
+                DEFAULT, **{k: v for k, v in data.items() if k != "actions"}
+            )
             problems += _problems(merged, data.get("actions", {}))
         except InvalidInput as e:
             problems.append(str(e).removeprefix("invalid guards: "))
@@ -166,8 +187,9 @@ def _problems(g: Guards, actions: Any = None) -> list[str]:
             problems.append(f"{name} must be an integer >= 1 or null, got {v!r}")
     for name in _FLOATS:
         v = getattr(g, name)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
-                              or not math.isfinite(v) or v <= 0):
+        if v is not None and (
+            isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0
+        ):
             problems.append(f"{name} must be a positive number or null, got {v!r}")
     if g.retry_window_s is None:
         problems.append("retry_window_s must be a positive number, got None")
@@ -179,11 +201,13 @@ def _problems(g: Guards, actions: Any = None) -> list[str]:
     else:
         for kind, action in actions.items():
             if kind not in (*ANOMALIES, BUDGET):
-                problems.append(f"actions: unknown kind {kind!r} (known: "
-                                f"{', '.join((*ANOMALIES, BUDGET))})")
+                problems.append(
+                    f"actions: unknown kind {kind!r} (known: {', '.join((*ANOMALIES, BUDGET))})"
+                )
             elif action not in ACTIONS:
-                problems.append(f"actions.{kind} must be one of {', '.join(ACTIONS)}, "
-                                f"got {action!r}")
+                problems.append(
+                    f"actions.{kind} must be one of {', '.join(ACTIONS)}, got {action!r}"
+                )
     if not isinstance(g.gate, bool):
         problems.append(f"gate must be true or false, got {g.gate!r}")
     for name in ("gate_bypass_by", "gate_bypass_reason", "gate_bypass_note"):

@@ -49,14 +49,23 @@ def parse_statuses(text: str | Sequence[str]) -> tuple[str, ...]:
     terminal = sorted(str(s) for s in TERMINAL_STATUSES)
     bad = [s for s in statuses if s not in terminal]
     if bad or not statuses:
-        raise InvalidInput(f"invalid status {', '.join(map(repr, bad)) or repr(text)}: prune "
-                           f"takes finished runs, with status {', '.join(terminal)}")
+        raise InvalidInput(
+            f"invalid status {', '.join(map(repr, bad)) or repr(text)}: prune "
+            f"takes finished runs, with status {', '.join(terminal)}"
+        )
     return statuses
 
 
-async def prune(store: Store, signer: Signer, before: float,
-                statuses: Sequence[str] = DEFAULT_STATUSES, *, dry_run: bool = False,
-                event_batch: int = EVENT_BATCH, pause_s: float = PAUSE_S) -> PruneReport:
+async def prune(
+    store: Store,
+    signer: Signer,
+    before: float,
+    statuses: Sequence[str] = DEFAULT_STATUSES,
+    *,
+    dry_run: bool = False,
+    event_batch: int = EVENT_BATCH,
+    pause_s: float = PAUSE_S,
+) -> PruneReport:
     """Delete the journals of runs that finished (with one of ``statuses``) before
     ``before`` (Unix seconds, the database's clock). ``dry_run`` counts without changing
     anything."""
@@ -71,8 +80,13 @@ async def prune(store: Store, signer: Signer, before: float,
     # Runs left alone stay candidates: each pass asks past them rather than for them again.
     skipped: set[str] = set()
     while True:
-        batch = [c for c in await retention.prune_candidates(
-            store, before, statuses, RUN_BATCH + len(skipped)) if c.run_id not in skipped]
+        batch = [
+            c
+            for c in await retention.prune_candidates(
+                store, before, statuses, RUN_BATCH + len(skipped)
+            )
+            if c.run_id not in skipped
+        ]
         if not batch:
             break
         for c in batch:
@@ -90,8 +104,9 @@ async def prune(store: Store, signer: Signer, before: float,
     return PruneReport(runs, events, len(skipped), False)
 
 
-async def _delete_journals(store: Store, run_ids: list[str], event_batch: int,
-                           pause_s: float) -> int:
+async def _delete_journals(
+    store: Store, run_ids: list[str], event_batch: int, pause_s: float
+) -> int:
     deleted = 0
     while True:
         began = time.monotonic()

@@ -28,17 +28,25 @@ class Retry:
     backoff_factor: float = 2.0
     max_backoff_ms: float = 300_000.0
 
-    def __init__(self, max_attempts: int = 1, backoff_ms: float = 500.0,
-                 retry_on: Iterable[str] = ("any",), backoff_factor: float = 2.0,
-                 max_backoff_ms: float = 300_000.0) -> None:
+    def __init__(
+        self,
+        max_attempts: int = 1,
+        backoff_ms: float = 500.0,
+        retry_on: Iterable[str] = ("any",),
+        backoff_factor: float = 2.0,
+        max_backoff_ms: float = 300_000.0,
+    ) -> None:
         if isinstance(retry_on, str):
             retry_on = (retry_on,)
         classes = tuple(retry_on)
         problems = []
         if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
             problems.append(f"max_attempts must be an integer >= 1, got {max_attempts!r}")
-        for name, value in (("backoff_ms", backoff_ms), ("backoff_factor", backoff_factor),
-                            ("max_backoff_ms", max_backoff_ms)):
+        for name, value in (
+            ("backoff_ms", backoff_ms),
+            ("backoff_factor", backoff_factor),
+            ("max_backoff_ms", max_backoff_ms),
+        ):
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 problems.append(f"{name} must be a number >= 0, got {value!r}")
         unknown = [c for c in classes if c not in RETRY_CLASSES]

@@ -60,8 +60,9 @@ class StepThreads:
         job = StepJob(asyncio.get_running_loop(), call)
         with self._lock:
             self._pending += 1
-            spawn = (self._idle < self._pending
-                     and self._threads - self._abandoned_running < self.size)
+            spawn = (
+                self._idle < self._pending and self._threads - self._abandoned_running < self.size
+            )
             if spawn:
                 self._threads += 1
         self._jobs.put(job)

@@ -48,8 +48,11 @@ def _make_tracer() -> Any | None:
     try:
         from opentelemetry import trace
     except ImportError:
-        log.warning("action=tracing_off reason=%r", "OTEL_* variables ask for traces, but "
-                    f"the otel extra is missing: {install_line('otel')}")
+        log.warning(
+            "action=tracing_off reason=%r",
+            "OTEL_* variables ask for traces, but "
+            f"the otel extra is missing: {install_line('otel')}",
+        )
         return None
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         provider = _provider_from_env()  # nobody set one: the OTEL_* variables may ask
@@ -62,9 +65,11 @@ def _make_tracer() -> Any | None:
 
 
 def _asked_by_env() -> bool:
-    return bool(os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
-                or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+    return bool(
+        os.environ.get("OTEL_TRACES_EXPORTER", "").strip()
+        or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
 
 
 def _provider_from_env() -> Any | None:
@@ -79,12 +84,16 @@ def _provider_from_env() -> Any | None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
-        log.warning("action=tracing_off reason=%r", "OTEL_* variables ask for traces, but the "
-                    f"otel extra is missing: {install_line('otel')}")
+        log.warning(
+            "action=tracing_off reason=%r",
+            "OTEL_* variables ask for traces, but the "
+            f"otel extra is missing: {install_line('otel')}",
+        )
         return None
     attributes = {}
-    if "service.name" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "") and not \
-            os.environ.get("OTEL_SERVICE_NAME"):
+    if "service.name" not in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "") and not os.environ.get(
+        "OTEL_SERVICE_NAME"
+    ):
         attributes["service.name"] = "ratchet"
     provider = TracerProvider(resource=Resource.create(attributes))
     for name in exporters:
@@ -104,8 +113,17 @@ def _provider_from_env() -> Any | None:
 class DriveTrace:
     """The root span of one drive, and the spans of the steps it executes."""
 
-    def __init__(self, tracer: Any, run_id: str, workflow: str, version: str, drive: int,
-                 reason: str, worker_id: str, previous: Any) -> None:
+    def __init__(
+        self,
+        tracer: Any,
+        run_id: str,
+        workflow: str,
+        version: str,
+        drive: int,
+        reason: str,
+        worker_id: str,
+        previous: Any,
+    ) -> None:
         from opentelemetry import context, trace
 
         self._trace = trace
@@ -115,11 +133,19 @@ class DriveTrace:
             links.append(trace.Link(ctx, {"ratchet.link": "previous_drive"}))
         # An empty context: the drive is a root, whatever the worker's own context holds.
         self.span = tracer.start_span(
-            f"drive {workflow}", context=context.Context(), kind=trace.SpanKind.INTERNAL,
-            links=links, attributes={
-                "ratchet.run_id": run_id, "ratchet.workflow": workflow,
-                "ratchet.workflow_version": version, "ratchet.drive": drive,
-                "ratchet.drive.reason": reason, "ratchet.worker_id": worker_id})
+            f"drive {workflow}",
+            context=context.Context(),
+            kind=trace.SpanKind.INTERNAL,
+            links=links,
+            attributes={
+                "ratchet.run_id": run_id,
+                "ratchet.workflow": workflow,
+                "ratchet.workflow_version": version,
+                "ratchet.drive": drive,
+                "ratchet.drive.reason": reason,
+                "ratchet.worker_id": worker_id,
+            },
+        )
         self.context = trace.set_span_in_context(self.span)
         self.tracer = tracer
 
@@ -128,10 +154,14 @@ class DriveTrace:
         sc = self.span.get_span_context()
         return {"trace_id": format(sc.trace_id, "032x"), "span_id": format(sc.span_id, "016x")}
 
-    def step(self, step_id: str, attempt: int, key: str, kind: str | None,
-             started: dict[str, Any] | None) -> Any:
-        attributes: dict[str, Any] = {"ratchet.step_id": step_id, "ratchet.attempt": attempt,
-                                      "ratchet.idempotency_key": key}
+    def step(
+        self, step_id: str, attempt: int, key: str, kind: str | None, started: dict[str, Any] | None
+    ) -> Any:
+        attributes: dict[str, Any] = {
+            "ratchet.step_id": step_id,
+            "ratchet.attempt": attempt,
+            "ratchet.idempotency_key": key,
+        }
         name = f"step {step_id}"
         if kind == "llm":
             provider = (started or {}).get("provider")
@@ -160,23 +190,28 @@ def _span_context(previous: Any) -> Any | None:
     from opentelemetry import trace
 
     try:
-        return trace.SpanContext(int(previous["trace_id"], 16), int(previous["span_id"], 16),
-                                 is_remote=True,
-                                 trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED))
+        return trace.SpanContext(
+            int(previous["trace_id"], 16),
+            int(previous["span_id"], 16),
+            is_remote=True,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        )
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def start_drive(run_id: str, workflow: str, version: str, drive: int, reason: str,
-                worker_id: str, previous: Any) -> DriveTrace | None:
+def start_drive(
+    run_id: str, workflow: str, version: str, drive: int, reason: str, worker_id: str, previous: Any
+) -> DriveTrace | None:
     t = tracer()
     if t is None:
         return None
     return DriveTrace(t, run_id, workflow, version, drive, reason, worker_id, previous)
 
 
-def end_step(span: Any, outcome: str, error: str | None = None,
-             llm: dict[str, Any] | None = None) -> None:
+def end_step(
+    span: Any, outcome: str, error: str | None = None, llm: dict[str, Any] | None = None
+) -> None:
     """End a step's span (None: tracing is off) with its outcome: completed, retrying,
     failed, interrupted (the drive stopped) or abandoned (its workflow stopped waiting)."""
     if span is None:
@@ -207,6 +242,7 @@ def active(span: Any) -> Iterator[None]:
         return
     from opentelemetry import trace
 
-    with trace.use_span(span, end_on_exit=False, record_exception=False,
-                        set_status_on_exception=False):
+    with trace.use_span(
+        span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+    ):
         yield

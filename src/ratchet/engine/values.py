@@ -47,8 +47,16 @@ EMPTY: Any = inspect.Parameter.empty
 _OPAQUE_NAMES = frozenset({"Any", "typing.Any", "object"})
 # A value of exactly this type already is what the annotation asks for: no validation
 # (and no copy) on the per-step hot path for the commonest annotations.
-_NATIVE = {int: int, str: str, bool: bool, float: float, dict: dict, list: list,
-           None: type(None), type(None): type(None)}
+_NATIVE = {
+    int: int,
+    str: str,
+    bool: bool,
+    float: float,
+    dict: dict,
+    list: list,
+    None: type(None),
+    type(None): type(None),
+}
 # Of those, the ones whose value is its own JSON form (a dict or list may hold values that
 # the adapter would turn into JSON, a datetime say).
 _SCALARS = frozenset({int, str, bool, float, type(None)})
@@ -68,8 +76,10 @@ def jsonable(value: Any) -> Any:
     each leaf: an iterator is refused at any depth, not drained into the journal."""
     cls = type(value)
     if hasattr(cls, "__next__"):
-        raise TypeError(f"a {cls.__name__} is an iterator (an open file, a generator), "
-                        "not a value: return what it holds (a list, the text read)")
+        raise TypeError(
+            f"a {cls.__name__} is an iterator (an open file, a generator), "
+            "not a value: return what it holds (a list, the text read)"
+        )
     if not hasattr(cls, "__pydantic_serializer__"):  # pydantic dataclasses serialise their way
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
@@ -96,8 +106,10 @@ def cannot_encode(value: Any, error: BaseException) -> str:
     """Why pydantic could not encode ``value``, naming its type."""
     hint = ""
     if isinstance(error, UnicodeError):
-        hint = ("; a model's bytes are UTF-8 text in its JSON form unless its config says "
-                "ser_json_bytes='base64' (and val_json_bytes='base64' to read them back)")
+        hint = (
+            "; a model's bytes are UTF-8 text in its JSON form unless its config says "
+            "ser_json_bytes='base64' (and val_json_bytes='base64' to read them back)"
+        )
     return f"pydantic cannot encode a {type(value).__name__} ({error}{hint})"
 
 
@@ -119,8 +131,10 @@ def to_json(value: Any, what: str) -> str:
     # both backends, so a value stores the same everywhere. (An escaped backslash before
     # "u0000" is text, not a NUL: the regex asks for an even run of backslashes before it.)
     if "\\u0000" in text and _NUL.search(text):
-        raise NotSerializable(f"{what} is not JSON-serialisable: it holds a NUL character "
-                              "(\\u0000), which PostgreSQL's jsonb cannot store")
+        raise NotSerializable(
+            f"{what} is not JSON-serialisable: it holds a NUL character "
+            "(\\u0000), which PostgreSQL's jsonb cannot store"
+        )
     # str.isascii() is O(1) in CPython, so only text with non-ASCII characters pays for
     # the check that it can be stored as UTF-8 (a lone surrogate cannot).
     if not text.isascii():
@@ -129,7 +143,8 @@ def to_json(value: Any, what: str) -> str:
         except UnicodeEncodeError as e:
             raise NotSerializable(
                 f"{what} is not JSON-serialisable: it holds a lone surrogate "
-                f"{text[e.start]!r}, which UTF-8 cannot store") from None
+                f"{text[e.start]!r}, which UTF-8 cannot store"
+            ) from None
     return text
 
 
@@ -221,8 +236,9 @@ class Codec:
             return TypeAdapter(tuple[a], config=binary)  # type: ignore[valid-type]
         except PydanticUserError as e:
             if e.code == "typed-dict-version":
-                raise NotSerializable(f"values of {self.name} cannot be journaled: "
-                                      f"{e.message}") from None
+                raise NotSerializable(
+                    f"values of {self.name} cannot be journaled: {e.message}"
+                ) from None
             return None
         except PydanticSchemaGenerationError:
             # A type pydantic cannot describe (a queue, a callable): it cannot come from
@@ -241,11 +257,13 @@ class Codec:
         from pydantic_core import PydanticSerializationError
 
         try:
-            data = adapter.dump_python((value,) if self._boxed else value, mode="json",
-                                       warnings=False)
+            data = adapter.dump_python(
+                (value,) if self._boxed else value, mode="json", warnings=False
+            )
         except (PydanticSerializationError, UnicodeError, TypeError, ValueError) as e:
-            raise NotSerializable(f"{what} is not JSON-serialisable as {self.name}: "
-                                  f"{cannot_encode(value, e)}") from None
+            raise NotSerializable(
+                f"{what} is not JSON-serialisable as {self.name}: {cannot_encode(value, e)}"
+            ) from None
         return to_json(data[0] if self._boxed else data, what)
 
     def check(self, value: Any) -> Any:

@@ -112,8 +112,9 @@ class Waits:
 
     # -- waiting ---------------------------------------------------------------------------
 
-    async def wait(self, waiting_for: str, not_before: float | None = None,
-                   now: float | None = None) -> None:
+    async def wait(
+        self, waiting_for: str, not_before: float | None = None, now: float | None = None
+    ) -> None:
         """Return when this wait may be over (the caller checks again); raise
         :class:`Parked` when the run parked, :class:`Stopped` when the drive stops. A wait
         with a deadline (``not_before``, read against ``now``) also wakes when it comes,
@@ -214,8 +215,7 @@ class Waits:
                     break
                 waiters = [asyncio.ensure_future(e.wait()) for e in (*ends, self._stopping)]
                 try:
-                    await asyncio.wait(waiters, timeout=left,
-                                       return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(waiters, timeout=left, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for task in waiters:
                         task.cancel()

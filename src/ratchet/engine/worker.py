@@ -54,7 +54,8 @@ def default_worker_id() -> str:
     """``RATCHET_WORKER_ID`` when set (keep it stable across restarts, e.g. a pod name, so a
     restarted worker reclaims its runs at once), else unique to this process."""
     return os.environ.get("RATCHET_WORKER_ID") or (
-        f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+        f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    )
 
 
 # Takes the run's lease again under a new epoch for the drive (None: the run is no longer
@@ -66,8 +67,9 @@ class Isolation(Protocol):
     """Drives isolated runs (``tier="isolated"``) for a worker: see ratchet.sandbox.isolated.
     Given by the app, so the engine knows nothing of sandboxes."""
 
-    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
-                    relet: Relet) -> DriveOutcome: ...
+    async def drive(
+        self, claimed: ClaimedRun, wd: WorkflowDef, control: Control, relet: Relet
+    ) -> DriveOutcome: ...
 
     async def unavailable(self) -> str | None:
         """Why no sandbox can be made on this machine, or None when one can."""
@@ -96,13 +98,22 @@ class _Active:
 class Worker:
     """Drives runs of ``workflows`` from ``store``."""
 
-    def __init__(self, store: Store, workflows: Mapping[str, WorkflowDef], *,
-                 worker_id: str | None = None, concurrency: int = 16,
-                 lease_ttl: float | None = None, recovery_interval: float | None = None,
-                 queues: Sequence[str] = ("default",), poll_interval: float | None = None,
-                 grace: float = DEFAULT_GRACE_S, serve_graphs: bool = False,
-                 signer: Signer | None = None,
-                 isolation: Isolation | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        workflows: Mapping[str, WorkflowDef],
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 16,
+        lease_ttl: float | None = None,
+        recovery_interval: float | None = None,
+        queues: Sequence[str] = ("default",),
+        poll_interval: float | None = None,
+        grace: float = DEFAULT_GRACE_S,
+        serve_graphs: bool = False,
+        signer: Signer | None = None,
+        isolation: Isolation | None = None,
+    ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
         if grace < 0:
@@ -163,31 +174,45 @@ class Worker:
             await self._run(stop)
 
     async def _run(self, stop: asyncio.Event) -> None:
-        isolated = frozenset((wd.name, wd.version) for wd in self.workflows.values()
-                             if wd.sandbox is not None)
+        isolated = frozenset(
+            (wd.name, wd.version) for wd in self.workflows.values() if wd.sandbox is not None
+        )
         if isolated and not await self._isolates():
             self.code_served -= isolated
             self.served = self.code_served
         await self._refresh_graphs()
         sent_at = time.monotonic()
-        reclaimed = await self.store.start_worker(self.worker_id, socket.gethostname(),
-                                                  os.getpid(), serves=self.served,
-                                                  queues=self.queues, lease_ttl=self.lease_ttl)
+        reclaimed = await self.store.start_worker(
+            self.worker_id,
+            socket.gethostname(),
+            os.getpid(),
+            serves=self.served,
+            queues=self.queues,
+            lease_ttl=self.lease_ttl,
+        )
         STATS.reclaimed(len(reclaimed))
         self._spawn(reclaimed, sent_at)
         if reclaimed:
             self._renew_now.set()
-        log.info("action=worker_started worker_id=%s concurrency=%s ttl=%ss sweep=%ss grace=%ss",
-                 self.worker_id, self.concurrency, self.lease_ttl, self.recovery_interval,
-                 self.grace)
+        log.info(
+            "action=worker_started worker_id=%s concurrency=%s ttl=%ss sweep=%ss grace=%ss",
+            self.worker_id,
+            self.concurrency,
+            self.lease_ttl,
+            self.recovery_interval,
+            self.grace,
+        )
         self._started.set()
-        claiming = [asyncio.create_task(self._claim_loop()),
-                    asyncio.create_task(self._sweep_loop())]
+        claiming = [
+            asyncio.create_task(self._claim_loop()),
+            asyncio.create_task(self._sweep_loop()),
+        ]
         renewing = asyncio.create_task(self._renew_loop())
         waiter = asyncio.create_task(stop.wait())
         try:
-            done, _ = await asyncio.wait([waiter, renewing, *claiming],
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                [waiter, renewing, *claiming], return_when=asyncio.FIRST_COMPLETED
+            )
             for task in done:
                 if task is not waiter and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
@@ -204,8 +229,11 @@ class Worker:
                     await self.store.release_worker(self.worker_id)
             if self.isolation is not None:
                 await self.isolation.close()
-            log.info("action=worker_stopped worker_id=%s outcomes=%s", self.worker_id,
-                     ",".join(f"{k}:{v}" for k, v in sorted(self.outcomes.items())) or "-")
+            log.info(
+                "action=worker_stopped worker_id=%s outcomes=%s",
+                self.worker_id,
+                ",".join(f"{k}:{v}" for k, v in sorted(self.outcomes.items())) or "-",
+            )
 
     async def _stop_runs(self) -> int:
         """Stop every drive: no new step starts, steps in flight get the grace period to
@@ -214,15 +242,22 @@ class Worker:
         actives = list(self.active.values())
         if not actives:
             return 0
-        log.info("action=shutdown_grace worker_id=%s runs=%s grace=%ss", self.worker_id,
-                 len(actives), self.grace)
+        log.info(
+            "action=shutdown_grace worker_id=%s runs=%s grace=%ss",
+            self.worker_id,
+            len(actives),
+            self.grace,
+        )
         for active in actives:
             active.control.stop(StopReason.SHUTDOWN)
         tasks = [a.task for a in actives]
         _, pending = await asyncio.wait(tasks, timeout=self.grace or None)
         if pending:
-            log.warning("action=shutdown_grace_over worker_id=%s interrupted=%s",
-                        self.worker_id, len(pending))
+            log.warning(
+                "action=shutdown_grace_over worker_id=%s interrupted=%s",
+                self.worker_id,
+                len(pending),
+            )
             for active in actives:
                 if not active.task.done():
                     active.control.stop(StopReason.SHUTDOWN, interrupt_steps=True)
@@ -276,37 +311,53 @@ class Worker:
 
     async def _workflow(self, record: RunRecord) -> WorkflowDef | None:
         wd = self.workflows.get(record.workflow)
-        if (wd is None or (wd.name, wd.version) in self.code_served
-                or not isinstance(self.workflows, Pinning)):
+        if (
+            wd is None
+            or (wd.name, wd.version) in self.code_served
+            or not isinstance(self.workflows, Pinning)
+        ):
             return wd
-        return await self.workflows.pinned(self.store, record.workflow,
-                                           record.workflow_version) or wd
+        return (
+            await self.workflows.pinned(self.store, record.workflow, record.workflow_version) or wd
+        )
 
     async def _drive_once(self, claimed: ClaimedRun, control: Control) -> str:
         wd = await self._workflow(claimed.record)
         if wd is None or wd.sandbox is None:
-            return await drive(self.store, claimed, self.workflows, control, self.threads,
-                               self.signer)
+            return await drive(
+                self.store, claimed, self.workflows, control, self.threads, self.signer
+            )
         if self.isolation is None or not await self._isolates():
             # Never in this process instead: the tier is the workflow's security boundary.
             # (Claimed before this worker knew the version was isolated; it serves no more
             # of them, and the run goes back for a worker that can.)
-            log.warning("action=isolated_run_handed_back run_id=%s workflow=%s",
-                        claimed.record.run_id, wd.name)
+            log.warning(
+                "action=isolated_run_handed_back run_id=%s workflow=%s",
+                claimed.record.run_id,
+                wd.name,
+            )
             await self.store.hand_back(claimed.lease, [])
             return DriveOutcome.HANDED_BACK
-        return await self.isolation.drive(claimed, wd, control,
-                                          lambda: self._relet(claimed.record.run_id, control))
+        return await self.isolation.drive(
+            claimed, wd, control, lambda: self._relet(claimed.record.run_id, control)
+        )
 
     async def _isolates(self) -> bool:
         """Whether this worker can make sandboxes; asked once, and said once why not."""
         if self.can_isolate is None:
-            why = ("the worker was made without an isolation runner" if self.isolation is None
-                   else await self.isolation.unavailable())
+            why = (
+                "the worker was made without an isolation runner"
+                if self.isolation is None
+                else await self.isolation.unavailable()
+            )
             self.can_isolate = why is None
             if why is not None:
-                log.warning("action=isolation_unavailable worker_id=%s why=%s: isolated runs "
-                            "are left to workers that can make sandboxes", self.worker_id, why)
+                log.warning(
+                    "action=isolation_unavailable worker_id=%s why=%s: isolated runs "
+                    "are left to workers that can make sandboxes",
+                    self.worker_id,
+                    why,
+                )
         return self.can_isolate
 
     async def _relet(self, run_id: str, control: Control) -> ClaimedRun | None:
@@ -322,14 +373,19 @@ class Worker:
         active.claimed, active.deadline = relet, sent_at + self.lease_ttl
         return relet
 
-    async def _retake(self, claimed: ClaimedRun, control: Control, backoff: float
-                      ) -> ClaimedRun | None:
+    async def _retake(
+        self, claimed: ClaimedRun, control: Control, backoff: float
+    ) -> ClaimedRun | None:
         """After ``backoff``, the run's lease under a new epoch for the next drive (so the
         abandoned one is fenced), or None when the run is no longer this worker's to drive."""
         run_id = claimed.record.run_id
         active = self.active.get(run_id)
-        if (control.reason is not None or active is None or active.control is not control
-                or time.monotonic() + backoff >= active.deadline):
+        if (
+            control.reason is not None
+            or active is None
+            or active.control is not control
+            or time.monotonic() + backoff >= active.deadline
+        ):
             return None
         log.info("action=drive_retry run_id=%s in=%ss", run_id, backoff)
         await asyncio.sleep(backoff)
@@ -367,8 +423,9 @@ class Worker:
                         continue  # a sweep filled the slot meanwhile, or is owed it
                     sent_at = time.monotonic()
                     try:
-                        runs = await self.store.claim(self.worker_id, self.lease_ttl, free,
-                                                      self.queues, self.served)
+                        runs = await self.store.claim(
+                            self.worker_id, self.lease_ttl, free, self.queues, self.served
+                        )
                     except Exception as e:
                         log.warning("action=claim_failed error=%s", e)
                         runs = None
@@ -410,8 +467,7 @@ class Worker:
             with self.store.watching(CANCEL) as cancel:
                 waiters = [asyncio.ensure_future(e.wait()) for e in (cancel, self._renew_now)]
                 try:
-                    await asyncio.wait(waiters, timeout=wait,
-                                       return_when=asyncio.FIRST_COMPLETED)
+                    await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for task in waiters:
                         task.cancel()
@@ -469,8 +525,9 @@ class Worker:
         self._sweep_owed = False
         sent_at = time.monotonic()
         try:
-            runs = await self.store.steal_expired(self.worker_id, self.lease_ttl, free,
-                                                  self.queues, self.served)
+            runs = await self.store.steal_expired(
+                self.worker_id, self.lease_ttl, free, self.queues, self.served
+            )
         except Exception as e:
             log.warning("action=sweep_failed error=%s", e)
             return []
@@ -479,8 +536,9 @@ class Worker:
         self._sweep_owed = len(runs) == free < SWEEP_LIMIT
         STATS.swept(len(runs))
         for claimed in runs:
-            log.info("action=run_stolen run_id=%s epoch=%s", claimed.record.run_id,
-                     claimed.lease.epoch)
+            log.info(
+                "action=run_stolen run_id=%s epoch=%s", claimed.record.run_id, claimed.lease.epoch
+            )
         self._spawn(runs, sent_at)
         if runs:
             self._renew_now.set()

@@ -24,12 +24,27 @@ if TYPE_CHECKING:
         validate,
     )
 
-__all__ = ["NODE_TYPES", "Graph", "GraphInvalid", "Problem", "json_schema", "load",
-           "load_document", "validate"]
+__all__ = [
+    "NODE_TYPES",
+    "Graph",
+    "GraphInvalid",
+    "Problem",
+    "json_schema",
+    "load",
+    "load_document",
+    "validate",
+]
 
-_HOMES = {"NODE_TYPES": "model", "json_schema": "model", "Graph": "validate",
-          "GraphInvalid": "validate", "Problem": "validate", "load": "validate",
-          "load_document": "validate", "validate": "validate"}
+_HOMES = {
+    "NODE_TYPES": "model",
+    "json_schema": "model",
+    "Graph": "validate",
+    "GraphInvalid": "validate",
+    "Problem": "validate",
+    "load": "validate",
+    "load_document": "validate",
+    "validate": "validate",
+}
 
 
 def __getattr__(name: str) -> Any:

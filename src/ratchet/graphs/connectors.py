@@ -39,8 +39,9 @@ async def send(request: dict[str, Any]) -> Any:
         return await _http(request, None)
     if kind == "webhook":
         return await deliver(lambda key: _http(request, key), policy=request["policy"])
-    return await deliver(lambda key: asyncio.to_thread(_email, request, key),
-                         policy=request["policy"])
+    return await deliver(
+        lambda key: asyncio.to_thread(_email, request, key), policy=request["policy"]
+    )
 
 
 def _body(response: httpx.Response) -> Any:
@@ -58,17 +59,25 @@ async def _http(request: dict[str, Any], key: str | None) -> dict[str, Any]:
     try:
         async with httpx.AsyncClient() as client:
             response = await client.request(
-                request.get("method") or "POST", request["url"], headers=headers,
-                json=body if body is not None and request.get("method") != "GET" else None)
+                request.get("method") or "POST",
+                request["url"],
+                headers=headers,
+                json=body if body is not None and request.get("method") != "GET" else None,
+            )
     except httpx.HTTPError as e:
-        raise ConnectorError(f"{request.get('method')} {request['url']}: "
-                             f"{type(e).__name__}: {e}") from e
+        raise ConnectorError(
+            f"{request.get('method')} {request['url']}: {type(e).__name__}: {e}"
+        ) from e
     if response.status_code == 429 or response.status_code >= 500:
-        raise ConnectorError(f"{request.get('method')} {request['url']} answered "
-                             f"{response.status_code}: {response.text[:200]}")
+        raise ConnectorError(
+            f"{request.get('method')} {request['url']} answered "
+            f"{response.status_code}: {response.text[:200]}"
+        )
     if response.status_code >= 400:
-        raise RequestRefused(f"{request.get('method')} {request['url']} answered "
-                             f"{response.status_code}: {response.text[:200]}")
+        raise RequestRefused(
+            f"{request.get('method')} {request['url']} answered "
+            f"{response.status_code}: {response.text[:200]}"
+        )
     return {"status": response.status_code, "body": _body(response)}
 
 

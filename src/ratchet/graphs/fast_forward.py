@@ -51,17 +51,26 @@ def route(interp: Interpreter, node: Node, entry: list[str]) -> Route | None:
     waves: list[tuple[str, ...]] = []
     ran: set[str] = set()
     while True:
-        ready = tuple(n for n in sorted(inside - ran, key=interp.order.__getitem__)
-                      if n in entry or (incoming[n]
-                                        and all(e.source in ran for e in incoming[n])))
+        ready = tuple(
+            n
+            for n in sorted(inside - ran, key=interp.order.__getitem__)
+            if n in entry or (incoming[n] and all(e.source in ran for e in incoming[n]))
+        )
         if not ready:
             return Route(tuple(waves)) if waves else None
         waves.append(ready)
         ran.update(ready)
 
 
-def skip_finished(interp: Interpreter, node: Node, plan: Route, prefix: str, scope: Scope,
-                  items: list[Any], results: list[Any]) -> int:
+def skip_finished(
+    interp: Interpreter,
+    node: Node,
+    plan: Route,
+    prefix: str,
+    scope: Scope,
+    items: list[Any],
+    results: list[Any],
+) -> int:
     """Take the loop's iterations the journal holds as finished, from the first: append
     their results, leave their last outputs in ``scope`` and return how many there were."""
     ctx = interp.ctx
@@ -69,9 +78,10 @@ def skip_finished(interp: Interpreter, node: Node, plan: Route, prefix: str, sco
     loop_prefix = f"{prefix}{node.id}#"
     first_ordinal = ctx.ordinal + 1
     steps = ctx.take_completed_groups(
-        (f"{loop_prefix}{i}/{n}" for i in range(len(items)) for n in order), len(order))
+        (f"{loop_prefix}{i}/{n}" for i in range(len(items)) for n in order), len(order)
+    )
     index = len(steps) // len(order)
-    results.extend(s.output for s in steps[len(order) - 1::len(order)])
+    results.extend(s.output for s in steps[len(order) - 1 :: len(order)])
     if index == 0:
         return 0
     by_ordinal = ctx.state.by_ordinal
@@ -79,14 +89,21 @@ def skip_finished(interp: Interpreter, node: Node, plan: Route, prefix: str, sco
     last = first_ordinal + (index - 1) * len(order)
     for i, n in enumerate(order):
         scope.outputs[n] = by_ordinal[last + i].output
-    _tell_guards(interp, node, plan, start, scope, items, results, first_ordinal,
-                 index)
+    _tell_guards(interp, node, plan, start, scope, items, results, first_ordinal, index)
     return index
 
 
-def _tell_guards(interp: Interpreter, node: Node, plan: Route, start: dict[str, Any],
-                 scope: Scope, items: list[Any], results: list[Any],
-                 first_ordinal: int, iterations: int) -> None:
+def _tell_guards(
+    interp: Interpreter,
+    node: Node,
+    plan: Route,
+    start: dict[str, Any],
+    scope: Scope,
+    items: list[Any],
+    results: list[Any],
+    first_ordinal: int,
+    iterations: int,
+) -> None:
     """Report the steps taken to the runaway-loop guard, as the walk would have: only the
     last few count (see ``RunGuards.replayed_step``), so only they are reported."""
     guards = interp.ctx.guards
@@ -100,21 +117,33 @@ def _tell_guards(interp: Interpreter, node: Node, plan: Route, start: dict[str, 
     for k in range(max(total - limit - 1, 0), total):
         i, j = divmod(k, len(order))
         step = by_ordinal[first_ordinal + k]
-        here = _scope_at(interp, node, plan, start, scope, items, results,
-                         first_ordinal, i, order[j])
-        guards.replayed_step(step.name, step.step_id, step.output,
-                             _arguments(interp, order[j], here))
+        here = _scope_at(
+            interp, node, plan, start, scope, items, results, first_ordinal, i, order[j]
+        )
+        guards.replayed_step(
+            step.name, step.step_id, step.output, _arguments(interp, order[j], here)
+        )
 
 
-def _arguments(interp: Interpreter, name: str, here: Scope
-               ) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
+def _arguments(
+    interp: Interpreter, name: str, here: Scope
+) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
     node = interp.graph.nodes[name]
     return lambda: ((), tool_kwargs(interp, node, here))
 
 
-def _scope_at(interp: Interpreter, node: Node, plan: Route, start: dict[str, Any],
-              scope: Scope, items: list[Any], results: list[Any],
-              first_ordinal: int, iteration: int, name: str) -> Scope:
+def _scope_at(
+    interp: Interpreter,
+    node: Node,
+    plan: Route,
+    start: dict[str, Any],
+    scope: Scope,
+    items: list[Any],
+    results: list[Any],
+    first_ordinal: int,
+    iteration: int,
+    name: str,
+) -> Scope:
     """What node ``name`` saw in iteration ``iteration``: the scope the loop started in
     (``start``), the body's outputs of the iteration before, and those of this one's
     earlier waves."""

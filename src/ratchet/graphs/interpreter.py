@@ -59,8 +59,11 @@ class Scope:
     item_name: str | None = None
 
     def context(self, output: Any = None) -> dict[str, Any]:
-        ctx: dict[str, Any] = {"input": self.input, "output": output,
-                               "nodes": {k: {"output": v} for k, v in self.outputs.items()}}
+        ctx: dict[str, Any] = {
+            "input": self.input,
+            "output": output,
+            "nodes": {k: {"output": v} for k, v in self.outputs.items()},
+        }
         if self.loop is not None:
             ctx["loop"] = self.loop
             if self.item_name:
@@ -94,8 +97,7 @@ class Interpreter:
             return templates.render(self.graph.output, scope.context())
         return last
 
-    async def walk(self, members: list[str], entry: list[str], prefix: str,
-                   scope: Scope) -> Any:
+    async def walk(self, members: list[str], entry: list[str], prefix: str, scope: Scope) -> Any:
         """Run ``members`` (the top level, or one iteration of a loop's body) from
         ``entry``; return the output of the last node that ran (an output node's value)."""
         inside = set(members)
@@ -104,8 +106,11 @@ class Interpreter:
         taken: dict[tuple[str, str], bool] = {}
         last: Any = None
         while True:
-            ready = [n for n in sorted(inside - set(state), key=order.__getitem__)
-                     if n in entry or self._decided(n, inside, state)]
+            ready = [
+                n
+                for n in sorted(inside - set(state), key=order.__getitem__)
+                if n in entry or self._decided(n, inside, state)
+            ]
             if not ready:
                 return last
             run, skip = [], []
@@ -132,15 +137,19 @@ class Interpreter:
                 for e in self.graph.out_edges.get(n, []):
                     if e.target in inside:
                         taken[(n, e.target)] = e.when is None or bool(
-                            templates.evaluate(e.when, scope.context(output)))
+                            templates.evaluate(e.when, scope.context(output))
+                        )
             for n in skip:
                 for e in self.graph.out_edges.get(n, []):
                     taken[(n, e.target)] = False
 
     def incoming(self, n: str, inside: set[str]) -> list[Any]:
         # A loop body's edges back to its loop close an iteration; they do not feed it.
-        return [e for e in self.graph.in_edges.get(n, []) if e.source in inside
-                and self.graph.loop_of.get(e.source) != e.target]
+        return [
+            e
+            for e in self.graph.in_edges.get(n, [])
+            if e.source in inside and self.graph.loop_of.get(e.source) != e.target
+        ]
 
     def _decided(self, n: str, inside: set[str], state: Mapping[str, str]) -> bool:
         edges = self.incoming(n, inside)
@@ -156,18 +165,25 @@ class Interpreter:
         d = node.data
         body = list(d.body)
         inside = set(body)
-        entry = [b for b in body if not any(
-            e.source in inside for e in self.graph.in_edges.get(b, [])
-            if self.graph.loop_of.get(e.source) != e.target)]
+        entry = [
+            b
+            for b in body
+            if not any(
+                e.source in inside
+                for e in self.graph.in_edges.get(b, [])
+                if self.graph.loop_of.get(e.source) != e.target
+            )
+        ]
         items: list[Any] | None = None
         if d.over is not None:
             value = templates.render(d.over, scope.context())
             if not isinstance(value, list):
-                raise GraphFailed(f"loop {node.id}: over gave {type(value).__name__}, not a "
-                                  "list")
+                raise GraphFailed(f"loop {node.id}: over gave {type(value).__name__}, not a list")
             if len(value) > d.max_iterations:
-                raise GraphFailed(f"loop {node.id}: {len(value)} items is more than its "
-                                  f"max_iterations ({d.max_iterations})")
+                raise GraphFailed(
+                    f"loop {node.id}: {len(value)} items is more than its "
+                    f"max_iterations ({d.max_iterations})"
+                )
             items = value
         results: list[Any] = []
         index = 0
@@ -176,23 +192,32 @@ class Interpreter:
                 self.routes[node.id] = fast_forward.route(self, node, entry)
             plan = self.routes[node.id]
             if plan is not None:
-                index = fast_forward.skip_finished(self, node, plan, prefix, scope, items,
-                                                   results)
+                index = fast_forward.skip_finished(self, node, plan, prefix, scope, items, results)
         while True:
             if items is not None and index >= len(items):
                 return results
             if index >= d.max_iterations:
                 # A loop that never converged: journaled as a runaway loop, and the run
                 # fails as it always did (or as the guard's fail says).
-                action = "fail" if self.ctx.guards.g.action("runaway_loop") == "fail" else (
-                    "record")
-                await self.ctx.guards.trip("runaway_loop", f"runaway_loop:{prefix}{node.id}",
-                                           None, {"loop": prefix + node.id,
-                                                  "max_iterations": d.max_iterations}, action)
-                raise GraphFailed(f"loop {node.id}: its until condition {d.until!r} was still "
-                                  f"false after max_iterations ({d.max_iterations})")
-            loop = {"index": index, "item": items[index] if items is not None else None,
-                    "results": list(results) if self.reads_results else results}
+                action = (
+                    "fail" if self.ctx.guards.g.action("runaway_loop") == "fail" else ("record")
+                )
+                await self.ctx.guards.trip(
+                    "runaway_loop",
+                    f"runaway_loop:{prefix}{node.id}",
+                    None,
+                    {"loop": prefix + node.id, "max_iterations": d.max_iterations},
+                    action,
+                )
+                raise GraphFailed(
+                    f"loop {node.id}: its until condition {d.until!r} was still "
+                    f"false after max_iterations ({d.max_iterations})"
+                )
+            loop = {
+                "index": index,
+                "item": items[index] if items is not None else None,
+                "results": list(results) if self.reads_results else results,
+            }
             inner = scope.inner(loop, d.item)
             result = await self.walk(body, entry, f"{prefix}{node.id}#{index}/", inner)
             results.append(result)
@@ -201,8 +226,11 @@ class Interpreter:
                     scope.outputs[b] = inner.outputs[b]
             index += 1
             if d.until is not None:
-                loop = {"index": index - 1, "last": result,
-                        "results": list(results) if self.reads_results else results}
+                loop = {
+                    "index": index - 1,
+                    "last": result,
+                    "results": list(results) if self.reads_results else results,
+                }
                 check = scope.inner(loop, d.item).context(result)
                 check["nodes"] = {k: {"output": v} for k, v in inner.outputs.items()}
                 if templates.evaluate(d.until, check):
@@ -241,8 +269,10 @@ async def _settled(names: list[str], started: list[Any]) -> list[tuple[str, Any]
         outputs = iter([await pending[0]])
     else:
         outputs = iter(())
-    return [(n, s.value if isinstance(s, Ready) else next(outputs))
-            for n, s in zip(names, started, strict=True)]
+    return [
+        (n, s.value if isinstance(s, Ready) else next(outputs))
+        for n, s in zip(names, started, strict=True)
+    ]
 
 
 async def interpret(app: Ratchet, input: Any) -> Any:

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 def _text(provider: str, body: dict[str, Any]) -> str:
     if provider == "anthropic":
-        return "".join(b.get("text", "") for b in body.get("content", [])
-                       if b.get("type") == "text")
+        return "".join(
+            b.get("text", "") for b in body.get("content", []) if b.get("type") == "text"
+        )
     return str(body["choices"][0]["message"].get("content") or "")
 
 
@@ -29,8 +30,10 @@ def _parse(node: Node, text: str | None) -> Any:
     try:
         return json.loads(text or "")
     except ValueError:
-        raise LLMError(f"node {node.id}: the model's answer is not the JSON its "
-                       f"output_schema asks for: {str(text)[:200]!r}") from None
+        raise LLMError(
+            f"node {node.id}: the model's answer is not the JSON its "
+            f"output_schema asks for: {str(text)[:200]!r}"
+        ) from None
 
 
 def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
@@ -44,25 +47,33 @@ def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
         return _agent(interp, node, client, prompt, system)
     if provider == "anthropic":
         call = client.messages.create
-        kwargs: dict[str, Any] = {"model": d.model, "max_tokens": d.max_tokens,
-                                  "messages": [{"role": "user", "content": prompt}]}
+        kwargs: dict[str, Any] = {
+            "model": d.model,
+            "max_tokens": d.max_tokens,
+            "messages": [{"role": "user", "content": prompt}],
+        }
         if system:
             kwargs["system"] = system
         if d.output_schema is not None:  # Anthropic's structured outputs
-            kwargs["output_config"] = {"format": {"type": "json_schema",
-                                                  "schema": d.output_schema}}
+            kwargs["output_config"] = {"format": {"type": "json_schema", "schema": d.output_schema}}
     else:
         call = client.chat.completions.create
         messages = [{"role": "system", "content": system}] if system else []
         messages.append({"role": "user", "content": prompt})
         kwargs = {"model": d.model, "messages": messages, "max_tokens": d.max_tokens}
         if d.output_schema is not None:
-            kwargs["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": node.id.replace("-", "_"), "schema": d.output_schema}}
+            kwargs["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": node.id.replace("-", "_"), "schema": d.output_schema},
+            }
     retry = node.retry if d.retry is not None else call.step.retry
-    sd = dataclasses.replace(call.step, name=name, retry=retry,
-                             timeout_s=node.timeout_s or call.step.timeout_s,
-                             decode=lambda body: body)
+    sd = dataclasses.replace(
+        call.step,
+        name=name,
+        retry=retry,
+        timeout_s=node.timeout_s or call.step.timeout_s,
+        decode=lambda body: body,
+    )
     if node.gate is not None:
         return _gated(interp, node, call, sd, kwargs, provider)
     step = interp.ctx.call_step(sd, (), kwargs, {"provider": provider, "model": d.model})
@@ -73,8 +84,9 @@ def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     return answer()
 
 
-async def _gated(interp: Interpreter, node: Node, call: Any, sd: Any, kwargs: dict[str, Any],
-                 provider: str) -> Any:
+async def _gated(
+    interp: Interpreter, node: Node, call: Any, sd: Any, kwargs: dict[str, Any], provider: str
+) -> Any:
     """The ai-step under its confidence gate; with ``on_below: branch`` its output is
     ``{"answer": ..., "confidence": {"score", "threshold", "passed"}}`` for its edges."""
     from ratchet.llm.gate import apply
@@ -86,8 +98,9 @@ async def _gated(interp: Interpreter, node: Node, call: Any, sd: Any, kwargs: di
 
     async def step(kw: dict[str, Any], what: Any) -> tuple[str, dict[str, Any]]:
         step_id, journaled = ctx.next_step(what.name)
-        body = await ctx.run_step(what, (), kw, step_id, journaled,
-                                  {"provider": provider, "model": kw.get("model")})
+        body = await ctx.run_step(
+            what, (), kw, step_id, journaled, {"provider": provider, "model": kw.get("model")}
+        )
         return step_id, body
 
     async def retry(kw: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -104,12 +117,18 @@ async def _gated(interp: Interpreter, node: Node, call: Any, sd: Any, kwargs: di
     return answer
 
 
-async def _agent(interp: Interpreter, node: Node, client: Any, prompt: str,
-                 system: Any) -> Any:
+async def _agent(interp: Interpreter, node: Node, client: Any, prompt: str, system: Any) -> Any:
     from ratchet.llm.agent import Agent
 
     d = node.data
-    agent = Agent(d.model, instructions=system, tools=[interp.app.tools[t] for t in d.tools],
-                  max_turns=d.max_turns, client=client, max_tokens=d.max_tokens, name=node.id)
+    agent = Agent(
+        d.model,
+        instructions=system,
+        tools=[interp.app.tools[t] for t in d.tools],
+        max_turns=d.max_turns,
+        client=client,
+        max_tokens=d.max_tokens,
+        name=node.id,
+    )
     result = await agent.run(prompt)
     return _parse(node, result.output)

@@ -24,9 +24,11 @@ class _Data(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     retry: dict[str, Any] | None = Field(
-        None, description='{"maxAttempts": 3, "backoffMs": 500, "retryableClasses": ["llm"]}; '
-                          "maxAttempts counts the first try; classes any, timeout, llm, "
-                          "connector, tool")
+        None,
+        description='{"maxAttempts": 3, "backoffMs": 500, "retryableClasses": ["llm"]}; '
+        "maxAttempts counts the first try; classes any, timeout, llm, "
+        "connector, tool",
+    )
     timeout_s: float | None = Field(None, gt=0, description="Seconds an attempt may take.")
 
 
@@ -39,24 +41,30 @@ class AiStepData(_Data):
     prompt: str = Field(description="The user message: a template.")
     system: str | None = Field(None, description="The system message: a template.")
     provider: Literal["openai", "anthropic"] | None = Field(
-        None, description="Default: anthropic for a claude model, openai otherwise.")
-    tools: list[str] = Field(default_factory=list,
-                             description="Names of @app.tool tools the model may call.")
+        None, description="Default: anthropic for a claude model, openai otherwise."
+    )
+    tools: list[str] = Field(
+        default_factory=list, description="Names of @app.tool tools the model may call."
+    )
     output_schema: dict[str, Any] | None = Field(
-        None, description="A JSON Schema: the answer is parsed as JSON of this shape.")
+        None, description="A JSON Schema: the answer is parsed as JSON of this shape."
+    )
     max_tokens: int = Field(1024, ge=1)
     max_turns: int = Field(10, ge=1, description="With tools: model turns at most.")
     gate: dict[str, Any] | None = Field(
-        None, description='A confidence gate: {"threshold": 0.8, "source": '
-                          '"field:confidence" | "logprobs" | "judge", "on_below": "approval" '
-                          '| "retry" | "fail" | "branch", "retry_model", "judge_model", '
-                          '"judge_prompt"}.')
+        None,
+        description='A confidence gate: {"threshold": 0.8, "source": '
+        '"field:confidence" | "logprobs" | "judge", "on_below": "approval" '
+        '| "retry" | "fail" | "branch", "retry_model", "judge_model", '
+        '"judge_prompt"}.',
+    )
 
 
 class ToolData(_Data):
     tool: str = Field(description="The name of an @app.tool tool.")
-    args: dict[str, Any] = Field(default_factory=dict,
-                                 description="Keyword arguments; string values are templates.")
+    args: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments; string values are templates."
+    )
 
 
 class ConnectorData(_Data):
@@ -69,15 +77,20 @@ class ConnectorData(_Data):
     subject: str | None = Field(None, description="email: the subject.")
     sender: str | None = Field(None, alias="from", description="email: the sender.")
     policy: Literal["resend", "at_most_once"] = Field(
-        "resend", description="webhook/email: what a re-drive does with a delivery left "
-                              "claimed by a crash (see ratchet.deliver).")
+        "resend",
+        description="webhook/email: what a re-drive does with a delivery left "
+        "claimed by a crash (see ratchet.deliver).",
+    )
 
 
 class SubagentData(_Data):
     graph: str | None = Field(None, description="A registered graph to run as a child run.")
     workflow: str | None = Field(None, description="Or a code workflow of the app.")
-    input: Any = Field(None, description="The child's input (graph) or keyword arguments "
-                                         "(workflow); strings are templates.")
+    input: Any = Field(
+        None,
+        description="The child's input (graph) or keyword arguments "
+        "(workflow); strings are templates.",
+    )
 
 
 class ApprovalData(_Data):
@@ -110,18 +123,27 @@ class OutputData(_Data):
 
 
 DATA_MODELS: dict[str, type[_Data]] = {
-    "trigger": TriggerData, "ai-step": AiStepData, "tool": ToolData,
-    "connector": ConnectorData, "subagent": SubagentData, "approval": ApprovalData,
-    "loop": LoopData, "condition": ConditionData, "parallel": ParallelData,
-    "join": JoinData, "output": OutputData,
+    "trigger": TriggerData,
+    "ai-step": AiStepData,
+    "tool": ToolData,
+    "connector": ConnectorData,
+    "subagent": SubagentData,
+    "approval": ApprovalData,
+    "loop": LoopData,
+    "condition": ConditionData,
+    "parallel": ParallelData,
+    "join": JoinData,
+    "output": OutputData,
 }
 NODE_TYPES = tuple(DATA_MODELS)
 # Node types whose execution is a journaled step (a side effect); the rest are pure.
 SIDE_EFFECTING = frozenset({"ai-step", "tool", "connector", "subagent", "approval"})
 
 
-SANDBOX_HELP = ("tier isolated: the sandbox's limits (ratchet.Sandbox fields): memory_mb, cpus, "
-                "timeout_s, network (none | report-only), mounts, max_processes.")
+SANDBOX_HELP = (
+    "tier isolated: the sandbox's limits (ratchet.Sandbox fields): memory_mb, cpus, "
+    "timeout_s, network (none | report-only), mounts, max_processes."
+)
 
 
 class Edge(BaseModel):
@@ -159,10 +181,12 @@ class RawGraph(BaseModel):
     edges: list[Edge] = Field(default_factory=list)
     output: Any = None
     guards: dict[str, Any] | None = Field(
-        None, description="The graph's guards (ratchet.Guards fields): thresholds, budgets, "
-                          "actions.")
+        None,
+        description="The graph's guards (ratchet.Guards fields): thresholds, budgets, actions.",
+    )
     tier: Tier = Field(
-        "process", description="isolated: each attempt runs in a sandbox of its own.")
+        "process", description="isolated: each attempt runs in a sandbox of its own."
+    )
     sandbox: dict[str, Any] | None = Field(None, description=SANDBOX_HELP)
 
 
@@ -193,15 +217,19 @@ def json_schema() -> dict[str, Any]:
     annotated: Any = Annotated  # built at run time from the node models
     node_list: Any = list[annotated[union, Field(discriminator="type")]]  # type: ignore[misc]
     graph = create_model(
-        "Graph", __config__=ConfigDict(extra="forbid"),
+        "Graph",
+        __config__=ConfigDict(extra="forbid"),
         name=(str, Field(pattern=RawGraph.model_fields["name"].metadata[0].pattern)),
-        version=(str | None, None), description=(str | None, None),
+        version=(str | None, None),
+        description=(str | None, None),
         inputs=(dict[str, Any], Field(default_factory=lambda: {"type": "object"})),
         nodes=(node_list, Field(min_length=1)),
-        edges=(list[Edge], Field(default_factory=list)), output=(Any, None),
+        edges=(list[Edge], Field(default_factory=list)),
+        output=(Any, None),
         guards=(dict[str, Any] | None, None),
         tier=(Tier, "process"),
-        sandbox=(dict[str, Any] | None, Field(None, description=SANDBOX_HELP)))
+        sandbox=(dict[str, Any] | None, Field(None, description=SANDBOX_HELP)),
+    )
     schema: dict[str, Any] = graph.model_json_schema(by_alias=True)
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "Ratchet graph"

@@ -60,8 +60,9 @@ def run_node(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     if kind == "parallel":
         return Ready(None)
     if kind == "join":  # what each branch brought, by the node it came from
-        return Ready({e.source: scope.outputs.get(e.source)
-                      for e in interp.graph.in_edges.get(node.id, [])})
+        return Ready(
+            {e.source: scope.outputs.get(e.source) for e in interp.graph.in_edges.get(node.id, [])}
+        )
     if kind == "output":
         return Ready(templates.render(node.data.value, scope.context()))
     if kind == "tool":
@@ -80,8 +81,9 @@ def run_node(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
 def _override(sd: StepDef, node: Node, name: str, **more: Any) -> StepDef:
     """The step as this node runs it: its name, and the node's retry and timeout if set."""
     retry = node.retry if node.data.retry is not None else sd.retry
-    return dataclasses.replace(sd, name=name, retry=retry,
-                               timeout_s=node.timeout_s or sd.timeout_s, **more)
+    return dataclasses.replace(
+        sd, name=name, retry=retry, timeout_s=node.timeout_s or sd.timeout_s, **more
+    )
 
 
 def _tool(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
@@ -92,8 +94,9 @@ def _tool(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
         # (templates are pure: the same scope renders the same) are built only if the
         # runaway-loop guard needs them.
         here = scope.frozen()
-        ctx.guards.replayed_step(name, step.step_id, step.output,
-                                 lambda: ((), tool_kwargs(interp, node, here)))
+        ctx.guards.replayed_step(
+            name, step.step_id, step.output, lambda: ((), tool_kwargs(interp, node, here))
+        )
         return Ready(step.output)
     td = _tool_def(interp, node)
     kwargs = tool_kwargs(interp, node, scope)
@@ -114,7 +117,8 @@ def _tool_def(interp: Interpreter, node: Node) -> Any:
 
 def tool_kwargs(interp: Interpreter, node: Node, scope: Scope) -> dict[str, Any]:
     kwargs: dict[str, Any] = _tool_def(interp, node).bind(
-        templates.render(node.data.args, scope.context()))
+        templates.render(node.data.args, scope.context())
+    )
     return kwargs
 
 
@@ -125,13 +129,20 @@ async def _as_json(coro: Any, what: str) -> Any:
 def _connector(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     d = node.data
     ctx = scope.context()
-    request = {"kind": d.kind, "url": templates.render(d.url, ctx), "method": d.method,
-               "headers": templates.render(d.headers, ctx),
-               "body": templates.render(d.body, ctx), "to": templates.render(d.to, ctx),
-               "subject": templates.render(d.subject, ctx), "sender": d.sender,
-               "policy": d.policy}
-    sd = StepDef(connectors.send, name, node.retry, node.timeout_s, kind="connector",
-                 decode=lambda v: v)
+    request = {
+        "kind": d.kind,
+        "url": templates.render(d.url, ctx),
+        "method": d.method,
+        "headers": templates.render(d.headers, ctx),
+        "body": templates.render(d.body, ctx),
+        "to": templates.render(d.to, ctx),
+        "subject": templates.render(d.subject, ctx),
+        "sender": d.sender,
+        "policy": d.policy,
+    }
+    sd = StepDef(
+        connectors.send, name, node.retry, node.timeout_s, kind="connector", decode=lambda v: v
+    )
     return interp.ctx.call_step(sd, (), {"request": request})
 
 
@@ -139,16 +150,19 @@ def _approval(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     ctx = interp.ctx
     what = node.data.name or node.id
     step_id, step = ctx.next_step(STEP_PREFIX + name)
-    data = _json(templates.render(node.data.ask, scope.context()),
-                 f"the data of approval node {node.id}")
+    data = _json(
+        templates.render(node.data.ask, scope.context()), f"the data of approval node {node.id}"
+    )
 
     async def ask() -> Any:
         try:
             decision = await run_approval(ctx, step_id, step, what, data, node.timeout_s)
         except ApprovalTimeout:
             return {"outcome": "timeout", "approved": False, "by": None, "comment": None}
-        return {"outcome": "approved" if decision.approved else "rejected",
-                **_json(decision.as_dict(), "a decision")}
+        return {
+            "outcome": "approved" if decision.approved else "rejected",
+            **_json(decision.as_dict(), "a decision"),
+        }
 
     return ask()
 
@@ -167,10 +181,13 @@ async def _subagent(interp: Interpreter, node: Node, name: str, scope: Scope) ->
         if wd is None:
             raise InvalidInput(f"node {node.id}: the app has no workflow {d.workflow!r}")
         if value is not None and not isinstance(value, dict):
-            raise InvalidInput(f"node {node.id}: a workflow subagent's input is its keyword "
-                               f"arguments (a mapping), got {type(value).__name__}")
-        return _json(await interp.ctx.child(wd, (), dict(value or {}), None),
-                     f"the output of node {node.id}")
+            raise InvalidInput(
+                f"node {node.id}: a workflow subagent's input is its keyword "
+                f"arguments (a mapping), got {type(value).__name__}"
+            )
+        return _json(
+            await interp.ctx.child(wd, (), dict(value or {}), None), f"the output of node {node.id}"
+        )
     from ratchet.graphs.registry import graph_workflow
 
     step = interp.ctx.state.by_ordinal.get(interp.ctx.ordinal + 1)

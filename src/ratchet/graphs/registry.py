@@ -38,8 +38,9 @@ class GraphWorkflow(WorkflowDef):
     tools: Mapping[str, Any] | None = None
 
 
-def graph_workflow(app: Ratchet, name: str, version: str,
-                   graph: Graph | None = None) -> WorkflowDef:
+def graph_workflow(
+    app: Ratchet, name: str, version: str, graph: Graph | None = None
+) -> WorkflowDef:
     """The interpreter as the workflow of graph ``name`` at ``version``."""
     from ratchet.graphs.interpreter import interpret
 
@@ -49,8 +50,9 @@ def graph_workflow(app: Ratchet, name: str, version: str,
     run_graph.__name__ = run_graph.__qualname__ = "run_graph"
     if graph is None:
         return WorkflowDef(run_graph, name, version)
-    return GraphWorkflow(run_graph, name, version, sandbox=graph.sandbox, graph=graph,
-                         tools=app.tools)
+    return GraphWorkflow(
+        run_graph, name, version, sandbox=graph.sandbox, graph=graph, tools=app.tools
+    )
 
 
 def pin(graph: Graph) -> None:
@@ -78,8 +80,10 @@ async def graph_for_run(app: Ratchet, ctx: RunContext) -> Graph:
     """The compiled graph version this run is pinned to."""
     graph = await compiled(ctx.store.raw, ctx.record.workflow, ctx.record.workflow_version)
     if graph is None:
-        raise RatchetError(f"run {ctx.run_id}: graph {ctx.record.workflow!r} version "
-                           f"{ctx.record.workflow_version} is not registered")
+        raise RatchetError(
+            f"run {ctx.run_id}: graph {ctx.record.workflow!r} version "
+            f"{ctx.record.workflow_version} is not registered"
+        )
     return graph
 
 

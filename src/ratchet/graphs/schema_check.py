@@ -6,8 +6,15 @@ from __future__ import annotations
 
 from typing import Any
 
-_TYPES: dict[str, Any] = {"object": dict, "array": list, "string": str, "boolean": bool,
-                          "null": type(None), "number": (int, float), "integer": int}
+_TYPES: dict[str, Any] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "boolean": bool,
+    "null": type(None),
+    "number": (int, float),
+    "integer": int,
+}
 
 
 def _is(value: Any, kind: str) -> bool:

@@ -14,23 +14,33 @@ from ratchet.model import NewRun
 from ratchet.store.base import Store
 
 
-async def new_graph_run(store: Store, name: str, args: tuple[Any, ...],
-                        kwargs: dict[str, Any], run_id: str, queue: str, priority: int,
-                        known: Collection[str] = ()) -> NewRun:
+async def new_graph_run(
+    store: Store,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    run_id: str,
+    queue: str,
+    priority: int,
+    known: Collection[str] = (),
+) -> NewRun:
     """The run to create for ``app.start(GRAPH, input)`` (or ``input=...`` as keywords)."""
     stored = await store.get_graph(name)
     if stored is None:
         names = ", ".join(sorted(known)) or "none"
-        raise UnknownWorkflow(f"unknown workflow {name!r}; registered workflows: {names}; "
-                              "and no graph of that name is registered")
+        raise UnknownWorkflow(
+            f"unknown workflow {name!r}; registered workflows: {names}; "
+            "and no graph of that name is registered"
+        )
     if len(args) > 1 or (args and kwargs):
-        raise InvalidInput(f"graph {name}: pass its input as one value (app.start({name!r}, "
-                           "input)) or as keyword arguments, not both")
+        raise InvalidInput(
+            f"graph {name}: pass its input as one value (app.start({name!r}, "
+            "input)) or as keyword arguments, not both"
+        )
     value: Any = args[0] if args else dict(kwargs)
     value = json.loads(to_json(value, f"the input of graph {name}"))
     inputs = stored.definition.get("inputs") or {"type": "object"}
     problems = schema_errors(inputs, value)
     if problems:
         raise InvalidInput(f"invalid input for graph {name}: " + "; ".join(problems))
-    return NewRun(run_id, name, stored.version, {"args": [value], "kwargs": {}}, queue,
-                  priority)
+    return NewRun(run_id, name, stored.version, {"args": [value], "kwargs": {}}, queue, priority)

@@ -65,8 +65,9 @@ def parse(text: str, expression: bool = False) -> nodes.Template:
     try:
         return _ENV.parse(source)
     except TemplateSyntaxError as e:
-        raise TemplateError(f"bad {'expression' if expression else 'template'} {text!r}: "
-                            f"{e.message}") from None
+        raise TemplateError(
+            f"bad {'expression' if expression else 'template'} {text!r}: {e.message}"
+        ) from None
 
 
 def references(tree: nodes.Template) -> Iterator[tuple[str, str | None]]:
@@ -108,8 +109,7 @@ def evaluate(expression: str, context: Mapping[str, Any]) -> Any:
     except TemplateSyntaxError as e:
         raise TemplateError(f"bad expression {expression!r}: {e.message}") from None
     except Exception as e:
-        raise TemplateError(f"expression {expression!r} failed: {type(e).__name__}: {e}"
-                            ) from None
+        raise TemplateError(f"expression {expression!r} failed: {type(e).__name__}: {e}") from None
 
 
 def render(value: Any, context: Mapping[str, Any]) -> Any:
@@ -125,8 +125,7 @@ def render(value: Any, context: Mapping[str, Any]) -> Any:
         except TemplateSyntaxError as e:
             raise TemplateError(f"bad template {value!r}: {e.message}") from None
         except Exception as e:
-            raise TemplateError(f"template {value!r} failed: {type(e).__name__}: {e}"
-                                ) from None
+            raise TemplateError(f"template {value!r} failed: {type(e).__name__}: {e}") from None
     if isinstance(value, list):
         return [render(v, context) for v in value]
     if isinstance(value, dict):

@@ -38,9 +38,8 @@ NOT_ISOLATABLE = {
     "approval": "an approval parks the run, and only the worker outside the sandbox can",
     "subagent": "a subagent starts a child run, and only the worker outside the sandbox can",
     "connector": "a connector reaches the network (a delivery claims a receipt besides), "
-                 "and a sandbox has no network",
-    "ai-step": "an ai-step calls a model provider over the network, and a sandbox has no "
-               "network",
+    "and a sandbox has no network",
+    "ai-step": "an ai-step calls a model provider over the network, and a sandbox has no network",
 }
 
 # Names a template may read at the top level, besides a loop's item name.
@@ -115,11 +114,15 @@ def load_document(source: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as e:
-        raise InvalidInput(f"graph file {str(path)!r} is not valid "
-                           f"{'JSON' if path.suffix == '.json' else 'YAML'}: {e}") from None
+        raise InvalidInput(
+            f"graph file {str(path)!r} is not valid "
+            f"{'JSON' if path.suffix == '.json' else 'YAML'}: {e}"
+        ) from None
     if not isinstance(doc, dict):
-        raise InvalidInput(f"graph file {str(path)!r} must hold a mapping (name, nodes, "
-                           f"edges, ...), not {type(doc).__name__}")
+        raise InvalidInput(
+            f"graph file {str(path)!r} must hold a mapping (name, nodes, "
+            f"edges, ...), not {type(doc).__name__}"
+        )
     return doc
 
 
@@ -130,8 +133,12 @@ def _loc(loc: Iterable[Any], prefix: str = "") -> str:
     return out
 
 
-def _pydantic_problems(e: pydantic.ValidationError, prefix: str, node: str | None,
-                       nodes_by_index: Mapping[int, str] | None = None) -> list[Problem]:
+def _pydantic_problems(
+    e: pydantic.ValidationError,
+    prefix: str,
+    node: str | None,
+    nodes_by_index: Mapping[int, str] | None = None,
+) -> list[Problem]:
     out = []
     for err in e.errors():
         loc = list(err.get("loc", ()))
@@ -142,12 +149,18 @@ def _pydantic_problems(e: pydantic.ValidationError, prefix: str, node: str | Non
     return out
 
 
-def validate(doc: Mapping[str, Any], tools: Collection[str] | None = None,
-             workflows: Collection[str] | None = None) -> tuple[Graph | None, list[Problem]]:
+def validate(
+    doc: Mapping[str, Any],
+    tools: Collection[str] | None = None,
+    workflows: Collection[str] | None = None,
+) -> tuple[Graph | None, list[Problem]]:
     """Check a graph document; (the graph, []) if it is valid, else (None, every problem).
     ``tools`` (and ``workflows``): the names an app offers, checked when given."""
-    ids: dict[int, str] = {i: n["id"] for i, n in enumerate(doc.get("nodes") or [])
-           if isinstance(n, dict) and isinstance(n.get("id"), str)}
+    ids: dict[int, str] = {
+        i: n["id"]
+        for i, n in enumerate(doc.get("nodes") or [])
+        if isinstance(n, dict) and isinstance(n.get("id"), str)
+    }
     try:
         raw = RawGraph.model_validate(doc)
     except pydantic.ValidationError as e:
@@ -166,15 +179,25 @@ def validate(doc: Mapping[str, Any], tools: Collection[str] | None = None,
     for j, edge in enumerate(raw.edges):
         for end, name in (("from", edge.source), ("to", edge.target)):
             if name not in known:
-                problems.append(Problem(f"edges[{j}].{end}", f"dangling edge: no node "
-                                        f"{name!r} ({edge.source} -> {edge.target})",
-                                        edge.source if end == "to" else None))
+                problems.append(
+                    Problem(
+                        f"edges[{j}].{end}",
+                        f"dangling edge: no node {name!r} ({edge.source} -> {edge.target})",
+                        edge.source if end == "to" else None,
+                    )
+                )
         if edge.when is not None:
-            _templates(edge.when, f"edges[{j}].when", edge.source, known, problems,
-                       expression=True)
+            _templates(edge.when, f"edges[{j}].when", edge.source, known, problems, expression=True)
     _templates(raw.output, "output", None, known, problems)
-    graph = Graph(raw.name, "", doc if isinstance(doc, dict) else dict(doc), nodes,
-                  raw.edges, raw.output, raw.inputs)
+    graph = Graph(
+        raw.name,
+        "",
+        doc if isinstance(doc, dict) else dict(doc),
+        nodes,
+        raw.edges,
+        raw.output,
+        raw.inputs,
+    )
     if raw.guards is not None:
         try:
             graph.guards = Guards.from_json(raw.guards)
@@ -192,11 +215,17 @@ def validate(doc: Mapping[str, Any], tools: Collection[str] | None = None,
     return graph, []
 
 
-def _node(rn: RawNode, where: str, problems: list[Problem],
-          tools: Collection[str] | None) -> Node | None:
+def _node(
+    rn: RawNode, where: str, problems: list[Problem], tools: Collection[str] | None
+) -> Node | None:
     if rn.type not in DATA_MODELS:
-        problems.append(Problem(f"{where}.type", f"unknown node type {rn.type!r}; expected "
-                                f"one of {', '.join(NODE_TYPES)}", rn.id))
+        problems.append(
+            Problem(
+                f"{where}.type",
+                f"unknown node type {rn.type!r}; expected one of {', '.join(NODE_TYPES)}",
+                rn.id,
+            )
+        )
         return None
     try:
         data: _Data = DATA_MODELS[rn.type].model_validate(rn.data)
@@ -216,21 +245,24 @@ def _node(rn: RawNode, where: str, problems: list[Problem],
         try:
             node.gate = Gate.from_json(gate)
         except InvalidInput as e:
-            problems.append(Problem(f"{where}.data.gate", str(e).removeprefix("invalid gate: "),
-                                    rn.id))
+            problems.append(
+                Problem(f"{where}.data.gate", str(e).removeprefix("invalid gate: "), rn.id)
+            )
     names = [getattr(data, "tool", "")] if rn.type == "tool" else list(getattr(data, "tools", []))
     if tools is not None:
         for k, name in enumerate(names):
             if name not in tools:
                 at = ".data.tool" if rn.type == "tool" else f".data.tools[{k}]"
                 known = ", ".join(sorted(tools)) or "none"
-                problems.append(Problem(where + at, f"unknown tool {name!r}; the app's tools: "
-                                        f"{known}", rn.id))
+                problems.append(
+                    Problem(where + at, f"unknown tool {name!r}; the app's tools: {known}", rn.id)
+                )
     return node
 
 
-def _isolated(raw: RawGraph, nodes: Mapping[str, Node], tools: Collection[str] | None,
-              problems: list[Problem]) -> Sandbox | None:
+def _isolated(
+    raw: RawGraph, nodes: Mapping[str, Node], tools: Collection[str] | None, problems: list[Problem]
+) -> Sandbox | None:
     """The sandbox of an isolated graph; a problem for each node it could not run."""
     for i, rn in enumerate(raw.nodes):
         node = nodes.get(rn.id)
@@ -240,25 +272,43 @@ def _isolated(raw: RawGraph, nodes: Mapping[str, Node], tools: Collection[str] |
         if why is None and node.type == "tool" and isinstance(tools, Mapping):
             td = getattr(tools.get(node.data.tool), "tool", None)
             if td is not None and (td.requires_approval or td.risk == "critical"):
-                why = (f"tool {td.name!r} asks a person's approval before it runs (a park), "
-                       "and only the worker outside the sandbox can park a run")
+                why = (
+                    f"tool {td.name!r} asks a person's approval before it runs (a park), "
+                    "and only the worker outside the sandbox can park a run"
+                )
         if why is not None:
-            problems.append(Problem(f"nodes[{i}].type", f"{node.type} nodes cannot run in an "
-                                    f"isolated graph: {why}", rn.id))
+            problems.append(
+                Problem(
+                    f"nodes[{i}].type",
+                    f"{node.type} nodes cannot run in an isolated graph: {why}",
+                    rn.id,
+                )
+            )
             continue
         # A backoff this long parks the run between attempts, which a sandbox cannot.
-        longest = max((node.retry.delay_s(k) for k in range(1, node.retry.max_attempts)),
-                      default=0.0)
+        longest = max(
+            (node.retry.delay_s(k) for k in range(1, node.retry.max_attempts)), default=0.0
+        )
         if longest >= PARK_MIN_S:
-            problems.append(Problem(f"nodes[{i}].data.retry", f"a backoff of {longest:g}s "
-                                    f"parks the run, which an isolated graph cannot: keep "
-                                    f"each backoff under {PARK_MIN_S:g}s", rn.id))
+            problems.append(
+                Problem(
+                    f"nodes[{i}].data.retry",
+                    f"a backoff of {longest:g}s "
+                    f"parks the run, which an isolated graph cannot: keep "
+                    f"each backoff under {PARK_MIN_S:g}s",
+                    rn.id,
+                )
+            )
     fields = {f.name for f in dataclasses.fields(Sandbox)}
     given = raw.sandbox or {}
     unknown = sorted(set(given) - fields)
     if unknown:
-        problems.append(Problem("sandbox", f"unknown field(s) {', '.join(unknown)}; expected "
-                                f"{', '.join(sorted(fields))}"))
+        problems.append(
+            Problem(
+                "sandbox",
+                f"unknown field(s) {', '.join(unknown)}; expected {', '.join(sorted(fields))}",
+            )
+        )
         return None
     try:
         return Sandbox(**given)
@@ -267,9 +317,15 @@ def _isolated(raw: RawGraph, nodes: Mapping[str, Node], tools: Collection[str] |
         return None
 
 
-def _templates(value: Any, where: str, node: str | None, known: Collection[str],
-               problems: list[Problem], expression: bool = False,
-               extra: Collection[str] = ()) -> None:
+def _templates(
+    value: Any,
+    where: str,
+    node: str | None,
+    known: Collection[str],
+    problems: list[Problem],
+    expression: bool = False,
+    extra: Collection[str] = (),
+) -> None:
     try:
         trees = list(templates.check(value, expression))
     except templates.TemplateError as e:
@@ -278,29 +334,52 @@ def _templates(value: Any, where: str, node: str | None, known: Collection[str],
     for path, tree in trees:
         for name, attr in templates.references(tree):
             if name == "nodes" and attr is not None and attr not in known:
-                problems.append(Problem(where + path, f"bad template: it reads "
-                                        f"nodes.{attr}, and there is no node {attr!r}", node))
+                problems.append(
+                    Problem(
+                        where + path,
+                        f"bad template: it reads nodes.{attr}, and there is no node {attr!r}",
+                        node,
+                    )
+                )
             elif name not in TOP_NAMES and name not in extra:
-                problems.append(Problem(where + path, f"bad template: unknown name {name!r} "
-                                        f"(use input, nodes.<id>.output, output, loop)", node))
+                problems.append(
+                    Problem(
+                        where + path,
+                        f"bad template: unknown name {name!r} "
+                        f"(use input, nodes.<id>.output, output, loop)",
+                        node,
+                    )
+                )
 
 
-_TEMPLATED = {"ai-step": ("prompt", "system"), "tool": ("args",), "subagent": ("input",),
-              "approval": ("ask",), "connector": ("url", "body", "to", "subject", "headers"),
-              "output": ("value",), "loop": ("over",)}
+_TEMPLATED = {
+    "ai-step": ("prompt", "system"),
+    "tool": ("args",),
+    "subagent": ("input",),
+    "approval": ("ask",),
+    "connector": ("url", "body", "to", "subject", "headers"),
+    "output": ("value",),
+    "loop": ("over",),
+}
 _EXPRESSIONS = {"condition": ("expression",), "loop": ("until",)}
 
 
-def _structure(graph: Graph, raw: RawGraph, known: Collection[str], problems: list[Problem],
-               workflows: Collection[str] | None) -> None:
+def _structure(
+    graph: Graph,
+    raw: RawGraph,
+    known: Collection[str],
+    problems: list[Problem],
+    workflows: Collection[str] | None,
+) -> None:
     index = {n.id: i for i, n in enumerate(raw.nodes)}
     items = {getattr(n.data, "item", None) for n in graph.nodes.values() if n.type == "loop"}
     extra = {i for i in items if i}
     for node in graph.nodes.values():
         where = f"nodes[{index[node.id]}].data"
         for name in _TEMPLATED.get(node.type, ()):
-            _templates(getattr(node.data, name), f"{where}.{name}", node.id, known, problems,
-                       extra=extra)
+            _templates(
+                getattr(node.data, name), f"{where}.{name}", node.id, known, problems, extra=extra
+            )
         for name in _EXPRESSIONS.get(node.type, ()):
             value = getattr(node.data, name)
             if value is not None:
@@ -308,24 +387,40 @@ def _structure(graph: Graph, raw: RawGraph, known: Collection[str], problems: li
         if node.type == "subagent":
             d = node.data
             if (d.graph is None) == (d.workflow is None):
-                problems.append(Problem(f"{where}.graph", "a subagent names exactly one of "
-                                        "graph or workflow", node.id))
+                problems.append(
+                    Problem(
+                        f"{where}.graph",
+                        "a subagent names exactly one of graph or workflow",
+                        node.id,
+                    )
+                )
             elif d.workflow is not None and workflows is not None and d.workflow not in workflows:
-                problems.append(Problem(f"{where}.workflow", f"unknown workflow "
-                                        f"{d.workflow!r}", node.id))
+                problems.append(
+                    Problem(f"{where}.workflow", f"unknown workflow {d.workflow!r}", node.id)
+                )
         if node.type == "loop":
             d = node.data
             if (d.over is None) == (d.until is None):
-                problems.append(Problem(f"{where}.over", "a loop has exactly one of over (a "
-                                        "list) or until (a condition)", node.id))
+                problems.append(
+                    Problem(
+                        f"{where}.over",
+                        "a loop has exactly one of over (a list) or until (a condition)",
+                        node.id,
+                    )
+                )
             for k, member in enumerate(d.body):
                 if member not in known:
-                    problems.append(Problem(f"{where}.body[{k}]", f"no node {member!r}",
-                                            node.id))
+                    problems.append(Problem(f"{where}.body[{k}]", f"no node {member!r}", node.id))
                 elif member == node.id or member in graph.loop_of:
-                    problems.append(Problem(f"{where}.body[{k}]", f"node {member!r} cannot be "
-                                            "in this loop's body (it is the loop, or in "
-                                            "another loop)", node.id))
+                    problems.append(
+                        Problem(
+                            f"{where}.body[{k}]",
+                            f"node {member!r} cannot be "
+                            "in this loop's body (it is the loop, or in "
+                            "another loop)",
+                            node.id,
+                        )
+                    )
                 else:
                     graph.loop_of[member] = node.id
         if node.type == "connector":
@@ -333,13 +428,18 @@ def _structure(graph: Graph, raw: RawGraph, known: Collection[str], problems: li
             needs = ("to",) if d.kind == "email" else ("url",)
             for name in needs:
                 if getattr(d, name) is None:
-                    problems.append(Problem(f"{where}.{name}", f"a {d.kind} connector needs "
-                                            f"{name}", node.id))
+                    problems.append(
+                        Problem(f"{where}.{name}", f"a {d.kind} connector needs {name}", node.id)
+                    )
     triggers = [n.id for n in raw.nodes if n.type == "trigger"]
     if len(triggers) != 1:
-        problems.append(Problem("nodes", f"a graph has exactly one trigger node, this one has "
-                                f"{len(triggers)}" + (f" ({', '.join(triggers)})"
-                                                      if triggers else "")))
+        problems.append(
+            Problem(
+                "nodes",
+                f"a graph has exactly one trigger node, this one has "
+                f"{len(triggers)}" + (f" ({', '.join(triggers)})" if triggers else ""),
+            )
+        )
     else:
         graph.trigger = triggers[0]
     for edge in graph.edges:
@@ -352,36 +452,52 @@ def _structure(graph: Graph, raw: RawGraph, known: Collection[str], problems: li
         seen = _reachable(graph)
         for n in raw.nodes:
             if n.id not in seen and n.id in graph.nodes:
-                problems.append(Problem(f"nodes[{index[n.id]}]", "unreachable node: no path "
-                                        f"from the trigger {graph.trigger!r} leads to it",
-                                        n.id))
+                problems.append(
+                    Problem(
+                        f"nodes[{index[n.id]}]",
+                        f"unreachable node: no path from the trigger {graph.trigger!r} leads to it",
+                        n.id,
+                    )
+                )
 
 
-def _loop_edges(graph: Graph, raw: RawGraph, index: Mapping[str, int],
-                problems: list[Problem]) -> None:
+def _loop_edges(
+    graph: Graph, raw: RawGraph, index: Mapping[str, int], problems: list[Problem]
+) -> None:
     """A loop's body is entered from the loop only, and leaves only back to it."""
     for j, edge in enumerate(graph.edges):
         src, dst = graph.loop_of.get(edge.source), graph.loop_of.get(edge.target)
         if src == dst:
             continue
         if dst is not None and edge.source != dst:
-            problems.append(Problem(f"edges[{j}].to", f"edge {edge.source} -> {edge.target} "
-                                    f"enters the body of loop {dst!r} from outside it",
-                                    edge.source))
+            problems.append(
+                Problem(
+                    f"edges[{j}].to",
+                    f"edge {edge.source} -> {edge.target} "
+                    f"enters the body of loop {dst!r} from outside it",
+                    edge.source,
+                )
+            )
         if src is not None and edge.target != src:
-            problems.append(Problem(f"edges[{j}].from", f"edge {edge.source} -> {edge.target} "
-                                    f"leaves the body of loop {src!r} (end the body with an "
-                                    f"edge back to {src!r}, or none)", edge.source))
+            problems.append(
+                Problem(
+                    f"edges[{j}].from",
+                    f"edge {edge.source} -> {edge.target} "
+                    f"leaves the body of loop {src!r} (end the body with an "
+                    f"edge back to {src!r}, or none)",
+                    edge.source,
+                )
+            )
 
 
 def _forward(graph: Graph, node: str) -> list[str]:
     """Successors, without a loop body's edges back to its loop."""
-    return [e.target for e in graph.out_edges.get(node, [])
-            if graph.loop_of.get(e.source) != e.target]
+    return [
+        e.target for e in graph.out_edges.get(node, []) if graph.loop_of.get(e.source) != e.target
+    ]
 
 
-def _cycles(graph: Graph, raw: RawGraph, index: Mapping[str, int],
-            problems: list[Problem]) -> None:
+def _cycles(graph: Graph, raw: RawGraph, index: Mapping[str, int], problems: list[Problem]) -> None:
     state: dict[str, int] = {}
     stack: list[str] = []
 
@@ -390,7 +506,7 @@ def _cycles(graph: Graph, raw: RawGraph, index: Mapping[str, int],
         stack.append(n)
         for m in _forward(graph, n):
             if state.get(m) == 1:
-                return [*stack[stack.index(m):], m]
+                return [*stack[stack.index(m) :], m]
             if m not in state and (found := visit(m)) is not None:
                 return found
         stack.pop()
@@ -402,9 +518,14 @@ def _cycles(graph: Graph, raw: RawGraph, index: Mapping[str, int],
             stack.clear()
             cycle = visit(n.id)
             if cycle is not None:
-                problems.append(Problem(f"nodes[{index[cycle[0]]}]", "cycle outside a loop: "
-                                        + " -> ".join(cycle) + " (repeat work with a loop "
-                                        "node and its body)", cycle[0]))
+                problems.append(
+                    Problem(
+                        f"nodes[{index[cycle[0]]}]",
+                        "cycle outside a loop: " + " -> ".join(cycle) + " (repeat work with a loop "
+                        "node and its body)",
+                        cycle[0],
+                    )
+                )
                 return
 
 
@@ -424,8 +545,11 @@ def _reachable(graph: Graph) -> set[str]:
     return seen
 
 
-def load(source: str | Path | Mapping[str, Any], tools: Collection[str] | None = None,
-         workflows: Collection[str] | None = None) -> Graph:
+def load(
+    source: str | Path | Mapping[str, Any],
+    tools: Collection[str] | None = None,
+    workflows: Collection[str] | None = None,
+) -> Graph:
     """A valid graph from a file or a document, or :class:`GraphInvalid` listing every
     problem."""
     doc = dict(source) if isinstance(source, Mapping) else load_document(source)

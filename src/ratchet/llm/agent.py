@@ -44,9 +44,17 @@ class Agent:
     API key and base URL from the SDK's own environment variables), Anthropic's for a
     ``claude`` model, OpenAI's otherwise."""
 
-    def __init__(self, model: str, *, instructions: str | None = None,
-                 tools: Sequence[Any] = (), max_turns: int = 10, client: Any = None,
-                 max_tokens: int = 1024, name: str = "agent") -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        instructions: str | None = None,
+        tools: Sequence[Any] = (),
+        max_turns: int = 10,
+        client: Any = None,
+        max_tokens: int = 1024,
+        name: str = "agent",
+    ) -> None:
         if not isinstance(model, str) or not model:
             raise InvalidInput(f"Agent: model must be a model name, got {model!r}")
         if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
@@ -62,8 +70,9 @@ class Agent:
             if td.name in self.tools:
                 raise InvalidInput(f"Agent {name}: two tools are named {td.name!r}")
             self.tools[td.name] = (t, td)
-        self._client = client if client is None or isinstance(client, DurableClient) \
-            else wrap(client)
+        self._client = (
+            client if client is None or isinstance(client, DurableClient) else wrap(client)
+        )
 
     @property
     def client(self) -> Any:
@@ -97,14 +106,20 @@ class Agent:
         for turn in range(1, self.max_turns + 1):
             options: dict[str, Any] = {"tools": tools} if tools else {}
             reply = await self.client.chat.completions.create(
-                model=self.model, messages=messages, **options)
+                model=self.model, messages=messages, **options
+            )
             message = reply.choices[0].message
             calls = message.tool_calls or []
             said: dict[str, Any] = {"role": "assistant", "content": message.content}
             if calls:
-                said["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                    "name": c.function.name, "arguments": c.function.arguments}}
-                    for c in calls]
+                said["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in calls
+                ]
             messages.append(said)
             if not calls:
                 return AgentResult(message.content, turn, messages)
@@ -122,7 +137,8 @@ class Agent:
             options["tools"] = [td.anthropic_tool() for _, td in self.tools.values()]
         for turn in range(1, self.max_turns + 1):
             reply = await self.client.messages.create(
-                model=self.model, max_tokens=self.max_tokens, messages=messages, **options)
+                model=self.model, max_tokens=self.max_tokens, messages=messages, **options
+            )
             blocks = [b.to_dict() for b in reply.content]
             messages.append({"role": "assistant", "content": blocks})
             uses = [b for b in blocks if b.get("type") == "tool_use"]
@@ -132,8 +148,14 @@ class Agent:
             results = []
             for use in uses:
                 content, failed = await self._call_tool(use["name"], use.get("input") or {})
-                results.append({"type": "tool_result", "tool_use_id": use["id"],
-                                "content": content, "is_error": failed})
+                results.append(
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": use["id"],
+                        "content": content,
+                        "is_error": failed,
+                    }
+                )
             messages.append({"role": "user", "content": results})
         raise self._exhausted()
 
@@ -164,5 +186,7 @@ class Agent:
         return json.dumps(result, default=str), False
 
     def _exhausted(self) -> AgentMaxTurns:
-        return AgentMaxTurns(f"agent {self.name}: no final answer after {self.max_turns} turns "
-                             f"(max_turns={self.max_turns})")
+        return AgentMaxTurns(
+            f"agent {self.name}: no final answer after {self.max_turns} turns "
+            f"(max_turns={self.max_turns})"
+        )

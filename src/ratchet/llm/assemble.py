@@ -55,9 +55,15 @@ class ChatAssembler(Assembler):
             self.usage = d["usage"]
         for c in d.get("choices") or []:
             index = c.get("index", 0)
-            choice = self.choices.setdefault(index, {
-                "index": index, "finish_reason": None, "logprobs": None,
-                "message": {"role": "assistant", "content": None}})
+            choice = self.choices.setdefault(
+                index,
+                {
+                    "index": index,
+                    "finish_reason": None,
+                    "logprobs": None,
+                    "message": {"role": "assistant", "content": None},
+                },
+            )
             message = choice["message"]
             delta = c.get("delta") or {}
             if delta.get("role"):
@@ -66,8 +72,10 @@ class ChatAssembler(Assembler):
                 if delta.get(key):
                     message[key] = (message.get(key) or "") + delta[key]
             for tc in delta.get("tool_calls") or []:
-                slot = self.tools.setdefault(index, {}).setdefault(tc.get("index", 0), {
-                    "id": None, "type": "function", "function": {"name": "", "arguments": ""}})
+                slot = self.tools.setdefault(index, {}).setdefault(
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
                 if tc.get("id"):
                     slot["id"] = tc["id"]
                 fn = tc.get("function") or {}
@@ -84,8 +92,7 @@ class ChatAssembler(Assembler):
             if calls:
                 choice["message"]["tool_calls"] = [copy.deepcopy(calls[i]) for i in sorted(calls)]
             choices.append(choice)
-        return {**self.head, "object": "chat.completion", "choices": choices,
-                "usage": self.usage}
+        return {**self.head, "object": "chat.completion", "choices": choices, "usage": self.usage}
 
     @property
     def usage_final(self) -> bool:
@@ -99,9 +106,18 @@ class ChatAssembler(Assembler):
                 yield ("choices", at, "delta", key), ("choices", index, "message", key)
             for t, tc in enumerate(delta.get("tool_calls") or []):
                 for key in ("name", "arguments"):
-                    yield (("choices", at, "delta", "tool_calls", t, "function", key),
-                           ("choices", index, "message", "tool_calls", tc.get("index", 0),
-                            "function", key))
+                    yield (
+                        ("choices", at, "delta", "tool_calls", t, "function", key),
+                        (
+                            "choices",
+                            index,
+                            "message",
+                            "tool_calls",
+                            tc.get("index", 0),
+                            "function",
+                            key,
+                        ),
+                    )
 
 
 class MessagesAssembler(Assembler):
@@ -211,11 +227,16 @@ class ResponsesAssembler(Assembler):
         if self.response is not None:
             return self.response
         if not self.started and not self.items:
-            raise LLMError("openai.responses.create: the stream ended before the response "
-                           "did", provider="openai")
+            raise LLMError(
+                "openai.responses.create: the stream ended before the response did",
+                provider="openai",
+            )
         # Cut off before it completed: the response as far as it came.
-        return {**self.started, "status": "incomplete",
-                "output": [copy.deepcopy(self.items[i]) for i in sorted(self.items)]}
+        return {
+            **self.started,
+            "status": "incomplete",
+            "output": [copy.deepcopy(self.items[i]) for i in sorted(self.items)],
+        }
 
     @property
     def usage_final(self) -> bool:
@@ -225,14 +246,17 @@ class ResponsesAssembler(Assembler):
     def texts(d: dict[str, Any]) -> Iterable[tuple[Path, Path]]:
         kind = d.get("type")
         if kind == "response.output_text.delta":
-            yield ("delta",), ("output", d.get("output_index", 0), "content",
-                               d.get("content_index", 0), "text")
+            yield (
+                ("delta",),
+                ("output", d.get("output_index", 0), "content", d.get("content_index", 0), "text"),
+            )
         elif kind == "response.function_call_arguments.delta":
             yield ("delta",), ("output", d.get("output_index", 0), "arguments")
 
 
 ASSEMBLERS: dict[str, type[Assembler]] = {
-    CHAT.name: ChatAssembler, MESSAGES.name: MessagesAssembler,
+    CHAT.name: ChatAssembler,
+    MESSAGES.name: MessagesAssembler,
     RESPONSES.name: ResponsesAssembler,
 }
 
@@ -269,27 +293,45 @@ def canonical(endpoint: Endpoint, body: dict[str, Any], *, usage: bool) -> Itera
 def _chat_chunks(body: dict[str, Any], usage: bool) -> Iterator[Any]:
     from openai.types.chat import ChatCompletionChunk
 
-    head = {k: body[k] for k in ("id", "created", "model", "system_fingerprint", "service_tier")
-            if k in body}
+    head = {
+        k: body[k]
+        for k in ("id", "created", "model", "system_fingerprint", "service_tier")
+        if k in body
+    }
     for choice in body.get("choices") or []:
         message = choice.get("message") or {}
         delta = {k: message[k] for k in ("role", "content", "refusal") if message.get(k)}
         calls = message.get("tool_calls")
         if calls:
             delta["tool_calls"] = [{**call, "index": i} for i, call in enumerate(calls)]
-        yield ChatCompletionChunk.construct(**head, object="chat.completion.chunk", choices=[{
-            "index": choice.get("index", 0), "delta": delta,
-            "finish_reason": choice.get("finish_reason"), "logprobs": None}])
+        yield ChatCompletionChunk.construct(
+            **head,
+            object="chat.completion.chunk",
+            choices=[
+                {
+                    "index": choice.get("index", 0),
+                    "delta": delta,
+                    "finish_reason": choice.get("finish_reason"),
+                    "logprobs": None,
+                }
+            ],
+        )
     if usage and body.get("usage") is not None:
-        yield ChatCompletionChunk.construct(**head, object="chat.completion.chunk", choices=[],
-                                            usage=body["usage"])
+        yield ChatCompletionChunk.construct(
+            **head, object="chat.completion.chunk", choices=[], usage=body["usage"]
+        )
 
 
 def _message_events(body: dict[str, Any]) -> Iterator[Any]:
     types = importlib.import_module("anthropic.types")
     usage = dict(body.get("usage") or {})
-    start = {**body, "content": [], "stop_reason": None, "stop_sequence": None,
-             "usage": {**usage, "output_tokens": 0}}
+    start = {
+        **body,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {**usage, "output_tokens": 0},
+    }
     yield types.RawMessageStartEvent.construct(type="message_start", message=start)
     for index, block in enumerate(body.get("content") or []):
         kind = block.get("type")
@@ -303,16 +345,19 @@ def _message_events(body: dict[str, Any]) -> Iterator[Any]:
         elif kind == "thinking":
             empty["thinking"] = ""
             delta = {"type": "thinking_delta", "thinking": block.get("thinking", "")}
-        yield types.RawContentBlockStartEvent.construct(type="content_block_start", index=index,
-                                                        content_block=empty)
+        yield types.RawContentBlockStartEvent.construct(
+            type="content_block_start", index=index, content_block=empty
+        )
         if delta is not None:
-            yield types.RawContentBlockDeltaEvent.construct(type="content_block_delta",
-                                                            index=index, delta=delta)
+            yield types.RawContentBlockDeltaEvent.construct(
+                type="content_block_delta", index=index, delta=delta
+            )
         yield types.RawContentBlockStopEvent.construct(type="content_block_stop", index=index)
     yield types.RawMessageDeltaEvent.construct(
-        type="message_delta", usage={"output_tokens": usage.get("output_tokens", 0)},
-        delta={"stop_reason": body.get("stop_reason"),
-               "stop_sequence": body.get("stop_sequence")})
+        type="message_delta",
+        usage={"output_tokens": usage.get("output_tokens", 0)},
+        delta={"stop_reason": body.get("stop_reason"), "stop_sequence": body.get("stop_sequence")},
+    )
     yield types.RawMessageStopEvent.construct(type="message_stop")
 
 
@@ -325,18 +370,30 @@ def _response_events(body: dict[str, Any]) -> Iterator[Any]:
     def event(**d: Any) -> Any:
         return construct_type(type_=ResponseStreamEvent, value={**d, "sequence_number": next(seq)})
 
-    yield event(type="response.created",
-                response={**body, "status": "in_progress", "output": []})
+    yield event(type="response.created", response={**body, "status": "in_progress", "output": []})
     for index, item in enumerate(body.get("output") or []):
-        yield event(type="response.output_item.added", output_index=index,
-                    item={**item, "content": []} if item.get("type") == "message" else item)
+        yield event(
+            type="response.output_item.added",
+            output_index=index,
+            item={**item, "content": []} if item.get("type") == "message" else item,
+        )
         for part_index, part in enumerate(item.get("content") or []):
             if part.get("type") == "output_text":
-                yield event(type="response.output_text.delta", item_id=item.get("id"),
-                            output_index=index, content_index=part_index,
-                            delta=part.get("text", ""), logprobs=[])
-                yield event(type="response.output_text.done", item_id=item.get("id"),
-                            output_index=index, content_index=part_index,
-                            text=part.get("text", ""), logprobs=[])
+                yield event(
+                    type="response.output_text.delta",
+                    item_id=item.get("id"),
+                    output_index=index,
+                    content_index=part_index,
+                    delta=part.get("text", ""),
+                    logprobs=[],
+                )
+                yield event(
+                    type="response.output_text.done",
+                    item_id=item.get("id"),
+                    output_index=index,
+                    content_index=part_index,
+                    text=part.get("text", ""),
+                    logprobs=[],
+                )
         yield event(type="response.output_item.done", output_index=index, item=item)
     yield event(type="response.completed", response=body)

@@ -52,8 +52,12 @@ def _set(value: Any, path: Sequence[str | int], item: Any) -> None:
     value[path[-1]] = item
 
 
-def encode(chunks: Sequence[dict[str, Any]], body: dict[str, Any], texts: Texts,
-           counters: Sequence[Path] = ()) -> dict[str, Any]:
+def encode(
+    chunks: Sequence[dict[str, Any]],
+    body: dict[str, Any],
+    texts: Texts,
+    counters: Sequence[Path] = (),
+) -> dict[str, Any]:
     """The journal's form of ``chunks`` (JSON objects, in stream order) against ``body``.
     ``counters`` are fields that count the chunks (a ``sequence_number``): where one equals
     the chunk's position it is not kept."""
@@ -68,9 +72,11 @@ def encode(chunks: Sequence[dict[str, Any]], body: dict[str, Any], texts: Texts,
                 joined.setdefault(of, []).append(text)
         pieces.append(found)
     # A body text is cut into lengths only if its pieces join to exactly that text.
-    cuttable = {of for of, parts in joined.items()
-                if "".join(parts) == (get(body, of) or "") and
-                isinstance(get(body, of) or "", str)}
+    cuttable = {
+        of
+        for of, parts in joined.items()
+        if "".join(parts) == (get(body, of) or "") and isinstance(get(body, of) or "", str)
+    }
     same = _index(body)
     shapes: list[dict[str, Any]] = []
     numbers: dict[str, int] = {}
@@ -86,8 +92,11 @@ def encode(chunks: Sequence[dict[str, Any]], body: dict[str, Any], texts: Texts,
                 lengths.append(len(text))
         holes = {tuple(c[0]) for c in cut}
         shape: dict[str, Any] = {}
-        seq = [list(p) for p in counters if get(chunk, p) == position
-               and not isinstance(get(chunk, p), bool)]
+        seq = [
+            list(p)
+            for p in counters
+            if get(chunk, p) == position and not isinstance(get(chunk, p), bool)
+        ]
         for path in seq:
             _set(skeleton, path, None)
         refs = list(_same_parts(skeleton, same, (), holes))
@@ -133,12 +142,16 @@ def _index(body: Any) -> dict[str, Path]:
     return found
 
 
-def _same_parts(value: Any, same: dict[str, Path], path: Path, holes: set[Path]
-                ) -> Iterator[tuple[Path, Path]]:
+def _same_parts(
+    value: Any, same: dict[str, Path], path: Path, holes: set[Path]
+) -> Iterator[tuple[Path, Path]]:
     """The parts of a chunk equal to a part of the body: (where in the chunk, where in the
     body), outermost first; a part with a text hole in it is not one."""
-    if path and isinstance(value, dict | list | str) and not any(
-            h[:len(path)] == path for h in holes):
+    if (
+        path
+        and isinstance(value, dict | list | str)
+        and not any(h[: len(path)] == path for h in holes)
+    ):
         where = same.get(_dumps(value))
         if where is not None:
             yield path, where
@@ -153,8 +166,10 @@ def _same_parts(value: Any, same: dict[str, Path], path: Path, holes: set[Path]
 
 def decode(encoded: dict[str, Any], body: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """The chunks :func:`encode` was given, rebuilt from its output and the same body."""
-    shapes = [(_dumps(s["chunk"]), s.get("cut", ()), s.get("same", ()), s.get("seq", ()))
-              for s in encoded["shapes"]]
+    shapes = [
+        (_dumps(s["chunk"]), s.get("cut", ()), s.get("same", ()), s.get("seq", ()))
+        for s in encoded["shapes"]
+    ]
     same_json: dict[tuple[str | int, ...], str] = {}
     cursors: dict[tuple[str | int, ...], int] = {}
     position = 0

@@ -27,18 +27,22 @@ def _details(usage: dict[str, Any], key: str, field: str) -> int:
 
 def _chat_usage(body: dict[str, Any]) -> Usage:
     u = body.get("usage") or {}
-    return Usage(input_tokens=_int(u.get("prompt_tokens")),
-                 output_tokens=_int(u.get("completion_tokens")),
-                 cached_tokens=_details(u, "prompt_tokens_details", "cached_tokens"),
-                 reasoning_tokens=_details(u, "completion_tokens_details", "reasoning_tokens"))
+    return Usage(
+        input_tokens=_int(u.get("prompt_tokens")),
+        output_tokens=_int(u.get("completion_tokens")),
+        cached_tokens=_details(u, "prompt_tokens_details", "cached_tokens"),
+        reasoning_tokens=_details(u, "completion_tokens_details", "reasoning_tokens"),
+    )
 
 
 def _responses_usage(body: dict[str, Any]) -> Usage:
     u = body.get("usage") or {}
-    return Usage(input_tokens=_int(u.get("input_tokens")),
-                 output_tokens=_int(u.get("output_tokens")),
-                 cached_tokens=_details(u, "input_tokens_details", "cached_tokens"),
-                 reasoning_tokens=_details(u, "output_tokens_details", "reasoning_tokens"))
+    return Usage(
+        input_tokens=_int(u.get("input_tokens")),
+        output_tokens=_int(u.get("output_tokens")),
+        cached_tokens=_details(u, "input_tokens_details", "cached_tokens"),
+        reasoning_tokens=_details(u, "output_tokens_details", "reasoning_tokens"),
+    )
 
 
 def _embeddings_usage(body: dict[str, Any]) -> Usage:
@@ -50,11 +54,16 @@ def _messages_usage(body: dict[str, Any]) -> Usage:
     # Anthropic counts cache reads and writes apart from input_tokens; Usage.input_tokens is
     # the whole prompt.
     u = body.get("usage") or {}
-    read, written = _int(u.get("cache_read_input_tokens")), _int(
-        u.get("cache_creation_input_tokens"))
-    return Usage(input_tokens=_int(u.get("input_tokens")) + read + written,
-                 output_tokens=_int(u.get("output_tokens")),
-                 cached_tokens=read, cache_write_tokens=written)
+    read, written = (
+        _int(u.get("cache_read_input_tokens")),
+        _int(u.get("cache_creation_input_tokens")),
+    )
+    return Usage(
+        input_tokens=_int(u.get("input_tokens")) + read + written,
+        output_tokens=_int(u.get("output_tokens")),
+        cached_tokens=read,
+        cache_write_tokens=written,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,14 +91,35 @@ class Endpoint:
         return client
 
 
-CHAT = Endpoint("openai.chat.completions.create", "openai", ("chat", "completions"),
-                "openai.types.chat:ChatCompletion", _chat_usage)
-RESPONSES = Endpoint("openai.responses.create", "openai", ("responses",),
-                     "openai.types.responses:Response", _responses_usage)
-EMBEDDINGS = Endpoint("openai.embeddings.create", "openai", ("embeddings",),
-                      "openai.types:CreateEmbeddingResponse", _embeddings_usage, streams=False)
-MESSAGES = Endpoint("anthropic.messages.create", "anthropic", ("messages",),
-                    "anthropic.types:Message", _messages_usage)
+CHAT = Endpoint(
+    "openai.chat.completions.create",
+    "openai",
+    ("chat", "completions"),
+    "openai.types.chat:ChatCompletion",
+    _chat_usage,
+)
+RESPONSES = Endpoint(
+    "openai.responses.create",
+    "openai",
+    ("responses",),
+    "openai.types.responses:Response",
+    _responses_usage,
+)
+EMBEDDINGS = Endpoint(
+    "openai.embeddings.create",
+    "openai",
+    ("embeddings",),
+    "openai.types:CreateEmbeddingResponse",
+    _embeddings_usage,
+    streams=False,
+)
+MESSAGES = Endpoint(
+    "anthropic.messages.create",
+    "anthropic",
+    ("messages",),
+    "anthropic.types:Message",
+    _messages_usage,
+)
 
 BY_PROVIDER: dict[str, tuple[Endpoint, ...]] = {
     "openai": (CHAT, RESPONSES, EMBEDDINGS),

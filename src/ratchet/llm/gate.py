@@ -36,8 +36,10 @@ if TYPE_CHECKING:
 ON_BELOW = ("approval", "retry", "fail", "branch")
 _FIELD = re.compile(r"field:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-JUDGE_PROMPT = ("Rate from 0 to 1 how likely this answer is correct and complete. Reply "
-                "with the number only.\n\nRequest:\n{request}\n\nAnswer:\n{answer}")
+JUDGE_PROMPT = (
+    "Rate from 0 to 1 how likely this answer is correct and complete. Reply "
+    "with the number only.\n\nRequest:\n{request}\n\nAnswer:\n{answer}"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,12 +62,11 @@ class Gate:
         if isinstance(t, bool) or not isinstance(t, int | float) or not 0 <= t <= 1:
             problems.append(f"threshold must be a number from 0 to 1, got {t!r}")
         if not isinstance(self.source, str) or not (
-                self.source in ("logprobs", "judge") or _FIELD.fullmatch(self.source)):
-            problems.append(f"source must be field:<name>, logprobs or judge, got "
-                            f"{self.source!r}")
+            self.source in ("logprobs", "judge") or _FIELD.fullmatch(self.source)
+        ):
+            problems.append(f"source must be field:<name>, logprobs or judge, got {self.source!r}")
         if self.on_below not in ON_BELOW:
-            problems.append(f"on_below must be one of {', '.join(ON_BELOW)}, got "
-                            f"{self.on_below!r}")
+            problems.append(f"on_below must be one of {', '.join(ON_BELOW)}, got {self.on_below!r}")
         if self.on_below == "retry" and not self.retry_model:
             problems.append("on_below: retry needs retry_model (the model to try instead)")
         if self.judge_prompt is not None and "{answer}" not in self.judge_prompt:
@@ -78,8 +79,7 @@ class Gate:
         """A gate from its JSON form (a graph ai-step's ``data.gate``)."""
         if not isinstance(data, dict):
             raise InvalidInput(f"invalid {what}: expected an object, got {data!r}")
-        known = {"threshold", "source", "on_below", "retry_model", "judge_model",
-                 "judge_prompt"}
+        known = {"threshold", "source", "on_below", "retry_model", "judge_model", "judge_prompt"}
         unknown = sorted(set(data) - known)
         if unknown:
             raise InvalidInput(f"invalid {what}: unknown field {', '.join(unknown)}")
@@ -106,8 +106,12 @@ def answer_text(body: dict[str, Any]) -> str:
         return str(body["choices"][0]["message"].get("content") or "")
     if "content" in body and isinstance(body["content"], list):
         return "".join(b.get("text", "") for b in body["content"] if b.get("type") == "text")
-    parts = [c.get("text", "") for item in body.get("output") or []
-             for c in item.get("content") or [] if c.get("type") == "output_text"]
+    parts = [
+        c.get("text", "")
+        for item in body.get("output") or []
+        for c in item.get("content") or []
+        if c.get("type") == "output_text"
+    ]
     return "".join(parts)
 
 
@@ -128,12 +132,15 @@ def logprob_score(body: dict[str, Any]) -> float | None:
     """The mean token probability of the answer, from the provider's logprobs."""
     tokens: list[Any] = []
     for choice in body.get("choices") or []:
-        tokens += ((choice.get("logprobs") or {}).get("content") or [])
+        tokens += (choice.get("logprobs") or {}).get("content") or []
     for item in body.get("output") or []:
         for c in item.get("content") or []:
             tokens += c.get("logprobs") or []
-    values = [t["logprob"] for t in tokens if isinstance(t, dict)
-              and isinstance(t.get("logprob"), int | float)]
+    values = [
+        t["logprob"]
+        for t in tokens
+        if isinstance(t, dict) and isinstance(t.get("logprob"), int | float)
+    ]
     if not values:
         return None
     return math.exp(sum(values) / len(values))
@@ -157,9 +164,16 @@ Call = Callable[[dict[str, Any]], Awaitable[tuple[str, dict[str, Any]]]]
 Judge = Callable[[str, str], Awaitable[tuple[str, dict[str, Any]]]]
 
 
-async def apply(ctx: RunContext, gate: Gate, step_id: str, body: dict[str, Any],
-                kwargs: dict[str, Any], retry: Call, judge: Judge,
-                retried: bool = False) -> Verdict:
+async def apply(
+    ctx: RunContext,
+    gate: Gate,
+    step_id: str,
+    body: dict[str, Any],
+    kwargs: dict[str, Any],
+    retry: Call,
+    judge: Judge,
+    retried: bool = False,
+) -> Verdict:
     """Gate the answer ``body`` of step ``step_id`` (called with ``kwargs``); ``retry``
     calls again (another LLM step), ``judge`` asks the judge (one too)."""
     journal = ctx.state.gates
@@ -167,8 +181,10 @@ async def apply(ctx: RunContext, gate: Gate, step_id: str, body: dict[str, Any],
     if not g.gate:
         if step_id not in journal:
             bypassed: dict[str, Any] = {
-                "key": step_id, "by": g.gate_bypass_by,
-                "reason": g.gate_bypass_reason or "gate disabled at start"}
+                "key": step_id,
+                "by": g.gate_bypass_by,
+                "reason": g.gate_bypass_reason or "gate disabled at start",
+            }
             if g.gate_bypass_note is not None:
                 bypassed["note"] = g.gate_bypass_note  # a name the client gave, beside "by"
             ctx.emit(EventKind.CONFIDENCE_GATE_BYPASSED, step_id, None, bypassed)
@@ -179,9 +195,18 @@ async def apply(ctx: RunContext, gate: Gate, step_id: str, body: dict[str, Any],
     else:
         score = await _score(gate, body, kwargs, judge)
         passed = score is not None and score >= gate.threshold
-        ctx.emit(EventKind.CONFIDENCE_EVALUATED, step_id, None, {
-            "key": step_id, "score": score, "threshold": gate.threshold, "passed": passed,
-            "source": gate.source})
+        ctx.emit(
+            EventKind.CONFIDENCE_EVALUATED,
+            step_id,
+            None,
+            {
+                "key": step_id,
+                "score": score,
+                "threshold": gate.threshold,
+                "passed": passed,
+                "source": gate.source,
+            },
+        )
     if passed or gate.on_below == "branch":
         return Verdict(score, passed, body)
     if gate.on_below == "retry" and not retried:
@@ -189,32 +214,54 @@ async def apply(ctx: RunContext, gate: Gate, step_id: str, body: dict[str, Any],
         again = {**kwargs, "model": gate.retry_model}
         retry_id, retry_body = await retry(again)
         return await apply(ctx, gate, retry_id, retry_body, again, retry, judge, True)
-    what = (f"step {step_id}: confidence {score if score is not None else 'unknown'} from "
-            f"{gate.source} is below the gate's threshold {gate.threshold:g}")
+    what = (
+        f"step {step_id}: confidence {score if score is not None else 'unknown'} from "
+        f"{gate.source} is below the gate's threshold {gate.threshold:g}"
+    )
     if gate.on_below == "approval":
-        decision = await approval(ctx, f"gate:{step_id}", {
-            "question": "take this answer?", "step_id": step_id, "score": score,
-            "threshold": gate.threshold, "source": gate.source}, None)
+        decision = await approval(
+            ctx,
+            f"gate:{step_id}",
+            {
+                "question": "take this answer?",
+                "step_id": step_id,
+                "score": score,
+                "threshold": gate.threshold,
+                "source": gate.source,
+            },
+            None,
+        )
         if decision.approved:
             key = f"override:{step_id}"
             if key not in journal:
-                ctx.emit(EventKind.CONFIDENCE_GATE_BYPASSED, step_id, None, {
-                    "key": key, "by": decision.by,
-                    "reason": decision.comment or "approved below the threshold"})
+                ctx.emit(
+                    EventKind.CONFIDENCE_GATE_BYPASSED,
+                    step_id,
+                    None,
+                    {
+                        "key": key,
+                        "by": decision.by,
+                        "reason": decision.comment or "approved below the threshold",
+                    },
+                )
             return Verdict(score, False, body)
         raise GateRejected(f"{what}; {decision.by} rejected the answer")
     raise GateRejected(what)
 
 
-async def _score(gate: Gate, body: dict[str, Any], kwargs: dict[str, Any],
-                 judge: Judge) -> float | None:
+async def _score(
+    gate: Gate, body: dict[str, Any], kwargs: dict[str, Any], judge: Judge
+) -> float | None:
     if gate.source == "logprobs":
         return logprob_score(body)
     if gate.source == "judge":
-        request = json.dumps({k: kwargs[k] for k in ("messages", "input", "system")
-                              if k in kwargs}, ensure_ascii=False)
-        prompt = (gate.judge_prompt or JUDGE_PROMPT).format(request=request,
-                                                           answer=answer_text(body))
+        request = json.dumps(
+            {k: kwargs[k] for k in ("messages", "input", "system") if k in kwargs},
+            ensure_ascii=False,
+        )
+        prompt = (gate.judge_prompt or JUDGE_PROMPT).format(
+            request=request, answer=answer_text(body)
+        )
         _, judged = await judge(gate.judge_model or str(kwargs.get("model")), prompt)
         return judge_score(answer_text(judged))
     return field_score(body, gate.source.removeprefix("field:"))

@@ -50,10 +50,13 @@ class Usage:
     reasoning_tokens: int = 0
 
     def as_json(self) -> dict[str, int]:
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
-                "cached_tokens": self.cached_tokens,
-                "cache_write_tokens": self.cache_write_tokens,
-                "reasoning_tokens": self.reasoning_tokens}
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "reasoning_tokens": self.reasoning_tokens,
+        }
 
 
 _table: dict[str, Price] | None = None
@@ -71,8 +74,10 @@ def _parse(data: Any, source: str) -> dict[str, Price]:
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            raise ConfigError(f"price table {source}: model {model!r}: {first['msg']}"
-                              f"{f' at {where}' if where else ''}") from None
+            raise ConfigError(
+                f"price table {source}: model {model!r}: {first['msg']}"
+                f"{f' at {where}' if where else ''}"
+            ) from None
     return table
 
 
@@ -89,8 +94,9 @@ def _read(path: Path) -> dict[str, Price]:
         else:
             data = json.loads(text)
     except ValueError as e:  # json.JSONDecodeError and yaml.YAMLError's parse errors
-        raise ConfigError(f"price table {path}: not valid {path.suffix[1:] or 'JSON'}: {e}"
-                          ) from None
+        raise ConfigError(
+            f"price table {path}: not valid {path.suffix[1:] or 'JSON'}: {e}"
+        ) from None
     return _parse(data, str(path))
 
 
@@ -134,8 +140,10 @@ def cost_usd(model: str | None, usage: Usage) -> float | None:
     cached = usage.cached_tokens
     written = usage.cache_write_tokens
     fresh = max(0, usage.input_tokens - cached - written)
-    total = (fresh * price.input
-             + cached * (price.cached_input if price.cached_input is not None else price.input)
-             + written * (price.cache_write if price.cache_write is not None else price.input)
-             + usage.output_tokens * price.output)
+    total = (
+        fresh * price.input
+        + cached * (price.cached_input if price.cached_input is not None else price.input)
+        + written * (price.cache_write if price.cache_write is not None else price.input)
+        + usage.output_tokens * price.output
+    )
     return round(total / 1_000_000, 10)

@@ -33,8 +33,11 @@ _clients: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 
 def site_of(frame: FrameType | None) -> str:
     """The site of a client being made by the code running in ``frame``."""
-    where = "<unknown>:0" if frame is None else (
-        f"{os.path.realpath(frame.f_code.co_filename)}:{frame.f_lineno}")
+    where = (
+        "<unknown>:0"
+        if frame is None
+        else (f"{os.path.realpath(frame.f_code.co_filename)}:{frame.f_lineno}")
+    )
     _made[where] = n = _made.get(where, 0) + 1
     return f"{where}#{n}"
 
@@ -53,9 +56,11 @@ def call_at(site: str, name: str) -> Any:
             f"this worker has no wrapped client made at {site}: an isolated run's model "
             "calls are made by its worker, with the client the worker's own import of the "
             "app made there (make wrapped clients at module level, not inside a workflow "
-            "or a step)")
+            "or a step)"
+        )
     call = client.calls.get(name)
     if call is None:
-        raise ValueRefused(f"the wrapped client made at {site} ({client.provider}) has no "
-                           f"model call {name}")
+        raise ValueRefused(
+            f"the wrapped client made at {site} ({client.provider}) has no model call {name}"
+        )
     return call

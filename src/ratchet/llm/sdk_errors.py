@@ -38,8 +38,13 @@ def as_llm_error(provider: str, e: Exception) -> Exception:
     request_id = getattr(e, "request_id", None)
     message = f"{provider} {status} {name}: {_provider_message(e)}"
     cls = LLMError if status in _RETRIED_STATUSES or status >= 500 else LLMRequestError
-    return cls(message, provider=provider, status_code=status,
-               retry_after_s=_retry_after(headers), request_id=request_id)
+    return cls(
+        message,
+        provider=provider,
+        status_code=status,
+        retry_after_s=_retry_after(headers),
+        request_id=request_id,
+    )
 
 
 def _provider_message(e: Any) -> str:

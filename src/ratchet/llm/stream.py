@@ -45,16 +45,25 @@ class DurableStream:
     for``) as the SDK's stream, optionally inside ``async with``; ``aclose()`` (or
     ``close()``) ends it early."""
 
-    def __init__(self, ctx: RunContext, sd: StepDef, endpoint: Endpoint,
-                 kwargs: dict[str, Any], step_id: str, journaled: StepState | None,
-                 started: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        sd: StepDef,
+        endpoint: Endpoint,
+        kwargs: dict[str, Any],
+        step_id: str,
+        journaled: StepState | None,
+        started: dict[str, Any],
+    ) -> None:
         kwargs = dict(kwargs)
         # OpenAI chat reports usage in a last chunk only when asked; it is asked for here,
         # so that the journal has it, and that chunk reaches the caller only if they asked.
         hide_usage = False
         if endpoint is CHAT and not (kwargs.get("stream_options") or {}).get("include_usage"):
-            kwargs["stream_options"] = {**(kwargs.get("stream_options") or {}),
-                                        "include_usage": True}
+            kwargs["stream_options"] = {
+                **(kwargs.get("stream_options") or {}),
+                "include_usage": True,
+            }
             hide_usage = True
         self._live = _Live(ctx, sd, endpoint, kwargs, step_id, journaled, started, hide_usage)
         self._iterating = False
@@ -104,9 +113,17 @@ class _Live:
     """One stream's step: started on the first read, held open (``RunContext.hold``) while
     the workflow reads it, ended by :meth:`end`."""
 
-    def __init__(self, ctx: RunContext, sd: StepDef, endpoint: Endpoint,
-                 kwargs: dict[str, Any], step_id: str, journaled: StepState | None,
-                 started: dict[str, Any], hide_usage: bool) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        sd: StepDef,
+        endpoint: Endpoint,
+        kwargs: dict[str, Any],
+        step_id: str,
+        journaled: StepState | None,
+        started: dict[str, Any],
+        hide_usage: bool,
+    ) -> None:
         self.ctx, self.sd, self.endpoint, self.kwargs = ctx, sd, endpoint, kwargs
         self.step_id, self.journaled, self.started = step_id, journaled, started
         self.hide_usage = hide_usage
@@ -150,9 +167,11 @@ class _Live:
     def _start(self) -> None:
         # The step's task runs in a copy of the workflow's context taken now, before the
         # stream is held: its own step boundary does not end it.
-        self._task = asyncio.ensure_future(self.ctx.run_step(
-            self.sd, (self.sink,), dict(self.kwargs), self.step_id, self.journaled,
-            self.started))
+        self._task = asyncio.ensure_future(
+            self.ctx.run_step(
+                self.sd, (self.sink,), dict(self.kwargs), self.step_id, self.journaled, self.started
+            )
+        )
         self._task.add_done_callback(self._done)
         if self.journaled is None or self.journaled.status != "completed":
             self.ctx.hold(self)
@@ -171,7 +190,8 @@ class _Live:
         else:  # journaled by a Ratchet that kept the response alone
             self._journaled_chunks = deque(
                 c.to_dict() if hasattr(c, "to_dict") else dict(c)
-                for c in canonical(self.endpoint, output, usage=True))
+                for c in canonical(self.endpoint, output, usage=True)
+            )
 
     def wake(self) -> None:
         waiter = self._waiter
@@ -264,8 +284,10 @@ class Sink:
                 if not self.count:
                     raise  # nothing arrived: the step's retry policy decides
                 error = as_llm_error(self._live.endpoint.provider, e)
-                self.error = (f"{self._live.endpoint.name}: the stream broke after "
-                              f"{self.count} chunks: {type(error).__name__}: {error}")
+                self.error = (
+                    f"{self._live.endpoint.name}: the stream broke after "
+                    f"{self.count} chunks: {type(error).__name__}: {error}"
+                )
         finally:
             if not self.complete:
                 with contextlib.suppress(Exception):
@@ -291,7 +313,8 @@ class Sink:
         out: dict[str, Any] = {
             "response": body,
             "chunks": chunks.encode(self._chunks, body, assembler.texts, assembler.counters),
-            "complete": self.complete and self.error is None}
+            "complete": self.complete and self.error is None,
+        }
         if self.error is not None:
             out["error"] = self.error
         return out
@@ -305,11 +328,16 @@ class Sink:
             return None
         reported = self._live.endpoint.usage(body)
         prompt, _ = worst_case((), {**kwargs, "max_tokens": 0})
-        chars = sum(len(str(text)) for d in self._chunks
-                    for where, _of in self._assembler.texts(d)
-                    if isinstance(text := chunks.get(d, where), str))
-        return Usage(input_tokens=reported.input_tokens or prompt,
-                     output_tokens=max(reported.output_tokens, -(-chars // CHARS_PER_TOKEN)),
-                     cached_tokens=reported.cached_tokens,
-                     cache_write_tokens=reported.cache_write_tokens,
-                     reasoning_tokens=reported.reasoning_tokens)
+        chars = sum(
+            len(str(text))
+            for d in self._chunks
+            for where, _of in self._assembler.texts(d)
+            if isinstance(text := chunks.get(d, where), str)
+        )
+        return Usage(
+            input_tokens=reported.input_tokens or prompt,
+            output_tokens=max(reported.output_tokens, -(-chars // CHARS_PER_TOKEN)),
+            cached_tokens=reported.cached_tokens,
+            cache_write_tokens=reported.cache_write_tokens,
+            reasoning_tokens=reported.reasoning_tokens,
+        )

@@ -32,19 +32,29 @@ RISKS = ("low", "medium", "high", "critical")
 class ToolDef:
     """A declared tool: its step, its description and risk, and its argument schema."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, *, risk: str = "low",
-                 timeout_s: float | None = None, retry: Retry = NO_RETRY,
-                 idempotency_key: Callable[[StepKey], str] | None = None,
-                 description: str | None = None, requires_approval: bool = False) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str,
+        *,
+        risk: str = "low",
+        timeout_s: float | None = None,
+        retry: Retry = NO_RETRY,
+        idempotency_key: Callable[[StepKey], str] | None = None,
+        description: str | None = None,
+        requires_approval: bool = False,
+    ) -> None:
         if risk not in RISKS:
-            raise InvalidInput(f"tool {name}: risk must be one of {', '.join(RISKS)}, "
-                               f"got {risk!r}")
+            raise InvalidInput(f"tool {name}: risk must be one of {', '.join(RISKS)}, got {risk!r}")
         if idempotency_key is not None and not callable(idempotency_key):
-            raise InvalidInput(f"tool {name}: idempotency_key must be a function of the step "
-                               f"(c.run_id, c.step_id, c.attempt), got {idempotency_key!r}")
+            raise InvalidInput(
+                f"tool {name}: idempotency_key must be a function of the step "
+                f"(c.run_id, c.step_id, c.attempt), got {idempotency_key!r}"
+            )
         if not isinstance(requires_approval, bool):
-            raise InvalidInput(f"tool {name}: requires_approval must be True or False, got "
-                               f"{requires_approval!r}")
+            raise InvalidInput(
+                f"tool {name}: requires_approval must be True or False, got {requires_approval!r}"
+            )
         self.fn = fn
         self.name = name
         self.risk = risk
@@ -52,8 +62,9 @@ class ToolDef:
         self.requires_approval = requires_approval or risk == "critical"
         self.description = (description or inspect.getdoc(fn) or name).strip()
         self.signature = inspect.signature(fn)
-        self.step = StepDef(fn, name, retry, timeout_s, kind="tool", key=idempotency_key,
-                            announce=self._announce)
+        self.step = StepDef(
+            fn, name, retry, timeout_s, kind="tool", key=idempotency_key, announce=self._announce
+        )
         self._model: type[BaseModel] | None = None
 
     def args_model(self) -> type[BaseModel]:
@@ -65,8 +76,9 @@ class ToolDef:
             fields: dict[str, Any] = {}
             for p in self.signature.parameters.values():
                 if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-                    raise InvalidInput(f"tool {self.name}: *args and **kwargs have no schema; "
-                                       "name each parameter")
+                    raise InvalidInput(
+                        f"tool {self.name}: *args and **kwargs have no schema; name each parameter"
+                    )
                 default = ... if p.default is p.empty else p.default
                 fields[p.name] = (hints.get(p.name, Any), default)
             self._model = create_model(f"{self.name}_arguments", **fields)
@@ -79,12 +91,17 @@ class ToolDef:
         return schema
 
     def openai_tool(self) -> dict[str, Any]:
-        return {"type": "function", "function": {
-            "name": self.name, "description": self.description, "parameters": self.schema()}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.schema(),
+            },
+        }
 
     def anthropic_tool(self) -> dict[str, Any]:
-        return {"name": self.name, "description": self.description,
-                "input_schema": self.schema()}
+        return {"name": self.name, "description": self.description, "input_schema": self.schema()}
 
     def bind(self, arguments: Mapping[str, Any]) -> dict[str, Any]:
         """Validated keyword arguments from a model's JSON arguments, or
@@ -96,8 +113,10 @@ class ToolDef:
         except pydantic.ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
-            raise InvalidInput(f"invalid arguments for tool {self.name}: {first['msg']}"
-                               f"{f' at {where}' if where else ''}") from None
+            raise InvalidInput(
+                f"invalid arguments for tool {self.name}: {first['msg']}"
+                f"{f' at {where}' if where else ''}"
+            ) from None
         return {name: getattr(model, name) for name in self.signature.parameters}
 
     def arguments(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -105,16 +124,20 @@ class ToolDef:
         try:
             bound = self.signature.bind(*args, **kwargs).arguments
             arguments: dict[str, Any] = json.loads(
-                to_json(dict(bound), f"the arguments of tool {self.name}"))
+                to_json(dict(bound), f"the arguments of tool {self.name}")
+            )
         except Exception:
             arguments = {"repr": repr((args, kwargs))[:1000]}
         return arguments
 
-    def _announce(self, args: tuple[Any, ...], kwargs: dict[str, Any]
-                  ) -> tuple[str, dict[str, Any]]:
-        return EventKind.TOOL_CALLED, {"name": self.name,
-                                       "arguments": self.arguments(args, kwargs),
-                                       "risk": self.risk}
+    def _announce(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        return EventKind.TOOL_CALLED, {
+            "name": self.name,
+            "arguments": self.arguments(args, kwargs),
+            "risk": self.risk,
+        }
 
 
 def make_tool(fn: Callable[..., Any], name: str | None, **options: Any) -> Any:
@@ -130,8 +153,9 @@ def make_tool(fn: Callable[..., Any], name: str | None, **options: Any) -> Any:
         if td.requires_approval:
             from ratchet.engine.approvals import approve_then_call
 
-            return approve_then_call(ctx, td.step, td.name, td.arguments(args, kwargs),
-                                     args, kwargs)
+            return approve_then_call(
+                ctx, td.step, td.name, td.arguments(args, kwargs), args, kwargs
+            )
         return ctx.call_step(td.step, args, kwargs)
 
     call.__ratchet_step__ = td.step  # type: ignore[attr-defined]

@@ -22,8 +22,7 @@ _PROMPT = ("messages", "input", "system", "instructions", "tools", "prompt")
 
 def worst_case(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, float | None]:
     """(tokens, USD or None for an unpriced model) the call may spend at most."""
-    limit = next((kwargs[k] for k in _LIMITS if isinstance(kwargs.get(k), int)),
-                 UNBOUNDED_OUTPUT)
+    limit = next((kwargs[k] for k in _LIMITS if isinstance(kwargs.get(k), int)), UNBOUNDED_OUTPUT)
     try:
         prompt = dumps({k: kwargs[k] for k in _PROMPT if k in kwargs})
     except (TypeError, ValueError):

@@ -50,23 +50,27 @@ attempts, 1 s then 2 s apart (longer when the provider's ``retry-after`` says so
 _REQUEST_ID_HEADERS = {"openai": "x-request-id", "anthropic": "request-id"}
 
 
-def wrap(client: C, *, retry: Retry | Mapping[str, Any] | None = None,
-         timeout_s: float | None = None) -> C:
+def wrap(
+    client: C, *, retry: Retry | Mapping[str, Any] | None = None, timeout_s: float | None = None
+) -> C:
     """A durable stand-in for an async ``openai`` or ``anthropic`` client. ``retry`` is the
     LLM steps' policy (default :data:`DEFAULT_RETRY`); ``timeout_s`` bounds each attempt
     (the SDK's own timeout applies too)."""
     provider = _provider_of(client)
     policy = as_policy(retry, DEFAULT_RETRY)
-    return cast(C, DurableClient(client, provider, policy, timeout_s,
-                                 routing.site_of(sys._getframe(1))))
+    return cast(
+        C, DurableClient(client, provider, policy, timeout_s, routing.site_of(sys._getframe(1)))
+    )
 
 
 def _provider_of(client: Any) -> str:
     cls = type(client)
     provider = cls.__module__.split(".")[0]
     if provider not in BY_PROVIDER:
-        raise InvalidInput(f"ratchet.llm.wrap: {cls.__module__}.{cls.__qualname__} is not an "
-                           "openai or anthropic client")
+        raise InvalidInput(
+            f"ratchet.llm.wrap: {cls.__module__}.{cls.__qualname__} is not an "
+            "openai or anthropic client"
+        )
     # The class names an SDK that may not be importable here (a stub, a pickled client):
     # say which extra brings it rather than failing inside importlib.
     require(f"ratchet.llm.wrap({cls.__qualname__})", provider)
@@ -76,9 +80,12 @@ def _provider_of(client: Any) -> str:
     if isinstance(client, base.SyncAPIClient):
         raise InvalidInput(
             f"ratchet.llm.wrap: {provider}.{cls.__name__} is synchronous, and workflows are "
-            f"async: wrap {provider}.Async{cls.__name__}(...) instead")
-    raise InvalidInput(f"ratchet.llm.wrap: {cls.__module__}.{cls.__qualname__} is not an "
-                       "openai or anthropic client")
+            f"async: wrap {provider}.Async{cls.__name__}(...) instead"
+        )
+    raise InvalidInput(
+        f"ratchet.llm.wrap: {cls.__module__}.{cls.__qualname__} is not an "
+        "openai or anthropic client"
+    )
 
 
 class _Proxy:
@@ -99,14 +106,21 @@ class _Proxy:
 class DurableClient(_Proxy):
     """What :func:`wrap` returns: the client, with its model calls made durable."""
 
-    def __init__(self, client: Any, provider: str, retry: Retry,
-                 timeout_s: float | None, site: str = "") -> None:
+    def __init__(
+        self, client: Any, provider: str, retry: Retry, timeout_s: float | None, site: str = ""
+    ) -> None:
         bare = client.with_options(max_retries=0)  # the step's policy is the only retry
         tree: dict[str, Any] = {}
         calls: dict[str, DurableCall] = {}
         for endpoint in BY_PROVIDER[provider]:
-            call = DurableCall(endpoint, endpoint.resource(client), endpoint.resource(bare),
-                               retry, timeout_s, connections.http_client_of(bare))
+            call = DurableCall(
+                endpoint,
+                endpoint.resource(client),
+                endpoint.resource(bare),
+                retry,
+                timeout_s,
+                connections.http_client_of(bare),
+            )
             call.site = site
             calls[endpoint.name] = call
             node = tree
@@ -148,19 +162,41 @@ def _encode(answer: Answer) -> tuple[Any, dict[str, Any]]:
 class DurableCall:
     """One durable ``create``."""
 
-    def __init__(self, endpoint: Endpoint, plain: Any, bare: Any, retry: Retry,
-                 timeout_s: float | None, http: Any = None) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        plain: Any,
+        bare: Any,
+        retry: Retry,
+        timeout_s: float | None,
+        http: Any = None,
+    ) -> None:
         self.endpoint = endpoint
         self.site = ""  # where its client was made (see ratchet.llm.routing)
         self._http = http  # its SDK client's HTTP client, whose connections a loop owns
         self._plain = plain.create
         self._raw = bare.with_raw_response.create
         self._bare = bare.create
-        self.step = StepDef(self._send, endpoint.name, retry, timeout_s, kind="llm",
-                            encode=_encode, decode=endpoint.revive, worst_case=worst_case)
-        self.stream_step = StepDef(self._send_stream, endpoint.name, retry, timeout_s,
-                                   kind="llm", encode=_encode, decode=lambda body: body,
-                                   worst_case=worst_case)
+        self.step = StepDef(
+            self._send,
+            endpoint.name,
+            retry,
+            timeout_s,
+            kind="llm",
+            encode=_encode,
+            decode=endpoint.revive,
+            worst_case=worst_case,
+        )
+        self.stream_step = StepDef(
+            self._send_stream,
+            endpoint.name,
+            retry,
+            timeout_s,
+            kind="llm",
+            encode=_encode,
+            decode=lambda body: body,
+            worst_case=worst_case,
+        )
         self.body_step = dataclasses.replace(self.step, decode=lambda body: body)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
@@ -169,31 +205,42 @@ class DurableCall:
         if ctx is None:  # the plain SDK call: nothing is journaled, nothing to gate
             return cast(Awaitable[Any], self._plain(*args, **kwargs))
         if args:
-            raise InvalidInput(f"{self.endpoint.name}: pass its arguments by keyword, as the "
-                               "SDK does")
+            raise InvalidInput(
+                f"{self.endpoint.name}: pass its arguments by keyword, as the SDK does"
+            )
         started = {"provider": self.endpoint.provider, "model": kwargs.get("model")}
         if routing.route is not None and (gate is not None or kwargs.get("stream")):
-            raise NotIsolatable(f"{self.endpoint.name}: a confidence gate or a stream is not "
-                                "available in the isolated tier; call it plainly there")
+            raise NotIsolatable(
+                f"{self.endpoint.name}: a confidence gate or a stream is not "
+                "available in the isolated tier; call it plainly there"
+            )
         if gate is not None:
             checked = check_gate(gate, self.endpoint, kwargs)
             # The call's ordinal is taken now, at call time, as for an ungated call.
-            return self._gated(ctx, checked, kwargs, started,
-                               ctx.next_step(self.endpoint.name))
+            return self._gated(ctx, checked, kwargs, started, ctx.next_step(self.endpoint.name))
         if kwargs.get("stream") and self.endpoint.streams:
             step_id, journaled = ctx.next_step(self.endpoint.name)
-            stream = DurableStream(ctx, self.stream_step, self.endpoint, kwargs, step_id,
-                                   journaled, started)
+            stream = DurableStream(
+                ctx, self.stream_step, self.endpoint, kwargs, step_id, journaled, started
+            )
             return _ready(stream)
         return ctx.call_step(self.step, (), kwargs, started)
 
-    async def _gated(self, ctx: RunContext, gate: Gate, kwargs: dict[str, Any],
-                     started: dict[str, Any], first: tuple[str, StepState | None]) -> Any:
-        async def call(kw: dict[str, Any], taken: tuple[str, StepState | None] | None = None
-                       ) -> tuple[str, dict[str, Any]]:
+    async def _gated(
+        self,
+        ctx: RunContext,
+        gate: Gate,
+        kwargs: dict[str, Any],
+        started: dict[str, Any],
+        first: tuple[str, StepState | None],
+    ) -> Any:
+        async def call(
+            kw: dict[str, Any], taken: tuple[str, StepState | None] | None = None
+        ) -> tuple[str, dict[str, Any]]:
             step_id, journaled = taken or ctx.next_step(self.endpoint.name)
-            body = await ctx.run_step(self.body_step, (), kw, step_id, journaled,
-                                      {**started, "model": kw.get("model")})
+            body = await ctx.run_step(
+                self.body_step, (), kw, step_id, journaled, {**started, "model": kw.get("model")}
+            )
             return step_id, body
 
         async def judge(model: str, prompt: str) -> tuple[str, dict[str, Any]]:
@@ -244,19 +291,30 @@ class DurableCall:
         except Exception as e:
             raise as_llm_error(self.endpoint.provider, e) from e
         body = sink.body()
-        return Answer(sink.output(body), self.meta(body, kwargs, began, request_id,
-                                                   sink.usage(body, kwargs)))
+        return Answer(
+            sink.output(body), self.meta(body, kwargs, began, request_id, sink.usage(body, kwargs))
+        )
 
-    def meta(self, body: dict[str, Any], kwargs: dict[str, Any], began: float,
-             request_id: str | None, estimated: Usage | None = None) -> dict[str, Any]:
+    def meta(
+        self,
+        body: dict[str, Any],
+        kwargs: dict[str, Any],
+        began: float,
+        request_id: str | None,
+        estimated: Usage | None = None,
+    ) -> dict[str, Any]:
         """The llm meta of a call: its usage as the body reports it, or ``estimated``
         where the provider did not report all of it (``usage_estimated``)."""
         usage = estimated or self.endpoint.usage(body)
         model = body.get("model") or kwargs.get("model")
-        meta = {"provider": self.endpoint.provider, "model": model,
-                "usage": usage.as_json(), "cost_usd": cost_usd(model, usage),
-                "latency_ms": round((time.perf_counter() - began) * 1000, 3),
-                "request_id": request_id}
+        meta = {
+            "provider": self.endpoint.provider,
+            "model": model,
+            "usage": usage.as_json(),
+            "cost_usd": cost_usd(model, usage),
+            "latency_ms": round((time.perf_counter() - began) * 1000, 3),
+            "request_id": request_id,
+        }
         if estimated is not None:
             meta["usage_estimated"] = True
         return meta
@@ -265,14 +323,17 @@ class DurableCall:
 def check_gate(gate: Any, endpoint: Endpoint, kwargs: dict[str, Any]) -> Gate:
     """``gate`` if it can gate this call, else :class:`InvalidInput` saying why."""
     if not isinstance(gate, Gate):
-        raise InvalidInput(f"{endpoint.name}: ratchet_gate must be a ratchet.Gate, got "
-                           f"{gate!r}")
+        raise InvalidInput(f"{endpoint.name}: ratchet_gate must be a ratchet.Gate, got {gate!r}")
     if not endpoint.streams or kwargs.get("stream"):
-        raise InvalidInput(f"{endpoint.name}: a confidence gate needs a whole answer: not "
-                           "an embedding, nor a stream")
+        raise InvalidInput(
+            f"{endpoint.name}: a confidence gate needs a whole answer: not "
+            "an embedding, nor a stream"
+        )
     if gate.on_below == "branch":
-        raise InvalidInput(f"{endpoint.name}: on_below='branch' is for graph ai-steps; in "
-                           "code, use on_below='fail' and catch ratchet.GateRejected")
+        raise InvalidInput(
+            f"{endpoint.name}: on_below='branch' is for graph ai-steps; in "
+            "code, use on_below='fail' and catch ratchet.GateRejected"
+        )
     return gate
 
 
@@ -280,8 +341,7 @@ def judge_call(endpoint: Endpoint, model: str, prompt: str) -> dict[str, Any]:
     """The arguments of a judge's call on ``endpoint``: ``prompt`` as the user's message,
     a short answer."""
     if endpoint.provider == "anthropic":
-        return {"model": model, "max_tokens": 16,
-                "messages": [{"role": "user", "content": prompt}]}
+        return {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]}
     if endpoint.path == ("responses",):
         return {"model": model, "input": prompt, "max_output_tokens": 16}
     return {"model": model, "max_tokens": 16, "messages": [{"role": "user", "content": prompt}]}

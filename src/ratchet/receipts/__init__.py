@@ -7,5 +7,15 @@ from ratchet.receipts.envelope import PAYLOAD_TYPE, PREDICATE_TYPE, sign, statem
 from ratchet.receipts.keys import Signer, load_public_key, load_signer
 from ratchet.receipts.verify import VerificationFailed, Verified, verify
 
-__all__ = ["PAYLOAD_TYPE", "PREDICATE_TYPE", "Signer", "VerificationFailed", "Verified",
-           "load_public_key", "load_signer", "sign", "statement", "verify"]
+__all__ = [
+    "PAYLOAD_TYPE",
+    "PREDICATE_TYPE",
+    "Signer",
+    "VerificationFailed",
+    "Verified",
+    "load_public_key",
+    "load_signer",
+    "sign",
+    "statement",
+    "verify",
+]

@@ -66,8 +66,7 @@ def statement(record: RunRecord, state: RunState, key_id: str) -> dict[str, Any]
 def sign(signer: Signer, record: RunRecord, state: RunState) -> dict[str, Any]:
     """The DSSE envelope of the run's receipt."""
     key = signer.key_id
-    body = json.dumps(statement(record, state, key), separators=(",", ":"),
-                      sort_keys=True).encode()
+    body = json.dumps(statement(record, state, key), separators=(",", ":"), sort_keys=True).encode()
     sig = signer.sign(pae(PAYLOAD_TYPE, body))
     return {
         "payloadType": PAYLOAD_TYPE,

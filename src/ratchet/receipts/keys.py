@@ -32,8 +32,9 @@ def key_id(public: Ed25519PublicKey) -> str:
 
 
 def public_pem(public: Ed25519PublicKey) -> str:
-    return public.public_bytes(serialization.Encoding.PEM,
-                               serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return public.public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    ).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +82,15 @@ def _load_private(path: Path, source: str) -> Ed25519PrivateKey:
     try:
         data = path.read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read the signing key {str(path)!r} ({source}): "
-                          f"{e.strerror or e}") from e
+        raise ConfigError(
+            f"cannot read the signing key {str(path)!r} ({source}): {e.strerror or e}"
+        ) from e
     try:
         key = serialization.load_pem_private_key(data, password=None)
     except (ValueError, TypeError, UnsupportedAlgorithm) as e:
-        raise ConfigError(f"the signing key {str(path)!r} ({source}) is not an unencrypted "
-                          f"PEM private key: {e}") from e
+        raise ConfigError(
+            f"the signing key {str(path)!r} ({source}) is not an unencrypted PEM private key: {e}"
+        ) from e
     if not isinstance(key, Ed25519PrivateKey):
         raise ConfigError(f"the signing key {str(path)!r} ({source}) is not an Ed25519 key")
     return key
@@ -97,8 +100,8 @@ def _generate(path: Path) -> None:
     """Write a new key to ``path`` unless a file is there already (then keep that one)."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # the data directory
     pem = Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption())
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
     fd, tmp = tempfile.mkstemp(prefix=".signing_key.", dir=path.parent)  # mode 0600
     try:
         with os.fdopen(fd, "wb") as f:

@@ -23,8 +23,10 @@ def check_chain(run_id: str, events: list[Event]) -> None:
     prev = GENESIS_HASH
     for n, ev in enumerate(events, start=1):
         if ev.seq != n or ev.prev_hash != prev or not ev.verify():
-            raise ChainBroken(f"the stored journal of run {run_id} fails its hash chain at "
-                              f"seq {n}: no receipt is signed over it")
+            raise ChainBroken(
+                f"the stored journal of run {run_id} fails its hash chain at "
+                f"seq {n}: no receipt is signed over it"
+            )
         prev = ev.hash
 
 
@@ -34,11 +36,12 @@ async def sign_from_journal(store: Store, signer: Signer, rec: RunRecord) -> Sto
     check_chain(rec.run_id, events)
     state = fold(rec.run_id, events)
     if not state.status.terminal:
-        raise RunNotFinished(f"run {rec.run_id} has not finished (its journal ends "
-                             f"{state.status}): a receipt is signed when it ends")
+        raise RunNotFinished(
+            f"run {rec.run_id} has not finished (its journal ends "
+            f"{state.status}): a receipt is signed when it ends"
+        )
     envelope = sign(signer, rec, state)
-    return await retention.put_receipt(store, rec.run_id, state.last_seq, signer.key_id,
-                                       envelope)
+    return await retention.put_receipt(store, rec.run_id, state.last_seq, signer.key_id, envelope)
 
 
 async def ensure_receipt(store: Store, signer: Signer, run_id: str) -> StoredReceipt:
@@ -48,8 +51,9 @@ async def ensure_receipt(store: Store, signer: Signer, run_id: str) -> StoredRec
     if rec is None:
         raise UnknownRun(f"unknown run id {run_id!r}")
     if not rec.status.terminal:
-        raise RunNotFinished(f"run {run_id} has not finished (status {rec.status}): a "
-                             "receipt is signed when it ends")
+        raise RunNotFinished(
+            f"run {run_id} has not finished (status {rec.status}): a receipt is signed when it ends"
+        )
     stored = await retention.get_receipt(store, run_id)
     if await retention.pruned_at(store, run_id) is not None:
         if stored is None:

@@ -58,8 +58,9 @@ def _b64(text: Any, what: str) -> bytes:
 def check_signature(envelope: Any, public: Ed25519PublicKey) -> dict[str, Any]:
     """The envelope's statement, once a signature by ``public`` verifies over it."""
     if not isinstance(envelope, dict) or envelope.get("payloadType") != PAYLOAD_TYPE:
-        raise VerificationFailed(f"not a receipt: expected a DSSE envelope with payloadType "
-                                 f"{PAYLOAD_TYPE}")
+        raise VerificationFailed(
+            f"not a receipt: expected a DSSE envelope with payloadType {PAYLOAD_TYPE}"
+        )
     body = _b64(envelope.get("payload"), "payload")
     signatures = envelope.get("signatures")
     if not isinstance(signatures, list) or not signatures:
@@ -77,17 +78,22 @@ def check_signature(envelope: Any, public: Ed25519PublicKey) -> dict[str, Any]:
     else:
         ids = ", ".join(str(s.get("keyid")) for s in signatures if isinstance(s, dict))
         if expected not in ids:
-            raise VerificationFailed(f"wrong key: the receipt was signed by key {ids}, "
-                                     f"not by the given key {expected}")
+            raise VerificationFailed(
+                f"wrong key: the receipt was signed by key {ids}, not by the given key {expected}"
+            )
         raise VerificationFailed("bad signature: the receipt was changed after it was signed")
     try:
         stmt = json.loads(body)
     except ValueError as e:
         raise VerificationFailed("the receipt's payload is not JSON") from e
-    if (not isinstance(stmt, dict) or stmt.get("_type") != STATEMENT_TYPE
-            or stmt.get("predicateType") != PREDICATE_TYPE):
-        raise VerificationFailed(f"the receipt's payload is not an in-toto statement of type "
-                                 f"{PREDICATE_TYPE}")
+    if (
+        not isinstance(stmt, dict)
+        or stmt.get("_type") != STATEMENT_TYPE
+        or stmt.get("predicateType") != PREDICATE_TYPE
+    ):
+        raise VerificationFailed(
+            f"the receipt's payload is not an in-toto statement of type {PREDICATE_TYPE}"
+        )
     return stmt
 
 
@@ -103,9 +109,16 @@ def _claims(stmt: dict[str, Any]) -> tuple[str, str, int, dict[str, Any]]:
 
 
 _FIELDS: dict[str, tuple[type, ...]] = {
-    "run_id": (str,), "seq": (int,), "kind": (str,), "step_id": (str, type(None)),
-    "attempt": (int, type(None)), "payload": (dict,), "at": (int, float),
-    "prev_hash": (str,), "hash": (str,)}
+    "run_id": (str,),
+    "seq": (int,),
+    "kind": (str,),
+    "step_id": (str, type(None)),
+    "attempt": (int, type(None)),
+    "payload": (dict,),
+    "at": (int, float),
+    "prev_hash": (str,),
+    "hash": (str,),
+}
 
 
 class _DuplicateKey(ValueError):
@@ -128,8 +141,9 @@ def _event(line: str, number: int) -> Event:
     try:
         d = json.loads(line, object_pairs_hook=_unique)
     except _DuplicateKey as e:
-        raise VerificationFailed(f"line {number} of the events gives the key {e.args[0]!r} "
-                                 "twice") from e
+        raise VerificationFailed(
+            f"line {number} of the events gives the key {e.args[0]!r} twice"
+        ) from e
     except ValueError as e:
         raise VerificationFailed(f"line {number} of the events is not JSON ({e})") from e
     if not isinstance(d, dict):
@@ -137,18 +151,32 @@ def _event(line: str, number: int) -> Event:
     unknown = sorted(set(d) - set(_FIELDS))
     if unknown:
         # Nothing outside the hash may ride along: a reader could take it for the event's.
-        raise VerificationFailed(f"line {number} of the events is not a journal event "
-                                 f"(unknown field {unknown[0]!r})")
+        raise VerificationFailed(
+            f"line {number} of the events is not a journal event (unknown field {unknown[0]!r})"
+        )
     for name, types in _FIELDS.items():
         if name not in d:
-            raise VerificationFailed(f"line {number} of the events is not a journal event "
-                                     f"(no {name})")
+            raise VerificationFailed(
+                f"line {number} of the events is not a journal event (no {name})"
+            )
         # bool is an int to Python, never a seq, attempt or time here
         if not isinstance(d[name], types) or isinstance(d[name], bool):
-            raise VerificationFailed(f"line {number} of the events is not a journal event "
-                                     f"({name} is {type(d[name]).__name__})")
-    return Event(d["run_id"], d["seq"], d["kind"], d["step_id"], d["attempt"], d["payload"],
-                 float(d["at"]), d["prev_hash"], d["hash"], dumps(d["payload"]))
+            raise VerificationFailed(
+                f"line {number} of the events is not a journal event "
+                f"({name} is {type(d[name]).__name__})"
+            )
+    return Event(
+        d["run_id"],
+        d["seq"],
+        d["kind"],
+        d["step_id"],
+        d["attempt"],
+        d["payload"],
+        float(d["at"]),
+        d["prev_hash"],
+        d["hash"],
+        dumps(d["payload"]),
+    )
 
 
 def verify(envelope: Any, lines: Iterable[str], public: Ed25519PublicKey) -> Verified:
@@ -163,27 +191,38 @@ def verify(envelope: Any, lines: Iterable[str], public: Ed25519PublicKey) -> Ver
         ev = _event(line, number)
         seq += 1
         if ev.run_id != run_id:
-            raise VerificationFailed(f"seq {ev.seq}: an event of run {ev.run_id}, but the "
-                                     f"receipt is for run {run_id}", ev.seq)
+            raise VerificationFailed(
+                f"seq {ev.seq}: an event of run {ev.run_id}, but the receipt is for run {run_id}",
+                ev.seq,
+            )
         if seq > count:
-            raise VerificationFailed(f"seq {ev.seq}: the journal goes on past the {count} "
-                                     "events the receipt covers", seq)
+            raise VerificationFailed(
+                f"seq {ev.seq}: the journal goes on past the {count} events the receipt covers", seq
+            )
         if ev.seq != seq:
-            raise VerificationFailed(f"seq {seq}: found seq {ev.seq} where seq {seq} should "
-                                     "be (an event was removed, inserted or reordered)", seq)
+            raise VerificationFailed(
+                f"seq {seq}: found seq {ev.seq} where seq {seq} should "
+                "be (an event was removed, inserted or reordered)",
+                seq,
+            )
         if ev.prev_hash != prev:
-            raise VerificationFailed(f"seq {seq}: its prev_hash is not the hash of seq "
-                                     f"{seq - 1} (an event was removed, inserted or changed)",
-                                     seq)
+            raise VerificationFailed(
+                f"seq {seq}: its prev_hash is not the hash of seq "
+                f"{seq - 1} (an event was removed, inserted or changed)",
+                seq,
+            )
         if not ev.verify():
-            raise VerificationFailed(f"seq {seq}: its hash does not match its content (the "
-                                     "event was changed)", seq)
+            raise VerificationFailed(
+                f"seq {seq}: its hash does not match its content (the event was changed)", seq
+            )
         prev = ev.hash
     if seq < count:
-        raise VerificationFailed(f"truncated: the journal ends at seq {seq}, the receipt "
-                                 f"covers {count} events", seq + 1)
+        raise VerificationFailed(
+            f"truncated: the journal ends at seq {seq}, the receipt covers {count} events", seq + 1
+        )
     if prev != head:
-        raise VerificationFailed(f"the chain's head {prev} is not the {head} the receipt "
-                                 "signed (events were rewritten)", seq)
-    return Verified(run_id, str(predicate.get("status")), count, head, key_id(public),
-                    predicate)
+        raise VerificationFailed(
+            f"the chain's head {prev} is not the {head} the receipt signed (events were rewritten)",
+            seq,
+        )
+    return Verified(run_id, str(predicate.get("status")), count, head, key_id(public), predicate)

@@ -92,7 +92,8 @@ def check_readable(path: str, user: int) -> None:
         raise SandboxUnavailable(
             f"the sandbox runs as nobody (uid {user}) and cannot read {path} (mode "
             f"{stat.S_IMODE(st.st_mode):04o}): make it readable by others (chmod o+rX), "
-            "or keep it out of the sandbox")
+            "or keep it out of the sandbox"
+        )
 
 
 class _Bwrap(SandboxProcess):
@@ -125,8 +126,9 @@ class _Bwrap(SandboxProcess):
                 text = line.decode(errors="replace").rstrip()[:OUTPUT_LINE_CHARS]
                 log.info("action=sandbox_output sandbox_id=%s: %s", sandbox_id, text)
             elif lines == OUTPUT_LINES + 1:
-                log.info("action=sandbox_output sandbox_id=%s: (more output, not shown)",
-                         sandbox_id)
+                log.info(
+                    "action=sandbox_output sandbox_id=%s: (more output, not shown)", sandbox_id
+                )
 
     async def wait(self) -> Exit:
         try:
@@ -164,8 +166,10 @@ class BubblewrapBackend(SandboxBackend):
         found = shutil.which(executable or "bwrap")
         if found is None:
             raise SandboxUnavailable(
-                f"bubblewrap not found at {executable!r}" if executable else
-                "the isolated tier needs bubblewrap: install it (apt-get install bubblewrap)")
+                f"bubblewrap not found at {executable!r}"
+                if executable
+                else "the isolated tier needs bubblewrap: install it (apt-get install bubblewrap)"
+            )
         self.executable = found
         self._limits = limits or Limits()
         self.limits = self._limits.name
@@ -217,9 +221,14 @@ class BubblewrapBackend(SandboxBackend):
         """The bwrap command line for ``request``, and the sources its launcher stages."""
         system = [p for p in mounts.SYSTEM_PATHS if os.path.isdir(p) and not os.path.islink(p)]
         code = [p for p in mounts.module_paths(os.getcwd()) if self._shareable(p)]
-        layout = mounts.plan(mounts.interpreter_paths(), code,
-                             [*request.spec.mounts, *request.readable], request.hidden,
-                             os.getcwd(), system)
+        layout = mounts.plan(
+            mounts.interpreter_paths(),
+            code,
+            [*request.spec.mounts, *request.readable],
+            request.hidden,
+            os.getcwd(),
+            system,
+        )
         staged: list[str] = []
         args = self._header()
         for p in mounts.SYSTEM_PATHS:
@@ -251,23 +260,52 @@ class BubblewrapBackend(SandboxBackend):
         return self.command(request)[0]
 
     def _header(self) -> list[str]:
-        return [self.executable, "--unshare-all", "--unshare-user", "--die-with-parent",
-                "--new-session", "--cap-drop", "ALL", "--uid", str(NOBODY), "--gid",
-                str(NOBODY), "--hostname", "sandbox", "--proc", "/proc", "--dev", "/dev",
-                "--tmpfs", "/tmp"]
+        return [
+            self.executable,
+            "--unshare-all",
+            "--unshare-user",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--uid",
+            str(NOBODY),
+            "--gid",
+            str(NOBODY),
+            "--hostname",
+            "sandbox",
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+        ]
 
-    async def _launch(self, argv: list[str], staged: list[str], cell: Cell | None,
-                      env: dict[str, str]) -> asyncio.subprocess.Process:
+    async def _launch(
+        self, argv: list[str], staged: list[str], cell: Cell | None, env: dict[str, str]
+    ) -> asyncio.subprocess.Process:
         """Start ``argv`` (bwrap's) through the launcher: under ``cell``'s limits, as the
         sandbox's user, with ``staged`` sources mounted where bwrap finds them."""
-        spec = {"argv": argv, "user": self.user, "stage": staged,
-                "stage_dir": self._stage() if staged else None,
-                "cgroups": cell.join if cell else [], "rlimits": cell.rlimits if cell else {}}
+        spec = {
+            "argv": argv,
+            "user": self.user,
+            "stage": staged,
+            "stage_dir": self._stage() if staged else None,
+            "cgroups": cell.join if cell else [],
+            "rlimits": cell.rlimits if cell else {},
+        }
         return await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", os.path.abspath(launch.__file__),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            env={**env, launch.SPEC_ENV: json.dumps(spec)})
+            sys.executable,
+            "-I",
+            "-S",
+            os.path.abspath(launch.__file__),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            env={**env, launch.SPEC_ENV: json.dumps(spec)},
+        )
 
     async def probe(self) -> None:
         """Make one sandbox with the interpreter in it, the way every sandbox is made
@@ -277,46 +315,54 @@ class BubblewrapBackend(SandboxBackend):
         try:
             staged: list[str] = []
             args = self._header()
-            for p in mounts.minimal([*[s for s in mounts.SYSTEM_PATHS if os.path.isdir(s)
-                                       and not os.path.islink(s)],
-                                     *mounts.interpreter_paths()]):
+            for p in mounts.minimal(
+                [
+                    *[s for s in mounts.SYSTEM_PATHS if os.path.isdir(s) and not os.path.islink(s)],
+                    *mounts.interpreter_paths(),
+                ]
+            ):
                 args += self._shown(p, p, staged)
             for p in mounts.SYSTEM_PATHS:
                 if os.path.islink(p):
                     args += ["--symlink", os.readlink(p), p]
-            proc = await self._launch([*args, "--", sys.executable, "-I", "-S", "-c", ""],
-                                      staged, None, {})
+            proc = await self._launch(
+                [*args, "--", sys.executable, "-I", "-S", "-c", ""], staged, None, {}
+            )
         except OSError as e:
-            raise SandboxUnavailable(f"could not start bubblewrap ({self.executable}): "
-                                     f"{e}") from e
+            raise SandboxUnavailable(f"could not start bubblewrap ({self.executable}): {e}") from e
         try:
             out, _ = await asyncio.wait_for(proc.communicate(), PROBE_TIMEOUT_S)
         except TimeoutError:
             proc.kill()
             await proc.wait()
-            raise SandboxUnavailable(f"bubblewrap ({self.executable}) did not make a "
-                                     f"sandbox within {PROBE_TIMEOUT_S:g}s") from None
+            raise SandboxUnavailable(
+                f"bubblewrap ({self.executable}) did not make a sandbox within {PROBE_TIMEOUT_S:g}s"
+            ) from None
         if proc.returncode != 0:
             raise SandboxUnavailable(
                 f"bubblewrap ({self.executable}) cannot make a sandbox here (exit "
-                f"{proc.returncode}): {out.decode(errors='replace').strip()[:300]}")
+                f"{proc.returncode}): {out.decode(errors='replace').strip()[:300]}"
+            )
         if self.user is None:
-            log.warning("action=sandbox_user_shared uid=%s: this worker does not run as "
-                        "root, so its sandboxes run as its own user; Ratchet's files are "
-                        "not mounted in them, but their modes do not close them to them",
-                        os.geteuid())
+            log.warning(
+                "action=sandbox_user_shared uid=%s: this worker does not run as "
+                "root, so its sandboxes run as its own user; Ratchet's files are "
+                "not mounted in them, but their modes do not close them to them",
+                os.geteuid(),
+            )
 
     async def spawn(self, request: SpawnRequest) -> SandboxProcess:
         argv, staged = self.command(request)
         try:
-            cell = await asyncio.to_thread(self._limits.cell, request.sandbox_id,
-                                           request.spec)
+            cell = await asyncio.to_thread(self._limits.cell, request.sandbox_id, request.spec)
         except OSError as e:
-            raise SandboxUnavailable(f"could not set the sandbox's limits up "
-                                     f"({self.limits}): {e}") from e
+            raise SandboxUnavailable(
+                f"could not set the sandbox's limits up ({self.limits}): {e}"
+            ) from e
         try:
-            proc = await self._launch(argv, staged, cell, {
-                k: v for k, v in request.env.items() if k in SECRET_ENV})
+            proc = await self._launch(
+                argv, staged, cell, {k: v for k, v in request.env.items() if k in SECRET_ENV}
+            )
         except OSError as e:
             cell.remove()
             raise SandboxUnavailable(f"could not start bubblewrap: {e}") from e

@@ -65,8 +65,7 @@ class ReportChannel:
             def capture_signals(self) -> Generator[None, None, None]:
                 yield
 
-        api = FastAPI(title="Ratchet runtime", openapi_url=None, docs_url=None,
-                      redoc_url=None)
+        api = FastAPI(title="Ratchet runtime", openapi_url=None, docs_url=None, redoc_url=None)
         api.state.store = self.store
         api.state.grants = self.grants
         errors.install(api)
@@ -74,8 +73,11 @@ class ReportChannel:
         api.add_middleware(BodyLimit, limit=MAX_REPORT)
         self._dir = tempfile.mkdtemp(prefix="ratchet-report-")
         self.path = os.path.join(self._dir, "report.sock")
-        return _Server(uvicorn.Config(api, uds=self.path, log_level="warning",
-                                      lifespan="off", access_log=False))
+        return _Server(
+            uvicorn.Config(
+                api, uds=self.path, log_level="warning", lifespan="off", access_log=False
+            )
+        )
 
     async def _serve(self) -> None:
         server = await asyncio.to_thread(self._build)

@@ -49,12 +49,14 @@ class Grants:
         self._by_hash: dict[str, Grant] = {}
         self._ended: dict[str, None] = {}
 
-    def issue(self, journal: HostJournal, sandbox_id: str,
-              ttl_s: float | None = None) -> tuple[Grant, str]:
+    def issue(
+        self, journal: HostJournal, sandbox_id: str, ttl_s: float | None = None
+    ) -> tuple[Grant, str]:
         """A new grant on ``journal`` and its token (shown once, to the sandbox)."""
         token = secrets.token_urlsafe(32)
-        grant = Grant(journal.run_id, sandbox_id, journal,
-                      time.monotonic() + (ttl_s or DEFAULT_TTL_S))
+        grant = Grant(
+            journal.run_id, sandbox_id, journal, time.monotonic() + (ttl_s or DEFAULT_TTL_S)
+        )
         self._by_hash[token_hash(token)] = grant
         return grant, token
 
@@ -63,8 +65,11 @@ class Grants:
         digest = token_hash(token)
         grant = self._by_hash.get(digest)
         if grant is None:
-            return "token expired: its sandbox has ended" if digest in self._ended else (
-                "invalid sandbox token")
+            return (
+                "token expired: its sandbox has ended"
+                if digest in self._ended
+                else ("invalid sandbox token")
+            )
         if time.monotonic() >= grant.expires_at:
             self._end(digest)
             return "token expired: its sandbox ran past its deadline"

@@ -44,8 +44,12 @@ EXIT_ENDED = 0
 EXIT_CRASHED = 1
 EXIT_USAGE = 2
 EXIT_FENCED = 3
-_OUTCOME_EXIT = {DriveOutcome.SUCCEEDED: EXIT_ENDED, DriveOutcome.FAILED: EXIT_ENDED,
-                 DriveOutcome.NOOP: EXIT_ENDED, DriveOutcome.LEASE_LOST: EXIT_FENCED}
+_OUTCOME_EXIT = {
+    DriveOutcome.SUCCEEDED: EXIT_ENDED,
+    DriveOutcome.FAILED: EXIT_ENDED,
+    DriveOutcome.NOOP: EXIT_ENDED,
+    DriveOutcome.LEASE_LOST: EXIT_FENCED,
+}
 
 GRAPH_ARG = "--graph"
 GRAPH_ENV = "RATCHET_GRAPH"
@@ -115,8 +119,9 @@ async def _relay(socket_path: str) -> str:
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up_reader, up_writer = await asyncio.open_unix_connection(socket_path)
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer),
-                             return_exceptions=True)
+        await asyncio.gather(
+            pipe(reader, up_writer), pipe(up_reader, writer), return_exceptions=True
+        )
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -134,14 +139,26 @@ async def run(wd: WorkflowDef) -> int:
     try:
         record, events = await reporter.journal()
         if (record.workflow, record.workflow_version) != (wd.name, wd.version):
-            log.error("action=harness_mismatch run_id=%s workflow=%s@%s harness=%s@%s",
-                      run_id, record.workflow, record.workflow_version, wd.name, wd.version)
+            log.error(
+                "action=harness_mismatch run_id=%s workflow=%s@%s harness=%s@%s",
+                run_id,
+                record.workflow,
+                record.workflow_version,
+                wd.name,
+                wd.version,
+            )
             return EXIT_USAGE
         lease = Lease(run_id, env["RATCHET_WORKER_ID"], int(env["RATCHET_LEASE_EPOCH"]))
         store = cast(Store, RemoteStore(reporter, events))  # the calls a drive makes
         # The worker outside has journaled this drive's start and judges its guards.
-        outcome = await drive(store, ClaimedRun(record, lease, "sandbox"), {wd.name: wd},
-                              Control(), StepThreads(8), host_judged=True)
+        outcome = await drive(
+            store,
+            ClaimedRun(record, lease, "sandbox"),
+            {wd.name: wd},
+            Control(),
+            StepThreads(8),
+            host_judged=True,
+        )
     finally:
         await reporter.close()
     return _OUTCOME_EXIT.get(outcome, EXIT_CRASHED)

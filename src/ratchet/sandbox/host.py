@@ -76,17 +76,33 @@ if TYPE_CHECKING:
 # The step names of model calls: their end is journaled by the host, never by a sandbox.
 MODEL_STEPS = frozenset(e.name for endpoints in BY_PROVIDER.values() for e in endpoints)
 # What a sandbox's drive may propose; the rest of the journal is the host's.
-STEP_KINDS = frozenset({EventKind.STEP_STARTED, EventKind.STEP_COMPLETED,
-                        EventKind.STEP_FAILED, EventKind.STEP_RETRYING,
-                        EventKind.STEP_WAITING, EventKind.TOOL_CALLED})
+STEP_KINDS = frozenset(
+    {
+        EventKind.STEP_STARTED,
+        EventKind.STEP_COMPLETED,
+        EventKind.STEP_FAILED,
+        EventKind.STEP_RETRYING,
+        EventKind.STEP_WAITING,
+        EventKind.TOOL_CALLED,
+    }
+)
 ENDS = {EventKind.RUN_SUCCEEDED: RunStatus.SUCCEEDED, EventKind.RUN_FAILED: RunStatus.FAILED}
 # The dead-letter reasons a sandbox's drive ends a run with; the guards' are the host's.
-SANDBOX_REASONS = frozenset({"workflow_error", "step_failed", "non_determinism",
-                             "crash_loop", "not_serializable", "store_refused"})
+SANDBOX_REASONS = frozenset(
+    {
+        "workflow_error",
+        "step_failed",
+        "non_determinism",
+        "crash_loop",
+        "not_serializable",
+        "store_refused",
+    }
+)
 # The fields of each proposal's payload (None: any; the tool's call is its own record).
 _FIELDS: dict[str, frozenset[str] | None] = {
-    EventKind.STEP_STARTED: frozenset({"idempotency_key", "resumed", "kind", "provider",
-                                       "model", "call_sha256"}),
+    EventKind.STEP_STARTED: frozenset(
+        {"idempotency_key", "resumed", "kind", "provider", "model", "call_sha256"}
+    ),
     EventKind.STEP_COMPLETED: frozenset({"output"}),
     EventKind.STEP_FAILED: frozenset({"error", "error_type"}),
     EventKind.STEP_RETRYING: frozenset({"attempt", "of", "error", "delay_s", "retry_at"}),
@@ -94,12 +110,22 @@ _FIELDS: dict[str, frozenset[str] | None] = {
     EventKind.RUN_SUCCEEDED: frozenset({"output"}),
     EventKind.RUN_FAILED: frozenset({"error", "reason"}),
 }
-_WAITING_FIELDS = {"sleep": frozenset({"reason", "seconds", "until"}),
-                   "backoff": frozenset({"reason", "retry_at"})}
+_WAITING_FIELDS = {
+    "sleep": frozenset({"reason", "seconds", "until"}),
+    "backoff": frozenset({"reason", "retry_at"}),
+}
 # Headers a sandbox's call may not set: the worker's client sends its own credentials and
 # the attempt's key.
-_WORKER_HEADERS = frozenset({"authorization", "api-key", "x-api-key", "idempotency-key",
-                             "openai-organization", "openai-project"})
+_WORKER_HEADERS = frozenset(
+    {
+        "authorization",
+        "api-key",
+        "x-api-key",
+        "idempotency-key",
+        "openai-organization",
+        "openai-project",
+    }
+)
 _STEP_ID = re.compile(r"([1-9][0-9]{0,17}):(.+)", re.DOTALL)
 
 
@@ -145,8 +171,15 @@ class HostJournal:
     """The journal of one sandbox's run, written by the host (see the module docstring).
     Every method runs under :attr:`lock`: one report or call at a time writes."""
 
-    def __init__(self, store: Store, lease: Lease, record: RunRecord, events: list[Event],
-                 guards: Guards, signer: Signer | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        lease: Lease,
+        record: RunRecord,
+        events: list[Event],
+        guards: Guards,
+        signer: Signer | None = None,
+    ) -> None:
         self.run_id = record.run_id
         self.lease = lease
         self.record = record
@@ -180,20 +213,38 @@ class HostJournal:
         # The run's deadline, kept by the worker: it kills the sandbox there (time_out).
         self.deadline = self.guards.due()
         # The runaway-loop streak goes on from the steps the journal holds, as a re-drive's.
-        for step in sorted((s for s in self.state.steps.values() if s.status == "completed"),
-                           key=lambda s: s.finished_seq):
-            self.guards.replayed_step(step.name, step.step_id, step.output,
-                                      _call_of(self._called(step.step_id)))
+        for step in sorted(
+            (s for s in self.state.steps.values() if s.status == "completed"),
+            key=lambda s: s.finished_seq,
+        ):
+            self.guards.replayed_step(
+                step.name, step.step_id, step.output, _call_of(self._called(step.step_id))
+            )
 
     # -- the journal -----------------------------------------------------------------------
 
-    def emit(self, kind: str, step_id: str | None = None, attempt: int | None = None,
-             payload: dict[str, Any] | None = None, payload_json: str | None = None) -> Event:
+    def emit(
+        self,
+        kind: str,
+        step_id: str | None = None,
+        attempt: int | None = None,
+        payload: dict[str, Any] | None = None,
+        payload_json: str | None = None,
+    ) -> Event:
         """Chain an event after the head, fold it in, and keep it for the next write (what
         RunGuards calls to journal an anomaly)."""
         state = self.state
-        ev = Event.chain(self.run_id, state.last_seq + 1, kind, step_id, attempt,
-                         payload or {}, time.time(), state.last_hash, payload_json)
+        ev = Event.chain(
+            self.run_id,
+            state.last_seq + 1,
+            kind,
+            step_id,
+            attempt,
+            payload or {},
+            time.time(),
+            state.last_hash,
+            payload_json,
+        )
         apply(state, ev)
         self.pending.append(ev)
         return ev
@@ -212,12 +263,20 @@ class HostJournal:
             self._break(e)
             raise
 
-    async def _finish(self, status: RunStatus, output: Any, error: str | None,
-                      dead_letter: str | None) -> None:
+    async def _finish(
+        self, status: RunStatus, output: Any, error: str | None, dead_letter: str | None
+    ) -> None:
         events, self.pending = self.pending, []
         try:
-            await self.store.finish(self.lease, events, status, output, error, dead_letter,
-                                    receipt_for(self.signer, self.record, self.state))
+            await self.store.finish(
+                self.lease,
+                events,
+                status,
+                output,
+                error,
+                dead_letter,
+                receipt_for(self.signer, self.record, self.state),
+            )
         except BaseException as e:
             self._break(e)
             raise
@@ -290,8 +349,9 @@ class HostJournal:
         self.emit(end.kind, None, None, end.payload, end.payload_json)
         status = ENDS[EventKind(end.kind)]
         # The row takes the run's end from the journal's terminal event, and only from it.
-        await self._finish(status, end.payload.get("output"), end.payload.get("error"),
-                           end.payload.get("reason"))
+        await self._finish(
+            status, end.payload.get("output"), end.payload.get("error"), end.payload.get("reason")
+        )
         return self.state.last_seq
 
     async def _accept(self, p: Proposal) -> None:
@@ -308,9 +368,15 @@ class HostJournal:
             return
         self.emit(p.kind, p.step_id, p.attempt, p.payload, p.payload_json)
         if p.kind == EventKind.STEP_COMPLETED:
-            await self.guards.after_step(cast("Any", _Step(name)), p.step_id,
-                                         (self._called(p.step_id),), {},
-                                         p.payload.get("output"), None, True)
+            await self.guards.after_step(
+                cast("Any", _Step(name)),
+                p.step_id,
+                (self._called(p.step_id),),
+                {},
+                p.payload.get("output"),
+                None,
+                True,
+            )
         elif p.kind == EventKind.STEP_RETRYING:
             await self.guards.after_retry(p.step_id)
 
@@ -335,8 +401,7 @@ class HostJournal:
         ordinals: dict[int, str] = {}
         for i, p in enumerate(proposals):
             last = finish and i == len(proposals) - 1
-            where = f"event {i + 1} ({p.kind}" + (f" of step {p.step_id})" if p.step_id
-                                                  else ")")
+            where = f"event {i + 1} ({p.kind}" + (f" of step {p.step_id})" if p.step_id else ")")
             try:
                 if last:
                     self._check_end(p)
@@ -359,45 +424,62 @@ class HostJournal:
             raise ValueRefused("run_failed carries the run's error as text")
         reason = p.payload.get("reason")
         if reason is not None and reason not in SANDBOX_REASONS:
-            raise ValueRefused(f"a sandbox does not end a run with reason {reason!r} "
-                               f"(its own are {', '.join(sorted(SANDBOX_REASONS))})")
+            raise ValueRefused(
+                f"a sandbox does not end a run with reason {reason!r} "
+                f"(its own are {', '.join(sorted(SANDBOX_REASONS))})"
+            )
 
     def _view(self, step_id: str, views: dict[str, _View | None]) -> _View | None:
         if step_id in views:
             return views[step_id]
         step = self.state.steps.get(step_id)
-        view = None if step is None else _View(
-            step.status, step.attempt, step.kind,
-            (step.waiting or {}).get("reason") if step.status == "waiting" else None)
+        view = (
+            None
+            if step is None
+            else _View(
+                step.status,
+                step.attempt,
+                step.kind,
+                (step.waiting or {}).get("reason") if step.status == "waiting" else None,
+            )
+        )
         views[step_id] = view
         return view
 
-    def _check_step(self, p: Proposal, views: dict[str, _View | None],
-                    ordinals: dict[int, str]) -> None:
+    def _check_step(
+        self, p: Proposal, views: dict[str, _View | None], ordinals: dict[int, str]
+    ) -> None:
         if p.kind not in STEP_KINDS:
             if p.kind in EventKind.__members__.values():
-                raise ValueRefused("this kind is written by the worker, never reported by "
-                                   "a sandbox")
+                raise ValueRefused(
+                    "this kind is written by the worker, never reported by a sandbox"
+                )
             raise ValueRefused("not a kind of journal event")
         match = _STEP_ID.fullmatch(p.step_id or "")
         if match is None:
             raise ValueRefused(f"step id {p.step_id!r} is not <position>:<name>")
         step_id, ordinal, name = p.step_id or "", int(match.group(1)), match.group(2)
         holder = ordinals.get(ordinal) or (
-            s.step_id if (s := self.state.by_ordinal.get(ordinal)) else None)
+            s.step_id if (s := self.state.by_ordinal.get(ordinal)) else None
+        )
         if holder is not None and holder != step_id:
             raise ValueRefused(f"position {ordinal} holds step {holder!r}")
         view = self._view(step_id, views)
-        if view is None and p.kind in (EventKind.STEP_COMPLETED, EventKind.STEP_FAILED,
-                                       EventKind.STEP_RETRYING):
+        if view is None and p.kind in (
+            EventKind.STEP_COMPLETED,
+            EventKind.STEP_FAILED,
+            EventKind.STEP_RETRYING,
+        ):
             raise ValueRefused(f"step {step_id} never started")
         if view is not None and view.status in ("completed", "failed"):
-            if (p.kind == EventKind.STEP_COMPLETED and step_id in self._completed_here
-                    and p.attempt == view.attempt
-                    and p.payload == self._completed_here[step_id]):
+            if (
+                p.kind == EventKind.STEP_COMPLETED
+                and step_id in self._completed_here
+                and p.attempt == view.attempt
+                and p.payload == self._completed_here[step_id]
+            ):
                 return  # the host's own journaling of a model call's end, reported back
-            raise ValueRefused(f"step {step_id} has {view.status}: nothing follows a step's "
-                               "end")
+            raise ValueRefused(f"step {step_id} has {view.status}: nothing follows a step's end")
         if p.kind != EventKind.STEP_WAITING:
             _fields(p)
         kind = p.kind
@@ -418,19 +500,22 @@ class HostJournal:
         if view is None:
             raise ValueRefused(f"step {step_id} never started")
         if kind == EventKind.STEP_COMPLETED and p.attempt is None:
-            if view.status != "waiting" or view.waiting != "sleep" or p.payload != {
-                    "output": None}:
+            if view.status != "waiting" or view.waiting != "sleep" or p.payload != {"output": None}:
                 raise ValueRefused(f"step {step_id}: only a sleep ends without an attempt")
             views[step_id] = _View("completed", view.attempt, view.kind)
             return
         if view.status != "started" or p.attempt != view.attempt:
-            raise ValueRefused(f"step {step_id} has no step_started in attempt {p.attempt} "
-                               f"(it is {view.status}, attempt {view.attempt})")
+            raise ValueRefused(
+                f"step {step_id} has no step_started in attempt {p.attempt} "
+                f"(it is {view.status}, attempt {view.attempt})"
+            )
         if kind == EventKind.STEP_COMPLETED:
             if name in MODEL_STEPS or view.kind == "llm":
-                raise ValueRefused(f"step {step_id} is a model call: its end is journaled "
-                                   "by the worker that made the call, with the provider's "
-                                   "usage and cost")
+                raise ValueRefused(
+                    f"step {step_id} is a model call: its end is journaled "
+                    "by the worker that made the call, with the provider's "
+                    "usage and cost"
+                )
             views[step_id] = _View("completed", view.attempt, view.kind)
         elif kind == EventKind.STEP_FAILED:
             if not isinstance(p.payload.get("error"), str):
@@ -449,8 +534,10 @@ class HostJournal:
         if view is not None and view.status == "started":
             # The attempt a crashed sandbox left in flight runs again, once per sandbox.
             if attempt != view.attempt or (step_id, attempt) in self._started_here:
-                raise ValueRefused(f"attempt {view.attempt} of step {step_id} has started "
-                                   "and not ended (step_retrying comes before the next)")
+                raise ValueRefused(
+                    f"attempt {view.attempt} of step {step_id} has started "
+                    "and not ended (step_retrying comes before the next)"
+                )
         elif attempt != (expected := _next_attempt(view)):
             if view is not None and not expected:
                 raise ValueRefused(f"step {step_id} is {view.status}: it does not start again")
@@ -460,18 +547,21 @@ class HostJournal:
                 raise ValueRefused(f"step {step_id} is a model call (kind llm)")
             # A model call's key is its run's, step's and an attempt's: the host sends it
             # to the provider, so a sandbox cannot pick another run's.
-            if key not in {idempotency_key(self.run_id, step_id, a)
-                           for a in range(1, attempt + 1)}:
-                raise ValueRefused(f"step {step_id}: {key!r} is not the idempotency key of "
-                                   "one of its attempts")
+            if key not in {idempotency_key(self.run_id, step_id, a) for a in range(1, attempt + 1)}:
+                raise ValueRefused(
+                    f"step {step_id}: {key!r} is not the idempotency key of one of its attempts"
+                )
 
-    def _check_waiting(self, p: Proposal, step_id: str, view: _View | None,
-                       views: dict[str, _View | None]) -> None:
+    def _check_waiting(
+        self, p: Proposal, step_id: str, view: _View | None, views: dict[str, _View | None]
+    ) -> None:
         reason = p.payload.get("reason")
         allowed = _WAITING_FIELDS.get(reason) if isinstance(reason, str) else None
         if allowed is None:
-            raise ValueRefused(f"a sandbox does not park (step_waiting {reason!r}): long "
-                               "sleeps, signals, approvals and child runs are the worker's")
+            raise ValueRefused(
+                f"a sandbox does not park (step_waiting {reason!r}): long "
+                "sleeps, signals, approvals and child runs are the worker's"
+            )
         extra = sorted(set(p.payload) - allowed)
         if extra:
             raise ValueRefused(f"step_waiting {reason} has no field {extra[0]!r}")
@@ -481,14 +571,14 @@ class HostJournal:
             views[step_id] = _View("waiting", 0, None, "sleep")
             return
         if view is None or view.status != "retrying" or p.attempt != view.attempt:
-            raise ValueRefused(f"step {step_id}: a backoff follows the attempt's "
-                               "step_retrying")
+            raise ValueRefused(f"step {step_id}: a backoff follows the attempt's step_retrying")
         views[step_id] = _View("waiting", view.attempt, view.kind, "backoff")
 
     # -- model calls -----------------------------------------------------------------------
 
-    async def call_model(self, step_id: str, attempt: int, site: str,
-                         kwargs: dict[str, Any]) -> dict[str, Any]:
+    async def call_model(
+        self, step_id: str, attempt: int, site: str, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         """Make a model call for the step's attempt, with the worker's own client made at
         ``site`` (its credentials, the attempt's idempotency key), after checking the
         run's budgets with the call's worst case and what the calls in flight may spend;
@@ -502,16 +592,19 @@ class HostJournal:
         finally:
             self._flying.discard(task)
 
-    async def _call_model(self, step_id: str, attempt: int, site: str,
-                          kwargs: dict[str, Any]) -> dict[str, Any]:
+    async def _call_model(
+        self, step_id: str, attempt: int, site: str, kwargs: dict[str, Any]
+    ) -> dict[str, Any]:
         async with self.lock:
             if self.closed:
                 raise RunFinished(f"the sandbox of run {self.run_id} has ended")
             self._usable()
             step = self.state.steps.get(step_id)
             if step is None or step.status != "started" or step.attempt != attempt:
-                raise ValueRefused(f"step {step_id} has no step_started in attempt {attempt}: "
-                                   "report it before its model call")
+                raise ValueRefused(
+                    f"step {step_id} has no step_started in attempt {attempt}: "
+                    "report it before its model call"
+                )
             if step.name not in MODEL_STEPS or step.kind != "llm":
                 raise ValueRefused(f"step {step_id} is not a model call")
             if (step_id, attempt) in self._calls or step_id in self._completed_here:
@@ -537,14 +630,19 @@ class HostJournal:
                 raise RunFinished(f"the sandbox of run {self.run_id} has ended")
             self._usable()
             text = dumps(answer.body)
-            payload, payload_json = output_payload(json.loads(text), text,
-                                                   {"llm": answer.meta})
+            payload, payload_json = output_payload(json.loads(text), text, {"llm": answer.meta})
             self.emit(EventKind.STEP_COMPLETED, step_id, attempt, payload, payload_json)
             self._completed_here[step_id] = payload
             try:
-                await self.guards.after_step(cast("Any", _Step(step.name)), step_id,
-                                             (self._called(step_id),), {}, payload["output"],
-                                             payload["llm"], True)
+                await self.guards.after_step(
+                    cast("Any", _Step(step.name)),
+                    step_id,
+                    (self._called(step_id),),
+                    {},
+                    payload["output"],
+                    payload["llm"],
+                    True,
+                )
             except GuardTripped as e:
                 await self._tripped(e)
                 raise RunFinished(f"run {self.run_id} was ended by its guards: {e}") from None
@@ -562,15 +660,35 @@ class HostJournal:
         flying_tokens = sum(c.tokens for c in self._calls.values())
         flying_usd = sum(c.usd for c in self._calls.values())
         if g.budget_tokens is not None and (
-                spent.tokens + flying_tokens + tokens > g.budget_tokens):
-            await self.guards.trip(BUDGET, f"{BUDGET}:tokens", step_id, {
-                "budget": "tokens", "used": spent.tokens + flying_tokens,
-                "limit": g.budget_tokens, "worst_case": tokens})
-        if g.budget_usd is not None and usd is not None and (
-                spent.cost_usd + flying_usd + usd > g.budget_usd):
-            await self.guards.trip(BUDGET, f"{BUDGET}:usd", step_id, {
-                "budget": "usd", "used": round(spent.cost_usd + flying_usd, 6),
-                "limit": g.budget_usd, "worst_case": round(usd, 6)})
+            spent.tokens + flying_tokens + tokens > g.budget_tokens
+        ):
+            await self.guards.trip(
+                BUDGET,
+                f"{BUDGET}:tokens",
+                step_id,
+                {
+                    "budget": "tokens",
+                    "used": spent.tokens + flying_tokens,
+                    "limit": g.budget_tokens,
+                    "worst_case": tokens,
+                },
+            )
+        if (
+            g.budget_usd is not None
+            and usd is not None
+            and (spent.cost_usd + flying_usd + usd > g.budget_usd)
+        ):
+            await self.guards.trip(
+                BUDGET,
+                f"{BUDGET}:usd",
+                step_id,
+                {
+                    "budget": "usd",
+                    "used": round(spent.cost_usd + flying_usd, 6),
+                    "limit": g.budget_usd,
+                    "worst_case": round(usd, 6),
+                },
+            )
 
 
 async def _send(call: Any, kwargs: dict[str, Any], key: str) -> Any:
@@ -584,11 +702,14 @@ async def _send(call: Any, kwargs: dict[str, Any], key: str) -> Any:
     except LLMError:
         raise
     except TimeoutError as e:
-        raise LLMTimeout(f"{call.endpoint.name} ran past its timeout of "
-                         f"{call.step.timeout_s:g}s", provider=call.endpoint.provider) from e
+        raise LLMTimeout(
+            f"{call.endpoint.name} ran past its timeout of {call.step.timeout_s:g}s",
+            provider=call.endpoint.provider,
+        ) from e
     except Exception as e:  # the SDK refused the arguments: the request's fault
-        raise LLMRequestError(f"{call.endpoint.name}: {type(e).__name__}: {e}",
-                              provider=call.endpoint.provider) from e
+        raise LLMRequestError(
+            f"{call.endpoint.name}: {type(e).__name__}: {e}", provider=call.endpoint.provider
+        ) from e
 
 
 def _own_credentials(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -596,8 +717,12 @@ def _own_credentials(kwargs: dict[str, Any]) -> dict[str, Any]:
     headers = kwargs.get("extra_headers")
     if not isinstance(headers, dict):
         return kwargs
-    return {**kwargs, "extra_headers": {k: v for k, v in headers.items()
-                                        if str(k).lower() not in _WORKER_HEADERS}}
+    return {
+        **kwargs,
+        "extra_headers": {
+            k: v for k, v in headers.items() if str(k).lower() not in _WORKER_HEADERS
+        },
+    }
 
 
 def _call_of(called: str) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
@@ -613,7 +738,9 @@ def _next_attempt(view: _View | None) -> int:
     if view is None:
         return 1
     if view.status in ("retrying", "pending") or (view.status, view.waiting) == (
-            "waiting", "backoff"):
+        "waiting",
+        "backoff",
+    ):
         return view.attempt + 1
     return 0
 
@@ -624,13 +751,19 @@ def _fields(p: Proposal) -> None:
         return
     extra = sorted(set(p.payload) - allowed)
     if extra:
-        raise ValueRefused(f"{p.kind} has no field {extra[0]!r}" + (
-            ": a model call's usage and cost are journaled by the worker that made it"
-            if extra[0] == "llm" else ""))
+        raise ValueRefused(
+            f"{p.kind} has no field {extra[0]!r}"
+            + (
+                ": a model call's usage and cost are journaled by the worker that made it"
+                if extra[0] == "llm"
+                else ""
+            )
+        )
 
 
 def _unparked(g: Guards) -> Guards:
     """The guards with ``pause`` read as ``fail``: a sandbox cannot park on an approval."""
     actions = {kind: g.action(kind) for kind in (*ANOMALIES, BUDGET)}
-    return dataclasses.replace(g, actions={k: "fail" if a == "pause" else a
-                                           for k, a in actions.items()})
+    return dataclasses.replace(
+        g, actions={k: "fail" if a == "pause" else a for k, a in actions.items()}
+    )

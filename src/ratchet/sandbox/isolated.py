@@ -85,15 +85,22 @@ RESPAWN = "resume"
 HARNESS = "ratchet.sandbox.harness"
 # The SDKs refuse to make a client without a key: a sandbox's clients get this one, which
 # never leaves it (its model calls are made by the worker, with the worker's key).
-PLACEHOLDER_KEYS = {"OPENAI_API_KEY": "ratchet-sandbox-no-key",
-                    "ANTHROPIC_API_KEY": "ratchet-sandbox-no-key"}
+PLACEHOLDER_KEYS = {
+    "OPENAI_API_KEY": "ratchet-sandbox-no-key",
+    "ANTHROPIC_API_KEY": "ratchet-sandbox-no-key",
+}
 
 
 class IsolatedRunner:
     """Drives isolated runs for one worker: its report channel and its backend."""
 
-    def __init__(self, store: Store, backend: SandboxBackend | None = None,
-                 signer: Signer | None = None, private: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        store: Store,
+        backend: SandboxBackend | None = None,
+        signer: Signer | None = None,
+        private: Sequence[str] = (),
+    ) -> None:
         self.store = store
         self._backend = backend
         # Ratchet's own files (the data directory, the database's), hidden from sandboxes.
@@ -128,8 +135,9 @@ class IsolatedRunner:
         if callable(close):
             close()
 
-    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
-                    relet: Relet) -> DriveOutcome:
+    async def drive(
+        self, claimed: ClaimedRun, wd: WorkflowDef, control: Control, relet: Relet
+    ) -> DriveOutcome:
         """Drive one claimed isolated run until it ends, stops or loses its lease."""
         try:
             return await self._drive(claimed, wd, control, relet)
@@ -142,8 +150,9 @@ class IsolatedRunner:
             log.warning("action=drive_aborted run_id=%s error=%s", claimed.record.run_id, e)
             return DriveOutcome.ABORTED
 
-    async def _drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
-                     relet: Relet) -> DriveOutcome:
+    async def _drive(
+        self, claimed: ClaimedRun, wd: WorkflowDef, control: Control, relet: Relet
+    ) -> DriveOutcome:
         run_id, lease = claimed.record.run_id, claimed.lease
         assert wd.sandbox is not None
         reason = claimed.reason
@@ -160,8 +169,9 @@ class IsolatedRunner:
                 # from is refused by the store's fence, whatever it still tries.
                 again = await relet()
                 if again is None:
-                    return await self._stopped(lease, events, reason, control.reason
-                                               or StopReason.LEASE_LOST)
+                    return await self._stopped(
+                        lease, events, reason, control.reason or StopReason.LEASE_LOST
+                    )
                 lease = again.lease
             if ready is None:
                 # Ready before a sandbox's row is written, so that between the row (the
@@ -172,18 +182,18 @@ class IsolatedRunner:
                     return await self._unavailable(lease, events, reason, str(e))
             backend, socket = ready
             sandbox_id = f"sbx-{uuid.uuid4().hex[:16]}"
-            row, counted = await self.store.open_sandbox(lease, sandbox_id, backend.name,
-                                                        MAX_SANDBOXES,
-                                                        counted_since(events, claimed.lease))
+            row, counted = await self.store.open_sandbox(
+                lease, sandbox_id, backend.name, MAX_SANDBOXES, counted_since(events, claimed.lease)
+            )
             if row is None:
                 return await self._exhausted(lease, events, reason, counted)
             events = [*events, await self._mark(lease, state, reason, sandbox_id)]
-            journal = HostJournal(self.store, lease, claimed.record, events,
-                                  wd.guards or DEFAULT_GUARDS, self.signer)
+            journal = HostJournal(
+                self.store, lease, claimed.record, events, wd.guards or DEFAULT_GUARDS, self.signer
+            )
             grant, token = self.channel.grants.issue(journal, sandbox_id, wd.sandbox.timeout_s)
             try:
-                exit, why = await self._run_sandbox(backend, socket, row, wd, token, control,
-                                                    grant)
+                exit, why = await self._run_sandbox(backend, socket, row, wd, token, control, grant)
             finally:
                 self.channel.grants.revoke(grant)
             await self._ended(row, grant, exit, why)
@@ -193,19 +203,31 @@ class IsolatedRunner:
             if why.startswith("unavailable"):
                 return await self._unavailable(lease, events, reason, why[13:])
             if grant.finished is not None:
-                return (DriveOutcome.SUCCEEDED if grant.finished == "succeeded"
-                        else DriveOutcome.FAILED)
+                return (
+                    DriveOutcome.SUCCEEDED if grant.finished == "succeeded" else DriveOutcome.FAILED
+                )
             reason = RESPAWN
 
-    async def _mark(self, lease: Lease, state: RunState, reason: str,
-                    sandbox_id: str) -> Event:
+    async def _mark(self, lease: Lease, state: RunState, reason: str, sandbox_id: str) -> Event:
         """Journal the start of this drive, the sandbox's: the marker an in-process drive
         writes itself, written by the worker (a sandbox proposes step events only)."""
         kind = EventKind.RUN_RESUMED if state.started else EventKind.RUN_STARTED
-        marker = Event.chain(lease.run_id, state.last_seq + 1, kind, None, None, {
-            "worker_id": lease.worker_id, "epoch": lease.epoch, "reason": reason,
-            "drive": state.drives + 1, "sandbox_id": sandbox_id}, time.time(),
-            state.last_hash)
+        marker = Event.chain(
+            lease.run_id,
+            state.last_seq + 1,
+            kind,
+            None,
+            None,
+            {
+                "worker_id": lease.worker_id,
+                "epoch": lease.epoch,
+                "reason": reason,
+                "drive": state.drives + 1,
+                "sandbox_id": sandbox_id,
+            },
+            time.time(),
+            state.last_hash,
+        )
         await self.store.append(lease, [marker])
         return marker
 
@@ -220,20 +242,32 @@ class IsolatedRunner:
                 paths.append(os.path.abspath(os.path.expanduser(os.environ[name])))
         return paths
 
-    async def _run_sandbox(self, backend: SandboxBackend, socket: str,
-                           row: rows.SandboxRecord, wd: WorkflowDef, token: str,
-                           control: Control, grant: Grant) -> tuple[Exit, str]:
+    async def _run_sandbox(
+        self,
+        backend: SandboxBackend,
+        socket: str,
+        row: rows.SandboxRecord,
+        wd: WorkflowDef,
+        token: str,
+        control: Control,
+        grant: Grant,
+    ) -> tuple[Exit, str]:
         """Spawn the sandbox and wait until it is gone: its exit, and why it ended
         (``exited``, ``timeout``, ``deadline`` at the run's deadline, ``ended`` when the
         worker ended the run itself, or the stop that killed it)."""
         assert wd.sandbox is not None
         env = {
-            "RATCHET_RUN_ID": row.run_id, "RATCHET_SANDBOX_ID": row.sandbox_id,
-            "RATCHET_REPORT_TOKEN": token, "RATCHET_WORKER_ID": row.worker_id,
-            "RATCHET_LEASE_EPOCH": str(row.epoch), "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
+            "RATCHET_RUN_ID": row.run_id,
+            "RATCHET_SANDBOX_ID": row.sandbox_id,
+            "RATCHET_REPORT_TOKEN": token,
+            "RATCHET_WORKER_ID": row.worker_id,
+            "RATCHET_LEASE_EPOCH": str(row.epoch),
+            "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
             "RATCHET_NETWORK": wd.sandbox.network,
             "PYTHONPATH": os.pathsep.join(mounts.import_path()),
-            "PYTHONDONTWRITEBYTECODE": "1", "HOME": "/tmp", "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
             **PLACEHOLDER_KEYS,
         }
         if row.attempt > 1:
@@ -243,8 +277,9 @@ class IsolatedRunner:
             args, more = harness_args(wd)
             env.update(more)
             argv = [sys.executable, "-m", HARNESS, *args]
-            request = SpawnRequest(row.sandbox_id, wd.sandbox, argv, env, socket,
-                                   hidden=self.hidden())
+            request = SpawnRequest(
+                row.sandbox_id, wd.sandbox, argv, env, socket, hidden=self.hidden()
+            )
             previous = self._live.get(row.run_id)
             if previous is not None:
                 previous[0].kill()
@@ -255,10 +290,14 @@ class IsolatedRunner:
         try:
             await self.store.sandbox_running(row.sandbox_id)
         except RatchetError as e:  # the row's status only: the sandbox runs on, owned
-            log.warning("action=sandbox_status_failed sandbox_id=%s error=%s",
-                        row.sandbox_id, e)
-        log.info("action=sandbox_started run_id=%s sandbox_id=%s attempt=%s pid=%s",
-                 row.run_id, row.sandbox_id, row.attempt, proc.pid)
+            log.warning("action=sandbox_status_failed sandbox_id=%s error=%s", row.sandbox_id, e)
+        log.info(
+            "action=sandbox_started run_id=%s sandbox_id=%s attempt=%s pid=%s",
+            row.run_id,
+            row.sandbox_id,
+            row.attempt,
+            proc.pid,
+        )
         stopped = asyncio.Event()
 
         def on_stop() -> None:
@@ -280,11 +319,19 @@ class IsolatedRunner:
             deadline = grant.journal.deadline
             if deadline is not None and (timeout is None or deadline[0] - time.time() < timeout):
                 timeout, at_deadline = max(0.0, deadline[0] - time.time()), True
-            done, _ = await asyncio.wait({waiting, stopping, ended}, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {waiting, stopping, ended}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
             if waiting not in done:
-                why = (str(control.reason) if stopping in done else "ended"
-                       if ended in done else "deadline" if at_deadline else "timeout")
+                why = (
+                    str(control.reason)
+                    if stopping in done
+                    else "ended"
+                    if ended in done
+                    else "deadline"
+                    if at_deadline
+                    else "timeout"
+                )
                 proc.kill()
             exit = await asyncio.shield(waiting)
         finally:
@@ -295,13 +342,20 @@ class IsolatedRunner:
                 del self._live[row.run_id]
             if not waiting.done():  # the drive itself is being cancelled
                 proc.kill()
-        log.info("action=sandbox_ended run_id=%s sandbox_id=%s why=%s exit=%s signal=%s "
-                 "oom=%s seconds=%.3f", row.run_id, row.sandbox_id, why, exit.exit_code,
-                 exit.signal, exit.oom, time.monotonic() - began)
+        log.info(
+            "action=sandbox_ended run_id=%s sandbox_id=%s why=%s exit=%s signal=%s "
+            "oom=%s seconds=%.3f",
+            row.run_id,
+            row.sandbox_id,
+            why,
+            exit.exit_code,
+            exit.signal,
+            exit.oom,
+            time.monotonic() - began,
+        )
         return exit, why
 
-    async def _ended(self, row: rows.SandboxRecord, grant: Grant, exit: Exit,
-                     why: str) -> None:
+    async def _ended(self, row: rows.SandboxRecord, grant: Grant, exit: Exit, why: str) -> None:
         if grant.finished is not None:
             reason = rows.FINISHED
         elif why == str(StopReason.SHUTDOWN):
@@ -314,33 +368,68 @@ class IsolatedRunner:
             reason = rows.TIMEOUT
         else:
             reason = rows.CRASHED
-        await self.store.end_sandbox(row.sandbox_id, reason=reason, exit_code=exit.exit_code,
-                                     signal=exit.signal, peak_memory=exit.peak_memory)
+        await self.store.end_sandbox(
+            row.sandbox_id,
+            reason=reason,
+            exit_code=exit.exit_code,
+            signal=exit.signal,
+            peak_memory=exit.peak_memory,
+        )
 
     # -- ends the worker writes itself -----------------------------------------------------
 
-    async def _finish(self, lease: Lease, events: list[Event], reason: str,
-                      status: RunStatus, payload: dict[str, Any], error: str | None,
-                      dead_letter: str | None = None) -> None:
+    async def _finish(
+        self,
+        lease: Lease,
+        events: list[Event],
+        reason: str,
+        status: RunStatus,
+        payload: dict[str, Any],
+        error: str | None,
+        dead_letter: str | None = None,
+    ) -> None:
         """End the run from the worker (no sandbox of this epoch reported a drive marker,
         or none could): a drive marker of its own first, unless a sandbox wrote one under
         this very lease, so the journal's drives read as any run's do."""
-        markers = [e for e in events if e.kind in (EventKind.RUN_STARTED,
-                                                    EventKind.RUN_RESUMED)]
+        markers = [e for e in events if e.kind in (EventKind.RUN_STARTED, EventKind.RUN_RESUMED)]
         ended: list[Event] = []
         last = events[-1]
         if not markers or markers[-1].payload.get("epoch") != lease.epoch:
             kind = EventKind.RUN_RESUMED if markers else EventKind.RUN_STARTED
-            last = Event.chain(lease.run_id, last.seq + 1, kind, None, None, {
-                "worker_id": lease.worker_id, "epoch": lease.epoch, "reason": reason,
-                "drive": len(markers) + 1}, time.time(), last.hash)
+            last = Event.chain(
+                lease.run_id,
+                last.seq + 1,
+                kind,
+                None,
+                None,
+                {
+                    "worker_id": lease.worker_id,
+                    "epoch": lease.epoch,
+                    "reason": reason,
+                    "drive": len(markers) + 1,
+                },
+                time.time(),
+                last.hash,
+            )
             ended.append(last)
-        terminal = {RunStatus.FAILED: EventKind.RUN_FAILED,
-                    RunStatus.CANCELLED: EventKind.RUN_CANCELLED}[status]
-        ended.append(Event.chain(lease.run_id, last.seq + 1, terminal, None, None, payload,
-                                 time.time(), last.hash))
-        await self.store.finish(lease, ended, status, None, error, dead_letter,
-                                await self._receipt(lease.run_id, [*events, *ended]))
+        terminal = {
+            RunStatus.FAILED: EventKind.RUN_FAILED,
+            RunStatus.CANCELLED: EventKind.RUN_CANCELLED,
+        }[status]
+        ended.append(
+            Event.chain(
+                lease.run_id, last.seq + 1, terminal, None, None, payload, time.time(), last.hash
+            )
+        )
+        await self.store.finish(
+            lease,
+            ended,
+            status,
+            None,
+            error,
+            dead_letter,
+            await self._receipt(lease.run_id, [*events, *ended]),
+        )
 
     async def _receipt(self, run_id: str, journal: list[Event]) -> dict[str, Any] | None:
         """The signed receipt over ``journal``, a run's whole journal with its end (None
@@ -353,35 +442,55 @@ class IsolatedRunner:
             return None
         return receipt_for(self.signer, record, fold(run_id, journal))
 
-    async def _unavailable(self, lease: Lease, events: list[Event], reason: str,
-                           why: str) -> DriveOutcome:
+    async def _unavailable(
+        self, lease: Lease, events: list[Event], reason: str, why: str
+    ) -> DriveOutcome:
         """No sandbox can be made here (bubblewrap or the server extra missing, a workflow
         the sandbox cannot import): fail the run saying so; another attempt would fare
         no better."""
         error = f"run {lease.run_id}: no sandbox could be started: {why}"
         log.error("action=sandbox_unavailable run_id=%s error=%s", lease.run_id, why)
-        await self._finish(lease, events, reason, RunStatus.FAILED,
-                           {"error": error, "reason": UNAVAILABLE}, error, UNAVAILABLE)
+        await self._finish(
+            lease,
+            events,
+            reason,
+            RunStatus.FAILED,
+            {"error": error, "reason": UNAVAILABLE},
+            error,
+            UNAVAILABLE,
+        )
         return DriveOutcome.FAILED
 
-    async def _exhausted(self, lease: Lease, events: list[Event], reason: str,
-                         attempts: int) -> DriveOutcome:
-        error = (f"run {lease.run_id}: {attempts} sandboxes ended without finishing it "
-                 f"(crashes, out-of-memory kills or timeouts); not spawning another")
-        await self._finish(lease, events, reason, RunStatus.FAILED,
-                           {"error": error, "reason": EXHAUSTED, "code": EXHAUSTED,
-                            "attempts": attempts}, error, EXHAUSTED)
-        log.info("action=run_failed run_id=%s reason=%s attempts=%s", lease.run_id,
-                 EXHAUSTED, attempts)
+    async def _exhausted(
+        self, lease: Lease, events: list[Event], reason: str, attempts: int
+    ) -> DriveOutcome:
+        error = (
+            f"run {lease.run_id}: {attempts} sandboxes ended without finishing it "
+            f"(crashes, out-of-memory kills or timeouts); not spawning another"
+        )
+        await self._finish(
+            lease,
+            events,
+            reason,
+            RunStatus.FAILED,
+            {"error": error, "reason": EXHAUSTED, "code": EXHAUSTED, "attempts": attempts},
+            error,
+            EXHAUSTED,
+        )
+        log.info(
+            "action=run_failed run_id=%s reason=%s attempts=%s", lease.run_id, EXHAUSTED, attempts
+        )
         return DriveOutcome.FAILED
 
-    async def _stopped(self, lease: Lease, events: list[Event], reason: str,
-                       stop: StopReason) -> DriveOutcome:
+    async def _stopped(
+        self, lease: Lease, events: list[Event], reason: str, stop: StopReason
+    ) -> DriveOutcome:
         if stop is StopReason.LEASE_LOST:
             return DriveOutcome.LEASE_LOST
         if stop is StopReason.CANCEL:
-            await self._finish(lease, events, reason, RunStatus.CANCELLED, {"error": "cancelled"},
-                               "cancelled")
+            await self._finish(
+                lease, events, reason, RunStatus.CANCELLED, {"error": "cancelled"}, "cancelled"
+            )
             return DriveOutcome.CANCELLED
         await self.store.hand_back(lease, [])
         return DriveOutcome.HANDED_BACK
@@ -391,8 +500,15 @@ class IsolatedRunner:
         state, last = fold(lease.run_id, events), events[-1]
         reason = last.payload.get("reason") if last.kind == EventKind.RUN_FAILED else None
         try:
-            await self.store.finish(lease, [], state.status, state.output, state.error, reason,
-                                    await self._receipt(lease.run_id, events))
+            await self.store.finish(
+                lease,
+                [],
+                state.status,
+                state.output,
+                state.error,
+                reason,
+                await self._receipt(lease.run_id, events),
+            )
         except RunFinished:
             pass
         return DriveOutcome.NOOP
@@ -401,12 +517,16 @@ class IsolatedRunner:
 def counted_since(events: list[Event], claimed: Lease) -> int:
     """The lowest lease epoch whose sandboxes count against the limit: after a manual
     retry of the run (``run_queued {reason: retry}``), only those of the drives since."""
-    retried = [i for i, e in enumerate(events)
-               if e.kind == EventKind.RUN_QUEUED and e.payload.get("reason") == "retry"]
+    retried = [
+        i
+        for i, e in enumerate(events)
+        if e.kind == EventKind.RUN_QUEUED and e.payload.get("reason") == "retry"
+    ]
     if not retried:
         return 0
-    markers = [e for e in events[retried[-1]:] if e.kind in (EventKind.RUN_STARTED,
-                                                             EventKind.RUN_RESUMED)]
+    markers = [
+        e for e in events[retried[-1] :] if e.kind in (EventKind.RUN_STARTED, EventKind.RUN_RESUMED)
+    ]
     # No drive since the retry has reported yet: count from this drive's claim, newer
     # than any lease before the retry.
     return int(markers[0].payload.get("epoch", 0)) if markers else claimed.epoch
@@ -423,16 +543,21 @@ def harness_args(wd: WorkflowDef) -> tuple[list[str], dict[str, str]]:
         if node.type == "tool":
             call = tools.get(node.data.tool)
             if call is None:
-                raise SandboxUnavailable(f"graph {wd.name}: node {node.id!r} calls tool "
-                                         f"{node.data.tool!r}, which this worker's app lacks")
-            refs[node.data.tool] = module_ref(call, call.__module__,
-                                              f"tool {node.data.tool} of graph {wd.name}")
+                raise SandboxUnavailable(
+                    f"graph {wd.name}: node {node.id!r} calls tool "
+                    f"{node.data.tool!r}, which this worker's app lacks"
+                )
+            refs[node.data.tool] = module_ref(
+                call, call.__module__, f"tool {node.data.tool} of graph {wd.name}"
+            )
     # The harness (and the HTTP client it reports with) loads only when a sandbox is
     # spawned: a worker that never spawns one does not pay for it at start.
     from ratchet.sandbox import harness
 
-    return [harness.GRAPH_ARG], {harness.GRAPH_ENV: dumps(wd.graph.definition),
-                                 harness.TOOLS_ENV: dumps(refs)}
+    return [harness.GRAPH_ARG], {
+        harness.GRAPH_ENV: dumps(wd.graph.definition),
+        harness.TOOLS_ENV: dumps(refs),
+    }
 
 
 def module_ref(obj: object, module_name: str, what: str) -> str:
@@ -443,11 +568,13 @@ def module_ref(obj: object, module_name: str, what: str) -> str:
     if module is None or name is None:
         raise SandboxUnavailable(
             f"{what}: an isolated run's code must be a module-level name, so its sandbox "
-            f"can import it")
+            f"can import it"
+        )
     if module_name == "__main__":
         path = getattr(module, "__file__", None)
         if path is None:
-            raise SandboxUnavailable(f"{what}: an isolated run's code cannot be defined "
-                                     "in an interactive session")
+            raise SandboxUnavailable(
+                f"{what}: an isolated run's code cannot be defined in an interactive session"
+            )
         return f"{os.path.abspath(path)}:{name}"
     return f"{module_name}:{name}"

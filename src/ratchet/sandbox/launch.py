@@ -34,8 +34,7 @@ SPEC_ENV = "RATCHET_LAUNCH"
 
 _CLONE_NEWNS = 0x00020000
 _MS_NOSUID, _MS_NODEV, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
-_RLIMITS = {"as": resource.RLIMIT_AS, "nproc": resource.RLIMIT_NPROC,
-            "cpu": resource.RLIMIT_CPU}
+_RLIMITS = {"as": resource.RLIMIT_AS, "nproc": resource.RLIMIT_NPROC, "cpu": resource.RLIMIT_CPU}
 
 
 def _fail(what: str, err: int | None = None) -> None:
@@ -52,10 +51,13 @@ def _enc(text: str | None) -> bytes | None:
     return None if text is None else text.encode()
 
 
-def _mount(source: str | None, target: str, fstype: str | None, flags: int,
-           data: str | None = None) -> None:
-    if _libc("mount")(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags),
-                      _enc(data)) != 0:
+def _mount(
+    source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None
+) -> None:
+    if (
+        _libc("mount")(_enc(source), _enc(target), _enc(fstype), ctypes.c_ulong(flags), _enc(data))
+        != 0
+    ):
         _fail(f"cannot mount {source or fstype} on {target}", ctypes.get_errno())
 
 

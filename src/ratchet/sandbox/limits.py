@@ -30,8 +30,9 @@ class Cell:
     its launcher joins, the rlimits it sets), what they measured once it is gone, and
     their removal."""
 
-    def __init__(self, dirs: list[Path], join: list[str],
-                 rlimits: dict[str, int] | None = None) -> None:
+    def __init__(
+        self, dirs: list[Path], join: list[str], rlimits: dict[str, int] | None = None
+    ) -> None:
         self.dirs = dirs
         self.join = join
         self.rlimits = rlimits or {}

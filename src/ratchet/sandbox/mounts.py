@@ -59,8 +59,13 @@ def place(path: str) -> str:
 def interpreter_paths() -> list[str]:
     """The interpreter's installation: its prefixes, its standard library and its
     site-packages, as they exist here."""
-    paths = {sys.base_prefix, sys.prefix, sys.exec_prefix, sys.base_exec_prefix,
-             *site.getsitepackages()}
+    paths = {
+        sys.base_prefix,
+        sys.prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        *site.getsitepackages(),
+    }
     if site.ENABLE_USER_SITE:
         paths.add(site.getusersitepackages())
     for name in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -133,8 +138,14 @@ class Plan:
         return [op.source for op in self.ops if op.kind == "bind"]
 
 
-def plan(interpreter: Sequence[str], code: Sequence[str], mounts: Sequence[str],
-         private: Sequence[str], cwd: str, system: Sequence[str] = ()) -> Plan:
+def plan(
+    interpreter: Sequence[str],
+    code: Sequence[str],
+    mounts: Sequence[str],
+    private: Sequence[str],
+    cwd: str,
+    system: Sequence[str] = (),
+) -> Plan:
     """The mounts of a sandbox (see the module docstring). ``interpreter``, ``code`` and
     the user's ``mounts`` are shown; ``private`` paths and ``cwd`` are masked wherever a
     shown path holds them; ``system`` paths are mounted already (they hold nothing
@@ -143,15 +154,18 @@ def plan(interpreter: Sequence[str], code: Sequence[str], mounts: Sequence[str],
     cwd = os.path.realpath(cwd)
     shown = [os.path.realpath(p) for p in [*interpreter, *mounts]]
     if cwd in [os.path.realpath(p) for p in interpreter]:
-        raise SandboxUnavailable(f"the worker's working directory {cwd} is the "
-                                 "interpreter's own folder: start it from another one")
+        raise SandboxUnavailable(
+            f"the worker's working directory {cwd} is the "
+            "interpreter's own folder: start it from another one"
+        )
     outer = [p for p in minimal(shown) if not covered(p, system)]
     top_code = [p for p in minimal(code) if not covered(p, [*outer, *system])]
     every = [*system, *outer, *top_code]
     hide_cwd = covered(cwd, every)
     # Under the working directory's mask, everything shown inside it comes again.
-    inside = (minimal([p for p in [*shown, *code] if covered(p, [cwd]) and p != cwd])
-              if hide_cwd else [])
+    inside = (
+        minimal([p for p in [*shown, *code] if covered(p, [cwd]) and p != cwd]) if hide_cwd else []
+    )
     masks: list[str] = []
     for p in sorted({os.path.realpath(p) for p in private}, key=len):
         if p == cwd or not os.path.exists(p) or covered(p, masks):
@@ -166,7 +180,8 @@ def plan(interpreter: Sequence[str], code: Sequence[str], mounts: Sequence[str],
                     raise SandboxUnavailable(
                         f"{what} {q} is inside {folder}, which holds Ratchet's own files "
                         "(the data directory: the signing key, the database, logs): keep "
-                        "RATCHET_DATA_DIR apart from the code and mounts a sandbox reads")
+                        "RATCHET_DATA_DIR apart from the code and mounts a sandbox reads"
+                    )
     result = Plan()
     for p in [*outer, *top_code]:  # parents before what they hold
         if not (hide_cwd and covered(p, [cwd])):
@@ -192,8 +207,14 @@ def log_files() -> list[str]:
             continue
         if target.startswith("/") and os.path.isfile(target):
             found.append(target)
-    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(lg, logging.Logger))]
+    loggers = [
+        logging.getLogger(),
+        *(
+            lg
+            for lg in logging.Logger.manager.loggerDict.values()
+            if isinstance(lg, logging.Logger)
+        ),
+    ]
     for lg in loggers:
         for handler in lg.handlers:
             if isinstance(handler, logging.FileHandler):

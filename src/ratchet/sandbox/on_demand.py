@@ -24,8 +24,9 @@ if TYPE_CHECKING:
 class OnDemandRunner:
     """An :class:`ratchet.sandbox.isolated.IsolatedRunner`, made on first use."""
 
-    def __init__(self, store: Store, signer: Signer | None = None,
-                 private: Sequence[str] = ()) -> None:
+    def __init__(
+        self, store: Store, signer: Signer | None = None, private: Sequence[str] = ()
+    ) -> None:
         self.store = store
         self.signer = signer
         self.private = list(private)
@@ -35,12 +36,12 @@ class OnDemandRunner:
         if self.runner is None:
             from ratchet.sandbox.isolated import IsolatedRunner
 
-            self.runner = IsolatedRunner(self.store, signer=self.signer,
-                                         private=self.private)
+            self.runner = IsolatedRunner(self.store, signer=self.signer, private=self.private)
         return self.runner
 
-    async def drive(self, claimed: ClaimedRun, wd: WorkflowDef, control: Control,
-                    relet: Relet) -> DriveOutcome:
+    async def drive(
+        self, claimed: ClaimedRun, wd: WorkflowDef, control: Control, relet: Relet
+    ) -> DriveOutcome:
         return await self._runner().drive(claimed, wd, control, relet)
 
     async def unavailable(self) -> str | None:

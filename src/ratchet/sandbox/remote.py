@@ -35,22 +35,38 @@ from ratchet.model import Event, Lease, RunRecord, RunStatus, dumps
 
 TIMEOUT_S = 60.0
 _LLM_ERRORS: dict[str, type[LLMError]] = {
-    "LLMError": LLMError, "LLMTimeout": LLMTimeout, "LLMRequestError": LLMRequestError}
+    "LLMError": LLMError,
+    "LLMTimeout": LLMTimeout,
+    "LLMRequestError": LLMRequestError,
+}
 
 
 def event_body(ev: Event) -> dict[str, Any]:
     """What a report says of one of the drive's events: its place and time in the journal
     are the worker's."""
-    return {"kind": ev.kind, "step_id": ev.step_id, "attempt": ev.attempt,
-            "payload_json": ev.payload_json or dumps(ev.payload)}
+    return {
+        "kind": ev.kind,
+        "step_id": ev.step_id,
+        "attempt": ev.attempt,
+        "payload_json": ev.payload_json or dumps(ev.payload),
+    }
 
 
 def event_from(run_id: str, body: dict[str, Any]) -> Event:
     import json
 
-    return Event(run_id, int(body["seq"]), body["kind"], body["step_id"], body["attempt"],
-                 json.loads(body["payload_json"]), float(body["at"]), body["prev_hash"],
-                 body["hash"], body["payload_json"])
+    return Event(
+        run_id,
+        int(body["seq"]),
+        body["kind"],
+        body["step_id"],
+        body["attempt"],
+        json.loads(body["payload_json"]),
+        float(body["at"]),
+        body["prev_hash"],
+        body["hash"],
+        body["payload_json"],
+    )
 
 
 def record_from(body: dict[str, Any]) -> RunRecord:
@@ -66,14 +82,18 @@ class Reporter:
         self.run_id = run_id
         self.sandbox_id = sandbox_id
         self.client = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=socket_path), base_url="http://sandbox",
-            headers={"Authorization": f"Bearer {token}"}, timeout=TIMEOUT_S)
+            transport=httpx.AsyncHTTPTransport(uds=socket_path),
+            base_url="http://sandbox",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=TIMEOUT_S,
+        )
 
     async def close(self) -> None:
         await self.client.aclose()
 
-    async def _send(self, method: str, path: str, body: Any = None,
-                    timeout: float | None = TIMEOUT_S) -> Any:
+    async def _send(
+        self, method: str, path: str, body: Any = None, timeout: float | None = TIMEOUT_S
+    ) -> Any:
         try:
             answer = await self.client.request(method, path, json=body, timeout=timeout)
         except httpx.HTTPError as e:
@@ -88,10 +108,13 @@ class Reporter:
         if code == "llm_error":
             details = err.get("details") or {}
             cls = _LLM_ERRORS.get(str(details.get("type")), LLMRequestError)
-            raise cls(message, provider=details.get("provider"),
-                      status_code=details.get("status_code"),
-                      retry_after_s=details.get("retry_after_s"),
-                      request_id=details.get("request_id"))
+            raise cls(
+                message,
+                provider=details.get("provider"),
+                status_code=details.get("status_code"),
+                retry_after_s=details.get("retry_after_s"),
+                request_id=details.get("request_id"),
+            )
         if code == "fenced":
             raise LeaseLost(self.run_id, message)
         if code == "finished":
@@ -107,18 +130,36 @@ class Reporter:
         return record_from(body["run"]), [event_from(self.run_id, e) for e in body["events"]]
 
     async def report(self, op: str, events: Sequence[Event]) -> None:
-        await self._send("POST", "/v1/runtime/report", {
-            "run_id": self.run_id, "sandbox_id": self.sandbox_id, "op": op,
-            "events": [event_body(e) for e in events]})
+        await self._send(
+            "POST",
+            "/v1/runtime/report",
+            {
+                "run_id": self.run_id,
+                "sandbox_id": self.sandbox_id,
+                "op": op,
+                "events": [event_body(e) for e in events],
+            },
+        )
 
-    async def model_call(self, step_id: str, attempt: int, site: str,
-                         kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def model_call(
+        self, step_id: str, attempt: int, site: str, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         """The worker's answer to a model call of this step's attempt: (body, meta). No
         deadline of the channel's own: a model may take long, and the step's timeout
         bounds it."""
-        answer = await self._send("POST", "/v1/runtime/llm", {
-            "run_id": self.run_id, "sandbox_id": self.sandbox_id, "step_id": step_id,
-            "attempt": attempt, "site": site, "kwargs_json": dumps(kwargs)}, timeout=None)
+        answer = await self._send(
+            "POST",
+            "/v1/runtime/llm",
+            {
+                "run_id": self.run_id,
+                "sandbox_id": self.sandbox_id,
+                "step_id": step_id,
+                "attempt": attempt,
+                "site": site,
+                "kwargs_json": dumps(kwargs),
+            },
+            timeout=None,
+        )
         return answer["body"], answer["meta"]
 
 
@@ -130,22 +171,26 @@ class RemoteModels:
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
 
-    async def __call__(self, site: str, kwargs: dict[str, Any]
-                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    async def __call__(
+        self, site: str, kwargs: dict[str, Any]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
         from ratchet.engine.context import current_step
 
         step = current_step()
         try:
             dumps(kwargs)
         except (TypeError, ValueError) as e:
-            raise LLMRequestError(f"a model call of an isolated run goes to its worker as "
-                                  f"JSON, and its arguments are not: {e}") from e
+            raise LLMRequestError(
+                f"a model call of an isolated run goes to its worker as "
+                f"JSON, and its arguments are not: {e}"
+            ) from e
         return await self.reporter.model_call(step.step_id, step.attempt, site, kwargs)
 
 
 def _refuse(what: str) -> NoReturn:
-    raise NotIsolatable(f"{what} is not available in the isolated tier: a sandbox only "
-                        "reports its steps")
+    raise NotIsolatable(
+        f"{what} is not available in the isolated tier: a sandbox only reports its steps"
+    )
 
 
 class RemoteStore:
@@ -175,10 +220,16 @@ class RemoteStore:
         if events:
             await self.reporter.report("append", events)
 
-    async def finish(self, lease: Lease, events: Sequence[Event], status: RunStatus,
-                     output: Any = None, error: str | None = None,
-                     dead_letter: str | None = None,
-                     receipt: dict[str, Any] | None = None) -> None:
+    async def finish(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        status: RunStatus,
+        output: Any = None,
+        error: str | None = None,
+        dead_letter: str | None = None,
+        receipt: dict[str, Any] | None = None,
+    ) -> None:
         # A sandbox holds no signing key (``receipt`` is always None here): the run's
         # receipt is signed outside, the first time it is asked for.
         if not events:
@@ -196,8 +247,9 @@ class RemoteStore:
     async def recent_retries(self, workflow: str, window_s: float) -> int:
         return 0
 
-    async def llm_history(self, workflow: str, limit: int
-                          ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
+    async def llm_history(
+        self, workflow: str, limit: int
+    ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
         return []
 
     async def park(self, *args: Any) -> Any:

@@ -36,17 +36,27 @@ class Sandbox:
     def __post_init__(self) -> None:
         _positive_int("memory_mb", self.memory_mb, minimum=16)
         _positive_int("max_processes", self.max_processes, minimum=4)
-        if (not isinstance(self.cpus, int | float) or isinstance(self.cpus, bool)
-                or not math.isfinite(self.cpus) or self.cpus <= 0):
+        if (
+            not isinstance(self.cpus, int | float)
+            or isinstance(self.cpus, bool)
+            or not math.isfinite(self.cpus)
+            or self.cpus <= 0
+        ):
             raise InvalidInput(f"Sandbox cpus must be a positive number, got {self.cpus!r}")
         if self.timeout_s is not None and (
-                not isinstance(self.timeout_s, int | float) or isinstance(self.timeout_s, bool)
-                or not math.isfinite(self.timeout_s) or self.timeout_s <= 0):
-            raise InvalidInput(f"Sandbox timeout_s must be a positive number of seconds or "
-                               f"None, got {self.timeout_s!r}")
+            not isinstance(self.timeout_s, int | float)
+            or isinstance(self.timeout_s, bool)
+            or not math.isfinite(self.timeout_s)
+            or self.timeout_s <= 0
+        ):
+            raise InvalidInput(
+                f"Sandbox timeout_s must be a positive number of seconds or "
+                f"None, got {self.timeout_s!r}"
+            )
         if self.network not in NETWORKS:
-            raise InvalidInput(f"Sandbox network must be one of {', '.join(NETWORKS)}, "
-                               f"got {self.network!r}")
+            raise InvalidInput(
+                f"Sandbox network must be one of {', '.join(NETWORKS)}, got {self.network!r}"
+            )
         mounts: Any = self.mounts
         if isinstance(mounts, str) or not all(isinstance(m, str) for m in mounts):
             raise InvalidInput(f"Sandbox mounts must be a list of paths, got {mounts!r}")
@@ -58,20 +68,23 @@ class Sandbox:
 
 def _positive_int(name: str, value: Any, *, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise InvalidInput(f"Sandbox {name} must be an integer of at least {minimum}, "
-                           f"got {value!r}")
+        raise InvalidInput(
+            f"Sandbox {name} must be an integer of at least {minimum}, got {value!r}"
+        )
 
 
 def check_tier(tier: Any, sandbox: Any, workflow: str) -> Sandbox | None:
     """The sandbox a workflow of ``tier`` runs in (None in-process), or InvalidInput."""
     if tier not in TIERS:
-        raise InvalidInput(f"workflow {workflow}: tier must be one of {', '.join(TIERS)}, "
-                           f"got {tier!r}")
+        raise InvalidInput(
+            f"workflow {workflow}: tier must be one of {', '.join(TIERS)}, got {tier!r}"
+        )
     if sandbox is not None and not isinstance(sandbox, Sandbox):
-        raise InvalidInput(f"workflow {workflow}: sandbox must be a ratchet.Sandbox, "
-                           f"got {type(sandbox).__name__}")
+        raise InvalidInput(
+            f"workflow {workflow}: sandbox must be a ratchet.Sandbox, got {type(sandbox).__name__}"
+        )
     if tier == "process":
         if sandbox is not None:
-            raise InvalidInput(f"workflow {workflow}: a sandbox needs tier=\"isolated\"")
+            raise InvalidInput(f'workflow {workflow}: a sandbox needs tier="isolated"')
         return None
     return sandbox or Sandbox()

@@ -37,12 +37,22 @@ MAX_DEPTH = 1000
 
 def approval_from_row(row: Any) -> Approval:
     return Approval(
-        run_id=row["run_id"], step_id=row["step_id"], attempt=int(row["attempt"]),
-        name=row["name"], data=json.loads(row["data"]), root_run_id=row["root_run_id"],
-        asked_at=row["asked_at"], deadline=row["deadline"], status=row["status"],
-        decided_by=row["decided_by"], comment=row["comment"], decided_at=row["decided_at"],
-        parent_run_id=row["parent_run_id"], note=row["note"],
-        grant=json.loads(row["granted"]) if row["granted"] is not None else None)
+        run_id=row["run_id"],
+        step_id=row["step_id"],
+        attempt=int(row["attempt"]),
+        name=row["name"],
+        data=json.loads(row["data"]),
+        root_run_id=row["root_run_id"],
+        asked_at=row["asked_at"],
+        deadline=row["deadline"],
+        status=row["status"],
+        decided_by=row["decided_by"],
+        comment=row["comment"],
+        decided_at=row["decided_at"],
+        parent_run_id=row["parent_run_id"],
+        note=row["note"],
+        grant=json.loads(row["granted"]) if row["granted"] is not None else None,
+    )
 
 
 def waiting_for(step_id: str) -> str:
@@ -60,13 +70,31 @@ def _root(tx: Tx, run_id: str) -> str:
     raise StoreConflict(f"run {run_id}: its ancestry is deeper than {MAX_DEPTH} runs")
 
 
-def ask(store: Store, tx: Tx, lease: Lease, events: Sequence[Event], step_id: str,
-        attempt: int, name: str, data: Any, deadline: float | None) -> None:
+def ask(
+    store: Store,
+    tx: Tx,
+    lease: Lease,
+    events: Sequence[Event],
+    step_id: str,
+    attempt: int,
+    name: str,
+    data: Any,
+    deadline: float | None,
+) -> None:
     store._check_lease(tx, lease)
     store._insert_events(tx, events)
-    tx.send("approval_ask", {"run_id": lease.run_id, "step_id": step_id, "attempt": attempt,
-                             "name": name, "data": dumps(data),
-                             "root_run_id": _root(tx, lease.run_id), "deadline": deadline})
+    tx.send(
+        "approval_ask",
+        {
+            "run_id": lease.run_id,
+            "step_id": step_id,
+            "attempt": attempt,
+            "name": name,
+            "data": dumps(data),
+            "root_run_id": _root(tx, lease.run_id),
+            "deadline": deadline,
+        },
+    )
 
 
 def get(tx: Tx, run_id: str, step_id: str) -> Approval | None:
@@ -77,8 +105,7 @@ def get(tx: Tx, run_id: str, step_id: str) -> Approval | None:
 def expire(store: Store, tx: Tx, lease: Lease, step_id: str, attempt: int) -> Approval:
     """Claim the approval as expired unless a decision came first; the row as it ends."""
     store._check_lease(tx, lease)
-    tx.run("approval_expire", {"run_id": lease.run_id, "step_id": step_id,
-                               "attempt": attempt})
+    tx.run("approval_expire", {"run_id": lease.run_id, "step_id": step_id, "attempt": attempt})
     found = get(tx, lease.run_id, step_id)
     if found is None:
         raise StoreConflict(f"run {lease.run_id}: approval {step_id} has no row")
@@ -91,23 +118,28 @@ def find(tx: Tx, run_id: str, step: str) -> Approval:
     found = get(tx, run_id, step)
     if found is not None:
         return found
-    rows = [approval_from_row(r) for r in tx.all("approvals_named",
-                                                 {"run_id": run_id, "name": step})]
+    rows = [
+        approval_from_row(r) for r in tx.all("approvals_named", {"run_id": run_id, "name": step})
+    ]
     pending = [a for a in rows if a.status == "pending"]
     if len(pending) == 1:
         return pending[0]
     if len(rows) == 1:
         return rows[0]
     if not rows:
-        raise UnknownApproval(f"run {run_id} has no approval {step!r} (neither a step id nor "
-                              "the name of an approval it asked for)")
+        raise UnknownApproval(
+            f"run {run_id} has no approval {step!r} (neither a step id nor "
+            "the name of an approval it asked for)"
+        )
     steps = ", ".join(a.step_id for a in (pending or rows))
-    raise InvalidInput(f"run {run_id} asked for approval {step!r} more than once ({steps}): "
-                       "name the step id")
+    raise InvalidInput(
+        f"run {run_id} asked for approval {step!r} more than once ({steps}): name the step id"
+    )
 
 
-def granting(found: Approval, approved: bool, grant: dict[str, Any] | None
-             ) -> dict[str, Any] | None:
+def granting(
+    found: Approval, approved: bool, grant: dict[str, Any] | None
+) -> dict[str, Any] | None:
     """What approving ``found`` grants: on a pause of a limit (a budget, ``max_steps``),
     ``grant`` (limits to new values), else what the paused call needed for a budget (so the
     next call over it pauses again) and no step limit for ``max_steps``. Nothing for a
@@ -115,9 +147,11 @@ def granting(found: Approval, approved: bool, grant: dict[str, Any] | None
     anomaly = found.data.get("anomaly") if isinstance(found.data, dict) else None
     limit = anomaly.get("limit_key") if isinstance(anomaly, dict) else None
     if grant is not None and (limit is None or not found.name.startswith("guard:")):
-        raise InvalidInput(f"approval {found.name!r} (run {found.run_id}, step "
-                           f"{found.step_id}) is not a guard's pause of a budget or of "
-                           "max_steps: it takes no grant")
+        raise InvalidInput(
+            f"approval {found.name!r} (run {found.run_id}, step "
+            f"{found.step_id}) is not a guard's pause of a budget or of "
+            "max_steps: it takes no grant"
+        )
     if grant is not None and not approved:
         raise InvalidInput("a rejection grants nothing: give a grant only when approving")
     if not approved or limit is None or not isinstance(anomaly, dict):
@@ -142,33 +176,53 @@ def not_pending(found: Approval) -> ApprovalNotPending:
         comment = f" with comment {found.comment!r}" if found.comment else ""
         return ApprovalAlreadyDecided(
             f"{where} was already {found.status} by {found.decided_by} at "
-            f"{_when(found.decided_at)}{comment}; a decision is recorded once, nothing changed")
-    return ApprovalNotPending(f"{where} timed out at {_when(found.decided_at)} with no "
-                              "decision; nothing changed")
+            f"{_when(found.decided_at)}{comment}; a decision is recorded once, nothing changed"
+        )
+    return ApprovalNotPending(
+        f"{where} timed out at {_when(found.decided_at)} with no decision; nothing changed"
+    )
 
 
-def decide(store: Store, tx: Tx, run_id: str, step: str, approved: bool, by: str,
-           comment: str | None, note: str | None = None,
-           grant: dict[str, Any] | None = None) -> Approval:
+def decide(
+    store: Store,
+    tx: Tx,
+    run_id: str,
+    step: str,
+    approved: bool,
+    by: str,
+    comment: str | None,
+    note: str | None = None,
+    grant: dict[str, Any] | None = None,
+) -> Approval:
     rec = store._locked_run(tx, run_id)
     found = find(tx, run_id, step)
     if found.status != "pending":
         raise not_pending(found)
     if rec.status.terminal:
-        raise ApprovalNotPending(f"approval {found.name!r} (run {run_id}, step "
-                                 f"{found.step_id}) is no longer pending: the run has "
-                                 f"already {rec.status}; nothing changed")
+        raise ApprovalNotPending(
+            f"approval {found.name!r} (run {run_id}, step "
+            f"{found.step_id}) is no longer pending: the run has "
+            f"already {rec.status}; nothing changed"
+        )
     granted = granting(found, approved, grant)
-    params = {"run_id": run_id, "step_id": found.step_id, "attempt": found.attempt,
-              "status": "approved" if approved else "rejected", "by": by, "comment": comment,
-              "note": note, "grant": dumps(granted) if granted is not None else None}
+    params = {
+        "run_id": run_id,
+        "step_id": found.step_id,
+        "attempt": found.attempt,
+        "status": "approved" if approved else "rejected",
+        "by": by,
+        "comment": comment,
+        "note": note,
+        "grant": dumps(granted) if granted is not None else None,
+    }
     if tx.run("approval_decide", params) != 1:
         # Deciders hold the run's row, but the lease holder claims a passed deadline
         # without it: the guarded update lost to that expiry.
         now = get(tx, run_id, found.step_id)
         if now is None or now.status == "pending":
-            raise StoreConflict(f"run {run_id}: approval {found.step_id} changed while "
-                                "being decided")
+            raise StoreConflict(
+                f"run {run_id}: approval {found.step_id} changed while being decided"
+            )
         raise not_pending(now)
     if tx.run("run_wake", {"run_id": run_id, "waiting_for": waiting_for(found.step_id)}):
         store._announce(tx, READY)

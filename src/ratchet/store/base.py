@@ -49,13 +49,24 @@ from ratchet.store import approvals, retention, sandboxes
 from ratchet.store.bus import CANCEL, DONE, EVENTS, READY, Bus
 from ratchet.store.queries import load_migrations
 
-__all__ = ["CANCEL", "DONE", "EVENTS", "READY", "Clock", "HeldLease", "LeaseState", "Store", "Tx",
-           "WorkerInfo"]
+__all__ = [
+    "CANCEL",
+    "DONE",
+    "EVENTS",
+    "READY",
+    "Clock",
+    "HeldLease",
+    "LeaseState",
+    "Store",
+    "Tx",
+    "WorkerInfo",
+]
 
 T = TypeVar("T")
 
 TIMER_BATCH = 100  # due timers promoted to queued per claim
 WORKER_GONE_TTLS = 20  # a worker unseen for this many of its TTLs is forgotten
+
 
 class FirmFuture(asyncio.Future[T]):
     """A store call's answer, which the caller's cancellation cannot discard.
@@ -116,8 +127,9 @@ class Tx:
 
     __slots__ = ("_cur", "_q", "_sync", "after_commit")
 
-    def __init__(self, cur: Cursor, queries: dict[str, str],
-                 sync: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, cur: Cursor, queries: dict[str, str], sync: Callable[[], None] | None = None
+    ) -> None:
         self._cur = cur
         self._q = queries
         self._sync = sync
@@ -170,8 +182,9 @@ class StoredGraph:
 
 
 def _graph(row: Any) -> StoredGraph:
-    return StoredGraph(row["name"], row["version"], json.loads(row["definition"]),
-                       float(row["registered_at"]))
+    return StoredGraph(
+        row["name"], row["version"], json.loads(row["definition"]), float(row["registered_at"])
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +211,7 @@ class LeaseState:
 
 # Rows are read by column name (sqlite3.Row; a name-indexable tuple on PostgreSQL): one
 # mapping per row shape, so a query may add or reorder columns without breaking its readers.
+
 
 def record_from_row(row: Any) -> RunRecord:
     """A ``runs`` row (the columns of ``run_get``) as a :class:`RunRecord`."""
@@ -233,9 +247,18 @@ def _event(row: Any, canonical: bool = True) -> Event:
     # see a step's output exactly as its first run did (canonical JSON: sorted keys), or
     # code that serialises it (a prompt, a request body) would differ between drives.
     payload = json.loads(text) if canonical else json.loads(text, object_pairs_hook=_sorted)
-    return Event(row["run_id"], row["seq"], row["kind"], row["step_id"], row["attempt"],
-                 payload, row["at"], row["prev_hash"], row["hash"],
-                 text if canonical or row["payload_exact"] else "")
+    return Event(
+        row["run_id"],
+        row["seq"],
+        row["kind"],
+        row["step_id"],
+        row["attempt"],
+        payload,
+        row["at"],
+        row["prev_hash"],
+        row["hash"],
+        text if canonical or row["payload_exact"] else "",
+    )
 
 
 def _events(rows: Sequence[Any], canonical: bool = True) -> list[Event]:
@@ -249,10 +272,32 @@ def _events(rows: Sequence[Any], canonical: bool = True) -> list[Event]:
     if len(payloads) != len(rows):  # a stored text that is not one JSON value
         return [_event(r, canonical) for r in rows]
     # events_load's columns, by position (both dialects give them in this order).
-    return [Event(run_id, seq, kind, step_id, attempt, payload, at, prev_hash, hash_,
-                  text if canonical or exact else "")
-            for (run_id, seq, kind, step_id, attempt, text, exact, at, prev_hash, hash_), payload
-            in zip(rows, payloads, strict=True)]
+    return [
+        Event(
+            run_id,
+            seq,
+            kind,
+            step_id,
+            attempt,
+            payload,
+            at,
+            prev_hash,
+            hash_,
+            text if canonical or exact else "",
+        )
+        for (
+            run_id,
+            seq,
+            kind,
+            step_id,
+            attempt,
+            text,
+            exact,
+            at,
+            prev_hash,
+            hash_,
+        ), payload in zip(rows, payloads, strict=True)
+    ]
 
 
 def _sorted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -262,10 +307,18 @@ def _sorted(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _receipt(row: Any) -> Receipt:
     response = row["response"]
-    return Receipt(row["idempotency_key"], row["run_id"], row["step_id"], row["status"],
-                   json.loads(response) if response is not None else None,
-                   row["claimed_at"], row["settled_at"], row["delivery"], row["attempt"],
-                   row["settled_by"])
+    return Receipt(
+        row["idempotency_key"],
+        row["run_id"],
+        row["step_id"],
+        row["status"],
+        json.loads(response) if response is not None else None,
+        row["claimed_at"],
+        row["settled_at"],
+        row["delivery"],
+        row["attempt"],
+        row["settled_by"],
+    )
 
 
 def _dead_letter(row: Any) -> DeadLetter:
@@ -274,7 +327,7 @@ def _dead_letter(row: Any) -> DeadLetter:
 
 def _short(value: Any, limit: int = 60) -> str:
     text = dumps(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_same_run(rec: RunRecord, new: NewRun, redact: bool = False) -> None:
@@ -283,18 +336,27 @@ def _check_same_run(rec: RunRecord, new: NewRun, redact: bool = False) -> None:
     ``redact``: name the fields that differ but quote none of the stored values (the HTTP
     API, whose caller may not be allowed to read the run)."""
     if redact:
-        fields = [name for name, same in (
-            ("workflow", rec.workflow == new.workflow),
-            ("input", dumps(rec.input) == dumps(new.input)),
-            ("queue", rec.queue == new.queue), ("priority", rec.priority == new.priority))
-            if not same]
+        fields = [
+            name
+            for name, same in (
+                ("workflow", rec.workflow == new.workflow),
+                ("input", dumps(rec.input) == dumps(new.input)),
+                ("queue", rec.queue == new.queue),
+                ("priority", rec.priority == new.priority),
+            )
+            if not same
+        ]
         if fields:
-            raise RunIdConflict(f"run id {rec.run_id!r} already exists with another "
-                                f"{', '.join(fields)}: use another run id")
+            raise RunIdConflict(
+                f"run id {rec.run_id!r} already exists with another "
+                f"{', '.join(fields)}: use another run id"
+            )
         return
     if rec.workflow != new.workflow:
-        raise RunIdConflict(f"run id {rec.run_id!r} already belongs to workflow "
-                            f"{rec.workflow!r}, not {new.workflow!r}")
+        raise RunIdConflict(
+            f"run id {rec.run_id!r} already belongs to workflow "
+            f"{rec.workflow!r}, not {new.workflow!r}"
+        )
     diffs = []
     if dumps(rec.input) != dumps(new.input):
         diffs.append(f"input {_short(rec.input)} (not {_short(new.input)})")
@@ -303,15 +365,17 @@ def _check_same_run(rec: RunRecord, new: NewRun, redact: bool = False) -> None:
     if rec.priority != new.priority:
         diffs.append(f"priority {rec.priority} (not {new.priority})")
     if diffs:
-        raise RunIdConflict(f"run id {rec.run_id!r} already exists with "
-                            f"{'; '.join(diffs)}: use another run id")
+        raise RunIdConflict(
+            f"run id {rec.run_id!r} already exists with {'; '.join(diffs)}: use another run id"
+        )
 
 
 def _check_in_batch(rec: RunRecord, new: NewRun, index: int, redact: bool = False) -> None:
     """:func:`_check_same_run` for item ``index`` of a batch, and the same tenant too."""
     if rec.tenant_id != new.tenant_id:
-        raise BatchItemInvalid(index, "run_id", f"run id {rec.run_id!r} is taken; choose "
-                               "another", taken=True)
+        raise BatchItemInvalid(
+            index, "run_id", f"run id {rec.run_id!r} is taken; choose another", taken=True
+        )
     try:
         _check_same_run(rec, new, redact)
     except RunIdConflict as e:
@@ -320,13 +384,30 @@ def _check_in_batch(rec: RunRecord, new: NewRun, index: int, redact: bool = Fals
 
 def _check_repeat(earlier: NewRun, new: NewRun, j: int, i: int) -> None:
     """Item ``i`` repeats item ``j``'s run id: the same run, or a conflict."""
-    same = (earlier.workflow, earlier.workflow_version, dumps(earlier.input), earlier.queue,
-            earlier.priority, earlier.tenant_id, earlier.guards) == (
-        new.workflow, new.workflow_version, dumps(new.input), new.queue, new.priority,
-        new.tenant_id, new.guards)
+    same = (
+        earlier.workflow,
+        earlier.workflow_version,
+        dumps(earlier.input),
+        earlier.queue,
+        earlier.priority,
+        earlier.tenant_id,
+        earlier.guards,
+    ) == (
+        new.workflow,
+        new.workflow_version,
+        dumps(new.input),
+        new.queue,
+        new.priority,
+        new.tenant_id,
+        new.guards,
+    )
     if not same:
-        raise BatchItemInvalid(i, "run_id", f"run id {new.run_id!r} repeats item {j} with a "
-                               "different workflow, input, queue, priority or guards")
+        raise BatchItemInvalid(
+            i,
+            "run_id",
+            f"run id {new.run_id!r} repeats item {j} with a "
+            "different workflow, input, queue, priority or guards",
+        )
 
 
 def event_params(ev: Event) -> dict[str, Any]:
@@ -418,8 +499,9 @@ class Store(ABC):
     def _wake(self, channel: str, key: str = "") -> None:
         self.bus.wake(channel, key)
 
-    def watching(self, channel: str, key: str = "") -> contextlib.AbstractContextManager[
-            asyncio.Event]:
+    def watching(
+        self, channel: str, key: str = ""
+    ) -> contextlib.AbstractContextManager[asyncio.Event]:
         """An event set by the next announcement on ``channel`` (READY, DONE for run
         ``key`` or any run, CANCEL); see :meth:`ratchet.store.bus.Bus.watching`."""
         return self.bus.watching(channel, key)
@@ -440,8 +522,7 @@ class Store(ABC):
         try:
             rows = await self._read(lambda tx: tx.all("migrations_applied", {}))
         except RatchetError as e:
-            raise StoreNotReady(
-                f"cannot read the applied migrations ({type(e).__name__})") from e
+            raise StoreNotReady(f"cannot read the applied migrations ({type(e).__name__})") from e
         done = {int(r["version"]) for r in rows}
         missing = [v for v, _, _ in load_migrations(self.sql_dialect) if v not in done]
         if missing:
@@ -490,20 +571,26 @@ class Store(ABC):
             payload: dict[str, Any] = {"workflow": new.workflow, "version": new.workflow_version}
             if new.guards:
                 payload["guards"] = new.guards
-            ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload,
-                             time.time(), "0" * 64)
+            ev = Event.chain(
+                new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(), "0" * 64
+            )
             tx.send("event_insert", event_params(ev))
             self._journaled(tx, new.run_id)
             self._announce(tx, READY)
         row = tx.one("run_get", {"run_id": new.run_id})
         return record_from_row(row), created
 
-    def _take(self, tx: Tx, ids: list[str], worker_id: str, ttl: float,
-              reason: str) -> list[ClaimedRun]:
+    def _take(
+        self, tx: Tx, ids: list[str], worker_id: str, ttl: float, reason: str
+    ) -> list[ClaimedRun]:
         if not ids:
             return []
-        epochs = {r["run_id"]: r["epoch"] for r in tx.all(
-            "leases_take", {"ids": self._ids(ids), "worker_id": worker_id, "ttl": ttl})}
+        epochs = {
+            r["run_id"]: r["epoch"]
+            for r in tx.all(
+                "leases_take", {"ids": self._ids(ids), "worker_id": worker_id, "ttl": ttl}
+            )
+        }
         if not epochs:
             return []
         taken = self._ids(list(epochs))
@@ -516,8 +603,7 @@ class Store(ABC):
 
     # -- runs ------------------------------------------------------------------------------
 
-    async def create_run(self, new: NewRun, *, redact: bool = False
-                         ) -> tuple[RunRecord, bool]:
+    async def create_run(self, new: NewRun, *, redact: bool = False) -> tuple[RunRecord, bool]:
         """Write the run (``queued``) and its ``run_queued`` event; idempotent on run_id:
         an existing run with the same workflow, input, queue and priority is returned with
         ``created=False``; one that differs raises :class:`RunIdConflict` naming what
@@ -530,8 +616,9 @@ class Store(ABC):
     async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
         return await self._run(self._insert_run, new)
 
-    async def create_runs(self, news: Sequence[NewRun], *, redact: bool = False
-                          ) -> list[tuple[str, RunStatus, bool]]:
+    async def create_runs(
+        self, news: Sequence[NewRun], *, redact: bool = False
+    ) -> list[tuple[str, RunStatus, bool]]:
         """Write many runs (``queued``) and their ``run_queued`` events in one transaction,
         with one wake-up: ``(run_id, status, created)`` per item, in order. Each item is
         idempotent on its run id as in :meth:`create_run`; an item whose id exists with a
@@ -549,11 +636,14 @@ class Store(ABC):
         unique = [news[i] for i in first.values()]
         found = await self._run(self._insert_runs, unique, redact)
         created = {run_id for run_id, (_, fresh) in found.items() if fresh}
-        return [(n.run_id, found[n.run_id][0],
-                 n.run_id in created and first[n.run_id] == i) for i, n in enumerate(news)]
+        return [
+            (n.run_id, found[n.run_id][0], n.run_id in created and first[n.run_id] == i)
+            for i, n in enumerate(news)
+        ]
 
-    def _insert_runs(self, tx: Tx, news: list[NewRun], redact: bool = False
-                     ) -> dict[str, tuple[RunStatus, bool]]:
+    def _insert_runs(
+        self, tx: Tx, news: list[NewRun], redact: bool = False
+    ) -> dict[str, tuple[RunStatus, bool]]:
         index = {n.run_id: i for i, n in enumerate(news)}
         found: dict[str, tuple[RunStatus, bool]] = {}
 
@@ -572,12 +662,22 @@ class Store(ABC):
                 payload: dict[str, Any] = {"workflow": n.workflow, "version": n.workflow_version}
                 if n.guards:
                     payload["guards"] = n.guards
-                ev = Event.chain(n.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, now,
-                                 "0" * 64)
-                rows.append({"run_id": n.run_id, "workflow": n.workflow,
-                             "workflow_version": n.workflow_version, "input": dumps(n.input),
-                             "parent_run_id": None, "parent_step_id": None, "queue": n.queue,
-                             "priority": n.priority, "tenant_id": n.tenant_id})
+                ev = Event.chain(
+                    n.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, now, "0" * 64
+                )
+                rows.append(
+                    {
+                        "run_id": n.run_id,
+                        "workflow": n.workflow,
+                        "workflow_version": n.workflow_version,
+                        "input": dumps(n.input),
+                        "parent_run_id": None,
+                        "parent_step_id": None,
+                        "queue": n.queue,
+                        "priority": n.priority,
+                        "tenant_id": n.tenant_id,
+                    }
+                )
                 events.append(event_params(ev))
             inserted = self._insert_batch(tx, rows, events)
             for run_id in inserted:
@@ -591,15 +691,18 @@ class Store(ABC):
                 self._announce(tx, READY)
         return found
 
-    def _insert_batch(self, tx: Tx, runs: list[dict[str, Any]],
-                      events: list[dict[str, Any]]) -> list[str]:
+    def _insert_batch(
+        self, tx: Tx, runs: list[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> list[str]:
         """Insert ``runs`` (skipping ids that exist) and, for those inserted, their events
         (in the same order); return the ids inserted. The dialect may do it in one
         statement (PostgreSQL); this form holds the write lock throughout (SQLite's BEGIN
         IMMEDIATE), so no other writer can insert one of these ids meanwhile."""
         if tx.many("run_insert", runs) != len(runs):
-            raise StoreConflict("a run of the batch was inserted by another writer while "
-                                "this one held the write lock")
+            raise StoreConflict(
+                "a run of the batch was inserted by another writer while "
+                "this one held the write lock"
+            )
         tx.send_many("event_insert", events)
         for row in runs:
             self._journaled(tx, row["run_id"])
@@ -664,34 +767,66 @@ class Store(ABC):
 
     # -- ownership -------------------------------------------------------------------------
 
-    async def register_worker(self, worker_id: str, host: str, pid: int, *,
-                              serves: Collection[tuple[str, str]] = (),
-                              queues: Sequence[str] = (), lease_ttl: float = 15.0) -> None:
+    async def register_worker(
+        self,
+        worker_id: str,
+        host: str,
+        pid: int,
+        *,
+        serves: Collection[tuple[str, str]] = (),
+        queues: Sequence[str] = (),
+        lease_ttl: float = 15.0,
+    ) -> None:
         """Record a worker, what it serves (``(workflow, version)`` pairs and queues) and
         its lease TTL, by which its liveness is judged (:meth:`live_workers`)."""
         params = self._registration(worker_id, host, pid, serves, queues, lease_ttl)
         await self._run(lambda tx: tx.send("worker_upsert", params))
 
-    def _registration(self, worker_id: str, host: str, pid: int,
-                      serves: Collection[tuple[str, str]], queues: Sequence[str],
-                      lease_ttl: float) -> dict[str, Any]:
+    def _registration(
+        self,
+        worker_id: str,
+        host: str,
+        pid: int,
+        serves: Collection[tuple[str, str]],
+        queues: Sequence[str],
+        lease_ttl: float,
+    ) -> dict[str, Any]:
         """A worker's row, kept to register it again should it be pruned while alive."""
-        params = {"worker_id": worker_id, "host": host, "pid": pid,
-                  "serves": dumps(sorted([w, v] for w, v in serves)),
-                  "queues": dumps(list(queues)), "lease_ttl": lease_ttl}
+        params = {
+            "worker_id": worker_id,
+            "host": host,
+            "pid": pid,
+            "serves": dumps(sorted([w, v] for w, v in serves)),
+            "queues": dumps(list(queues)),
+            "lease_ttl": lease_ttl,
+        }
         self._registrations[worker_id] = params
         return params
 
     async def live_workers(self) -> list[WorkerInfo]:
         """The workers seen within their lease TTL, with what they serve."""
         rows = await self._read(lambda tx: tx.all("workers_live", {}))
-        return [WorkerInfo(r["worker_id"], r["host"], r["pid"],
-                           frozenset((w, v) for w, v in json.loads(r["serves"])),
-                           tuple(json.loads(r["queues"])), r["lease_ttl"], r["seen_at"])
-                for r in rows]
+        return [
+            WorkerInfo(
+                r["worker_id"],
+                r["host"],
+                r["pid"],
+                frozenset((w, v) for w, v in json.loads(r["serves"])),
+                tuple(json.loads(r["queues"])),
+                r["lease_ttl"],
+                r["seen_at"],
+            )
+            for r in rows
+        ]
 
-    async def claim(self, worker_id: str, ttl: float, limit: int, queues: Sequence[str],
-                    served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+    async def claim(
+        self,
+        worker_id: str,
+        ttl: float,
+        limit: int,
+        queues: Sequence[str],
+        served: Collection[tuple[str, str]],
+    ) -> list[ClaimedRun]:
         """Take up to ``limit`` ready runs (queued, or waiting past ``not_before``) of the
         ``(workflow, version)`` pairs in ``served``; others stay queued for a worker that
         serves them."""
@@ -701,30 +836,38 @@ class Store(ABC):
                 self._announce(tx, READY)
             picked: list[Any] = []
             for queue in dict.fromkeys(queues):  # each along runs_queued, then merged
-                picked += tx.all("claim_pick", {"queue": queue, "limit": limit,
-                                                **self._served(served)})
+                picked += tx.all(
+                    "claim_pick", {"queue": queue, "limit": limit, **self._served(served)}
+                )
             picked.sort(key=lambda r: (-r["priority"], r["created_at"]))
             ids = [r["run_id"] for r in picked[:limit]]
             return self._take(tx, ids, worker_id, ttl, "claim")
 
         return await self._run(body)
 
-    async def steal_expired(self, worker_id: str, ttl: float, limit: int,
-                            queues: Sequence[str], served: Collection[tuple[str, str]]
-                            ) -> list[ClaimedRun]:
+    async def steal_expired(
+        self,
+        worker_id: str,
+        ttl: float,
+        limit: int,
+        queues: Sequence[str],
+        served: Collection[tuple[str, str]],
+    ) -> list[ClaimedRun]:
         """The recovery sweep: take running runs (of the pairs in ``served``) whose lease
         is missing or expired; and forget workers long gone."""
 
         def body(tx: Tx) -> list[ClaimedRun]:
             tx.send("workers_prune", {"ttls": WORKER_GONE_TTLS})
-            picked = tx.all("steal_pick", {"queues": self._ids(queues), "limit": limit,
-                                           **self._served(served)})
+            picked = tx.all(
+                "steal_pick", {"queues": self._ids(queues), "limit": limit, **self._served(served)}
+            )
             return self._take(tx, [r["run_id"] for r in picked], worker_id, ttl, "sweep")
 
         return await self._run(body)
 
-    async def reclaim_own(self, worker_id: str, ttl: float,
-                          served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+    async def reclaim_own(
+        self, worker_id: str, ttl: float, served: Collection[tuple[str, str]]
+    ) -> list[ClaimedRun]:
         """On restart: take back, at once, the running runs still under this worker id
         (those of the pairs in ``served``; the sweep hands the others on)."""
 
@@ -734,10 +877,16 @@ class Store(ABC):
 
         return await self._run(body)
 
-    async def start_worker(self, worker_id: str, host: str, pid: int, *,
-                           serves: Collection[tuple[str, str]] = (),
-                           queues: Sequence[str] = (), lease_ttl: float = 15.0
-                           ) -> list[ClaimedRun]:
+    async def start_worker(
+        self,
+        worker_id: str,
+        host: str,
+        pid: int,
+        *,
+        serves: Collection[tuple[str, str]] = (),
+        queues: Sequence[str] = (),
+        lease_ttl: float = 15.0,
+    ) -> list[ClaimedRun]:
         """:meth:`register_worker`, then :meth:`reclaim_own`, in one commit: a restarted
         worker's interrupted runs are its own again one commit after it starts."""
         params = self._registration(worker_id, host, pid, serves, queues, lease_ttl)
@@ -745,8 +894,7 @@ class Store(ABC):
         def body(tx: Tx) -> list[ClaimedRun]:
             tx.send("worker_upsert", params)
             picked = tx.all("reclaim_pick", {"worker_id": worker_id, **self._served(serves)})
-            return self._take(tx, [r["run_id"] for r in picked], worker_id, lease_ttl,
-                              "reclaim")
+            return self._take(tx, [r["run_id"] for r in picked], worker_id, lease_ttl, "reclaim")
 
         return await self._run(body)
 
@@ -764,8 +912,9 @@ class Store(ABC):
                 return []
             tx.send("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
             rows = tx.all("leases_held", {"worker_id": worker_id, "ids": ids})
-            return [HeldLease(r["run_id"], int(r["epoch"]), bool(r["cancel_requested"]))
-                    for r in rows]
+            return [
+                HeldLease(r["run_id"], int(r["epoch"]), bool(r["cancel_requested"])) for r in rows
+            ]
 
         return await self._run(body)
 
@@ -774,10 +923,16 @@ class Store(ABC):
         None if the lease moved on meanwhile."""
 
         def body(tx: Tx) -> Lease | None:
-            row = tx.one("lease_retake", {"run_id": lease.run_id, "worker_id": lease.worker_id,
-                                          "epoch": lease.epoch, "ttl": ttl})
-            return None if row is None else Lease(lease.run_id, lease.worker_id,
-                                                   int(row["epoch"]))
+            row = tx.one(
+                "lease_retake",
+                {
+                    "run_id": lease.run_id,
+                    "worker_id": lease.worker_id,
+                    "epoch": lease.epoch,
+                    "ttl": ttl,
+                },
+            )
+            return None if row is None else Lease(lease.run_id, lease.worker_id, int(row["epoch"]))
 
         return await self._run(body)
 
@@ -806,16 +961,18 @@ class Store(ABC):
         def body(tx: Tx) -> None:
             # One statement per event checks the lease and inserts; fewer rows than events
             # means the lease was lost, and the transaction rolls back.
-            inserted = (tx.run("event_insert_leased", rows[0]) if len(rows) == 1
-                        else tx.many("event_insert_leased", rows))
+            inserted = (
+                tx.run("event_insert_leased", rows[0])
+                if len(rows) == 1
+                else tx.many("event_insert_leased", rows)
+            )
             if inserted != len(rows):
                 raise LeaseLost(lease.run_id)
             self._journaled(tx, lease.run_id)
 
         await self._run(body)
 
-    async def start_child(self, lease: Lease, events: Sequence[Event],
-                          child: NewRun) -> RunRecord:
+    async def start_child(self, lease: Lease, events: Sequence[Event], child: NewRun) -> RunRecord:
         """Append the parent's events and create the child run, in one transaction."""
 
         def body(tx: Tx) -> RunRecord:
@@ -841,7 +998,8 @@ class Store(ABC):
             params = {"run_id": lease.run_id, "id": signal_id, "seq": events[-1].seq}
             if tx.run("signal_consume", params) != 1:
                 raise SignalAlreadyConsumed(
-                    f"signal {signal_id} of run {lease.run_id} was already consumed")
+                    f"signal {signal_id} of run {lease.run_id} was already consumed"
+                )
 
         await self._run(body)
 
@@ -863,8 +1021,9 @@ class Store(ABC):
         if version is None:
             row = await self._read(lambda tx: tx.one("graph_latest", {"name": name}))
         else:
-            row = await self._read(lambda tx: tx.one("graph_get", {"name": name,
-                                                                   "version": version}))
+            row = await self._read(
+                lambda tx: tx.one("graph_get", {"name": name, "version": version})
+            )
         return _graph(row) if row else None
 
     async def list_graphs(self) -> list[StoredGraph]:
@@ -877,14 +1036,14 @@ class Store(ABC):
         rows = await self._read(lambda tx: tx.all("graph_versions", {}))
         return frozenset((r["name"], r["version"]) for r in rows)
 
-    async def graph_versions_tiers(self) -> tuple[frozenset[tuple[str, str]],
-                                                  frozenset[tuple[str, str]]]:
+    async def graph_versions_tiers(
+        self,
+    ) -> tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]:
         """Every registered ``(graph name, version)`` pair, and those of ``tier:
         isolated`` among them."""
         rows = await self._read(lambda tx: tx.all("graph_versions_tiers", {}))
         pairs = [((r["name"], r["version"]), bool(r["isolated"])) for r in rows]
-        return (frozenset(p for p, _ in pairs),
-                frozenset(p for p, isolated in pairs if isolated))
+        return (frozenset(p for p, _ in pairs), frozenset(p for p, isolated in pairs if isolated))
 
     # -- guards ----------------------------------------------------------------------------
 
@@ -895,19 +1054,22 @@ class Store(ABC):
         row = await self._read(lambda tx: tx.one("guard_retries_recent", params))
         return int(row["n"]) if row else 0
 
-    async def llm_history(self, workflow: str, limit: int
-                          ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
+    async def llm_history(
+        self, workflow: str, limit: int
+    ) -> list[tuple[str, str | None, dict[str, Any] | None]]:
         """The LLM calls (run, step, usage and cost) of the last ``limit`` finished runs of
         ``workflow``; a run without any has one row with step and call None."""
         params = {"workflow": workflow, "limit": limit}
         rows = await self._read(lambda tx: tx.all("guard_llm_history", params))
-        return [(r["run_id"], r["step_id"], json.loads(r["llm"]) if r["llm"] else None)
-                for r in rows]
+        return [
+            (r["run_id"], r["step_id"], json.loads(r["llm"]) if r["llm"] else None) for r in rows
+        ]
 
     # -- sandboxes (see ratchet.store.sandboxes) --------------------------------------------
 
-    async def open_sandbox(self, lease: Lease, sandbox_id: str, backend: str, limit: int,
-                           since_epoch: int = 0) -> tuple[sandboxes.SandboxRecord | None, int]:
+    async def open_sandbox(
+        self, lease: Lease, sandbox_id: str, backend: str, limit: int, since_epoch: int = 0
+    ) -> tuple[sandboxes.SandboxRecord | None, int]:
         """Under the lease: the row of the run's next sandbox, or None once ``limit``
         attempts (of epoch ``since_epoch`` on) were counted; and how many were."""
 
@@ -921,15 +1083,28 @@ class Store(ABC):
         """The sandbox's process started."""
         await self._run(lambda tx: tx.send("sandbox_running", {"sandbox_id": sandbox_id}))
 
-    async def end_sandbox(self, sandbox_id: str, *, reason: str, exit_code: int | None,
-                          signal: int | None, peak_memory: int | None) -> None:
+    async def end_sandbox(
+        self,
+        sandbox_id: str,
+        *,
+        reason: str,
+        exit_code: int | None,
+        signal: int | None,
+        peak_memory: int | None,
+    ) -> None:
         """The sandbox's process is gone: how it ended."""
-        params = {"sandbox_id": sandbox_id, "end_reason": reason, "exit_code": exit_code,
-                  "signal": signal, "peak_memory": peak_memory}
+        params = {
+            "sandbox_id": sandbox_id,
+            "end_reason": reason,
+            "exit_code": exit_code,
+            "signal": signal,
+            "peak_memory": peak_memory,
+        }
         await self._run(lambda tx: tx.send("sandbox_end", params))
 
-    async def list_sandboxes(self, run_id: str | None = None,
-                             limit: int = 100) -> list[sandboxes.SandboxRecord]:
+    async def list_sandboxes(
+        self, run_id: str | None = None, limit: int = 100
+    ) -> list[sandboxes.SandboxRecord]:
         """A run's sandboxes by attempt, or the most recent ones of every run."""
         if run_id is not None:
             rows = await self._read(lambda tx: tx.all("sandboxes_of_run", {"run_id": run_id}))
@@ -939,12 +1114,23 @@ class Store(ABC):
 
     # -- approvals (see ratchet.store.approvals) --------------------------------------------
 
-    async def ask_approval(self, lease: Lease, events: Sequence[Event], step_id: str,
-                           attempt: int, name: str, data: Any, deadline: float | None) -> None:
+    async def ask_approval(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        step_id: str,
+        attempt: int,
+        name: str,
+        data: Any,
+        deadline: float | None,
+    ) -> None:
         """Append ``events`` (the ``step_waiting`` that asks) and write the approval's row,
         together: from then on it is listed and may be decided."""
-        await self._run(lambda tx: approvals.ask(self, tx, lease, events, step_id, attempt,
-                                                 name, data, deadline))
+        await self._run(
+            lambda tx: approvals.ask(
+                self, tx, lease, events, step_id, attempt, name, data, deadline
+            )
+        )
 
     async def get_approval(self, run_id: str, step_id: str) -> Approval | None:
         """The approval asked by step ``step_id`` of the run."""
@@ -955,9 +1141,16 @@ class Store(ABC):
         decision landed first. Returns the row as it ends (expired, or decided)."""
         return await self._run(lambda tx: approvals.expire(self, tx, lease, step_id, attempt))
 
-    async def decide_approval(self, run_id: str, step: str, approved: bool, by: str,
-                              comment: str | None, note: str | None = None,
-                              grant: dict[str, Any] | None = None) -> Approval:
+    async def decide_approval(
+        self,
+        run_id: str,
+        step: str,
+        approved: bool,
+        by: str,
+        comment: str | None,
+        note: str | None = None,
+        grant: dict[str, Any] | None = None,
+    ) -> Approval:
         """Record a person's decision on a pending approval (``step``: its step id, or its
         name when that picks one) and wake the run; ``note``: a name the client gave
         beside the decider ``by``. Refused, with nothing written, for an unknown run or
@@ -965,19 +1158,22 @@ class Store(ABC):
         a finished run (:class:`ApprovalNotPending`). ``grant`` (checked by the caller):
         for a guard's pause of a limit, the limits approving it moves (see
         :func:`ratchet.store.approvals.granting`)."""
-        return await self._run(lambda tx: approvals.decide(self, tx, run_id, step, approved,
-                                                           by, comment, note, grant))
+        return await self._run(
+            lambda tx: approvals.decide(self, tx, run_id, step, approved, by, comment, note, grant)
+        )
 
-    async def pending_approvals(self, run_id: str | None = None,
-                                limit: int = 100) -> list[Approval]:
+    async def pending_approvals(
+        self, run_id: str | None = None, limit: int = 100
+    ) -> list[Approval]:
         """Pending approvals of unfinished runs, oldest first; with ``run_id``, those of
         that run and of the runs under it."""
         params = {"run_id": run_id, "limit": limit}
         rows = await self._read(lambda tx: tx.all("approvals_pending", params))
         return [approvals.approval_from_row(r) for r in rows]
 
-    async def park(self, lease: Lease, events: Sequence[Event], waits: Sequence[str],
-                   not_before: float | None) -> tuple[str, list[str]]:
+    async def park(
+        self, lease: Lease, events: Sequence[Event], waits: Sequence[str], not_before: float | None
+    ) -> tuple[str, list[str]]:
         """Append ``events``, set the run ``waiting`` and release the lease, unless some of
         ``waits`` (``signal:NAME``, ``child:RUN``, ``approval:STEP``, or timers) is already
         satisfied. Returns ``("parked", [])``, ``("ready", satisfied)`` (keep driving;
@@ -997,10 +1193,14 @@ class Store(ABC):
             if ready:
                 return "ready", ready
             waiting_for = waits[0] if len(set(waits)) == 1 else "any:" + dumps(sorted(set(waits)))
-            tx.send("run_park", {"run_id": lease.run_id, "waiting_for": waiting_for,
-                                "not_before": not_before})
-            tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
-                                     "epoch": lease.epoch})
+            tx.send(
+                "run_park",
+                {"run_id": lease.run_id, "waiting_for": waiting_for, "not_before": not_before},
+            )
+            tx.send(
+                "lease_release",
+                {"run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch},
+            )
             if not_before is not None:
                 self._announce(tx, READY)
             return "parked", []
@@ -1030,15 +1230,23 @@ class Store(ABC):
             self._insert_events(tx, events)
             if tx.run("run_hand_back", {"run_id": lease.run_id}):
                 self._announce(tx, READY)
-            tx.send("lease_release", {"run_id": lease.run_id, "worker_id": lease.worker_id,
-                                     "epoch": lease.epoch})
+            tx.send(
+                "lease_release",
+                {"run_id": lease.run_id, "worker_id": lease.worker_id, "epoch": lease.epoch},
+            )
 
         await self._run(body)
 
-    async def finish(self, lease: Lease, events: Sequence[Event], status: RunStatus,
-                     output: Any = None, error: str | None = None,
-                     dead_letter: str | None = None,
-                     receipt: dict[str, Any] | None = None) -> None:
+    async def finish(
+        self,
+        lease: Lease,
+        events: Sequence[Event],
+        status: RunStatus,
+        output: Any = None,
+        error: str | None = None,
+        dead_letter: str | None = None,
+        receipt: dict[str, Any] | None = None,
+    ) -> None:
         """Append the terminal events and set the terminal status, once: the guarded
         update lets exactly one finisher through; any other gets RunFinished and its
         events roll back. A child's end wakes its waiting parent in the same commit.
@@ -1064,8 +1272,10 @@ class Store(ABC):
             if receipt is not None:
                 retention.put_receipt_in(tx, receipt)
             if dead_letter:
-                tx.send("dead_letter_put", {"run_id": lease.run_id, "reason": dead_letter,
-                                           "error": error or ""})
+                tx.send(
+                    "dead_letter_put",
+                    {"run_id": lease.run_id, "reason": dead_letter, "error": error or ""},
+                )
             self._ended(tx, lease.run_id)
             rec = record_from_row(tx.one("run_get", {"run_id": lease.run_id}))
             if rec.parent_run_id and tx.run(
@@ -1076,8 +1286,9 @@ class Store(ABC):
 
         await self._run(body)
 
-    async def claim_receipt(self, lease: Lease, key: str, step_id: str, *, delivery: str,
-                            attempt: int) -> Receipt | None:
+    async def claim_receipt(
+        self, lease: Lease, key: str, step_id: str, *, delivery: str, attempt: int
+    ) -> Receipt | None:
         """Claim delivery ``delivery`` of the step before dispatch, under ``key`` (the one
         ``attempt`` derives for it). None: newly claimed, dispatch. Otherwise the receipt an
         earlier attempt or drive left for this delivery, with the key it was sent under
@@ -1086,17 +1297,25 @@ class Store(ABC):
 
         def body(tx: Tx) -> Receipt | None:
             self._check_lease(tx, lease)
-            params = {"key": key, "run_id": lease.run_id, "step_id": step_id,
-                      "delivery": delivery, "attempt": attempt, "epoch": lease.epoch}
+            params = {
+                "key": key,
+                "run_id": lease.run_id,
+                "step_id": step_id,
+                "delivery": delivery,
+                "attempt": attempt,
+                "epoch": lease.epoch,
+            }
             if tx.run("receipt_claim", params) == 1:
                 return None
             # A receipt from before deliveries had identities carries only its key.
-            row = (tx.one("receipt_find", {"run_id": lease.run_id, "step_id": step_id,
-                                           "delivery": delivery})
-                   or tx.one("receipt_get", {"key": key}))
+            row = tx.one(
+                "receipt_find", {"run_id": lease.run_id, "step_id": step_id, "delivery": delivery}
+            ) or tx.one("receipt_get", {"key": key})
             if row is None:
-                raise StoreConflict(f"receipt {key} of run {lease.run_id} step {step_id} "
-                                    "conflicted on insert but cannot be read back")
+                raise StoreConflict(
+                    f"receipt {key} of run {lease.run_id} step {step_id} "
+                    "conflicted on insert but cannot be read back"
+                )
             return _receipt(row)
 
         return await self._run(body)
@@ -1115,8 +1334,9 @@ class Store(ABC):
 
         def body(tx: Tx) -> None:
             self._check_lease(tx, lease)
-            tx.send("receipt_settle", {"key": key, "response": dumps(response),
-                                      "epoch": lease.epoch})
+            tx.send(
+                "receipt_settle", {"key": key, "response": dumps(response), "epoch": lease.epoch}
+            )
 
         await self._run(body)
 
@@ -1128,8 +1348,9 @@ class Store(ABC):
         tx.send("signals_drop_consumed", {"run_id": run_id})
         self._announce(tx, DONE, run_id)
 
-    async def resolve_receipt(self, key: str, response: Any = None,
-                              failed: bool = False) -> Receipt:
+    async def resolve_receipt(
+        self, key: str, response: Any = None, failed: bool = False
+    ) -> Receipt:
         """Settle a claimed receipt by hand (a person who found out what happened): with
         the receiver's ``response``, or as ``failed`` (it did not happen). Refused for an
         unknown key, a receipt already settled, and while a worker holds the run's lease
@@ -1150,15 +1371,22 @@ class Store(ABC):
                     f"receipt {key} (run {run_id}, step {found.step_id}, delivery "
                     f"{found.delivery}) is already {found.status}"
                     + (" by hand" if found.settled_by == "hand" else "")
-                    + "; nothing changed")
+                    + "; nothing changed"
+                )
             if lock is not None and lock["worker_id"] is not None and bool(lock["live"]):
                 raise ReceiptBusy(
                     f"run {run_id} is being driven by worker {lock['worker_id']}, which may be "
                     f"dispatching receipt {key} right now; settle it once the run has "
-                    "failed or its worker has stopped and the lease has expired")
-            tx.send("receipt_resolve", {
-                "key": key, "status": "failed" if failed else "settled",
-                "response": None if failed else dumps(response)})
+                    "failed or its worker has stopped and the lease has expired"
+                )
+            tx.send(
+                "receipt_resolve",
+                {
+                    "key": key,
+                    "status": "failed" if failed else "settled",
+                    "response": None if failed else dumps(response),
+                },
+            )
             return _receipt(tx.one("receipt_get", {"key": key}))
 
         return await self._run(body)
@@ -1223,8 +1451,10 @@ class Store(ABC):
         # The lease row (locked above, so in-flight appends have landed) goes with the
         # run's end: an expired holder finds no lease to write under.
         self._append_unowned(tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
-        tx.send("run_finish", {"run_id": run_id, "status": "cancelled", "output": None,
-                              "error": "cancelled"})
+        tx.send(
+            "run_finish",
+            {"run_id": run_id, "status": "cancelled", "output": None, "error": "cancelled"},
+        )
         self._ended(tx, run_id)
         if rec.parent_run_id and tx.run(
             "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
@@ -1239,16 +1469,19 @@ class Store(ABC):
         for row in tx.all("runs_children_active", {"run_id": run_id}):
             self._cancel_locked(tx, self._locked_run(tx, row["run_id"]))
 
-    async def retry_dead(self, run_id: str, grant: dict[str, Any] | None = None,
-                         by: str | None = None) -> RunRecord:
+    async def retry_dead(
+        self, run_id: str, grant: dict[str, Any] | None = None, by: str | None = None
+    ) -> RunRecord:
         """Re-queue a dead-lettered run; it resumes after its last completed step, with its
         limits as they were unless ``grant`` (checked by the caller) moves some; ``by``,
         who retried it, is journaled in the ``run_queued`` event with the grant."""
 
         def body(tx: Tx) -> RunRecord:
             rec = self._locked_run(tx, run_id)
-            if rec.status != RunStatus.FAILED or tx.run("dead_letter_delete",
-                                                        {"run_id": run_id}) != 1:
+            if (
+                rec.status != RunStatus.FAILED
+                or tx.run("dead_letter_delete", {"run_id": run_id}) != 1
+            ):
                 raise NotDeadLettered(f"run {run_id} is {rec.status}, not dead-lettered")
             tx.one("lease_row_locked", {"run_id": run_id})
             payload: dict[str, Any] = {"reason": "retry"}
@@ -1262,4 +1495,3 @@ class Store(ABC):
             return record_from_row(tx.one("run_get", {"run_id": run_id}))
 
         return await self._run(body)
-

@@ -26,8 +26,9 @@ class Bus:
     """Watchers by ``(channel, key)``; ``key`` is a run id on DONE/CANCEL/EVENTS, ""
     otherwise (and "" on DONE or EVENTS means any run)."""
 
-    def __init__(self, on_watch: Callable[[str, str, asyncio.AbstractEventLoop], None]
-                 | None = None) -> None:
+    def __init__(
+        self, on_watch: Callable[[str, str, asyncio.AbstractEventLoop], None] | None = None
+    ) -> None:
         self._waiters: dict[tuple[str, str], set[_Entry]] = {}
         self._lock = threading.Lock()
         self._on_watch = on_watch
@@ -46,8 +47,12 @@ class Bus:
         """Wake every watcher of ``channel``, whatever its key: announcements may have
         been missed (a notification connection was lost or replaced)."""
         with self._lock:
-            waiters = [entry for (ch, _), entries in self._waiters.items() if ch == channel
-                       for entry in entries]
+            waiters = [
+                entry
+                for (ch, _), entries in self._waiters.items()
+                if ch == channel
+                for entry in entries
+            ]
         for loop, event in waiters:
             loop.call_soon_threadsafe(event.set)
 

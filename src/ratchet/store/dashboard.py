@@ -44,8 +44,20 @@ async def timeline_events(store: Store, run_id: str, upto: int | None = None) ->
     or replay)."""
     params = {"run_id": run_id, "upto": 2**62 if upto is None else upto}
     rows = await store._read(lambda tx: tx.all("ui_timeline_events", params))
-    return [Event(run_id, r["seq"], r["kind"], r["step_id"], r["attempt"], _payload(r),
-                  float(r["at"]), "", "") for r in rows]
+    return [
+        Event(
+            run_id,
+            r["seq"],
+            r["kind"],
+            r["step_id"],
+            r["attempt"],
+            _payload(r),
+            float(r["at"]),
+            "",
+            "",
+        )
+        for r in rows
+    ]
 
 
 def _payload(row: Any) -> dict[str, Any]:

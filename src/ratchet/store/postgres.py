@@ -64,8 +64,7 @@ class _EpochLoader(Loader):
     """timestamptz as Unix seconds (a float), the engine's unit of time everywhere: the
     datetime psycopg reads, as seconds since the epoch (exact to the microsecond)."""
 
-    _datetime = psycopg.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid,
-                                            Format.TEXT)
+    _datetime = psycopg.adapters.get_loader(psycopg.adapters.types["timestamptz"].oid, Format.TEXT)
 
     def __init__(self, oid: int, context: AdaptContext | None = None) -> None:
         super().__init__(oid, context)
@@ -130,8 +129,9 @@ class PostgresStore(Store):
     sql_dialect = "postgres"
     json_text_canonical = False  # jsonb
 
-    def __init__(self, url: str, clock: Clock | None = None, pool_size: int = 16,
-                 read_only: bool = False) -> None:
+    def __init__(
+        self, url: str, clock: Clock | None = None, pool_size: int = 16, read_only: bool = False
+    ) -> None:
         super().__init__(clock)
         self.url = url
         self.read_only = read_only
@@ -149,16 +149,19 @@ class PostgresStore(Store):
     def _probe(self) -> None:
         """One plain connection first, so that an unreachable server or a missing database
         fails at once with the server's own words, not after the pool's retries."""
-        timeout: dict[str, Any] = ({} if "connect_timeout" in self.url
-                                   else {"connect_timeout": CONNECT_TIMEOUT_S})
+        timeout: dict[str, Any] = (
+            {} if "connect_timeout" in self.url else {"connect_timeout": CONNECT_TIMEOUT_S}
+        )
         try:
             with psycopg.connect(self.url, autocommit=True, **timeout) as conn:
                 if not self.read_only:
                     return
                 row = conn.execute("SELECT to_regclass('schema_migrations')").fetchone()
                 if row is None or row[0] is None:
-                    raise StorageError("no Ratchet tables in this PostgreSQL database "
-                                       "(nothing has run against it yet?)")
+                    raise StorageError(
+                        "no Ratchet tables in this PostgreSQL database "
+                        "(nothing has run against it yet?)"
+                    )
         except psycopg.Error as e:
             raise StorageError(f"cannot connect to PostgreSQL: {_one_line(e)}") from e
 
@@ -167,7 +170,10 @@ class PostgresStore(Store):
             return
         await asyncio.to_thread(self._probe)
         pool = psycopg_pool.ConnectionPool(
-            self.url, min_size=1, max_size=self._pool_size, open=False,
+            self.url,
+            min_size=1,
+            max_size=self._pool_size,
+            open=False,
             # Autocommit: a single statement is its own transaction (one round trip);
             # multi-statement bodies open one explicitly with conn.transaction().
             kwargs={"autocommit": True, "row_factory": _row_factory, "context": _Adapters},
@@ -231,8 +237,9 @@ class PostgresStore(Store):
                 if version in done:
                     continue
                 conn.execute(sql.encode())
-                conn.execute("INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                             (version, name))
+                conn.execute(
+                    "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)", (version, name)
+                )
 
     def _applied(self, conn: psycopg.Connection[Any]) -> set[int]:
         """The migrations applied in the store's schema (none when it has no tables)."""
@@ -297,14 +304,23 @@ class PostgresStore(Store):
         payload: dict[str, Any] = {"workflow": new.workflow, "version": new.workflow_version}
         if new.guards:
             payload["guards"] = new.guards
-        ev = Event.chain(new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(),
-                         GENESIS_HASH)
+        ev = Event.chain(
+            new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(), GENESIS_HASH
+        )
         params = {
-            "run_id": new.run_id, "workflow": new.workflow,
-            "workflow_version": new.workflow_version, "input": dumps(new.input),
-            "parent_run_id": new.parent_run_id, "parent_step_id": new.parent_step_id,
-            "queue": new.queue, "priority": new.priority, "tenant_id": new.tenant_id,
-            "payload": ev.payload_json, "at": ev.at, "prev_hash": ev.prev_hash, "hash": ev.hash,
+            "run_id": new.run_id,
+            "workflow": new.workflow,
+            "workflow_version": new.workflow_version,
+            "input": dumps(new.input),
+            "parent_run_id": new.parent_run_id,
+            "parent_step_id": new.parent_step_id,
+            "queue": new.queue,
+            "priority": new.priority,
+            "tenant_id": new.tenant_id,
+            "payload": ev.payload_json,
+            "at": ev.at,
+            "prev_hash": ev.prev_hash,
+            "hash": ev.hash,
         }
         rows = await self._statement(self.queries["create_run"], params, fetch=True)
         if not rows:
@@ -317,8 +333,9 @@ class PostgresStore(Store):
             return record_from_row(rows[0]), False
         return record_from_row(rows[0]), bool(rows[0]["created"])
 
-    def _insert_batch(self, tx: Tx, runs: list[dict[str, Any]],
-                      events: list[dict[str, Any]]) -> list[str]:
+    def _insert_batch(
+        self, tx: Tx, runs: list[dict[str, Any]], events: list[dict[str, Any]]
+    ) -> list[str]:
         # One statement for the whole batch: a row per run in each array.
         params = {
             "run_ids": [r["run_id"] for r in runs],
@@ -335,12 +352,23 @@ class PostgresStore(Store):
         }
         return [row["run_id"] for row in tx.all("create_runs", params)]
 
-    async def claim(self, worker_id: str, ttl: float, limit: int, queues: Sequence[str],
-                    served: Collection[tuple[str, str]]) -> list[ClaimedRun]:
+    async def claim(
+        self,
+        worker_id: str,
+        ttl: float,
+        limit: int,
+        queues: Sequence[str],
+        served: Collection[tuple[str, str]],
+    ) -> list[ClaimedRun]:
         # Two statements in one round trip: due timers become queued (their own
         # statement, along runs_timers), then the claim reads runs_queued alone.
-        params = {"queues": list(dict.fromkeys(queues)), "limit": limit,
-                  "worker_id": worker_id, "ttl": ttl, **self._served(served)}
+        params = {
+            "queues": list(dict.fromkeys(queues)),
+            "limit": limit,
+            "worker_id": worker_id,
+            "ttl": ttl,
+            **self._served(served),
+        }
         timers = {"limit": TIMER_BATCH}
 
         def statement() -> list[Any]:
@@ -352,8 +380,11 @@ class PostgresStore(Store):
                 return cur.fetchall()
 
         rows = await self._loop_run(statement)
-        return [ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), "claim")
-                for row in rows for rec in (record_from_row(row),)]
+        return [
+            ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), "claim")
+            for row in rows
+            for rec in (record_from_row(row),)
+        ]
 
     async def _statement(self, sql: str, params: dict[str, Any], fetch: bool = False) -> Any:
         """One statement outside an explicit transaction: its own commit, one round trip.
@@ -386,18 +417,18 @@ class PostgresStore(Store):
         failure here is left for that append to meet and report."""
         if self._append_conn is None or self._append_conn.closed:
             with contextlib.suppress(psycopg.Error):
-                self._append_conn = psycopg.connect(self.url, autocommit=True,
-                                                    row_factory=_row_factory,
-                                                    context=_Adapters)
+                self._append_conn = psycopg.connect(
+                    self.url, autocommit=True, row_factory=_row_factory, context=_Adapters
+                )
 
     def _append_now(self, events: str) -> list[Any]:
         # The group commits have a connection and a thread of their own, so they never
         # queue behind other transactions for a pooled connection.
         try:
             if self._append_conn is None or self._append_conn.closed:
-                self._append_conn = psycopg.connect(self.url, autocommit=True,
-                                                   row_factory=_row_factory,
-                                                   context=_Adapters)
+                self._append_conn = psycopg.connect(
+                    self.url, autocommit=True, row_factory=_row_factory, context=_Adapters
+                )
             conn = self._append_conn
             self._sync_clock(conn)
             return conn.execute(self.queries["append_events"], {"events": events}).fetchall()
@@ -429,14 +460,29 @@ class PostgresStore(Store):
     async def _append_batch(self, batch: _Batch) -> None:
         """Append ``batch`` in one statement and answer each append (done, or LeaseLost);
         a failed statement raises and answers none."""
-        rows = [[lease.run_id, lease.worker_id, lease.epoch, e.seq, e.kind, e.step_id,
-                 e.attempt, e.payload_json or dumps(e.payload), e.at, e.prev_hash, e.hash]
-                for lease, events, _ in batch for e in events]
+        rows = [
+            [
+                lease.run_id,
+                lease.worker_id,
+                lease.epoch,
+                e.seq,
+                e.kind,
+                e.step_id,
+                e.attempt,
+                e.payload_json or dumps(e.payload),
+                e.at,
+                e.prev_hash,
+                e.hash,
+            ]
+            for lease, events, _ in batch
+            for e in events
+        ]
         # Strings as they are (UTF-8, as psycopg sends text), numbers in their shortest
         # exact form, which PostgreSQL reads back to the same float.
         text = json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
         landed_rows = await asyncio.get_running_loop().run_in_executor(
-            self._append_executor, self._append_now, text)
+            self._append_executor, self._append_now, text
+        )
         landed = Counter(row[0] for row in landed_rows)
         for lease, events, fut in batch:
             if fut.done():
@@ -453,8 +499,7 @@ class PostgresStore(Store):
 
     def _served(self, served: Collection[tuple[str, str]]) -> dict[str, Any]:
         pairs = list(served)
-        return {"served_workflows": [w for w, _ in pairs],
-                "served_versions": [v for _, v in pairs]}
+        return {"served_workflows": [w for w, _ in pairs], "served_versions": [v for _, v in pairs]}
 
     def _announce(self, tx: Tx, channel: str, key: str = "") -> None:
         tx.one("notify", {"channel": channel, "key": key})
@@ -477,7 +522,8 @@ class PostgresStore(Store):
             elif not task.get_loop().is_closed():
                 task.get_loop().call_soon_threadsafe(task.cancel)
         self._listen_task = asyncio.get_running_loop().create_task(
-            self._listen_loop(task), name="ratchet-listen")
+            self._listen_loop(task), name="ratchet-listen"
+        )
 
     async def _listen_loop(self, previous: asyncio.Task[None] | None = None) -> None:
         if previous is not None and previous.get_loop() is asyncio.get_running_loop():

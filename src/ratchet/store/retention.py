@@ -43,10 +43,13 @@ class PruneCandidate:
         return self.receipt_seq is not None and self.receipt_seq == self.last_seq
 
 
-def receipt_params(run_id: str, seq: int, key_id: str, envelope: dict[str, Any]
-                   ) -> dict[str, Any]:
-    return {"run_id": run_id, "seq": seq, "key_id": key_id,
-            "envelope": json.dumps(envelope, separators=(",", ":"), sort_keys=True)}
+def receipt_params(run_id: str, seq: int, key_id: str, envelope: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "seq": seq,
+        "key_id": key_id,
+        "envelope": json.dumps(envelope, separators=(",", ":"), sort_keys=True),
+    }
 
 
 def put_receipt_in(tx: Tx, params: dict[str, Any]) -> None:
@@ -54,8 +57,9 @@ def put_receipt_in(tx: Tx, params: dict[str, Any]) -> None:
     tx.send("run_receipt_put", params)
 
 
-async def put_receipt(store: Store, run_id: str, seq: int, key_id: str,
-                      envelope: dict[str, Any]) -> StoredReceipt:
+async def put_receipt(
+    store: Store, run_id: str, seq: int, key_id: str, envelope: dict[str, Any]
+) -> StoredReceipt:
     """Store a receipt (unless a newer one is there) and return the one stored."""
     params = receipt_params(run_id, seq, key_id, envelope)
 
@@ -72,8 +76,13 @@ async def get_receipt(store: Store, run_id: str) -> StoredReceipt | None:
 
 
 def _receipt(row: Any) -> StoredReceipt:
-    return StoredReceipt(row["run_id"], int(row["seq"]), row["key_id"],
-                         json.loads(row["envelope"]), float(row["signed_at"]))
+    return StoredReceipt(
+        row["run_id"],
+        int(row["seq"]),
+        row["key_id"],
+        json.loads(row["envelope"]),
+        float(row["signed_at"]),
+    )
 
 
 async def pruned_at(store: Store, run_id: str) -> float | None:
@@ -86,14 +95,21 @@ def _statuses(store: Store, statuses: Sequence[str]) -> Any:
     return store._ids(list(statuses))
 
 
-async def prune_candidates(store: Store, before: float, statuses: Sequence[str],
-                           limit: int) -> list[PruneCandidate]:
+async def prune_candidates(
+    store: Store, before: float, statuses: Sequence[str], limit: int
+) -> list[PruneCandidate]:
     """Up to ``limit`` runs finished (with one of ``statuses``) before ``before`` and not yet
     pruned, oldest first."""
     params = {"before": before, "statuses": _statuses(store, statuses), "limit": limit}
     rows = await store._read(lambda tx: tx.all("prune_candidates", params))
-    return [PruneCandidate(r["run_id"], None if r["receipt_seq"] is None else int(
-        r["receipt_seq"]), None if r["last_seq"] is None else int(r["last_seq"])) for r in rows]
+    return [
+        PruneCandidate(
+            r["run_id"],
+            None if r["receipt_seq"] is None else int(r["receipt_seq"]),
+            None if r["last_seq"] is None else int(r["last_seq"]),
+        )
+        for r in rows
+    ]
 
 
 async def prune_count(store: Store, before: float, statuses: Sequence[str]) -> tuple[int, int]:

@@ -53,16 +53,25 @@ class SandboxRecord:
 
 def record(row: Any) -> SandboxRecord:
     return SandboxRecord(
-        sandbox_id=row["sandbox_id"], run_id=row["run_id"], attempt=int(row["attempt"]),
-        status=row["status"], backend=row["backend"], worker_id=row["worker_id"],
-        epoch=int(row["epoch"]), started_at=float(row["started_at"]),
+        sandbox_id=row["sandbox_id"],
+        run_id=row["run_id"],
+        attempt=int(row["attempt"]),
+        status=row["status"],
+        backend=row["backend"],
+        worker_id=row["worker_id"],
+        epoch=int(row["epoch"]),
+        started_at=float(row["started_at"]),
         ended_at=None if row["ended_at"] is None else float(row["ended_at"]),
-        exit_code=row["exit_code"], signal=row["signal"], peak_memory=row["peak_memory"],
-        end_reason=row["end_reason"])
+        exit_code=row["exit_code"],
+        signal=row["signal"],
+        peak_memory=row["peak_memory"],
+        end_reason=row["end_reason"],
+    )
 
 
-def open_sandbox(tx: Tx, lease: Lease, sandbox_id: str, backend: str, limit: int,
-                 since_epoch: int = 0) -> tuple[SandboxRecord | None, int]:
+def open_sandbox(
+    tx: Tx, lease: Lease, sandbox_id: str, backend: str, limit: int, since_epoch: int = 0
+) -> tuple[SandboxRecord | None, int]:
     """Under the lease (the caller checked it in ``tx``): close stale rows, then write the
     next attempt's row unless ``limit`` attempts (of lease epoch ``since_epoch`` on: those
     since a manual retry) were already counted. Returns the new row (None at the limit)
@@ -72,8 +81,17 @@ def open_sandbox(tx: Tx, lease: Lease, sandbox_id: str, backend: str, limit: int
     counted, last = int(row["counted"]), int(row["last"])
     if counted >= limit:
         return None, counted
-    tx.send("sandbox_insert", {"sandbox_id": sandbox_id, "run_id": lease.run_id,
-                               "attempt": last + 1, "backend": backend,
-                               "worker_id": lease.worker_id, "epoch": lease.epoch})
-    return record(tx.one("sandboxes_of_run_attempt", {"run_id": lease.run_id,
-                                                       "attempt": last + 1})), counted
+    tx.send(
+        "sandbox_insert",
+        {
+            "sandbox_id": sandbox_id,
+            "run_id": lease.run_id,
+            "attempt": last + 1,
+            "backend": backend,
+            "worker_id": lease.worker_id,
+            "epoch": lease.epoch,
+        },
+    )
+    return record(
+        tx.one("sandboxes_of_run_attempt", {"run_id": lease.run_id, "attempt": last + 1})
+    ), counted

@@ -47,11 +47,11 @@ async def open_session(store: Store, token: Token, ttl_s: float = SESSION_TTL_S)
 
 async def session_token(store: Store, secret: str) -> Token | None:
     """The live token of the live session ``secret`` opened, or None."""
-    row = await store._read(lambda tx: tx.one("ui_session_token",
-                                              {"session_hash": token_hash(secret)}))
+    row = await store._read(
+        lambda tx: tx.one("ui_session_token", {"session_hash": token_hash(secret)})
+    )
     return _token(row) if row is not None else None
 
 
 async def close_session(store: Store, secret: str) -> None:
-    await store._run(lambda tx: tx.send("ui_session_delete",
-                                        {"session_hash": token_hash(secret)}))
+    await store._run(lambda tx: tx.send("ui_session_delete", {"session_hash": token_hash(secret)}))

@@ -54,8 +54,14 @@ class SqliteStore(Store):
     dialect = "sqlite"
     sql_dialect = "sqlite"
 
-    def __init__(self, path: str, clock: Clock | None = None, synchronous: str | None = None,
-                 busy_timeout_s: float = 60.0, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        clock: Clock | None = None,
+        synchronous: str | None = None,
+        busy_timeout_s: float = 60.0,
+        read_only: bool = False,
+    ) -> None:
         super().__init__(clock)
         self.path = path
         self.read_only = read_only
@@ -63,7 +69,8 @@ class SqliteStore(Store):
         sync = (synchronous or os.environ.get("RATCHET_SQLITE_SYNCHRONOUS") or "FULL").upper()
         if sync not in ("FULL", "NORMAL", "EXTRA"):
             raise ConfigError(
-                f"RATCHET_SQLITE_SYNCHRONOUS={sync!r}: expected FULL, NORMAL or EXTRA")
+                f"RATCHET_SQLITE_SYNCHRONOUS={sync!r}: expected FULL, NORMAL or EXTRA"
+            )
         self.synchronous = sync
         self._busy_timeout_s = busy_timeout_s
         self._conn: sqlite3.Connection | None = None
@@ -89,15 +96,25 @@ class SqliteStore(Store):
         try:
             if read_only:
                 if not os.path.isfile(path):
-                    raise StorageError(f"no Ratchet database at {self.path!r}: the file does "
-                                       "not exist (nothing has run against it yet?)")
-                conn = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True,
-                                       isolation_level=None, check_same_thread=False,
-                                       timeout=self._busy_timeout_s)
+                    raise StorageError(
+                        f"no Ratchet database at {self.path!r}: the file does "
+                        "not exist (nothing has run against it yet?)"
+                    )
+                conn = sqlite3.connect(
+                    f"file:{quote(path)}?mode=ro",
+                    uri=True,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    timeout=self._busy_timeout_s,
+                )
             else:
                 _create_private(path)
-                conn = sqlite3.connect(self.path, isolation_level=None,
-                                       check_same_thread=False, timeout=self._busy_timeout_s)
+                conn = sqlite3.connect(
+                    self.path,
+                    isolation_level=None,
+                    check_same_thread=False,
+                    timeout=self._busy_timeout_s,
+                )
             conn.row_factory = sqlite3.Row  # rows are read by column name
             clock = self.clock
             conn.create_function("ratchet_now", 0, lambda: time.time() + clock.offset)
@@ -117,8 +134,9 @@ class SqliteStore(Store):
         try:
             done = {r[0] for r in conn.execute("SELECT version FROM schema_migrations")}
         except sqlite3.Error as e:
-            raise StorageError(f"{self.path!r} is not a Ratchet database (no "
-                               "schema_migrations table)") from e
+            raise StorageError(
+                f"{self.path!r} is not a Ratchet database (no schema_migrations table)"
+            ) from e
         return any(version not in done for version, _, _ in load_migrations("sqlite"))
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
@@ -134,8 +152,9 @@ class SqliteStore(Store):
                     continue
                 for statement in _statements(sql):
                     conn.execute(statement)
-                conn.execute("INSERT INTO schema_migrations VALUES (?, ?, ?)",
-                             (version, name, time.time()))
+                conn.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)", (version, name, time.time())
+                )
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -239,7 +258,8 @@ class SqliteStore(Store):
                     conn = self._conn
                     if conn is None:
                         results: list[tuple[bool, Any]] = [
-                            (False, StorageError("store is closed"))] * len(batch)
+                            (False, StorageError("store is closed"))
+                        ] * len(batch)
                         after: list[Callable[[], None]] = []
                     else:
                         outcome = self._commit_batch(conn, batch, wait=True)
@@ -255,8 +275,9 @@ class SqliteStore(Store):
 
         self._waiter.submit(commit)
 
-    def _commit_batch(self, conn: sqlite3.Connection, batch: list[_Item], wait: bool
-                      ) -> tuple[list[tuple[bool, Any]], list[Callable[[], None]]] | None:
+    def _commit_batch(
+        self, conn: sqlite3.Connection, batch: list[_Item], wait: bool
+    ) -> tuple[list[tuple[bool, Any]], list[Callable[[], None]]] | None:
         """Commit ``batch``; None (nothing done) if ``wait`` is false and another
         connection holds the write lock."""
         results: list[tuple[bool, Any]] = []
@@ -273,7 +294,8 @@ class SqliteStore(Store):
                     cur.execute("PRAGMA busy_timeout=0")
         except sqlite3.Error as e:
             busy = isinstance(e, sqlite3.OperationalError) and (
-                e.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY)
+                e.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+            )
             if busy and not wait:
                 return None
             return [(False, _translate(e, self.path))] * len(batch), []
@@ -387,8 +409,10 @@ class SqliteStore(Store):
             raise StoreNotReady("the SQLite file was replaced since it was opened")
         wanted = os.R_OK if self.read_only else os.R_OK | os.W_OK
         if not os.access(path, wanted):
-            raise StoreNotReady("the SQLite file is not "
-                                + ("readable" if self.read_only else "readable and writable"))
+            raise StoreNotReady(
+                "the SQLite file is not "
+                + ("readable" if self.read_only else "readable and writable")
+            )
         await super().check_ready()
 
 
@@ -406,8 +430,9 @@ def _stop(poller: asyncio.Task[None] | None) -> None:
         poller.get_loop().call_soon_threadsafe(poller.cancel)
 
 
-def _answer(batch: list[_Item], results: list[tuple[bool, Any]],
-            after: list[Callable[[], None]]) -> None:
+def _answer(
+    batch: list[_Item], results: list[tuple[bool, Any]], after: list[Callable[[], None]]
+) -> None:
     for (_, _, fut), (ok, value) in zip(batch, results, strict=True):
         if fut.cancelled():
             continue
@@ -423,9 +448,13 @@ def _translate(e: BaseException, path: str = "") -> BaseException:
     """A database error as Ratchet's: a violated constraint or a refused value is not
     transient (retrying gives the same answer); anything else may be (errors.py)."""
     if isinstance(e, sqlite3.Error):
-        cls: type[Exception] = (StoreConflict if isinstance(e, sqlite3.IntegrityError)
-                                else ValueRefused if isinstance(e, sqlite3.DataError)
-                                else StorageError)
+        cls: type[Exception] = (
+            StoreConflict
+            if isinstance(e, sqlite3.IntegrityError)
+            else ValueRefused
+            if isinstance(e, sqlite3.DataError)
+            else StorageError
+        )
         # A read-only file is a fact about the file: name it.
         where = f" database {path!r}" if path and "readonly" in str(e) else ""
         err = cls(f"SQLite{where}: {e}")

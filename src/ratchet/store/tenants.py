@@ -52,7 +52,7 @@ def scoped_id(tenant: str, run_id: str) -> str:
 def external_id(tenant: str, internal: str) -> str:
     """The id ``tenant`` knows its run by, from the engine's id of it."""
     p = prefix(tenant)
-    return internal[len(p):] if internal.startswith(p) else internal
+    return internal[len(p) :] if internal.startswith(p) else internal
 
 
 def external_text(tenant: str, text: str) -> str:

@@ -46,16 +46,27 @@ class Token:
     expires_at: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"id": self.token_id, "tenant": self.tenant_id, "scopes": list(self.scopes),
-                "name": self.name, "created_at": self.created_at,
-                "revoked_at": self.revoked_at, "expires_at": self.expires_at}
+        return {
+            "id": self.token_id,
+            "tenant": self.tenant_id,
+            "scopes": list(self.scopes),
+            "name": self.name,
+            "created_at": self.created_at,
+            "revoked_at": self.revoked_at,
+            "expires_at": self.expires_at,
+        }
 
 
 def _token(row: Any) -> Token:
-    return Token(row["token_id"], row["tenant_id"], tuple(row["scopes"].split(",")),
-                 row["name"], float(row["created_at"]),
-                 None if row["revoked_at"] is None else float(row["revoked_at"]),
-                 None if row["expires_at"] is None else float(row["expires_at"]))
+    return Token(
+        row["token_id"],
+        row["tenant_id"],
+        tuple(row["scopes"].split(",")),
+        row["name"],
+        float(row["created_at"]),
+        None if row["revoked_at"] is None else float(row["revoked_at"]),
+        None if row["expires_at"] is None else float(row["expires_at"]),
+    )
 
 
 def token_hash(secret: str) -> str:
@@ -67,23 +78,28 @@ def parse_scopes(text: str) -> tuple[str, ...]:
     scopes = tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
     bad = [s for s in scopes if s not in SCOPES]
     if not scopes or bad:
-        raise InvalidInput(f"invalid scopes {text!r}: expected a comma-separated list of "
-                           f"{', '.join(SCOPES)}")
+        raise InvalidInput(
+            f"invalid scopes {text!r}: expected a comma-separated list of {', '.join(SCOPES)}"
+        )
     return scopes
 
 
 def check_tenant(tenant: str) -> str:
     if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
-        raise InvalidInput(f"invalid tenant {tenant!r}: use 1-64 letters, digits and . _ -, "
-                           "starting with a letter or digit")
+        raise InvalidInput(
+            f"invalid tenant {tenant!r}: use 1-64 letters, digits and . _ -, "
+            "starting with a letter or digit"
+        )
     return tenant
 
 
 def check_token_name(name: str | None) -> str | None:
     """A token's name (what its decisions are journaled as), checked; None is no name."""
     if name is not None and (not isinstance(name, str) or not _NAME.fullmatch(name)):
-        raise InvalidInput(f"invalid token name {name!r}: use 1-{MAX_TOKEN_NAME} printable "
-                           "characters, starting with a letter or digit")
+        raise InvalidInput(
+            f"invalid token name {name!r}: use 1-{MAX_TOKEN_NAME} printable "
+            "characters, starting with a letter or digit"
+        )
     return name
 
 
@@ -91,16 +107,26 @@ def check_expires_in(seconds: Any) -> float | None:
     """A token's lifetime in seconds, checked: positive, finite, at most ten years."""
     if seconds is None:
         return None
-    if (isinstance(seconds, bool) or not isinstance(seconds, int | float)
-            or not math.isfinite(seconds) or not 0 < seconds <= MAX_EXPIRES_IN):
-        raise InvalidInput(f"invalid expiry {seconds!r}: expected a number of seconds from 1 "
-                           f"to {MAX_EXPIRES_IN:.0f} (ten years)")
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or not 0 < seconds <= MAX_EXPIRES_IN
+    ):
+        raise InvalidInput(
+            f"invalid expiry {seconds!r}: expected a number of seconds from 1 "
+            f"to {MAX_EXPIRES_IN:.0f} (ten years)"
+        )
     return float(seconds)
 
 
-async def create_token(store: Store, tenant: str, scopes: Sequence[str],
-                       name: str | None = None, expires_in: float | None = None
-                       ) -> tuple[Token, str]:
+async def create_token(
+    store: Store,
+    tenant: str,
+    scopes: Sequence[str],
+    name: str | None = None,
+    expires_in: float | None = None,
+) -> tuple[Token, str]:
     """A new token for ``tenant``: its row and the secret, which is not stored. With
     ``expires_in`` (seconds), it is refused from then on, as a revoked one is."""
     check_tenant(tenant)
@@ -108,8 +134,14 @@ async def create_token(store: Store, tenant: str, scopes: Sequence[str],
     expires_in = check_expires_in(expires_in)
     secret = TOKEN_PREFIX + secrets.token_urlsafe(32)
     token_id = "tok_" + secrets.token_hex(6)
-    params = {"token_id": token_id, "token_hash": token_hash(secret), "tenant_id": tenant,
-              "scopes": ",".join(scopes), "name": name, "expires_in": expires_in}
+    params = {
+        "token_id": token_id,
+        "token_hash": token_hash(secret),
+        "tenant_id": tenant,
+        "scopes": ",".join(scopes),
+        "name": name,
+        "expires_in": expires_in,
+    }
 
     def body(tx: Any) -> Token:
         tx.send("token_insert", params)
@@ -147,8 +179,7 @@ async def revoke_token(store: Store, token_id: str, tenant: str | None = None) -
     return await store._run(body)
 
 
-async def ended_tokens(store: Store, token_ids: Sequence[str]
-                       ) -> tuple[set[str], float | None]:
+async def ended_tokens(store: Store, token_ids: Sequence[str]) -> tuple[set[str], float | None]:
     """Of ``token_ids``: those revoked, expired or gone by now, and the earliest expiry
     among the others (None: none expires)."""
     ids = store._ids(list(token_ids))
@@ -158,26 +189,44 @@ async def ended_tokens(store: Store, token_ids: Sequence[str]
     return set(token_ids) - set(live), min(expiries, default=None)
 
 
-async def runs_page(store: Store, tenant: str, *, status: str | None = None,
-                    workflow: str | None = None, parent: str | None = None,
-                    text: str | None = None, created_after: float | None = None,
-                    created_before: float | None = None,
-                    cursor: tuple[float, str] | None = None, limit: int = 50
-                    ) -> list[RunRecord]:
+async def runs_page(
+    store: Store,
+    tenant: str,
+    *,
+    status: str | None = None,
+    workflow: str | None = None,
+    parent: str | None = None,
+    text: str | None = None,
+    created_after: float | None = None,
+    created_before: float | None = None,
+    cursor: tuple[float, str] | None = None,
+    limit: int = 50,
+) -> list[RunRecord]:
     """A tenant's runs, newest first, after ``cursor`` (the last one's created_at, run_id);
     ``text``: only those whose run id contains it."""
     from ratchet.store.base import record_from_row
 
-    params = {"tenant_id": tenant, "status": status, "workflow": workflow, "parent": parent,
-              "text": text, "created_after": created_after, "created_before": created_before,
-              "cursor_at": cursor[0] if cursor else None,
-              "cursor_id": cursor[1] if cursor else None, "limit": limit}
+    params = {
+        "tenant_id": tenant,
+        "status": status,
+        "workflow": workflow,
+        "parent": parent,
+        "text": text,
+        "created_after": created_after,
+        "created_before": created_before,
+        "cursor_at": cursor[0] if cursor else None,
+        "cursor_id": cursor[1] if cursor else None,
+        "limit": limit,
+    }
     rows = await store._read(lambda tx: tx.all("runs_page", params))
     return [record_from_row(r) for r in rows]
 
 
 async def dead_letters(store: Store, tenant: str, limit: int = 100) -> list[DeadLetter]:
-    rows = await store._read(lambda tx: tx.all("dead_letters_of_tenant",
-                                               {"tenant_id": tenant, "limit": limit}))
-    return [DeadLetter(r["run_id"], r["workflow"], r["reason"], r["error"], float(r["at"]))
-            for r in rows]
+    rows = await store._read(
+        lambda tx: tx.all("dead_letters_of_tenant", {"tenant_id": tenant, "limit": limit})
+    )
+    return [
+        DeadLetter(r["run_id"], r["workflow"], r["reason"], r["error"], float(r["at"]))
+        for r in rows
+    ]

@@ -92,27 +92,38 @@ def _same_origin(request: Request) -> bool:
     parts = urlsplit(origin)
     default = {"http": 80, "https": 443}
     return (parts.scheme, parts.hostname, parts.port or default.get(parts.scheme)) == (
-        request.url.scheme, request.url.hostname,
-        request.url.port or default.get(request.url.scheme))
+        request.url.scheme,
+        request.url.hostname,
+        request.url.port or default.get(request.url.scheme),
+    )
 
 
 # Scripts and styles from this server only (segments are placed with style attributes),
 # and no framing: a page with Approve buttons must not be clickable through another site.
-HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY",
-           "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
-                                      "img-src 'self' data:; frame-ancestors 'none'"}
+HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; frame-ancestors 'none'",
+}
 
 
-def _page(request: Request, name: str, context: dict[str, Any],
-          status_code: int = 200) -> HTMLResponse:
-    return templates.TemplateResponse(request, name, context, status_code=status_code,
-                                      headers=HEADERS)
+def _page(
+    request: Request, name: str, context: dict[str, Any], status_code: int = 200
+) -> HTMLResponse:
+    return templates.TemplateResponse(
+        request, name, context, status_code=status_code, headers=HEADERS
+    )
 
 
 def _user(token: Token, secret: str) -> dict[str, Any]:
-    return {"tenant": token.tenant_id, "name": token.name or token.token_id,
-            "csrf": sessions.csrf_token(secret), "can_write": allows(token, "runs:write"),
-            "admin": allows(token, "admin")}
+    return {
+        "tenant": token.tenant_id,
+        "name": token.name or token.token_id,
+        "csrf": sessions.csrf_token(secret),
+        "can_write": allows(token, "runs:write"),
+        "admin": allows(token, "admin"),
+    }
 
 
 # -- signing in and out ----------------------------------------------------------------------
@@ -144,19 +155,31 @@ async def signin(request: Request) -> Response:
     secret = form.get("token", "").strip()
     target = _next(form.get("next"))
     if not _same_origin(request):
-        return _page(request, "signin.html", {"next": target, "user": None,
-                                              "error": "sign-in from another site refused"},
-                     403)
+        return _page(
+            request,
+            "signin.html",
+            {"next": target, "user": None, "error": "sign-in from another site refused"},
+            403,
+        )
     token = await tokens.authenticate(_store(request), secret) if secret else None
     if token is None:
         # The form again, with the reason (a 200: a page, not an API refusal).
-        return _page(request, "signin.html", {"next": target, "user": None,
-                                              "error": "invalid, revoked or expired token"})
+        return _page(
+            request,
+            "signin.html",
+            {"next": target, "user": None, "error": "invalid, revoked or expired token"},
+        )
     session = await sessions.open_session(_store(request), token)
     response = RedirectResponse(target, status_code=303)
-    response.set_cookie(SESSION_COOKIE, session, max_age=int(sessions.SESSION_TTL_S),
-                        httponly=True, samesite="strict", path="/",
-                        secure=request.url.scheme == "https")
+    response.set_cookie(
+        SESSION_COOKIE,
+        session,
+        max_age=int(sessions.SESSION_TTL_S),
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 
@@ -187,57 +210,100 @@ def _cursor(text: str | None) -> tuple[float, str] | None:
         return None
 
 
-async def _list(request: Request, token: Token, status: str | None, workflow: str | None,
-                q: str | None, cursor: str | None) -> dict[str, Any]:
+async def _list(
+    request: Request,
+    token: Token,
+    status: str | None,
+    workflow: str | None,
+    q: str | None,
+    cursor: str | None,
+) -> dict[str, Any]:
     store = _store(request)
     if status not in STATUSES:
         status = None
-    recs = await tokens.runs_page(store, token.tenant_id, status=status,
-                                  workflow=workflow or None, text=q or None,
-                                  cursor=_cursor(cursor), limit=PAGE_SIZE + 1)
+    recs = await tokens.runs_page(
+        store,
+        token.tenant_id,
+        status=status,
+        workflow=workflow or None,
+        text=q or None,
+        cursor=_cursor(cursor),
+        limit=PAGE_SIZE + 1,
+    )
     more, recs = len(recs) > PAGE_SIZE, recs[:PAGE_SIZE]
     ids = [r.run_id for r in recs]
     steps, totals, counts, now = await asyncio.gather(
-        dashboard.step_counts(store, ids), store.llm_totals(ids),
-        dashboard.status_counts(store, token.tenant_id), store.now())
+        dashboard.step_counts(store, ids),
+        store.llm_totals(ids),
+        dashboard.status_counts(store, token.tenant_id),
+        store.now(),
+    )
     filters = {k: v for k, v in {"status": status, "workflow": workflow, "q": q}.items() if v}
     rows = []
     for r in recs:
         t = totals.get(r.run_id)
         end = r.updated_at if r.status.terminal else now
-        rows.append({"run": _shown(token, r), "duration": max(0.0, end - r.created_at),
-                     "steps": steps.get(r.run_id, 0), "tokens": t.tokens if t else 0,
-                     "cost": None if t is None else (None if t.unpriced_calls else t.cost_usd)})
+        rows.append(
+            {
+                "run": _shown(token, r),
+                "duration": max(0.0, end - r.created_at),
+                "steps": steps.get(r.run_id, 0),
+                "tokens": t.tokens if t else 0,
+                "cost": None if t is None else (None if t.unpriced_calls else t.cost_usd),
+            }
+        )
     next_cursor = f"{recs[-1].created_at!r}~{recs[-1].run_id}" if more else None
-    return {"rows": rows, "counts": counts, "total": sum(counts.values()),
-            "statuses": STATUSES, "filters": filters,
-            "next_url": f"/runs?{urlencode(filters | {'cursor': next_cursor})}"
-            if next_cursor else None,
-            "first_url": f"/runs?{urlencode(filters)}" if cursor else None,
-            "query": urlencode(filters | ({"cursor": cursor} if cursor else {}))}
+    return {
+        "rows": rows,
+        "counts": counts,
+        "total": sum(counts.values()),
+        "statuses": STATUSES,
+        "filters": filters,
+        "next_url": f"/runs?{urlencode(filters | {'cursor': next_cursor})}"
+        if next_cursor
+        else None,
+        "first_url": f"/runs?{urlencode(filters)}" if cursor else None,
+        "query": urlencode(filters | ({"cursor": cursor} if cursor else {})),
+    }
 
 
 @router.get("/", response_class=HTMLResponse)
 @router.get("/runs", response_class=HTMLResponse)
-async def runs_page(request: Request, status: str | None = None, workflow: str | None = None,
-                    q: str | None = None, cursor: str | None = None) -> Response:
+async def runs_page(
+    request: Request,
+    status: str | None = None,
+    workflow: str | None = None,
+    q: str | None = None,
+    cursor: str | None = None,
+) -> Response:
     """The runs list: counts by status, filters, a page of runs, the dead letters."""
     found = await _session(request)
     if found is None:
         return _to_signin(request)
     token, secret = found
     context = await _list(request, token, status, workflow, q, cursor)
-    letters = ([dataclasses.replace(d, run_id=tenants.external_id(token.tenant_id, d.run_id))
-                for d in await tokens.dead_letters(_store(request), token.tenant_id, 100)]
-               if allows(token, "admin") else [])
-    return _page(request, "runs.html", context | {"user": _user(token, secret),
-                                                  "dead_letters": letters})
+    letters = (
+        [
+            dataclasses.replace(d, run_id=tenants.external_id(token.tenant_id, d.run_id))
+            for d in await tokens.dead_letters(_store(request), token.tenant_id, 100)
+        ]
+        if allows(token, "admin")
+        else []
+    )
+    return _page(
+        request, "runs.html", context | {"user": _user(token, secret), "dead_letters": letters}
+    )
 
 
 @router.get("/ui/runs/rows", response_class=HTMLResponse)
-async def runs_rows(request: Request, token: Annotated[Token, Depends(scope("runs:read"))],
-                    status: str | None = None, workflow: str | None = None,
-                    q: str | None = None, cursor: str | None = None) -> Response:
+async def runs_rows(
+    request: Request,
+    token: Annotated[Token, Depends(scope("runs:read"))],
+    status: str | None = None,
+    workflow: str | None = None,
+    q: str | None = None,
+    cursor: str | None = None,
+) -> Response:
     """The list's table and counts alone, for the live page to swap in."""
     context = await _list(request, token, status, workflow, q, cursor)
     return _page(request, "_runs_table.html", context)
@@ -269,15 +335,15 @@ class RunsProbe:
 async def _woken(events: tuple[asyncio.Event, ...], timeout: float) -> bool:
     """Whether one of ``events`` was set within ``timeout`` seconds."""
     waits = [asyncio.ensure_future(e.wait()) for e in events]
-    done, pending = await asyncio.wait(waits, timeout=timeout,
-                                       return_when=asyncio.FIRST_COMPLETED)
+    done, pending = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:
         task.cancel()
     return bool(done)
 
 
-async def _changes(request: Request, token: Token, poll_s: float,
-                   seen: Changed) -> AsyncIterator[bytes]:
+async def _changes(
+    request: Request, token: Token, poll_s: float, seen: Changed
+) -> AsyncIterator[bytes]:
     """``changed`` whenever the probe's answer moves from ``seen``; ends when the token
     is revoked or expires."""
     store = _store(request)
@@ -310,16 +376,19 @@ async def _changes(request: Request, token: Token, poll_s: float,
 
 
 @router.get("/ui/runs/live")
-async def runs_live(request: Request,
-                    token: Annotated[Token, Depends(scope("runs:read"))]) -> Response:
+async def runs_live(
+    request: Request, token: Annotated[Token, Depends(scope("runs:read"))]
+) -> Response:
     """Server-Sent Events: ``changed`` whenever the tenant's runs change after the stream
     opened (what they were then is probed before it answers, so a client that reads the
     list once it is open misses nothing)."""
     poll_s = float(request.app.state.live_poll_s)
     seen = await dashboard.runs_changed(_store(request), token.tenant_id)
-    return StreamingResponse(_changes(request, token, poll_s, seen),
-                             media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        _changes(request, token, poll_s, seen),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 # -- a run -----------------------------------------------------------------------------------
@@ -344,24 +413,41 @@ async def run_page(request: Request, run_id: str) -> Response:
     # the extra read.
     may_retry = rec.status == RunStatus.FAILED and allows(token, "admin")
     wf, approvals, children, dead_lettered = await asyncio.gather(
-        waterfall_out(store, rec, None, compact=True), app.approvals_async(rec.run_id),
+        waterfall_out(store, rec, None, compact=True),
+        app.approvals_async(rec.run_id),
         tokens.runs_page(store, token.tenant_id, parent=rec.run_id, limit=500),
-        dashboard.dead_lettered(store, rec.run_id) if may_retry else asyncio.sleep(0, False))
+        dashboard.dead_lettered(store, rec.run_id) if may_retry else asyncio.sleep(0, False),
+    )
     # The page speaks the tenant's run ids, as the API does.
     ext = functools.partial(tenants.external_id, token.tenant_id)
-    approvals = [dataclasses.replace(
-        a, run_id=ext(a.run_id), root_run_id=ext(a.root_run_id),
-        parent_run_id=None if a.parent_run_id is None else ext(a.parent_run_id))
-        for a in approvals]
-    return _page(request, "run.html", {
-        "user": user, "run": _shown(token, rec), "waterfall": wf, "approvals": approvals,
-        "children": [_shown(token, c) for c in children], "dead_lettered": dead_lettered})
+    approvals = [
+        dataclasses.replace(
+            a,
+            run_id=ext(a.run_id),
+            root_run_id=ext(a.root_run_id),
+            parent_run_id=None if a.parent_run_id is None else ext(a.parent_run_id),
+        )
+        for a in approvals
+    ]
+    return _page(
+        request,
+        "run.html",
+        {
+            "user": user,
+            "run": _shown(token, rec),
+            "waterfall": wf,
+            "approvals": approvals,
+            "children": [_shown(token, c) for c in children],
+            "dead_lettered": dead_lettered,
+        },
+    )
 
 
 def _shown(token: Token, rec: RunRecord) -> RunRecord:
     """``rec`` with its ids as its tenant knows them, for a page."""
     ext = functools.partial(tenants.external_id, token.tenant_id)
     return dataclasses.replace(
-        rec, run_id=ext(rec.run_id),
-        parent_run_id=None if rec.parent_run_id is None else ext(rec.parent_run_id))
-
+        rec,
+        run_id=ext(rec.run_id),
+        parent_run_id=None if rec.parent_run_id is None else ext(rec.parent_run_id),
+    )

@@ -84,8 +84,11 @@ class RatchetDurability(BaseDurabilityCapability[AgentDepsT]):
         codec=JSON_CODEC,  # the journal holds JSON
         serialization_failure=_serialization_failure,
         wrapped_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
-        toolset_lifecycles={"function": "enter-always", "mcp": "enter-in-durable-unit",
-                            "dynamic": "enter-never"},
+        toolset_lifecycles={
+            "function": "enter-always",
+            "mcp": "enter-in-durable-unit",
+            "dynamic": "enter-never",
+        },
         unsupported_runtime_toolset_kinds=frozenset({"function", "mcp", "dynamic"}),
         journal_discovery=True,
         # Steps are numbered in call order. Tools run one after another, so every replay
@@ -94,21 +97,29 @@ class RatchetDurability(BaseDurabilityCapability[AgentDepsT]):
         tool_config_key="ratchet",
     )
 
-    def __init__(self, *, models: Mapping[str, Model] | None = None,
-                 event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
-                 name: str | None = None,
-                 model_retry: Retry | Mapping[str, Any] | None = None,
-                 model_timeout_s: float | None = None,
-                 tool_retry: Retry | Mapping[str, Any] | None = None,
-                 tool_timeout_s: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        models: Mapping[str, Model] | None = None,
+        event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
+        name: str | None = None,
+        model_retry: Retry | Mapping[str, Any] | None = None,
+        model_timeout_s: float | None = None,
+        tool_retry: Retry | Mapping[str, Any] | None = None,
+        tool_timeout_s: float | None = None,
+    ) -> None:
         super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         # Built now, so a bad policy or timeout is refused where the capability is made.
-        for what, value in (("model_timeout_s", model_timeout_s),
-                            ("tool_timeout_s", tool_timeout_s)):
-            if value is not None and (isinstance(value, bool) or
-                                      not isinstance(value, int | float) or value <= 0):
-                raise InvalidInput(f"RatchetDurability: {what} must be a positive number, "
-                                   f"got {value!r}")
+        for what, value in (
+            ("model_timeout_s", model_timeout_s),
+            ("tool_timeout_s", tool_timeout_s),
+        ):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
+                raise InvalidInput(
+                    f"RatchetDurability: {what} must be a positive number, got {value!r}"
+                )
         self._model_unit = UnitConfig(as_policy(model_retry, DEFAULT_RETRY), model_timeout_s)
         self._tool_unit = UnitConfig(as_policy(tool_retry, NO_RETRY), tool_timeout_s)
         self._other_unit = UnitConfig(NO_RETRY)
@@ -141,8 +152,9 @@ class RatchetDurability(BaseDurabilityCapability[AgentDepsT]):
         sd = StepDef(started, f"{self.name}__run_start_time")
         return datetime.fromisoformat(await drive.call_step(sd, (), {}))
 
-    async def wrap_run(self, ctx: RunContext[AgentDepsT], *,
-                       handler: WrapRunHandler) -> AgentRunResult[Any]:
+    async def wrap_run(
+        self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler
+    ) -> AgentRunResult[Any]:
         if not self.in_durable_context:
             return await handler()
         # The agent's own waits become durable sleeps, and spans and metrics of replayed
@@ -158,12 +170,21 @@ class RatchetDurability(BaseDurabilityCapability[AgentDepsT]):
             return base(tool, tool_name)
 
         return RatchetOperationBackend(
-            agent_name=self.name, default_model_id=self.default_model_id,
-            config=RoleBasedOperationConfig(model=self._model_unit, event=self._other_unit,
-                                            capability=self._other_unit, tool=self._tool_unit,
-                                            resolve_tool=tool_config),
-            defaults={"model": self._model_unit, "tool": self._tool_unit,
-                      "other": self._other_unit})
+            agent_name=self.name,
+            default_model_id=self.default_model_id,
+            config=RoleBasedOperationConfig(
+                model=self._model_unit,
+                event=self._other_unit,
+                capability=self._other_unit,
+                tool=self._tool_unit,
+                resolve_tool=tool_config,
+            ),
+            defaults={
+                "model": self._model_unit,
+                "tool": self._tool_unit,
+                "other": self._other_unit,
+            },
+        )
 
     def _tool_config_base(self) -> dict[str, Any]:
         unit = self._tool_unit
@@ -176,7 +197,8 @@ class RatchetDurability(BaseDurabilityCapability[AgentDepsT]):
     # replays each part as one event; returned with the events it streamed (journaled by
     # the step, see .events), the workflow side replays those, delta for delta.
     async def _model_request_stream_operation(  # type: ignore[override]
-            self, params: ModelRequestParams) -> StreamedModelRequestResult:
+        self, params: ModelRequestParams
+    ) -> StreamedModelRequestResult:
         recorded: list[ModelResponseStreamEvent] = []
         token = recording.set(recorded)
         try:
@@ -188,8 +210,9 @@ class RatchetDurability(BaseDurabilityCapability[AgentDepsT]):
     def _model_stream_event_handler(self) -> EventStreamHandler[AgentDepsT] | None:
         return recorder(super()._model_stream_event_handler())
 
-    def _build_dynamic_toolset(self, toolset: DynamicToolset[AgentDepsT]
-                               ) -> DurableDynamicToolset[AgentDepsT]:
+    def _build_dynamic_toolset(
+        self, toolset: DynamicToolset[AgentDepsT]
+    ) -> DurableDynamicToolset[AgentDepsT]:
         return holding_per_run_step(super()._build_dynamic_toolset(toolset))
 
 

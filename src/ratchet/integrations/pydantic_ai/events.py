@@ -23,8 +23,9 @@ from pydantic_ai.tools import RunContext
 from ratchet.llm import chunks
 
 # The events of the streamed request whose step runs in this context, as they pass.
-recording: contextvars.ContextVar[list[ModelResponseStreamEvent] | None] = (
-    contextvars.ContextVar("ratchet_pai_recording", default=None))
+recording: contextvars.ContextVar[list[ModelResponseStreamEvent] | None] = contextvars.ContextVar(
+    "ratchet_pai_recording", default=None
+)
 
 
 def recorder(handler: EventStreamHandler[Any] | None) -> EventStreamHandler[Any] | None:
@@ -64,17 +65,21 @@ def _texts(d: dict[str, Any]) -> Iterable[tuple[chunks.Path, chunks.Path]]:
 def compact(payload: Any) -> Any:
     """A streamed request's step output as the journal keeps it: the response and its
     events against it. Anything else is kept as it is."""
-    if not (isinstance(payload, dict) and isinstance(payload.get("events"), list)
-            and isinstance(payload.get("response"), dict)):
+    if not (
+        isinstance(payload, dict)
+        and isinstance(payload.get("events"), list)
+        and isinstance(payload.get("response"), dict)
+    ):
         return payload
     response = payload["response"]
-    return {"response": response,
-            "chunks": chunks.encode(payload["events"], response, _texts)}
+    return {"response": response, "chunks": chunks.encode(payload["events"], response, _texts)}
 
 
 def expand(output: Any) -> Any:
     """What :func:`compact` was given, from the journal's form."""
     if not (isinstance(output, dict) and "chunks" in output and "response" in output):
         return output
-    return {"response": output["response"],
-            "events": list(chunks.decode(output["chunks"], output["response"]))}
+    return {
+        "response": output["response"],
+        "events": list(chunks.decode(output["chunks"], output["response"])),
+    }

@@ -16,7 +16,8 @@ from typing import Any
 
 # The key of the model request step running in this context.
 request_key: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "ratchet_pai_request_key", default=None)
+    "ratchet_pai_request_key", default=None
+)
 
 _HOOKED: weakref.WeakSet[Any] = weakref.WeakSet()
 

@@ -40,10 +40,15 @@ class StepHeldDynamicToolset(DurableDynamicToolset[Any]):
     async def for_run(self, ctx: RunContext[Any]) -> AbstractToolset[Any]:
         run_copy = await super().for_run(ctx)
         dynamic = self._dynamic_toolset
-        if (isinstance(run_copy, DurableDynamicToolset) and run_copy._run_held is None
-                and dynamic.per_run_step and dynamic.id is not None):
+        if (
+            isinstance(run_copy, DurableDynamicToolset)
+            and run_copy._run_held is None
+            and dynamic.per_run_step
+            and dynamic.id is not None
+        ):
             run_copy._run_held = RunHeldToolset(
-                dynamic.id, _OncePerRunStep(await dynamic.for_run(ctx)))
+                dynamic.id, _OncePerRunStep(await dynamic.for_run(ctx))
+            )
         return run_copy
 
 

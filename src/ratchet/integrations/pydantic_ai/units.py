@@ -59,8 +59,9 @@ class UnitConfig:
     risk: str = "low"
 
 
-def unit_config(value: Mapping[str, Any] | UnitConfig, default: UnitConfig,
-                where: str) -> UnitConfig:
+def unit_config(
+    value: Mapping[str, Any] | UnitConfig, default: UnitConfig, where: str
+) -> UnitConfig:
     """A :class:`UnitConfig` from a tool's ``metadata={"ratchet": {...}}`` (``retry``,
     ``timeout_s``, ``risk``) over ``default``; an unknown key or a bad value is refused,
     naming ``where``."""
@@ -68,12 +69,15 @@ def unit_config(value: Mapping[str, Any] | UnitConfig, default: UnitConfig,
         return value
     unknown = sorted(set(value) - _CONFIG_KEYS)
     if unknown:
-        raise InvalidInput(f"{where}: unknown Ratchet option {', '.join(map(repr, unknown))}; "
-                           f"expected {', '.join(sorted(_CONFIG_KEYS))}")
+        raise InvalidInput(
+            f"{where}: unknown Ratchet option {', '.join(map(repr, unknown))}; "
+            f"expected {', '.join(sorted(_CONFIG_KEYS))}"
+        )
     retry = as_policy(value["retry"], default.retry) if "retry" in value else default.retry
     timeout_s = value.get("timeout_s", default.timeout_s)
-    if timeout_s is not None and (isinstance(timeout_s, bool)
-                                  or not isinstance(timeout_s, int | float) or timeout_s <= 0):
+    if timeout_s is not None and (
+        isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0
+    ):
         raise InvalidInput(f"{where}: timeout_s must be a positive number, got {timeout_s!r}")
     risk = value.get("risk", default.risk)
     if risk not in RISKS:
@@ -84,15 +88,29 @@ def unit_config(value: Mapping[str, Any] | UnitConfig, default: UnitConfig,
 class RatchetOperationBackend(CallableOperationBackend[Any]):
     """Runs each durable operation as a step of the workflow the agent runs in."""
 
-    def __init__(self, *, agent_name: str, default_model_id: str | None,
-                 config: RoleBasedOperationConfig[Any], defaults: Mapping[str, UnitConfig]
-                 ) -> None:
-        super().__init__(namer=JournalOperationNamer(
-            agent_name, default_model_id=default_model_id or "default"), config=config)
+    def __init__(
+        self,
+        *,
+        agent_name: str,
+        default_model_id: str | None,
+        config: RoleBasedOperationConfig[Any],
+        defaults: Mapping[str, UnitConfig],
+    ) -> None:
+        super().__init__(
+            namer=JournalOperationNamer(agent_name, default_model_id=default_model_id or "default"),
+            config=config,
+        )
         self._defaults = defaults
 
-    async def execute(self, *, operation_id: DurableOperationId, name: str, body: Body,
-                      cache_key: tuple[object, ...], config: Any) -> object:
+    async def execute(
+        self,
+        *,
+        operation_id: DurableOperationId,
+        name: str,
+        body: Body,
+        cache_key: tuple[object, ...],
+        config: Any,
+    ) -> object:
         ctx = workflow_run()
         if ctx is None or isinstance(operation_id, ToolsetValidateToolArgumentsId):
             # Outside the workflow's own code (inside a step, say) an operation is a plain
@@ -110,18 +128,35 @@ class RatchetOperationBackend(CallableOperationBackend[Any]):
             http = _http_client(cache_key[-1])
             connections.used(http)
             send_keys(http)
-            estimate = (_worst_case(operation_id, cache_key)
-                        if isinstance(operation_id, ModelRequestId) else None)
-            sd = StepDef(_model_unit(unit), name, settings.retry, settings.timeout_s, kind="llm",
-                         encode=_llm_meta, decode=expand, worst_case=estimate)
+            estimate = (
+                _worst_case(operation_id, cache_key)
+                if isinstance(operation_id, ModelRequestId)
+                else None
+            )
+            sd = StepDef(
+                _model_unit(unit),
+                name,
+                settings.retry,
+                settings.timeout_s,
+                kind="llm",
+                encode=_llm_meta,
+                decode=expand,
+                worst_case=estimate,
+            )
             started = {"model": operation_id.model_name}
             result = await ctx.call_step(sd, (), {}, started)
         elif isinstance(operation_id, ToolsetCallToolId):
             tool_name, tool_args = str(cache_key[0]), cache_key[1]
             settings = unit_config(config, self._defaults["tool"], f"tool {tool_name}")
             arguments = _arguments(tool_name, tool_args)
-            sd = StepDef(unit, name, settings.retry, settings.timeout_s, kind="tool",
-                         announce=_announce(tool_name, arguments, settings.risk))
+            sd = StepDef(
+                unit,
+                name,
+                settings.retry,
+                settings.timeout_s,
+                kind="tool",
+                announce=_announce(tool_name, arguments, settings.risk),
+            )
             # The arguments are the step's own, so the runaway-loop guard tells two calls
             # of a tool apart by them, as it does any step's.
             result = await ctx.call_step(sd, (), {"arguments": arguments})
@@ -174,16 +209,22 @@ def _llm_meta(result: Any) -> tuple[Any, dict[str, Any]]:
         response = {}
     u = response.get("usage") or {}
     details = u.get("details") or {}
-    usage = Usage(input_tokens=_int(u.get("input_tokens")),
-                  output_tokens=_int(u.get("output_tokens")),
-                  cached_tokens=_int(u.get("cache_read_tokens")),
-                  cache_write_tokens=_int(u.get("cache_write_tokens")),
-                  reasoning_tokens=_int(details.get("reasoning_tokens")))
+    usage = Usage(
+        input_tokens=_int(u.get("input_tokens")),
+        output_tokens=_int(u.get("output_tokens")),
+        cached_tokens=_int(u.get("cache_read_tokens")),
+        cache_write_tokens=_int(u.get("cache_write_tokens")),
+        reasoning_tokens=_int(details.get("reasoning_tokens")),
+    )
     model = response.get("model_name")
-    meta = {"provider": response.get("provider_name"), "model": model,
-            "usage": usage.as_json(), "cost_usd": cost_usd(model, usage),
-            "latency_ms": result.latency_ms,
-            "request_id": response.get("provider_response_id")}
+    meta = {
+        "provider": response.get("provider_name"),
+        "model": model,
+        "usage": usage.as_json(),
+        "cost_usd": cost_usd(model, usage),
+        "latency_ms": result.latency_ms,
+        "request_id": response.get("provider_response_id"),
+    }
     return compact(payload), {"llm": meta}
 
 
@@ -200,8 +241,9 @@ def _http_client(run_context: Any) -> Any:
     return connections.http_client_of(getattr(model, "client", None))
 
 
-def _worst_case(operation_id: DurableOperationId, cache_key: tuple[object, ...]
-                ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float | None]]:
+def _worst_case(
+    operation_id: DurableOperationId, cache_key: tuple[object, ...]
+) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float | None]]:
     """The budgets' look at a model request before it is sent: its ``max_tokens`` (from
     its model settings) and its prompt (messages and tool definitions), as the wrapped
     clients estimate theirs. Only a run with a token or money budget asks for it."""
@@ -215,8 +257,11 @@ def _worst_case(operation_id: DurableOperationId, cache_key: tuple[object, ...]
             request["max_tokens"] = limit
         request["messages"] = ModelMessagesTypeAdapter.dump_python(messages, mode="json")
         tools = getattr(parameters, "function_tools", None) or []
-        request["tools"] = [dataclasses.asdict(t) for t in tools
-                            if dataclasses.is_dataclass(t) and not isinstance(t, type)]
+        request["tools"] = [
+            dataclasses.asdict(t)
+            for t in tools
+            if dataclasses.is_dataclass(t) and not isinstance(t, type)
+        ]
         return worst_case((), request)
 
     return estimate
@@ -230,8 +275,9 @@ def _arguments(tool_name: str, tool_args: Any) -> Any:
         return {"repr": repr(tool_args)[:1000]}
 
 
-def _announce(tool_name: str, arguments: Any, risk: str
-              ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, dict[str, Any]]]:
+def _announce(
+    tool_name: str, arguments: Any, risk: str
+) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[str, dict[str, Any]]]:
     def announce(_args: tuple[Any, ...], _kwargs: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         return EventKind.TOOL_CALLED, {"name": tool_name, "arguments": arguments, "risk": risk}
 

@@ -54,8 +54,11 @@ def new_id(prefix: str) -> str:
 
 def sse(data: dict[str, Any] | str, event: str | None = None) -> bytes:
     """One server-sent event: an optional ``event:`` line and one ``data:`` line."""
-    payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False,
-                                                             separators=(",", ":"))
+    payload = (
+        data
+        if isinstance(data, str)
+        else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    )
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n".encode()
 
@@ -77,4 +80,4 @@ def text_pieces(text: str) -> list[str]:
 
 def json_pieces(arguments: str) -> list[str]:
     """Tool-call arguments (JSON text) cut into deltas, as a model streams them."""
-    return [arguments[i:i + _PIECE_CHARS] for i in range(0, len(arguments), _PIECE_CHARS)]
+    return [arguments[i : i + _PIECE_CHARS] for i in range(0, len(arguments), _PIECE_CHARS)]

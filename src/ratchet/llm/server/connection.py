@@ -35,8 +35,10 @@ async def drop(request: Request) -> None:
     seen it go (so it does not try to answer on it)."""
     abort = request.scope.get(_ABORT)
     if abort is None:
-        raise RuntimeError("cannot drop the connection: this ASGI server does not expose it "
-                           "(serve the local provider with uvicorn)")
+        raise RuntimeError(
+            "cannot drop the connection: this ASGI server does not expose it "
+            "(serve the local provider with uvicorn)"
+        )
     abort()
     while (await request.receive())["type"] != "http.disconnect":
         pass

@@ -43,18 +43,22 @@ def read_embeddings(raw: Any) -> EmbeddingRequest:
     body = require_object(raw)
     model = require_model(body)
     given = body.get("input")
-    if isinstance(given, str) or (isinstance(given, list) and given
-                                  and all(isinstance(t, int) for t in given)):
+    if isinstance(given, str) or (
+        isinstance(given, list) and given and all(isinstance(t, int) for t in given)
+    ):
         given = [given]  # one text, or one text as token ids
     if not isinstance(given, list) or not given:
-        raise BadRequest("'input' is required: a string or a non-empty array of strings",
-                         "input")
+        raise BadRequest("'input' is required: a string or a non-empty array of strings", "input")
     texts = tuple(t if isinstance(t, str) else compact(t) for t in given)
     dimensions = body.get("dimensions", DEFAULT_DIMENSIONS)
-    if (not isinstance(dimensions, int) or isinstance(dimensions, bool)
-            or not 1 <= dimensions <= MAX_DIMENSIONS):
-        raise BadRequest(f"'dimensions' must be an integer from 1 to {MAX_DIMENSIONS}",
-                         "dimensions")
+    if (
+        not isinstance(dimensions, int)
+        or isinstance(dimensions, bool)
+        or not 1 <= dimensions <= MAX_DIMENSIONS
+    ):
+        raise BadRequest(
+            f"'dimensions' must be an integer from 1 to {MAX_DIMENSIONS}", "dimensions"
+        )
     encoding = body.get("encoding_format", "float")
     if encoding not in ("float", "base64"):
         raise BadRequest("'encoding_format' must be float or base64", "encoding_format")
@@ -67,8 +71,9 @@ def vector(model: str, text: str, dimensions: int) -> list[float]:
     raw = [n / 2**31 - 1.0 for n in struct.unpack(f"<{dimensions}I", digest)]
     norm = math.sqrt(sum(x * x for x in raw)) or 1.0
     # Rounded through float32, so the float and base64 forms carry the same numbers.
-    return list(struct.unpack(f"<{dimensions}f", struct.pack(f"<{dimensions}f",
-                                                              *(x / norm for x in raw))))
+    return list(
+        struct.unpack(f"<{dimensions}f", struct.pack(f"<{dimensions}f", *(x / norm for x in raw)))
+    )
 
 
 def render_embeddings(request: EmbeddingRequest) -> Answer:
@@ -83,6 +88,10 @@ def render_embeddings(request: EmbeddingRequest) -> Answer:
         data.append({"object": "embedding", "index": index, "embedding": embedding})
     prompt_tokens = sum(tokens(len(text)) for text in request.texts)
     usage = Usage(input_tokens=prompt_tokens, output_tokens=0)
-    body = {"object": "list", "data": data, "model": request.model,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}}
+    body = {
+        "object": "list",
+        "data": data,
+        "model": request.model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
     return Answer(usage=usage, body=body)

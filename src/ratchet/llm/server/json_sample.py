@@ -11,9 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 _MAX_DEPTH = 12  # a recursive model ($ref to itself) stops here with null
-_FORMATS = {"date-time": "2024-01-01T00:00:00Z", "date": "2024-01-01", "time": "00:00:00",
-            "uuid": "00000000-0000-4000-8000-000000000000", "email": "user@example.com",
-            "uri": "https://example.com/"}
+_FORMATS = {
+    "date-time": "2024-01-01T00:00:00Z",
+    "date": "2024-01-01",
+    "time": "00:00:00",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+    "email": "user@example.com",
+    "uri": "https://example.com/",
+}
 
 
 def sample(schema: Any, text: str) -> Any:

@@ -36,8 +36,9 @@ def read_messages(raw: Any) -> Prompt:
     last_role: LastRole = "none"
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise BadRequest(f"messages[{i}] must be an object with role user or assistant",
-                             "messages")
+            raise BadRequest(
+                f"messages[{i}] must be an object with role user or assistant", "messages"
+            )
         text, results = _blocks(message.get("content"), f"messages[{i}].content")
         chars += len(text) + len(results)
         if message["role"] == "assistant":
@@ -51,9 +52,16 @@ def read_messages(raw: Any) -> Prompt:
         if text or not has_results:
             last_user = text
     schema = _output_schema(body)
-    return Prompt(endpoint="messages", model=model, last_user_text=last_user,
-                  last_role=last_role, tool_result_text=tool_text if last_role == "tool" else "",
-                  chars=chars, stream=optional_bool(body, "stream"), json_schema=schema)
+    return Prompt(
+        endpoint="messages",
+        model=model,
+        last_user_text=last_user,
+        last_role=last_role,
+        tool_result_text=tool_text if last_role == "tool" else "",
+        chars=chars,
+        stream=optional_bool(body, "stream"),
+        json_schema=schema,
+    )
 
 
 def _blocks(content: Any, where: str) -> tuple[str, str]:
@@ -78,7 +86,8 @@ def _blocks(content: Any, where: str) -> tuple[str, str]:
 
 def _has_tool_results(content: Any) -> bool:
     return isinstance(content, list) and any(
-        isinstance(b, dict) and b.get("type") == "tool_result" for b in content)
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
 
 
 def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -92,9 +101,13 @@ def _output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
 
 def usage_body(usage: Usage) -> dict[str, Any]:
     """Messages ``usage``: cache reads are counted apart from ``input_tokens``."""
-    return {"input_tokens": usage.input_tokens - usage.cached_tokens,
-            "output_tokens": usage.output_tokens, "cache_creation_input_tokens": 0,
-            "cache_read_input_tokens": usage.cached_tokens, "service_tier": "standard"}
+    return {
+        "input_tokens": usage.input_tokens - usage.cached_tokens,
+        "output_tokens": usage.output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "service_tier": "standard",
+    }
 
 
 def render_messages(body: dict[str, Any], prompt: Prompt, reply: Reply) -> Answer:
@@ -102,12 +115,25 @@ def render_messages(body: dict[str, Any], prompt: Prompt, reply: Reply) -> Answe
     content: list[dict[str, Any]] = []
     if reply.text is not None:
         content.append({"type": "text", "text": reply.text})
-    content += [{"type": "tool_use", "id": new_id("toolu_"), "name": c.name,
-                 "input": json.loads(c.arguments)} for c in reply.tool_calls]
-    message = {"id": new_id("msg_"), "type": "message", "role": "assistant",
-               "model": prompt.model, "content": content,
-               "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
-               "stop_sequence": None, "usage": usage_body(reply.usage)}
+    content += [
+        {
+            "type": "tool_use",
+            "id": new_id("toolu_"),
+            "name": c.name,
+            "input": json.loads(c.arguments),
+        }
+        for c in reply.tool_calls
+    ]
+    message = {
+        "id": new_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": prompt.model,
+        "content": content,
+        "stop_reason": "tool_use" if reply.tool_calls else "end_turn",
+        "stop_sequence": None,
+        "usage": usage_body(reply.usage),
+    }
     if not prompt.stream:
         return Answer(usage=reply.usage, body=message)
     return Answer(usage=reply.usage, events=_events(message))
@@ -120,24 +146,46 @@ def _events(message: dict[str, Any]) -> tuple[bytes, ...]:
         events.append(sse({"type": kind, **data}, kind))
 
     usage = message["usage"]
-    emit("message_start", message={**message, "content": [], "stop_reason": None,
-                                   "usage": {**usage, "output_tokens": 1}})
+    emit(
+        "message_start",
+        message={
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {**usage, "output_tokens": 1},
+        },
+    )
     emit("ping")
     for index, block in enumerate(message["content"]):
         if block["type"] == "text":
             emit("content_block_start", index=index, content_block={"type": "text", "text": ""})
             for piece in text_pieces(block["text"]):
-                emit("content_block_delta", index=index,
-                     delta={"type": "text_delta", "text": piece})
+                emit(
+                    "content_block_delta", index=index, delta={"type": "text_delta", "text": piece}
+                )
         else:
             emit("content_block_start", index=index, content_block={**block, "input": {}})
-            for piece in json_pieces(json.dumps(block["input"], ensure_ascii=False,
-                                                separators=(",", ":"))):
-                emit("content_block_delta", index=index,
-                     delta={"type": "input_json_delta", "partial_json": piece})
+            for piece in json_pieces(
+                json.dumps(block["input"], ensure_ascii=False, separators=(",", ":"))
+            ):
+                emit(
+                    "content_block_delta",
+                    index=index,
+                    delta={"type": "input_json_delta", "partial_json": piece},
+                )
         emit("content_block_stop", index=index)
-    emit("message_delta", delta={"stop_reason": message["stop_reason"], "stop_sequence": None},
-         usage={k: usage[k] for k in ("input_tokens", "output_tokens",
-                                      "cache_creation_input_tokens", "cache_read_input_tokens")})
+    emit(
+        "message_delta",
+        delta={"stop_reason": message["stop_reason"], "stop_sequence": None},
+        usage={
+            k: usage[k]
+            for k in (
+                "input_tokens",
+                "output_tokens",
+                "cache_creation_input_tokens",
+                "cache_read_input_tokens",
+            )
+        },
+    )
     emit("message_stop")
     return tuple(events)

@@ -109,12 +109,17 @@ def text_of(content: Any, where: str) -> str:
             if isinstance(text, str):
                 texts.append(text)
         return "\n".join(texts)
-    raise BadRequest(f"{where} must be a string or an array of parts, got {_kind(content)}",
-                     where)
+    raise BadRequest(f"{where} must be a string or an array of parts, got {_kind(content)}", where)
 
 
 def _kind(value: Any) -> str:
     if value is None:
         return "null"
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), type(value).__name__)

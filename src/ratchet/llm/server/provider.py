@@ -55,8 +55,9 @@ class LocalProvider:
     with :func:`ratchet.llm.server.serve` or ``ratchet llm-server``.
     """
 
-    def __init__(self, script: str | Path | dict[str, Any] | None = None,
-                 log_path: str | Path | None = None) -> None:
+    def __init__(
+        self, script: str | Path | dict[str, Any] | None = None, log_path: str | Path | None = None
+    ) -> None:
         self.script = load_script(script)
         self._rules = RuleBook(self.script.rules)
         self._faults = FaultQueue()
@@ -78,18 +79,32 @@ class LocalProvider:
         """The request log: one dict per answered request, oldest first."""
         return self._log.entries()
 
-    def fail(self, kind: str | int, times: int = 1, *, retry_after: float | None = None,
-             delay_s: float | None = None, endpoint: str | None = None,
-             after_events: int | None = None) -> None:
+    def fail(
+        self,
+        kind: str | int,
+        times: int = 1,
+        *,
+        retry_after: float | None = None,
+        delay_s: float | None = None,
+        endpoint: str | None = None,
+        after_events: int | None = None,
+    ) -> None:
         """Queue a fault for the next ``times`` requests (on ``endpoint``, or any):
         ``"429"`` (with a ``retry-after`` header when given), ``"500"``, ``"slow"``
         (answers after ``delay_s``), ``"drop"`` (billed, then the connection is closed
         unanswered), ``"stall"`` (a stream pauses ``delay_s`` after its first
         ``after_events`` events), ``"cut"`` (a stream's connection is closed after its first
         ``after_events`` events). Raises :class:`ScriptError` naming a bad argument."""
-        self.add_fault(fault_spec(kind=kind, times=times, retry_after=retry_after,
-                                  delay_s=delay_s, after_events=after_events,
-                                  endpoint=endpoint))
+        self.add_fault(
+            fault_spec(
+                kind=kind,
+                times=times,
+                retry_after=retry_after,
+                delay_s=delay_s,
+                after_events=after_events,
+                endpoint=endpoint,
+            )
+        )
 
     def add_fault(self, spec: FaultSpec) -> None:
         """Queue an already validated fault."""
@@ -118,18 +133,35 @@ class LocalProvider:
     def refuse(self, path: str, status: int, message: str) -> Outcome:
         """A request to no model endpoint: logged and counted as refused."""
         outcome = Outcome(status, new_id("req_"), error=message)
-        self._log.record({"at": time.time(), "path": path, "endpoint": None,
-                          "status": status, "billed": False, "replayed": False,
-                          "input_tokens": 0, "output_tokens": 0,
-                          "request_id": outcome.request_id})
+        self._log.record(
+            {
+                "at": time.time(),
+                "path": path,
+                "endpoint": None,
+                "status": status,
+                "billed": False,
+                "replayed": False,
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "request_id": outcome.request_id,
+            }
+        )
         return outcome
 
     async def answer(self, endpoint: str, path: str, key: str | None, raw: bytes) -> Outcome:
         """Answer one model request (see the module's docstring for the steps)."""
         entry: dict[str, Any] = {
-            "at": time.time(), "path": path, "endpoint": endpoint, "model": None,
-            "idempotency_key": key, "status": None, "billed": False, "replayed": False,
-            "input_tokens": 0, "output_tokens": 0, "fault": None,
+            "at": time.time(),
+            "path": path,
+            "endpoint": endpoint,
+            "model": None,
+            "idempotency_key": key,
+            "status": None,
+            "billed": False,
+            "replayed": False,
+            "input_tokens": 0,
+            "output_tokens": 0,
+            "fault": None,
             "request_id": new_id("req_"),
         }
 
@@ -141,8 +173,9 @@ class LocalProvider:
         try:
             body = json.loads(raw)
         except ValueError as e:
-            return done(Outcome(400, entry["request_id"],
-                                error=f"the request body is not valid JSON: {e}"))
+            return done(
+                Outcome(400, entry["request_id"], error=f"the request body is not valid JSON: {e}")
+            )
         if isinstance(body, dict) and isinstance(body.get("model"), str):
             entry["model"] = body["model"]
         try:
@@ -150,8 +183,14 @@ class LocalProvider:
         except BadRequest as e:
             return done(Outcome(400, entry["request_id"], error=e.message, error_param=e.param))
         if key == "":
-            return done(Outcome(400, entry["request_id"], error="the Idempotency-Key header "
-                                "is empty", error_param="Idempotency-Key"))
+            return done(
+                Outcome(
+                    400,
+                    entry["request_id"],
+                    error="the Idempotency-Key header is empty",
+                    error_param="Idempotency-Key",
+                )
+            )
 
         fault = self._faults.take(endpoint)
         if fault is not None:
@@ -174,18 +213,35 @@ class LocalProvider:
         if key is not None:
             found = await self._claim(key, fingerprint(path, body))
             if isinstance(found, Conflict):
-                return done(Outcome(422, entry["request_id"], error_param="Idempotency-Key",
-                                    error=f"Idempotency-Key {key!r} was already used with a "
-                                    "different request body; use a new key for a new request"))
+                return done(
+                    Outcome(
+                        422,
+                        entry["request_id"],
+                        error_param="Idempotency-Key",
+                        error=f"Idempotency-Key {key!r} was already used with a "
+                        "different request body; use a new key for a new request",
+                    )
+                )
             if isinstance(found, Replay):
                 if delay:
                     await asyncio.sleep(delay)
                 usage = found.answer.usage
-                entry.update(replayed=True, input_tokens=usage.input_tokens,
-                             output_tokens=usage.output_tokens)
-                return done(Outcome(200, entry["request_id"], answer=found.answer,
-                                    headers={"Idempotent-Replayed": "true"}, drop=drop,
-                                    stall=stall, cut_after=cut))
+                entry.update(
+                    replayed=True,
+                    input_tokens=usage.input_tokens,
+                    output_tokens=usage.output_tokens,
+                )
+                return done(
+                    Outcome(
+                        200,
+                        entry["request_id"],
+                        answer=found.answer,
+                        headers={"Idempotent-Replayed": "true"},
+                        drop=drop,
+                        stall=stall,
+                        cut_after=cut,
+                    )
+                )
             claim = found
         try:
             if delay:
@@ -197,10 +253,14 @@ class LocalProvider:
             raise
         if claim is not None:
             self._keys.store(claim, answer)
-        entry.update(billed=True, input_tokens=answer.usage.input_tokens,
-                     output_tokens=answer.usage.output_tokens)
-        return done(Outcome(200, entry["request_id"], answer=answer, drop=drop, stall=stall,
-                            cut_after=cut))
+        entry.update(
+            billed=True,
+            input_tokens=answer.usage.input_tokens,
+            output_tokens=answer.usage.output_tokens,
+        )
+        return done(
+            Outcome(200, entry["request_id"], answer=answer, drop=drop, stall=stall, cut_after=cut)
+        )
 
     async def _claim(self, key: str, print_: str) -> Claim | Replay | Conflict:
         """Claim the key, or find its stored answer or a conflict; a duplicate in flight
@@ -231,7 +291,16 @@ def _faulted(fault: FaultSpec, request_id: str) -> Outcome:
         seconds = fault.retry_after
         headers["retry-after"] = str(int(seconds)) if seconds == int(seconds) else str(seconds)
     if fault.kind == "429":
-        return Outcome(429, request_id, error="Rate limit reached (a fault queued on the "
-                       "local provider)", headers=headers)
-    return Outcome(500, request_id, error="The server had an error while processing your "
-                   "request (a fault queued on the local provider)", headers=headers)
+        return Outcome(
+            429,
+            request_id,
+            error="Rate limit reached (a fault queued on the local provider)",
+            headers=headers,
+        )
+    return Outcome(
+        500,
+        request_id,
+        error="The server had an error while processing your "
+        "request (a fault queued on the local provider)",
+        headers=headers,
+    )

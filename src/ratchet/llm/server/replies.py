@@ -91,9 +91,10 @@ def matches(rule: Rule, prompt: Prompt) -> bool:
 def compose(prompt: Prompt, spec: ReplySpec | None) -> Reply:
     """The reply for ``prompt``: as ``spec`` says, else the default one."""
     spec = spec or ReplySpec()
-    calls = tuple(ToolCall(c.name, json.dumps(c.arguments, ensure_ascii=False,
-                                              separators=(",", ":")))
-                  for c in spec.tool_calls or ())
+    calls = tuple(
+        ToolCall(c.name, json.dumps(c.arguments, ensure_ascii=False, separators=(",", ":")))
+        for c in spec.tool_calls or ()
+    )
     text: str | None
     if spec.text is not None:
         text = spec.text
@@ -106,9 +107,12 @@ def compose(prompt: Prompt, spec: ReplySpec | None) -> Reply:
     reply_chars = len(text or "") + sum(len(c.name) + len(c.arguments) for c in calls)
     input_tokens = spec.input_tokens or tokens(prompt.chars)
     output_tokens = spec.output_tokens or tokens(reply_chars) + spec.reasoning_tokens
-    usage = Usage(input_tokens=input_tokens, output_tokens=output_tokens,
-                  cached_tokens=min(spec.cached_tokens, input_tokens),
-                  reasoning_tokens=spec.reasoning_tokens)
+    usage = Usage(
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=min(spec.cached_tokens, input_tokens),
+        reasoning_tokens=spec.reasoning_tokens,
+    )
     return Reply(text=text, tool_calls=calls, usage=usage)
 
 

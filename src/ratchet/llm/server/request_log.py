@@ -16,10 +16,30 @@ from typing import Any
 from ratchet.errors import ConfigError
 
 #: The fields of an entry, in the order they are written.
-FIELDS = ("at", "path", "endpoint", "model", "idempotency_key", "status", "billed", "replayed",
-          "input_tokens", "output_tokens", "fault", "request_id")
-COUNTERS = ("received", "requests", "billed_calls", "billed_input_tokens",
-            "billed_output_tokens", "replayed", "refused", "faults")
+FIELDS = (
+    "at",
+    "path",
+    "endpoint",
+    "model",
+    "idempotency_key",
+    "status",
+    "billed",
+    "replayed",
+    "input_tokens",
+    "output_tokens",
+    "fault",
+    "request_id",
+)
+COUNTERS = (
+    "received",
+    "requests",
+    "billed_calls",
+    "billed_input_tokens",
+    "billed_output_tokens",
+    "replayed",
+    "refused",
+    "faults",
+)
 
 
 class RequestLog:
@@ -31,8 +51,9 @@ class RequestLog:
             try:
                 self.path.open("a", encoding="utf-8").close()
             except OSError as e:
-                raise ConfigError(f"cannot write the request log {str(self.path)!r}: "
-                                  f"{e.strerror or e}") from e
+                raise ConfigError(
+                    f"cannot write the request log {str(self.path)!r}: {e.strerror or e}"
+                ) from e
         self._lock = threading.Lock()
         self._entries: list[dict[str, Any]] = []
         self._counts = dict.fromkeys(COUNTERS, 0)

@@ -58,11 +58,17 @@ def read_responses(raw: Any) -> Prompt:
         chars += len(text)
         last_text = text
     schema, json_object = _text_format(body.get("text"))
-    return Prompt(endpoint="responses", model=model, last_user_text=last_user,
-                  last_role=last_role, tool_result_text=last_text if last_role == "tool" else "",
-                  chars=chars,
-                  stream=optional_bool(body, "stream"), json_schema=schema,
-                  json_object=json_object)
+    return Prompt(
+        endpoint="responses",
+        model=model,
+        last_user_text=last_user,
+        last_role=last_role,
+        tool_result_text=last_text if last_role == "tool" else "",
+        chars=chars,
+        stream=optional_bool(body, "stream"),
+        json_schema=schema,
+        json_object=json_object,
+    )
 
 
 def _text_format(text: Any) -> tuple[dict[str, Any] | None, bool]:
@@ -90,28 +96,55 @@ def render_responses(body: dict[str, Any], prompt: Prompt, reply: Reply) -> Answ
     """The answer: a ``response`` object, or its stream of events."""
     output: list[dict[str, Any]] = []
     if reply.text is not None:
-        output.append({"id": new_id("msg_"), "type": "message", "status": "completed",
-                       "role": "assistant",
-                       "content": [{"type": "output_text", "text": reply.text,
-                                    "annotations": [], "logprobs": []}]})
-    output += [{"id": new_id("fc_"), "type": "function_call", "status": "completed",
-                "call_id": new_id("call_"), "name": c.name, "arguments": c.arguments}
-               for c in reply.tool_calls]
+        output.append(
+            {
+                "id": new_id("msg_"),
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "text": reply.text, "annotations": [], "logprobs": []}
+                ],
+            }
+        )
+    output += [
+        {
+            "id": new_id("fc_"),
+            "type": "function_call",
+            "status": "completed",
+            "call_id": new_id("call_"),
+            "name": c.name,
+            "arguments": c.arguments,
+        }
+        for c in reply.tool_calls
+    ]
     now = int(time.time())
     fmt = body.get("text") if isinstance(body.get("text"), dict) else None
     response = {
-        "id": new_id("resp_"), "object": "response", "created_at": now, "status": "completed",
-        "completed_at": now, "error": None, "incomplete_details": None,
-        "instructions": body.get("instructions"), "metadata": body.get("metadata") or {},
-        "max_output_tokens": body.get("max_output_tokens"), "model": prompt.model,
-        "output": output, "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "id": new_id("resp_"),
+        "object": "response",
+        "created_at": now,
+        "status": "completed",
+        "completed_at": now,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "metadata": body.get("metadata") or {},
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": prompt.model,
+        "output": output,
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "previous_response_id": body.get("previous_response_id"),
-        "reasoning": {"effort": None, "summary": None}, "store": body.get("store", True),
+        "reasoning": {"effort": None, "summary": None},
+        "store": body.get("store", True),
         "temperature": body.get("temperature", 1.0),
         "text": fmt or {"format": {"type": "text"}},
-        "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-        "top_p": body.get("top_p", 1.0), "truncation": body.get("truncation", "disabled"),
-        "usage": usage_body(reply.usage), "user": None,
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "top_p": body.get("top_p", 1.0),
+        "truncation": body.get("truncation", "disabled"),
+        "usage": usage_body(reply.usage),
+        "user": None,
     }
     if not prompt.stream:
         return Answer(usage=reply.usage, body=response)
@@ -124,31 +157,51 @@ def _events(response: dict[str, Any]) -> tuple[bytes, ...]:
     def emit(kind: str, **data: Any) -> None:
         events.append(sse({"type": kind, "sequence_number": len(events), **data}, kind))
 
-    started = {**response, "status": "in_progress", "completed_at": None, "output": [],
-               "usage": None}
+    started = {
+        **response,
+        "status": "in_progress",
+        "completed_at": None,
+        "output": [],
+        "usage": None,
+    }
     emit("response.created", response=started)
     emit("response.in_progress", response=started)
     for index, item in enumerate(response["output"]):
         where = {"item_id": item["id"], "output_index": index}
         if item["type"] == "message":
             part = item["content"][0]
-            emit("response.output_item.added", output_index=index,
-                 item={**item, "status": "in_progress", "content": []})
-            emit("response.content_part.added", **where, content_index=0,
-                 part={**part, "text": ""})
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "content": []},
+            )
+            emit("response.content_part.added", **where, content_index=0, part={**part, "text": ""})
             for piece in text_pieces(part["text"]):
-                emit("response.output_text.delta", **where, content_index=0, delta=piece,
-                     logprobs=[])
-            emit("response.output_text.done", **where, content_index=0, text=part["text"],
-                 logprobs=[])
+                emit(
+                    "response.output_text.delta", **where, content_index=0, delta=piece, logprobs=[]
+                )
+            emit(
+                "response.output_text.done",
+                **where,
+                content_index=0,
+                text=part["text"],
+                logprobs=[],
+            )
             emit("response.content_part.done", **where, content_index=0, part=part)
         else:
-            emit("response.output_item.added", output_index=index,
-                 item={**item, "status": "in_progress", "arguments": ""})
+            emit(
+                "response.output_item.added",
+                output_index=index,
+                item={**item, "status": "in_progress", "arguments": ""},
+            )
             for piece in json_pieces(item["arguments"]):
                 emit("response.function_call_arguments.delta", **where, delta=piece)
-            emit("response.function_call_arguments.done", **where, name=item["name"],
-                 arguments=item["arguments"])
+            emit(
+                "response.function_call_arguments.done",
+                **where,
+                name=item["name"],
+                arguments=item["arguments"],
+            )
         emit("response.output_item.done", output_index=index, item=item)
     emit("response.completed", response=response)
     return tuple(events)

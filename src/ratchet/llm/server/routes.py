@@ -27,21 +27,36 @@ if TYPE_CHECKING:
     from ratchet.llm.server.provider import LocalProvider
 
 #: Model endpoint paths and the endpoint names used by rules, faults and the log.
-MODEL_PATHS = {"/v1/chat/completions": "chat", "/v1/responses": "responses",
-               "/v1/embeddings": "embeddings", "/v1/messages": "messages"}
-CONTROL_PATHS = {"/_ratchet/stats": "GET", "/_ratchet/requests": "GET",
-                 "/_ratchet/faults": "POST", "/_ratchet/reset": "POST",
-                 "/_ratchet/health": "GET"}
+MODEL_PATHS = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/embeddings": "embeddings",
+    "/v1/messages": "messages",
+}
+CONTROL_PATHS = {
+    "/_ratchet/stats": "GET",
+    "/_ratchet/requests": "GET",
+    "/_ratchet/faults": "POST",
+    "/_ratchet/reset": "POST",
+    "/_ratchet/health": "GET",
+}
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-_OPENAI_ERROR_TYPES = {400: ("invalid_request_error", None),
-                       404: ("invalid_request_error", "unknown_url"),
-                       405: ("invalid_request_error", "method_not_allowed"),
-                       422: ("invalid_request_error", "idempotency_key_reused"),
-                       429: ("requests", "rate_limit_exceeded"),
-                       500: ("server_error", None)}
-_ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error",
-                          405: "invalid_request_error", 422: "invalid_request_error",
-                          429: "rate_limit_error", 500: "api_error"}
+_OPENAI_ERROR_TYPES = {
+    400: ("invalid_request_error", None),
+    404: ("invalid_request_error", "unknown_url"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    422: ("invalid_request_error", "idempotency_key_reused"),
+    429: ("requests", "rate_limit_exceeded"),
+    500: ("server_error", None),
+}
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "api_error",
+}
 
 
 def build_app(provider: LocalProvider) -> ASGIApp:
@@ -76,11 +91,14 @@ def build_app(provider: LocalProvider) -> ASGIApp:
             items = given if isinstance(given, list) else [given]
             specs = [fault_spec(**item) for item in items if isinstance(item, dict)]
             if len(specs) != len(items) or not specs:
-                raise ScriptError("invalid fault: expected an object like "
-                                  '{"kind": "429", "times": 1} or a list of them')
+                raise ScriptError(
+                    "invalid fault: expected an object like "
+                    '{"kind": "429", "times": 1} or a list of them'
+                )
         except ValueError as e:  # ScriptError too
-            return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error"}},
-                                status_code=400)
+            return JSONResponse(
+                {"error": {"message": str(e), "type": "invalid_request_error"}}, status_code=400
+            )
         for spec in specs:
             provider.add_fault(spec)
         return JSONResponse({"pending": provider.pending_faults()})
@@ -97,21 +115,32 @@ def build_app(provider: LocalProvider) -> ASGIApp:
         provider.arrived()
         known = {**dict.fromkeys(MODEL_PATHS, "POST"), **CONTROL_PATHS}
         if path in known:
-            outcome = provider.refuse(path, 405, f"method {method} is not allowed on {path}: "
-                                                 f"use {known[path]}")
+            outcome = provider.refuse(
+                path, 405, f"method {method} is not allowed on {path}: use {known[path]}"
+            )
         else:
-            outcome = provider.refuse(path, 404, (
-                f"unknown path {method} {path}: this provider serves POST "
-                f"{', '.join(MODEL_PATHS)} (an OpenAI client's base_url ends in /v1; an "
-                "Anthropic client's is the bare server URL)"))
+            outcome = provider.refuse(
+                path,
+                404,
+                (
+                    f"unknown path {method} {path}: this provider serves POST "
+                    f"{', '.join(MODEL_PATHS)} (an OpenAI client's base_url ends in /v1; an "
+                    "Anthropic client's is the bare server URL)"
+                ),
+            )
         return respond(path, outcome)
 
-    control = {"/_ratchet/stats": stats, "/_ratchet/requests": requests,
-               "/_ratchet/faults": faults, "/_ratchet/reset": reset,
-               "/_ratchet/health": health}
+    control = {
+        "/_ratchet/stats": stats,
+        "/_ratchet/requests": requests,
+        "/_ratchet/faults": faults,
+        "/_ratchet/reset": reset,
+        "/_ratchet/health": health,
+    }
     routes = [Route(path, model, methods=["POST"]) for path in MODEL_PATHS]
-    routes += [Route(path, handler, methods=[CONTROL_PATHS[path]])
-               for path, handler in control.items()]
+    routes += [
+        Route(path, handler, methods=[CONTROL_PATHS[path]]) for path, handler in control.items()
+    ]
     routes.append(Route("/{rest:path}", elsewhere, methods=_ALL_METHODS))
     return Droppable(Starlette(routes=routes))
 
@@ -120,31 +149,41 @@ def respond(path: str, outcome: Outcome, request: Request | None = None) -> Resp
     """The HTTP response for an outcome, in the wire format of ``path``'s API (a stream cut
     short needs its ``request``, whose connection it closes)."""
     anthropic = path == "/v1/messages"
-    headers = {**outcome.headers,
-               "request-id" if anthropic else "x-request-id": outcome.request_id}
+    headers = {**outcome.headers, "request-id" if anthropic else "x-request-id": outcome.request_id}
     answer = outcome.answer
     if answer is not None and answer.events is not None:
         cut = (outcome.cut_after, request) if outcome.cut_after is not None and request else None
-        return StreamingResponse(_stream(answer.events, outcome.stall, cut),
-                                 media_type="text/event-stream",
-                                 headers={**headers, "cache-control": "no-cache"})
+        return StreamingResponse(
+            _stream(answer.events, outcome.stall, cut),
+            media_type="text/event-stream",
+            headers={**headers, "cache-control": "no-cache"},
+        )
     if answer is not None:
         return JSONResponse(answer.body, headers=headers)
     message = outcome.error or "error"
     body: dict[str, Any]
     if anthropic:
-        body = {"type": "error", "request_id": outcome.request_id,
-                "error": {"type": _ANTHROPIC_ERROR_TYPES.get(outcome.status, "api_error"),
-                          "message": message}}
+        body = {
+            "type": "error",
+            "request_id": outcome.request_id,
+            "error": {
+                "type": _ANTHROPIC_ERROR_TYPES.get(outcome.status, "api_error"),
+                "message": message,
+            },
+        }
     else:
         kind, code = _OPENAI_ERROR_TYPES.get(outcome.status, ("server_error", None))
-        body = {"error": {"message": message, "type": kind, "param": outcome.error_param,
-                          "code": code}}
+        body = {
+            "error": {"message": message, "type": kind, "param": outcome.error_param, "code": code}
+        }
     return JSONResponse(body, status_code=outcome.status, headers=headers)
 
 
-async def _stream(events: tuple[bytes, ...], stall: tuple[int, float] | None,
-                  cut: tuple[int, Request] | None = None) -> AsyncIterator[bytes]:
+async def _stream(
+    events: tuple[bytes, ...],
+    stall: tuple[int, float] | None,
+    cut: tuple[int, Request] | None = None,
+) -> AsyncIterator[bytes]:
     for n, event in enumerate(events):
         if stall is not None and n == stall[0]:
             await asyncio.sleep(stall[1])

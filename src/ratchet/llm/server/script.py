@@ -83,8 +83,10 @@ class ReplySpec(_Strict):
         if self.tool_calls is not None and not self.tool_calls:
             raise ValueError("tool_calls is empty: give at least one call or leave it out")
         if self.output_tokens is not None and self.reasoning_tokens > self.output_tokens:
-            raise ValueError(f"reasoning_tokens ({self.reasoning_tokens}) exceeds "
-                             f"output_tokens ({self.output_tokens})")
+            raise ValueError(
+                f"reasoning_tokens ({self.reasoning_tokens}) exceeds "
+                f"output_tokens ({self.output_tokens})"
+            )
         return self
 
 
@@ -168,8 +170,9 @@ def load_script(source: str | Path | dict[str, Any] | None) -> Script:
     if isinstance(source, dict):
         return _validate(source, "invalid script")
     if not isinstance(source, (str, Path)):
-        raise ScriptError(f"invalid script: expected a file path or a dict, "
-                          f"got {type(source).__name__}")
+        raise ScriptError(
+            f"invalid script: expected a file path or a dict, got {type(source).__name__}"
+        )
     path = Path(source)
     try:
         text = path.read_text(encoding="utf-8")
@@ -181,14 +184,17 @@ def load_script(source: str | Path | dict[str, Any] | None) -> Script:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         detail = " ".join(str(e).split())
-        raise ScriptError(f"script file {str(path)!r} is not valid "
-                          f"{'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {detail}"
-                          ) from e
+        raise ScriptError(
+            f"script file {str(path)!r} is not valid "
+            f"{'JSON' if path.suffix.lower() == '.json' else 'YAML'}: {detail}"
+        ) from e
     if data is None:
         return Script()
     if not isinstance(data, dict):
-        raise ScriptError(f"invalid script file {str(path)!r}: expected a mapping with rules "
-                          f"and/or faults, got {type(data).__name__}")
+        raise ScriptError(
+            f"invalid script file {str(path)!r}: expected a mapping with rules "
+            f"and/or faults, got {type(data).__name__}"
+        )
     return _validate(data, f"invalid script file {str(path)!r}")
 
 

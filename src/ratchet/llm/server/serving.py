@@ -28,16 +28,27 @@ def serve(provider: LocalProvider, host: str = "127.0.0.1", port: int = 0) -> It
     Raises ``OSError`` when ``host:port`` cannot be listened on.
     """
     sock = listen(host, port)
-    with serve_in_thread(provider.app, sock, "the local provider", log_config=None,
-                         log_level="warning", access_log=False, http="h11", ws="none",
-                         lifespan="off", proxy_headers=False, server_header=False,
-                         timeout_keep_alive=_KEEP_ALIVE_S,
-                         timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S) as url:
+    with serve_in_thread(
+        provider.app,
+        sock,
+        "the local provider",
+        log_config=None,
+        log_level="warning",
+        access_log=False,
+        http="h11",
+        ws="none",
+        lifespan="off",
+        proxy_headers=False,
+        server_header=False,
+        timeout_keep_alive=_KEEP_ALIVE_S,
+        timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
+    ) as url:
         yield url
 
 
-def run_until_signalled(provider: LocalProvider, host: str = "127.0.0.1", port: int = 8089,
-                        out: TextIO | None = None) -> None:
+def run_until_signalled(
+    provider: LocalProvider, host: str = "127.0.0.1", port: int = 8089, out: TextIO | None = None
+) -> None:
     """Serve ``provider`` until SIGTERM or SIGINT, then stop cleanly.
 
     Prints ``llm-server listening on http://HOST:PORT`` (one line, flushed) once it
