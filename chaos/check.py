@@ -1,4 +1,5 @@
-"""The invariants of DESIGN.md §3, checked after a campaign from what it left behind.
+"""The invariants of docs/concepts/invariants.md, checked after a campaign from what it
+left behind.
 
 The evidence is plain data (:class:`Evidence`): the rows of ``runs``, ``journal_events``,
 ``side_effect_receipts``, ``run_locks`` and ``signals`` as the database holds them once

@@ -3,10 +3,10 @@
 A worker process (``tests/crash_app.py``) is killed with SIGKILL — from outside while a
 step's code runs, or by the engine's own crash points (``RATCHET_CRASH_AT``) at a precise
 line — or frozen with SIGSTOP, and another worker finishes the run. Each test then checks
-the invariants of DESIGN.md §3 from what the processes left: the journal (gapless, chained,
-one terminal event), the invocation log every step appends to before doing anything (how
-often each step's code ran, under which key and attempt), the receipts a delivery wrote and
-what an HTTP receiver saw.
+the invariants of docs/concepts/invariants.md from what the processes left: the journal
+(gapless, chained, one terminal event), the invocation log every step appends to before
+doing anything (how often each step's code ran, under which key and attempt), the receipts
+a delivery wrote and what an HTTP receiver saw.
 """
 
 from __future__ import annotations

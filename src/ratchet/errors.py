@@ -1,8 +1,8 @@
 """Ratchet's exceptions.
 
 Every error derives from :class:`RatchetError`; its docstring is its default message.
-``retry_class`` names the retry class (DESIGN.md §4) a step failure belongs to, so a
-retry policy can decide without string matching; ``never`` is never retried.
+``retry_class`` names the retry class (docs/concepts/retries.md) a step failure belongs
+to, so a retry policy can decide without string matching; ``never`` is never retried.
 ``outcome_unknown`` says whether the failure leaves open whether the step's effect happened
 (a connection dropped after the request was sent, a timeout): its retry then reuses the
 attempt's idempotency key, so a receiver that honours the key acts once. Any exception may

@@ -35,7 +35,7 @@ TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.
 
 
 class EventKind(StrEnum):
-    """The kinds of journal event (DESIGN.md §5)."""
+    """The kinds of journal event (docs/concepts/journal.md, "Events")."""
 
     RUN_QUEUED = "run_queued"
     RUN_STARTED = "run_started"
@@ -73,7 +73,7 @@ ABANDONED = "StepAbandoned"
 
 
 def idempotency_key(run_id: str, step_id: str, attempt: int) -> str:
-    """``sha256("runID|stepID|attempt")`` in hex (DESIGN.md invariant 6)."""
+    """``sha256("runID|stepID|attempt")`` in hex (invariant 6 in docs/concepts/invariants.md)."""
     return hashlib.sha256(f"{run_id}|{step_id}|{attempt}".encode()).hexdigest()
 
 

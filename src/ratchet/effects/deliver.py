@@ -1,4 +1,4 @@
-"""Deliver to the outside world once (DESIGN.md invariant 7).
+"""Deliver to the outside world once (invariant 7 in docs/concepts/invariants.md).
 
 A delivery claims its ``side_effect_receipts`` row before dispatching and settles it with
 the response after. The receipt belongs to the delivery, not to the attempt: its identity
@@ -15,8 +15,8 @@ a crash) that reaches a delivery an earlier one claimed finds that receipt:
   :class:`~ratchet.errors.ReceiptUnresolved`, for a person (``ratchet receipts settle``).
 
 The key sent out is the one of the attempt that first claimed the receipt: for the first
-unnamed delivery exactly the attempt's idempotency key (DESIGN.md invariant 6), for the
-others ``sha256("<attempt key>|<delivery>")``.
+unnamed delivery exactly the attempt's idempotency key (invariant 6 in
+docs/concepts/invariants.md), for the others ``sha256("<attempt key>|<delivery>")``.
 """
 
 from __future__ import annotations

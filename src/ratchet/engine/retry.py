@@ -1,4 +1,4 @@
-"""Per-step retry policies (DESIGN.md §4)."""
+"""Per-step retry policies (docs/concepts/retries.md)."""
 
 from __future__ import annotations
 
