@@ -104,9 +104,7 @@ class Tail:
                     await asyncio.wait_for(woken.wait(), BACKSTOP_S)
 
     async def _last_seq(self) -> int:
-        ids = {"ids": self.store._ids([self.run_id])}
-        rows = await self.store._read(lambda tx: tx.all("events_heads", ids))
-        return int(rows[0]["seq"]) if rows else 0
+        return await self.store.journal_head(self.run_id)
 
     async def follow(
         self, after: int, heartbeat_s: float, stop: Callable[[], bool] | None = None

@@ -1,5 +1,4 @@
-"""Approvals in the store: the transaction bodies behind :class:`ratchet.store.base.Store`'s
-approval methods.
+"""Approvals in the store: the transaction bodies behind the store's approval methods.
 
 An approval is a row per approval step (``approvals``), written by the run's lease holder
 together with the ``step_waiting`` event that asks, so it is listed and decidable from
@@ -16,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ratchet.errors import (
     ApprovalAlreadyDecided,
@@ -27,15 +26,18 @@ from ratchet.errors import (
 )
 from ratchet.model import Approval, Event, Lease, dumps
 from ratchet.store.bus import READY
-
-if TYPE_CHECKING:
-    from ratchet.store.base import Store, Tx
+from ratchet.store.dialect import Dialect
+from ratchet.store.journal import insert_events
+from ratchet.store.leases import check_lease
+from ratchet.store.runs import locked_run
+from ratchet.store.transaction import Tx
 
 # A run's ancestors are walked up to this depth to find its top-level run.
 MAX_DEPTH = 1000
 
 
 def approval_from_row(row: Any) -> Approval:
+    """An ``approvals`` row as an :class:`Approval`."""
     return Approval(
         run_id=row["run_id"],
         step_id=row["step_id"],
@@ -71,7 +73,7 @@ def _root(tx: Tx, run_id: str) -> str:
 
 
 def ask(
-    store: Store,
+    d: Dialect,
     tx: Tx,
     lease: Lease,
     events: Sequence[Event],
@@ -81,8 +83,10 @@ def ask(
     data: Any,
     deadline: float | None,
 ) -> None:
-    store._check_lease(tx, lease)
-    store._insert_events(tx, events)
+    """Within ``tx``: append ``events`` (the ``step_waiting`` that asks) under the lease
+    and write the approval's row."""
+    check_lease(tx, lease)
+    insert_events(d, tx, events)
     tx.send(
         "approval_ask",
         {
@@ -98,13 +102,14 @@ def ask(
 
 
 def get(tx: Tx, run_id: str, step_id: str) -> Approval | None:
+    """Within ``tx``: the approval asked by step ``step_id`` of the run."""
     row = tx.one("approval_get", {"run_id": run_id, "step_id": step_id})
     return approval_from_row(row) if row else None
 
 
-def expire(store: Store, tx: Tx, lease: Lease, step_id: str, attempt: int) -> Approval:
+def expire(tx: Tx, lease: Lease, step_id: str, attempt: int) -> Approval:
     """Claim the approval as expired unless a decision came first; the row as it ends."""
-    store._check_lease(tx, lease)
+    check_lease(tx, lease)
     tx.run("approval_expire", {"run_id": lease.run_id, "step_id": step_id, "attempt": attempt})
     found = get(tx, lease.run_id, step_id)
     if found is None:
@@ -184,7 +189,7 @@ def not_pending(found: Approval) -> ApprovalNotPending:
 
 
 def decide(
-    store: Store,
+    d: Dialect,
     tx: Tx,
     run_id: str,
     step: str,
@@ -194,7 +199,9 @@ def decide(
     note: str | None = None,
     grant: dict[str, Any] | None = None,
 ) -> Approval:
-    rec = store._locked_run(tx, run_id)
+    """Within ``tx``: record a person's decision and wake the run (see
+    ``Store.decide_approval``)."""
+    rec = locked_run(tx, run_id)
     found = find(tx, run_id, step)
     if found.status != "pending":
         raise not_pending(found)
@@ -225,7 +232,15 @@ def decide(
             )
         raise not_pending(now)
     if tx.run("run_wake", {"run_id": run_id, "waiting_for": waiting_for(found.step_id)}):
-        store._announce(tx, READY)
+        d._announce(tx, READY)
     decided = get(tx, run_id, found.step_id)
     assert decided is not None
     return decided
+
+
+async def pending(d: Dialect, run_id: str | None = None, limit: int = 100) -> list[Approval]:
+    """Pending approvals of unfinished runs, oldest first (of ``run_id`` and the runs
+    under it, if given)."""
+    params = {"run_id": run_id, "limit": limit}
+    rows = await d._read(lambda tx: tx.all("approvals_pending", params))
+    return [approval_from_row(r) for r in rows]

@@ -37,16 +37,11 @@ from ratchet.model import (
     RunRecord,
     dumps,
 )
-from ratchet.store.base import (
-    TIMER_BATCH,
-    Clock,
-    Store,
-    Tx,
-    firm_future,
-    record_from_row,
-    settled,
-)
+from ratchet.store.base import Store
+from ratchet.store.leases import TIMER_BATCH
 from ratchet.store.queries import load_migrations, load_queries
+from ratchet.store.rows import record_from_row
+from ratchet.store.transaction import Clock, Tx, firm_future, settled
 
 T = TypeVar("T")
 log = logging.getLogger("ratchet.store")

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ratchet.store.base import Store, Tx
+from ratchet.store.dialect import Dialect
+from ratchet.store.transaction import Tx
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +58,7 @@ def put_receipt_in(tx: Tx, params: dict[str, Any]) -> None:
 
 
 async def put_receipt(
-    store: Store, run_id: str, seq: int, key_id: str, envelope: dict[str, Any]
+    store: Dialect, run_id: str, seq: int, key_id: str, envelope: dict[str, Any]
 ) -> StoredReceipt:
     """Store a receipt (unless a newer one is there) and return the one stored."""
     params = receipt_params(run_id, seq, key_id, envelope)
@@ -70,7 +70,7 @@ async def put_receipt(
     return _receipt(await store._run(body))
 
 
-async def get_receipt(store: Store, run_id: str) -> StoredReceipt | None:
+async def get_receipt(store: Dialect, run_id: str) -> StoredReceipt | None:
     row = await store._read(lambda tx: tx.one("run_receipt_get", {"run_id": run_id}))
     return _receipt(row) if row else None
 
@@ -85,18 +85,18 @@ def _receipt(row: Any) -> StoredReceipt:
     )
 
 
-async def pruned_at(store: Store, run_id: str) -> float | None:
+async def pruned_at(store: Dialect, run_id: str) -> float | None:
     """When pruning of the run's journal began, or None (never, or no such run)."""
     row = await store._read(lambda tx: tx.one("run_pruned_at", {"run_id": run_id}))
     return None if row is None or row["pruned_at"] is None else float(row["pruned_at"])
 
 
-def _statuses(store: Store, statuses: Sequence[str]) -> Any:
+def _statuses(store: Dialect, statuses: Sequence[str]) -> Any:
     return store._ids(list(statuses))
 
 
 async def prune_candidates(
-    store: Store, before: float, statuses: Sequence[str], limit: int
+    store: Dialect, before: float, statuses: Sequence[str], limit: int
 ) -> list[PruneCandidate]:
     """Up to ``limit`` runs finished (with one of ``statuses``) before ``before`` and not yet
     pruned, oldest first."""
@@ -112,14 +112,14 @@ async def prune_candidates(
     ]
 
 
-async def prune_count(store: Store, before: float, statuses: Sequence[str]) -> tuple[int, int]:
+async def prune_count(store: Dialect, before: float, statuses: Sequence[str]) -> tuple[int, int]:
     """How many runs :func:`prune_candidates` would give in all, and their events."""
     params = {"before": before, "statuses": _statuses(store, statuses)}
     row = await store._read(lambda tx: tx.one("prune_count", params))
     return int(row["runs"]), int(row["events"] or 0)
 
 
-async def mark_pruned(store: Store, run_ids: Sequence[str]) -> list[str]:
+async def mark_pruned(store: Dialect, run_ids: Sequence[str]) -> list[str]:
     """Mark the runs whose receipt covers their whole journal as being pruned, and drop
     their dead letters (a pruned run cannot be retried). Returns the runs marked."""
 
@@ -132,18 +132,18 @@ async def mark_pruned(store: Store, run_ids: Sequence[str]) -> list[str]:
     return await store._run(body)
 
 
-async def pruning_runs(store: Store, limit: int) -> list[str]:
+async def pruning_runs(store: Dialect, limit: int) -> list[str]:
     """Runs marked for pruning whose journal is not all deleted yet."""
     rows = await store._read(lambda tx: tx.all("prune_in_progress", {"limit": limit}))
     return [r["run_id"] for r in rows]
 
 
-async def delete_events(store: Store, run_ids: Sequence[str], limit: int) -> int:
+async def delete_events(store: Dialect, run_ids: Sequence[str], limit: int) -> int:
     """Delete up to ``limit`` journal events of the runs; returns how many went."""
     params = {"ids": store._ids(run_ids), "limit": limit}
     return await store._run(lambda tx: tx.run("prune_events", params))
 
 
-async def journals_gone(store: Store, run_ids: Sequence[str]) -> None:
+async def journals_gone(store: Dialect, run_ids: Sequence[str]) -> None:
     params = {"ids": store._ids(run_ids)}
     await store._run(lambda tx: tx.send("prune_done", params))

@@ -1,5 +1,5 @@
-"""Sandboxes in the store: the transaction bodies behind :class:`ratchet.store.base.Store`'s
-sandbox methods (the isolated tier).
+"""Sandboxes in the store: the transaction bodies behind the store's sandbox methods (the
+isolated tier).
 
 A row per sandbox ever spawned for a run, written by the run's lease holder (checked in
 the same transaction) before the sandbox process starts, so every attempt is counted even
@@ -12,12 +12,12 @@ new holder knows none of them is alive.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ratchet.model import Lease
-
-if TYPE_CHECKING:
-    from ratchet.store.base import Tx
+from ratchet.store.dialect import Dialect
+from ratchet.store.leases import check_lease
+from ratchet.store.transaction import Tx
 
 # How a sandbox ended (``end_reason``).
 FINISHED = "finished"  # the harness reported the run's end
@@ -52,6 +52,7 @@ class SandboxRecord:
 
 
 def record(row: Any) -> SandboxRecord:
+    """A ``sandboxes`` row as a :class:`SandboxRecord`."""
     return SandboxRecord(
         sandbox_id=row["sandbox_id"],
         run_id=row["run_id"],
@@ -69,7 +70,7 @@ def record(row: Any) -> SandboxRecord:
     )
 
 
-def open_sandbox(
+def open_in(
     tx: Tx, lease: Lease, sandbox_id: str, backend: str, limit: int, since_epoch: int = 0
 ) -> tuple[SandboxRecord | None, int]:
     """Under the lease (the caller checked it in ``tx``): close stale rows, then write the
@@ -95,3 +96,51 @@ def open_sandbox(
     return record(
         tx.one("sandboxes_of_run_attempt", {"run_id": lease.run_id, "attempt": last + 1})
     ), counted
+
+
+async def open_sandbox(
+    d: Dialect, lease: Lease, sandbox_id: str, backend: str, limit: int, since_epoch: int = 0
+) -> tuple[SandboxRecord | None, int]:
+    """Check the lease and :func:`open_in`, in one transaction."""
+
+    def body(tx: Tx) -> tuple[SandboxRecord | None, int]:
+        check_lease(tx, lease)
+        return open_in(tx, lease, sandbox_id, backend, limit, since_epoch)
+
+    return await d._run(body)
+
+
+async def running(d: Dialect, sandbox_id: str) -> None:
+    """The sandbox's process started."""
+    await d._run(lambda tx: tx.send("sandbox_running", {"sandbox_id": sandbox_id}))
+
+
+async def end(
+    d: Dialect,
+    sandbox_id: str,
+    *,
+    reason: str,
+    exit_code: int | None,
+    signal: int | None,
+    peak_memory: int | None,
+) -> None:
+    """The sandbox's process is gone: how it ended."""
+    params = {
+        "sandbox_id": sandbox_id,
+        "end_reason": reason,
+        "exit_code": exit_code,
+        "signal": signal,
+        "peak_memory": peak_memory,
+    }
+    await d._run(lambda tx: tx.send("sandbox_end", params))
+
+
+async def list_sandboxes(
+    d: Dialect, run_id: str | None = None, limit: int = 100
+) -> list[SandboxRecord]:
+    """A run's sandboxes by attempt, or the most recent ones of every run."""
+    if run_id is not None:
+        rows = await d._read(lambda tx: tx.all("sandboxes_of_run", {"run_id": run_id}))
+    else:
+        rows = await d._read(lambda tx: tx.all("sandboxes_recent", {"limit": limit}))
+    return [record(r) for r in rows]

@@ -13,12 +13,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ratchet.store.tokens import Token, _token, token_hash
-
-if TYPE_CHECKING:
-    from ratchet.store.base import Store
+from ratchet.store.dialect import Dialect
+from ratchet.store.tokens import Token, token_from_row, token_hash
 
 SESSION_TTL_S = 12 * 3600.0
 
@@ -32,7 +30,7 @@ def csrf_matches(secret: str, sent: str | None) -> bool:
     return sent is not None and hmac.compare_digest(csrf_token(secret), sent)
 
 
-async def open_session(store: Store, token: Token, ttl_s: float = SESSION_TTL_S) -> str:
+async def open_session(store: Dialect, token: Token, ttl_s: float = SESSION_TTL_S) -> str:
     """A new session for ``token``; returns its secret (the cookie's value)."""
     secret = secrets.token_urlsafe(32)
     params = {"session_hash": token_hash(secret), "token_id": token.token_id, "ttl_s": ttl_s}
@@ -45,13 +43,13 @@ async def open_session(store: Store, token: Token, ttl_s: float = SESSION_TTL_S)
     return secret
 
 
-async def session_token(store: Store, secret: str) -> Token | None:
+async def session_token(store: Dialect, secret: str) -> Token | None:
     """The live token of the live session ``secret`` opened, or None."""
     row = await store._read(
         lambda tx: tx.one("ui_session_token", {"session_hash": token_hash(secret)})
     )
-    return _token(row) if row is not None else None
+    return token_from_row(row) if row is not None else None
 
 
-async def close_session(store: Store, secret: str) -> None:
+async def close_session(store: Dialect, secret: str) -> None:
     await store._run(lambda tx: tx.send("ui_session_delete", {"session_hash": token_hash(secret)}))

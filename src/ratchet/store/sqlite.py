@@ -40,8 +40,10 @@ from ratchet.errors import (
     ValueRefused,
 )
 from ratchet.model import dumps
-from ratchet.store.base import DONE, EVENTS, Clock, Store, Tx, firm_future, settled
+from ratchet.store.base import Store
+from ratchet.store.bus import DONE, EVENTS
 from ratchet.store.queries import load_migrations, load_queries
+from ratchet.store.transaction import Clock, Tx, firm_future, settled
 
 T = TypeVar("T")
 log = logging.getLogger("ratchet.store")
@@ -383,9 +385,7 @@ class SqliteStore(Store):
             tailed = self.bus.watched(EVENTS)
             if not tailed:
                 return
-            params = {"ids": self._ids(tailed)}
-            rows = await self._read(lambda tx, p=params: tx.all("events_heads", p))
-            seen = {r["run_id"]: int(r["seq"]) for r in rows}
+            seen = await self.journal_heads(tailed)
             for run_id, seq in seen.items():
                 if heads.get(run_id) != seq:
                     self._wake(EVENTS, run_id)

@@ -26,17 +26,16 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from ratchet.model import RunRecord
-
-if TYPE_CHECKING:
-    from ratchet.store.base import Store
+from ratchet.store.dialect import Dialect
+from ratchet.store.rows import record_from_row
+from ratchet.store.runs import get_run
 
 DEFAULT_TENANT = "default"
 SEP = "~"
 
-_legacy: weakref.WeakKeyDictionary[Store, frozenset[str]] = weakref.WeakKeyDictionary()
+_legacy: weakref.WeakKeyDictionary[Dialect, frozenset[str]] = weakref.WeakKeyDictionary()
 
 
 def prefix(tenant: str) -> str:
@@ -60,7 +59,7 @@ def external_text(tenant: str, text: str) -> str:
     return text.replace(prefix(tenant), "")
 
 
-async def legacy_tenants(store: Store) -> frozenset[str]:
+async def legacy_tenants(store: Dialect) -> frozenset[str]:
     """The tenants with runs stored under raw ids (from before ids were scoped). Fixed
     once the migration ran (no raw id of another tenant than ``default`` is written since),
     so it is read once per store."""
@@ -101,7 +100,7 @@ def choose(tenant: str, run_id: str, owners: Mapping[str, str]) -> str:
     return scoped
 
 
-async def internal_ids(store: Store, tenant: str, run_ids: Sequence[str]) -> list[str]:
+async def internal_ids(store: Dialect, tenant: str, run_ids: Sequence[str]) -> list[str]:
     """The engine's id of each of ``tenant``'s ``run_ids``: the run's if it exists, else
     the one to create it under. One read, and none where no old rows can be in the way."""
     legacy = await legacy_tenants(store)
@@ -113,15 +112,14 @@ async def internal_ids(store: Store, tenant: str, run_ids: Sequence[str]) -> lis
     return [choose(tenant, r, owners) for r in run_ids]
 
 
-async def find_run(store: Store, tenant: str, run_id: str) -> RunRecord | None:
+async def find_run(store: Dialect, tenant: str, run_id: str) -> RunRecord | None:
     """``tenant``'s run ``run_id`` (the engine's record of it), or None: missing and
     another tenant's are the same answer."""
     legacy = await legacy_tenants(store)
     found = candidates(tenant, run_id, legacy)
     if len(found) == 1:
-        rec = await store.get_run(found[0])
+        rec = await get_run(store, found[0])
         return rec if rec is not None and rec.tenant_id == tenant else None
-    from ratchet.store.base import record_from_row
 
     ids = store._ids(list(found))
     rows = await store._read(lambda tx: tx.all("runs_get_many", {"ids": ids}))

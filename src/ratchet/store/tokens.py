@@ -16,14 +16,13 @@ import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ratchet.errors import InvalidInput, UnknownToken
 from ratchet.model import DeadLetter, RunRecord
 from ratchet.names import MAX_TENANT
-
-if TYPE_CHECKING:
-    from ratchet.store.base import Store
+from ratchet.store.dialect import Dialect
+from ratchet.store.rows import record_from_row
 
 SCOPES = ("runs:read", "runs:write", "admin")
 TOKEN_PREFIX = "rt_"
@@ -57,7 +56,7 @@ class Token:
         }
 
 
-def _token(row: Any) -> Token:
+def token_from_row(row: Any) -> Token:
     return Token(
         row["token_id"],
         row["tenant_id"],
@@ -121,7 +120,7 @@ def check_expires_in(seconds: Any) -> float | None:
 
 
 async def create_token(
-    store: Store,
+    store: Dialect,
     tenant: str,
     scopes: Sequence[str],
     name: str | None = None,
@@ -145,27 +144,27 @@ async def create_token(
 
     def body(tx: Any) -> Token:
         tx.send("token_insert", params)
-        return _token(tx.one("token_get", {"token_id": token_id}))
+        return token_from_row(tx.one("token_get", {"token_id": token_id}))
 
     return await store._run(body), secret
 
 
-async def authenticate(store: Store, secret: str) -> Token | None:
+async def authenticate(store: Dialect, secret: str) -> Token | None:
     """The live token whose secret this is, or None."""
     row = await store._read(lambda tx: tx.one("token_by_hash", {"token_hash": token_hash(secret)}))
-    return _token(row) if row is not None else None
+    return token_from_row(row) if row is not None else None
 
 
-async def list_tokens(store: Store, tenant: str | None = None) -> list[Token]:
+async def list_tokens(store: Dialect, tenant: str | None = None) -> list[Token]:
     """Every token, or ``tenant``'s."""
     if tenant is None:
         rows = await store._read(lambda tx: tx.all("tokens_list", {}))
     else:
         rows = await store._read(lambda tx: tx.all("tokens_of_tenant", {"tenant_id": tenant}))
-    return [_token(r) for r in rows]
+    return [token_from_row(r) for r in rows]
 
 
-async def revoke_token(store: Store, token_id: str, tenant: str | None = None) -> Token:
+async def revoke_token(store: Dialect, token_id: str, tenant: str | None = None) -> Token:
     """Revoke a token (of ``tenant``, when given: another tenant's is unknown); refused
     for an unknown id (a revoked one stays revoked, once)."""
 
@@ -174,12 +173,12 @@ async def revoke_token(store: Store, token_id: str, tenant: str | None = None) -
         if row is None or (tenant is not None and row["tenant_id"] != tenant):
             raise UnknownToken(f"unknown token id {token_id!r}; see ratchet tokens list")
         tx.run("token_revoke", {"token_id": token_id})
-        return _token(tx.one("token_get", {"token_id": token_id}))
+        return token_from_row(tx.one("token_get", {"token_id": token_id}))
 
     return await store._run(body)
 
 
-async def ended_tokens(store: Store, token_ids: Sequence[str]) -> tuple[set[str], float | None]:
+async def ended_tokens(store: Dialect, token_ids: Sequence[str]) -> tuple[set[str], float | None]:
     """Of ``token_ids``: those revoked, expired or gone by now, and the earliest expiry
     among the others (None: none expires)."""
     ids = store._ids(list(token_ids))
@@ -190,7 +189,7 @@ async def ended_tokens(store: Store, token_ids: Sequence[str]) -> tuple[set[str]
 
 
 async def runs_page(
-    store: Store,
+    store: Dialect,
     tenant: str,
     *,
     status: str | None = None,
@@ -204,7 +203,6 @@ async def runs_page(
 ) -> list[RunRecord]:
     """A tenant's runs, newest first, after ``cursor`` (the last one's created_at, run_id);
     ``text``: only those whose run id contains it."""
-    from ratchet.store.base import record_from_row
 
     params = {
         "tenant_id": tenant,
@@ -222,7 +220,7 @@ async def runs_page(
     return [record_from_row(r) for r in rows]
 
 
-async def dead_letters(store: Store, tenant: str, limit: int = 100) -> list[DeadLetter]:
+async def dead_letters(store: Dialect, tenant: str, limit: int = 100) -> list[DeadLetter]:
     rows = await store._read(
         lambda tx: tx.all("dead_letters_of_tenant", {"tenant_id": tenant, "limit": limit})
     )

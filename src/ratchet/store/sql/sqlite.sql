@@ -92,9 +92,6 @@ SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE
 -- name: lease_get
 SELECT worker_id, epoch, expires_at > ratchet_now() AS live FROM run_locks WHERE run_id = :run_id
 
--- name: lease_fence
-UPDATE run_locks SET worker_id = NULL, epoch = epoch + 1, expires_at = 0 WHERE run_id = :run_id
-
 -- name: lease_retake
 -- The holder drives its run again (its last drive was abandoned on a storage error): the
 -- same worker, a new epoch, so whatever the abandoned drive still had in flight is fenced.
@@ -388,10 +385,6 @@ ORDER BY registered_at DESC, version LIMIT 1
 -- Every version of every graph, newest first within a name.
 SELECT name, version, definition, registered_at FROM graphs
 ORDER BY name, registered_at DESC, version
-
--- name: graph_versions
--- What a worker serves besides its code workflows: every registered graph version.
-SELECT name, version FROM graphs
 
 -- name: events_heads
 -- The last seq of each of some runs: one shared poll tells every tail in this process
