@@ -248,12 +248,12 @@ class Ratchet:
         timeout_s: float | None = None,
     ) -> Callable[[F], F]: ...
 
-    def step(
+    def step(  # type: ignore[misc]
         self,
         fn: Any = None,
         /,
         *,
-        name: str | None = None,  # type: ignore[misc]
+        name: str | None = None,
         retry: Retry | Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
     ) -> Any:

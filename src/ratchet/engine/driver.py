@@ -31,6 +31,7 @@ from ratchet.engine import tracing
 from ratchet.engine.context import HeldStep, StepInfo, current_run, current_step_info, held_here
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef
+from ratchet.engine.drive import Drive
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
 from ratchet.engine.guarding import RunGuards
@@ -62,10 +63,12 @@ from ratchet.errors import (
 from ratchet.model import (
     ABANDONED,
     ClaimedRun,
+    Decision,
     Event,
     EventKind,
     Lease,
     NewRun,
+    Receipt,
     RunRecord,
     RunState,
     RunStatus,
@@ -77,7 +80,8 @@ from ratchet.model import (
     output_payload,
 )
 from ratchet.receipts import Signer, sign
-from ratchet.store.base import Store
+from ratchet.store.approvals import waiting_for
+from ratchet.store.base import Store, StoredGraph
 from ratchet.store.retention import receipt_params
 
 log = logging.getLogger("ratchet.engine")
@@ -312,6 +316,17 @@ class RunContext:
         self.pending.append(ev)
         return ev
 
+    def journal(
+        self,
+        kind: str,
+        step_id: str | None = None,
+        attempt: int | None = None,
+        payload: dict[str, Any] | None = None,
+    ) -> None:
+        """Add an event to the journal, committed with the drive's next write (the
+        :class:`~ratchet.engine.drive.Drive` verb)."""
+        self.emit(kind, step_id, attempt, payload)
+
     async def _write(
         self, op: Callable[[list[Event]], Awaitable[T]], last: Callable[[], Event] | None = None
     ) -> T:
@@ -405,6 +420,10 @@ class RunContext:
                 f"'{ordinal}:{name}'"
             )
         return f"{ordinal}:{name}", step
+
+    def upcoming(self) -> StepState | None:
+        """What the journal holds at the next step position, without taking it."""
+        return self.state.by_ordinal.get(self.ordinal + 1)
 
     def take_completed(self, name: str) -> StepState | None:
         """The next step, its ordinal taken, when the journal holds it as step ``name``
@@ -1000,12 +1019,111 @@ class RunContext:
                 )
             await self.waits.wait(f"child:{child_id}")
 
+    async def await_approval(
+        self,
+        step_id: str,
+        step: StepState | None,
+        name: str,
+        data: Any,
+        timeout_s: float | None,
+    ) -> Decision:
+        """Ask approval ``name`` at the position ``step_id`` (see
+        :mod:`ratchet.engine.approvals`) and wait for the decision."""
+        await self.close_held()
+        if step is not None and step.status in ("completed", "failed"):
+            await self.replayed(step)
+            if step.status == "completed":
+                return Decision.from_dict(step.output)
+            raise self.replayed_failure(step)
+        self.check_stop()
+        if step is None or step.status == "pending" or step.waiting is None:
+            # Not asked yet, or asked afresh after a retry of the run: a new attempt, whose row
+            # replaces the expired one.
+            attempt = step.attempt + 1 if step is not None else 1
+            deadline = await self.store.now() + timeout_s if timeout_s is not None else None
+            asked = {
+                "reason": "approval",
+                "name": name,
+                "data": data,
+                "timeout_s": timeout_s,
+                "deadline": deadline,
+            }
+            self.emit(EventKind.STEP_WAITING, step_id, attempt, asked)
+            await self._write(
+                lambda events: self.store.ask_approval(
+                    self.lease, events, step_id, attempt, name, data, deadline
+                )
+            )
+        else:
+            attempt = step.attempt
+            deadline = step.waiting.get("deadline")
+            timeout_s = step.waiting.get("timeout_s")
+        while True:
+            found = await self.store.get_approval(self.run_id, step_id)
+            if found is None or found.attempt != attempt:
+                raise RatchetError(
+                    f"run {self.run_id}: approval {step_id} (attempt {attempt}) "
+                    "is journaled as asked but has no row"
+                )
+            decision = found.decision
+            if decision is not None:
+                decided = {"name": name, **decision.as_dict()}
+                if found.note is not None:
+                    decided["note"] = found.note  # the name the client gave, beside the decider
+                self.emit(EventKind.APPROVAL_DECIDED, step_id, attempt, decided)
+                self.emit(
+                    EventKind.STEP_COMPLETED, step_id, attempt, {"output": decision.as_dict()}
+                )
+                return decision
+            if found.status == "expired":
+                error = f"no decision on approval {name!r} arrived within {timeout_s or 0:g}s"
+                self.emit(
+                    EventKind.STEP_FAILED,
+                    step_id,
+                    attempt,
+                    {"error": error, "error_type": ApprovalTimeout.__name__},
+                )
+                raise ApprovalTimeout(error)
+            now = await self.store.now()
+            if deadline is not None and now >= deadline:
+                # Claimed in the database, so a decision racing the deadline either lands
+                # first (and is taken) or is refused: never both a decision and a timeout.
+                await self.store.expire_approval(self.lease, step_id, attempt)
+                continue
+            await self.waits.wait(waiting_for(step_id), deadline, now)
+
     def _check_child(self, parent: str | None, child_id: str, step_id: str) -> None:
         if parent != self.run_id:
             raise RatchetError(
                 f"run {child_id} is not the child of run {self.run_id} started "
                 f"by step {step_id} (its parent is {parent!r})"
             )
+
+    # -- what features ask of the outside world ---------------------------------------------
+
+    def configure_guards(self, guards: Guards) -> None:
+        """Guard the run with ``guards``, the run's overrides and grants on top."""
+        self.guards.configure(guards, self.state.guards)
+
+    async def get_graph(self, name: str, version: str | None = None) -> StoredGraph | None:
+        """A registered graph version, or the latest one (None: not registered)."""
+        return await self.store.raw.get_graph(name, version)
+
+    async def claim_receipt(
+        self, key: str, step_id: str, *, delivery: str, attempt: int
+    ) -> Receipt | None:
+        """Claim a delivery's receipt under this drive's lease (see ratchet.effects)."""
+        return await self.store.claim_receipt(
+            self.lease, key, step_id, delivery=delivery, attempt=attempt
+        )
+
+    async def reclaim_receipt(self, key: str) -> None:
+        """Take over a receipt claimed earlier, to dispatch again under its key."""
+        await self.store.reclaim_receipt(self.lease, key)
+
+    async def settle_receipt(self, key: str, response: Any) -> None:
+        """Store a delivery's response on its receipt."""
+        await self.store.settle_receipt(self.lease, key, response)
 
     # -- the drive -------------------------------------------------------------------------
 
@@ -1197,7 +1315,8 @@ async def drive(
         host_judged,
     )
     control.listen(ctx.interrupt)
-    token = current_run.set(ctx)
+    run: Drive = ctx  # what the workflow and the features built on it see
+    token = current_run.set(run)
     try:
         return await ctx.drive()
     finally:

@@ -28,7 +28,7 @@ reservation: the provider may have billed it.
 
 The run's deadline (``timeout_s``, and ``budget_wall_s`` under ``fail``) is armed as a timer
 on the drive and carried into every park as its wake-up time, so the run fails with
-``RunTimeout`` at the deadline wherever it is (see ``RunContext.arm_deadline``).
+``RunTimeout`` at the deadline wherever it is (see ``GuardedDrive.arm_deadline``).
 
 Costs on the hot path: a few comparisons per step, and the JSON form of a step's arguments
 (the runaway-loop check) when ``runaway_repeats`` is on. The spike guards query the
@@ -48,18 +48,20 @@ import statistics
 import time
 import weakref
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet.engine import approvals
 from ratchet.engine.control import Stopped, StopReason
 from ratchet.engine.definitions import StepDef
+from ratchet.engine.drive import Drive
 from ratchet.engine.guards import BUDGET, BUDGET_FIELDS, DEFAULT, Guards
 from ratchet.engine.stats import STATS
 from ratchet.errors import ApprovalTimeout, GuardTripped
 from ratchet.model import Decision, EventKind, dumps
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive_store import DriveStore
+    from ratchet.model import Event, StepState
     from ratchet.store.base import Store
 
 log = logging.getLogger("ratchet.guards")
@@ -100,10 +102,32 @@ class History:
         self.run_costs = list(costs.values())
 
 
+class GuardedDrive(Drive, Protocol):
+    """What the guards use of a drive beyond the :class:`Drive` verbs: its store (for the
+    workflow's history), the journal's own ``emit``, the position of a pause journaled
+    earlier (``take_step``), and the timer of the run's deadline."""
+
+    @property
+    def store(self) -> DriveStore: ...
+
+    def emit(
+        self,
+        kind: str,
+        step_id: str | None = None,
+        attempt: int | None = None,
+        payload: dict[str, Any] | None = None,
+        payload_json: str | None = None,
+    ) -> Event: ...
+
+    def take_step(self, step_id: str) -> StepState | None: ...
+
+    def arm_deadline(self) -> None: ...
+
+
 class RunGuards:
     """One drive's guards."""
 
-    def __init__(self, ctx: RunContext, guards: Guards = DEFAULT) -> None:
+    def __init__(self, ctx: GuardedDrive, guards: Guards = DEFAULT) -> None:
         self.ctx = ctx
         self.g = guards
         self._configured = guards  # the workflow's guards and the run's overrides
@@ -282,7 +306,7 @@ class RunGuards:
             return approvals.approval(ctx, name, question, timeout_s)
         # A replay takes up the ordinal the pause took, whichever branch took it first.
         step = ctx.take_step(ask_id) if not fresh else ctx.state.steps.get(ask_id)
-        return approvals.run_approval(ctx, ask_id, step, name, question, timeout_s)
+        return ctx.await_approval(ask_id, step, name, question, timeout_s)
 
     async def replay_pauses(self, step_id: str) -> None:
         """Ask again the pauses journaled at this step: each approval step returns its

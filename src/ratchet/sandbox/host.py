@@ -70,7 +70,7 @@ from ratchet.model import (
 from ratchet.receipts import Signer
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.guarding import GuardedDrive
     from ratchet.store.base import Store
 
 # The step names of model calls: their end is journaled by the host, never by a sandbox.
@@ -204,7 +204,9 @@ class HostJournal:
         for ev in events:
             if ev.kind == EventKind.STEP_STARTED and ev.step_id and ev.attempt:
                 self._note_started(ev.step_id, ev.attempt, ev.payload)
-        self.guards = RunGuards(cast("RunContext", self))
+        # The guards read this fold and journal through emit; the verbs of a pause, which
+        # an isolated run never takes (see _unparked), are the only ones missing here.
+        self.guards = RunGuards(cast("GuardedDrive", self))
         # The workflow's guards, the run's overrides and what people granted it since.
         configured = guards.override(self.state.guards)
         if self.state.grants:
