@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 STEP_PREFIX = "approval:"
 
 
-# The names of the guards' pauses (ratchet.engine.guarding.PAUSE_PREFIX): approving one of a
+# The names of the guards' pauses (ratchet.engine.guards.run.PAUSE_PREFIX): approving one of a
 # limit moves the run's limits, so a workflow's own approval may not take such a name.
 _GUARD_NAMES = "guard:"
 

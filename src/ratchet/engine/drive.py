@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ratchet.engine.context import HeldStep
     from ratchet.engine.definitions import StepDef, WorkflowDef
-    from ratchet.engine.guarding import RunGuards
     from ratchet.engine.guards import Guards
+    from ratchet.engine.guards.run import RunGuards
     from ratchet.engine.values import Codec
     from ratchet.model import Decision, Receipt, RunRecord, RunState, StepState
     from ratchet.store.base import StoredGraph
