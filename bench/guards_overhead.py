@@ -18,8 +18,8 @@ from types import SimpleNamespace
 from typing import Any
 
 from ratchet.engine.definitions import StepDef
-from ratchet.engine.guarding import RunGuards
 from ratchet.engine.guards import DEFAULT, Guards
+from ratchet.engine.guards.run import RunGuards
 from ratchet.model import RunState, StepState
 
 OFF = Guards(

@@ -244,9 +244,9 @@ def test_branches_whose_steps_finished_out_of_call_order_replay_in_the_journals_
 def test_a_replay_waiting_for_a_call_the_code_no_longer_makes_fails_as_non_deterministic(
     make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ratchet.engine import driver
+    from ratchet.engine import replay
 
-    monkeypatch.setattr(driver, "REPLAY_STALL_S", 0.5)
+    monkeypatch.setattr(replay, "REPLAY_STALL_S", 0.5)
     app = make_app()
     calls: Counter[str] = Counter()
     second_a = [True]

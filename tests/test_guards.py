@@ -459,7 +459,7 @@ def test_a_calls_streak_key_is_its_canonical_json_whatever_its_arguments() -> No
     # integers are written out directly, and must give exactly what dumps gives.
     import enum
 
-    from ratchet.engine.guarding import _call_text
+    from ratchet.engine.guards.evidence import call_text
     from ratchet.model import dumps
 
     class Colour(enum.IntEnum):
@@ -475,6 +475,6 @@ def test_a_calls_streak_key_is_its_canonical_json_whatever_its_arguments() -> No
         (("\u2028", "\x00"), {"z": "", "é": 0}),
     ]
     for args, kwargs in cases:
-        assert _call_text(args, kwargs) == dumps([args, kwargs]), (args, kwargs)
+        assert call_text(args, kwargs) == dumps([args, kwargs]), (args, kwargs)
     with pytest.raises(ValueError):
-        _call_text((float("nan"),), {})
+        call_text((float("nan"),), {})

@@ -263,7 +263,8 @@ class StepState:
     kind: str | None = None  # "llm", "tool"; None for a plain step
     llm: dict[str, Any] | None = None  # a completed LLM call: provider, model, usage, cost
     # The seqs of the step's first event and of the event that finished it: the order a
-    # replay of parallel branches hands journaled outcomes back in (see RunContext.replayed).
+    # replay of parallel branches hands journaled outcomes back in (see
+    # ratchet.engine.replay.Replay.replayed).
     first_seq: int = 0
     finished_seq: int = 0
     # The attempt whose idempotency key the latest attempt sent (itself, unless it retried

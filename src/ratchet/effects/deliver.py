@@ -35,7 +35,7 @@ from ratchet.errors import DeliveryFailed, InvalidInput, RatchetError, ReceiptUn
 from ratchet.model import Receipt
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive import Drive
 
 Policy = Literal["resend", "at_most_once"]
 POLICIES = ("resend", "at_most_once")
@@ -49,7 +49,7 @@ def delivery_key(attempt_key: str, delivery: str) -> str:
     return hashlib.sha256(f"{attempt_key}|{delivery}".encode()).hexdigest()
 
 
-def _prepare(policy: str, name: str | None) -> tuple[RunContext, StepInfo, str, str]:
+def _prepare(policy: str, name: str | None) -> tuple[Drive, StepInfo, str, str]:
     """Check the call; the run, the step, the delivery's identity and its key."""
     if policy not in POLICIES:
         raise InvalidInput(f"unknown delivery policy {policy!r}: expected one of {POLICIES}")
@@ -107,22 +107,19 @@ async def deliver(
     inside a step. Each call is its own delivery: named by ``name``, else numbered in call
     order within the step."""
     ctx, info, delivery, key = _prepare(policy, name)
-    store, lease = ctx.store, ctx.lease
-    existing = await store.claim_receipt(
-        lease, key, info.step_id, delivery=delivery, attempt=info.attempt
-    )
+    existing = await ctx.claim_receipt(key, info.step_id, delivery=delivery, attempt=info.attempt)
     if existing is not None:
         if existing.status == "settled":
             return existing.response
         key = existing.idempotency_key
     if _resend(existing, policy):
-        await store.reclaim_receipt(lease, key)
+        await ctx.reclaim_receipt(key)
     crash_point("after_receipt_claim")
     response = dispatch(key)
     if inspect.isawaitable(response):
         response = await response
     crash_point("after_dispatch")
-    await store.settle_receipt(lease, key, _stored(response, delivery, info.step_id))
+    await ctx.settle_receipt(key, _stored(response, delivery, info.step_id))
     return response
 
 
@@ -143,24 +140,23 @@ def deliver_sync(
             f"ratchet.deliver_sync() called in step {info.step_id} on the worker's event loop "
             "(an async def step): use `await ratchet.deliver(...)` there"
         )
-    store, lease = ctx.store, ctx.lease
 
     def on_loop(coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, ctx.loop).result()
 
     existing = on_loop(
-        store.claim_receipt(lease, key, info.step_id, delivery=delivery, attempt=info.attempt)
+        ctx.claim_receipt(key, info.step_id, delivery=delivery, attempt=info.attempt)
     )
     if existing is not None:
         if existing.status == "settled":
             return existing.response
         key = existing.idempotency_key
     if _resend(existing, policy):
-        on_loop(store.reclaim_receipt(lease, key))
+        on_loop(ctx.reclaim_receipt(key))
     crash_point("after_receipt_claim")
     response = dispatch(key)
     crash_point("after_dispatch")
-    on_loop(store.settle_receipt(lease, key, _stored(response, delivery, info.step_id)))
+    on_loop(ctx.settle_receipt(key, _stored(response, delivery, info.step_id)))
     return response
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from ratchet.errors import RatchetError
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive import Drive
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +37,7 @@ class StepInfo:
 
 class HeldStep(Protocol):
     """A step the workflow holds open while it reads it (a stream): it ends before the
-    branch that opened it journals anything else (``RunContext.close_held``)."""
+    branch that opened it journals anything else (``Drive.close_held``)."""
 
     #: The workflow has let it go (closed it, or dropped its iterator).
     released: bool
@@ -48,7 +48,7 @@ class HeldStep(Protocol):
         ...
 
 
-current_run: contextvars.ContextVar[RunContext | None] = contextvars.ContextVar(
+current_run: contextvars.ContextVar[Drive | None] = contextvars.ContextVar(
     "ratchet_run", default=None
 )
 current_step_info: contextvars.ContextVar[StepInfo | None] = contextvars.ContextVar(
@@ -70,7 +70,7 @@ def current_step() -> StepInfo:
     return info
 
 
-def workflow_run() -> RunContext | None:
+def workflow_run() -> Drive | None:
     """The drive whose workflow code (outside any step) is running here; None elsewhere
     (outside a workflow, or inside a step, where a durable call is a plain call)."""
     ctx = current_run.get()
@@ -79,7 +79,9 @@ def workflow_run() -> RunContext | None:
     return ctx
 
 
-def require_run(what: str) -> RunContext:
+def require_run(what: str) -> Drive:
+    """The drive whose workflow code is running here; raises outside a workflow or inside
+    a step, where ``what`` cannot be awaited."""
     ctx = current_run.get()
     if ctx is None or current_step_info.get() is not None:
         raise RatchetError(f"{what} must be awaited in a workflow, outside any step")

@@ -21,6 +21,7 @@ from ratchet.graphs.nodes import tool_kwargs
 if TYPE_CHECKING:
     from ratchet.graphs.interpreter import Interpreter, Scope
     from ratchet.graphs.validate import Node
+    from ratchet.model import StepState
 
 
 @dataclass(slots=True, frozen=True)
@@ -76,7 +77,6 @@ def skip_finished(
     ctx = interp.ctx
     order = plan.order
     loop_prefix = f"{prefix}{node.id}#"
-    first_ordinal = ctx.ordinal + 1
     steps = ctx.take_completed_groups(
         (f"{loop_prefix}{i}/{n}" for i in range(len(items)) for n in order), len(order)
     )
@@ -84,12 +84,11 @@ def skip_finished(
     results.extend(s.output for s in steps[len(order) - 1 :: len(order)])
     if index == 0:
         return 0
-    by_ordinal = ctx.state.by_ordinal
     start = dict(scope.outputs)
-    last = first_ordinal + (index - 1) * len(order)
+    last = (index - 1) * len(order)
     for i, n in enumerate(order):
-        scope.outputs[n] = by_ordinal[last + i].output
-    _tell_guards(interp, node, plan, start, scope, items, results, first_ordinal, index)
+        scope.outputs[n] = steps[last + i].output
+    _tell_guards(interp, node, plan, start, scope, items, results, steps, index)
     return index
 
 
@@ -101,7 +100,7 @@ def _tell_guards(
     scope: Scope,
     items: list[Any],
     results: list[Any],
-    first_ordinal: int,
+    steps: list[StepState],
     iterations: int,
 ) -> None:
     """Report the steps taken to the runaway-loop guard, as the walk would have: only the
@@ -111,15 +110,12 @@ def _tell_guards(
     if limit is None:
         return
     order = plan.order
-    by_ordinal = interp.ctx.state.by_ordinal
     total = iterations * len(order)
     # One more than the guard keeps, so it knows earlier steps fell out of its window.
     for k in range(max(total - limit - 1, 0), total):
         i, j = divmod(k, len(order))
-        step = by_ordinal[first_ordinal + k]
-        here = _scope_at(
-            interp, node, plan, start, scope, items, results, first_ordinal, i, order[j]
-        )
+        step = steps[k]
+        here = _scope_at(interp, node, plan, start, scope, items, results, steps, i, order[j])
         guards.replayed_step(
             step.name, step.step_id, step.output, _arguments(interp, order[j], here)
         )
@@ -140,7 +136,7 @@ def _scope_at(
     scope: Scope,
     items: list[Any],
     results: list[Any],
-    first_ordinal: int,
+    steps: list[StepState],
     iteration: int,
     name: str,
 ) -> Scope:
@@ -150,17 +146,16 @@ def _scope_at(
     from ratchet.graphs.interpreter import Scope
 
     order = plan.order
-    by_ordinal = interp.ctx.state.by_ordinal
     outputs = dict(start)
-    base = first_ordinal + iteration * len(order)
+    base = iteration * len(order)  # the iteration's first step among the steps taken
     if iteration > 0:
         for i, n in enumerate(order):
-            outputs[n] = by_ordinal[base - len(order) + i].output
+            outputs[n] = steps[base - len(order) + i].output
     for wave in plan.waves:
         if name in wave:
             break
         for n in wave:
-            outputs[n] = by_ordinal[base + order.index(n)].output
+            outputs[n] = steps[base + order.index(n)].output
     done = results[:iteration] if interp.reads_results else results
     loop = {"index": iteration, "item": items[iteration], "results": done}
     return Scope(scope.input, outputs, loop, node.data.item)

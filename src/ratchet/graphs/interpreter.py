@@ -39,7 +39,7 @@ from ratchet.graphs.validate import Graph, Node
 
 if TYPE_CHECKING:
     from ratchet.app import Ratchet
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive import Drive
 
 
 class GraphFailed(RatchetError):
@@ -81,7 +81,7 @@ class Scope:
 class Interpreter:
     """One drive's walk of one graph."""
 
-    def __init__(self, app: Ratchet, ctx: RunContext, graph: Graph) -> None:
+    def __init__(self, app: Ratchet, ctx: Drive, graph: Graph) -> None:
         self.app = app
         self.ctx = ctx
         self.graph = graph
@@ -281,5 +281,5 @@ async def interpret(app: Ratchet, input: Any) -> Any:
     from ratchet.graphs.registry import graph_for_run
 
     graph = await graph_for_run(app, ctx)
-    ctx.guards.configure(graph.guards, ctx.state.guards)
+    ctx.configure_guards(graph.guards)
     return await Interpreter(app, ctx, graph).run(input)

@@ -6,7 +6,7 @@ steps named ``name`` (the node's id, prefixed by its loop iteration): a tool nod
 tool's step under the node's retry and timeout; an ai-step one LLM step through the app's
 wrapped client (with tools, ``ratchet.Agent``'s loop of LLM and tool steps); a connector an
 HTTP request step, or a delivery that claims its receipt first; a subagent a child run;
-an approval ``run_approval``, whose timeout is an output (``outcome: timeout``) for the
+an approval ``Drive.await_approval``, whose timeout is an output (``outcome: timeout``) for the
 node's edges to follow rather than a failure.
 """
 
@@ -16,7 +16,7 @@ import dataclasses
 import json
 from typing import TYPE_CHECKING, Any
 
-from ratchet.engine.approvals import STEP_PREFIX, approve_then_call, run_approval
+from ratchet.engine.approvals import STEP_PREFIX, approve_then_call
 from ratchet.engine.definitions import StepDef, to_json
 from ratchet.errors import ApprovalTimeout, InvalidInput, RatchetError
 from ratchet.graphs import connectors, templates
@@ -156,7 +156,7 @@ def _approval(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
 
     async def ask() -> Any:
         try:
-            decision = await run_approval(ctx, step_id, step, what, data, node.timeout_s)
+            decision = await ctx.await_approval(step_id, step, what, data, node.timeout_s)
         except ApprovalTimeout:
             return {"outcome": "timeout", "approved": False, "by": None, "comment": None}
         return {
@@ -190,13 +190,13 @@ async def _subagent(interp: Interpreter, node: Node, name: str, scope: Scope) ->
         )
     from ratchet.graphs.registry import graph_workflow
 
-    step = interp.ctx.state.by_ordinal.get(interp.ctx.ordinal + 1)
+    step = interp.ctx.upcoming()
     if step is not None and step.child_run_id is not None:
         # Journaled by an earlier drive: the child is found by its id, whatever version of
         # its graph is registered now.
         gwd = graph_workflow(interp.app, d.graph or "", "replayed")
     else:
-        stored = await interp.ctx.store.raw.get_graph(d.graph or "")
+        stored = await interp.ctx.get_graph(d.graph or "")
         if stored is None:
             raise RatchetError(f"node {node.id}: no graph {d.graph!r} is registered")
         gwd = graph_workflow(interp.app, stored.name, stored.version)

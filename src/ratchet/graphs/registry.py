@@ -14,16 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.errors import RatchetError
 
 if TYPE_CHECKING:
     from ratchet.app import Ratchet
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive import Drive
     from ratchet.graphs.validate import Graph
-    from ratchet.store.base import Store
+    from ratchet.store.base import Store, StoredGraph
 
 # Compiled graphs by (name, version): a version's content never changes.
 _COMPILED: dict[tuple[str, str], Graph] = {}
@@ -61,7 +61,15 @@ def pin(graph: Graph) -> None:
     _COMPILED[(graph.name, graph.version)] = graph
 
 
-async def compiled(store: Store, name: str, version: str) -> Graph | None:
+class GraphSource(Protocol):
+    """Where a registered graph is read from: the store, or a drive (``Drive.get_graph``)."""
+
+    async def get_graph(self, name: str, version: str | None = None) -> StoredGraph | None:
+        """A registered graph version (None: not registered)."""
+        ...
+
+
+async def compiled(store: GraphSource, name: str, version: str) -> Graph | None:
     """Graph ``name`` at ``version``, compiled once per process (None: not registered)."""
     graph = _COMPILED.get((name, version))
     if graph is None:
@@ -76,9 +84,9 @@ async def compiled(store: Store, name: str, version: str) -> Graph | None:
     return graph
 
 
-async def graph_for_run(app: Ratchet, ctx: RunContext) -> Graph:
+async def graph_for_run(app: Ratchet, ctx: Drive) -> Graph:
     """The compiled graph version this run is pinned to."""
-    graph = await compiled(ctx.store.raw, ctx.record.workflow, ctx.record.workflow_version)
+    graph = await compiled(ctx, ctx.record.workflow, ctx.record.workflow_version)
     if graph is None:
         raise RatchetError(
             f"run {ctx.run_id}: graph {ctx.record.workflow!r} version "

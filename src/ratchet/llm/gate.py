@@ -31,7 +31,7 @@ from ratchet.errors import GateRejected, InvalidInput
 from ratchet.model import EventKind
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive import Drive
 
 ON_BELOW = ("approval", "retry", "fail", "branch")
 _FIELD = re.compile(r"field:[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
@@ -165,7 +165,7 @@ Judge = Callable[[str, str], Awaitable[tuple[str, dict[str, Any]]]]
 
 
 async def apply(
-    ctx: RunContext,
+    ctx: Drive,
     gate: Gate,
     step_id: str,
     body: dict[str, Any],
@@ -187,7 +187,7 @@ async def apply(
             }
             if g.gate_bypass_note is not None:
                 bypassed["note"] = g.gate_bypass_note  # a name the client gave, beside "by"
-            ctx.emit(EventKind.CONFIDENCE_GATE_BYPASSED, step_id, None, bypassed)
+            ctx.journal(EventKind.CONFIDENCE_GATE_BYPASSED, step_id, None, bypassed)
         return Verdict(None, True, body)
     seen = journal.get(step_id)
     if seen is not None:
@@ -195,7 +195,7 @@ async def apply(
     else:
         score = await _score(gate, body, kwargs, judge)
         passed = score is not None and score >= gate.threshold
-        ctx.emit(
+        ctx.journal(
             EventKind.CONFIDENCE_EVALUATED,
             step_id,
             None,
@@ -234,7 +234,7 @@ async def apply(
         if decision.approved:
             key = f"override:{step_id}"
             if key not in journal:
-                ctx.emit(
+                ctx.journal(
                     EventKind.CONFIDENCE_GATE_BYPASSED,
                     step_id,
                     None,

@@ -36,7 +36,7 @@ from ratchet.llm.worst_case import CHARS_PER_TOKEN, worst_case
 
 if TYPE_CHECKING:
     from ratchet.engine.definitions import StepDef
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive import Drive
     from ratchet.model import StepState
 
 
@@ -47,7 +47,7 @@ class DurableStream:
 
     def __init__(
         self,
-        ctx: RunContext,
+        ctx: Drive,
         sd: StepDef,
         endpoint: Endpoint,
         kwargs: dict[str, Any],
@@ -110,12 +110,12 @@ class _Reader:
 
 
 class _Live:
-    """One stream's step: started on the first read, held open (``RunContext.hold``) while
+    """One stream's step: started on the first read, held open (``Drive.hold``) while
     the workflow reads it, ended by :meth:`end`."""
 
     def __init__(
         self,
-        ctx: RunContext,
+        ctx: Drive,
         sd: StepDef,
         endpoint: Endpoint,
         kwargs: dict[str, Any],
@@ -127,7 +127,7 @@ class _Live:
         self.ctx, self.sd, self.endpoint, self.kwargs = ctx, sd, endpoint, kwargs
         self.step_id, self.journaled, self.started = step_id, journaled, started
         self.hide_usage = hide_usage
-        self.released = False  # the workflow let the stream go (see RunContext.close_held)
+        self.released = False  # the workflow let the stream go (see Drive.close_held)
         self.sink = Sink(self)
         self.arrived: deque[Any] = deque()
         self._task: asyncio.Task[Any] | None = None

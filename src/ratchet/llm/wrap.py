@@ -38,7 +38,7 @@ from ratchet.llm.stream import DurableStream
 from ratchet.llm.worst_case import worst_case
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.drive import Drive
     from ratchet.model import StepState
 
 C = TypeVar("C")
@@ -228,7 +228,7 @@ class DurableCall:
 
     async def _gated(
         self,
-        ctx: RunContext,
+        ctx: Drive,
         gate: Gate,
         kwargs: dict[str, Any],
         started: dict[str, Any],

@@ -21,7 +21,7 @@ by event, so a report costs no read of the journal):
   dead-letter reason) is set from that event's payload, nothing else.
 
 The host judges the run's guards at the same boundaries an in-process drive does (the
-engine's own :class:`ratchet.engine.guarding.RunGuards`, over this fold), journals what
+engine's own :class:`ratchet.engine.guards.run.RunGuards`, over this fold), journals what
 trips, and ends the run itself when a guard fails it (a ``pause`` fails an isolated run:
 a sandbox cannot park). What it accepts is chained after the journal's head, stamped
 with the host's clock, and written under the sandbox's lease, so the store's fence
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from ratchet.engine.drive_store import DriveStore
-from ratchet.engine.driver import receipt_for
-from ratchet.engine.guarding import RunGuards
 from ratchet.engine.guards import ANOMALIES, BUDGET, Guards
+from ratchet.engine.guards.run import RunGuards
+from ratchet.engine.journal_writer import receipt_for
 from ratchet.errors import (
     GuardTripped,
     LLMError,
@@ -70,7 +70,7 @@ from ratchet.model import (
 from ratchet.receipts import Signer
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
+    from ratchet.engine.guards.run import GuardedDrive
     from ratchet.store.base import Store
 
 # The step names of model calls: their end is journaled by the host, never by a sandbox.
@@ -204,7 +204,9 @@ class HostJournal:
         for ev in events:
             if ev.kind == EventKind.STEP_STARTED and ev.step_id and ev.attempt:
                 self._note_started(ev.step_id, ev.attempt, ev.payload)
-        self.guards = RunGuards(cast("RunContext", self))
+        # The guards read this fold and journal through emit; the verbs of a pause, which
+        # an isolated run never takes (see _unparked), are the only ones missing here.
+        self.guards = RunGuards(cast("GuardedDrive", self))
         # The workflow's guards, the run's overrides and what people granted it since.
         configured = guards.override(self.state.guards)
         if self.state.grants:

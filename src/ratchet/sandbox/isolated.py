@@ -34,8 +34,8 @@ from typing import Any
 
 from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
-from ratchet.engine.driver import receipt_for
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
+from ratchet.engine.journal_writer import receipt_for
 from ratchet.engine.worker import Relet
 from ratchet.errors import (
     LeaseLost,

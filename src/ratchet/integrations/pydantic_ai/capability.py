@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pydantic_ai.run import AgentRunResult
     from pydantic_ai.tools import RunContext
 
-    from ratchet.engine.driver import RunContext as Drive
+    from ratchet.engine.drive import Drive
 
 # Agent runs started in each drive so far, for replay-stable run ids: a drive re-executes
 # the workflow from the top, so its n-th agent run is the same run every time.

@@ -1,5 +1,5 @@
 """Guards at work in a drive: each step boundary checks the run's guards
-(:mod:`ratchet.engine.guards`) against what the journal says of the run, and a guard that
+(:mod:`ratchet.engine.guards.policy`) against what the journal says of the run, and a guard that
 trips journals ``anomaly_detected`` and applies its action.
 
 Once per occurrence, whatever crashes and re-drives happen: every anomaly has a key naming
@@ -28,7 +28,7 @@ reservation: the provider may have billed it.
 
 The run's deadline (``timeout_s``, and ``budget_wall_s`` under ``fail``) is armed as a timer
 on the drive and carried into every park as its wake-up time, so the run fails with
-``RunTimeout`` at the deadline wherever it is (see ``RunContext.arm_deadline``).
+``RunTimeout`` at the deadline wherever it is (see ``GuardedDrive.arm_deadline``).
 
 Costs on the hot path: a few comparisons per step, and the JSON form of a step's arguments
 (the runaway-loop check) when ``runaway_repeats`` is on. The spike guards query the
@@ -41,26 +41,26 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import json.encoder
 import logging
 import re
 import statistics
 import time
-import weakref
 from collections.abc import Callable, Coroutine, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ratchet.engine import approvals
 from ratchet.engine.control import Stopped, StopReason
 from ratchet.engine.definitions import StepDef
-from ratchet.engine.guards import BUDGET, BUDGET_FIELDS, DEFAULT, Guards
+from ratchet.engine.drive import Drive
+from ratchet.engine.guards.evidence import HISTORIES, History, call_text, describe
+from ratchet.engine.guards.policy import BUDGET, BUDGET_FIELDS, DEFAULT, Guards
 from ratchet.engine.stats import STATS
 from ratchet.errors import ApprovalTimeout, GuardTripped
-from ratchet.model import Decision, EventKind, dumps
+from ratchet.model import Decision, EventKind
 
 if TYPE_CHECKING:
-    from ratchet.engine.driver import RunContext
-    from ratchet.store.base import Store
+    from ratchet.engine.drive_store import DriveStore
+    from ratchet.model import Event, StepState
 
 log = logging.getLogger("ratchet.guards")
 
@@ -75,35 +75,34 @@ PAUSE_PREFIX = "guard:"
 _ITERATION = re.compile(r"#\d+")
 # A replayed step for the runaway-loop streak: name, step id, output, and its arguments.
 _Deferred = tuple[str, str, Any, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]
-# Per store (an app's database), by (workflow, runs): when it expires, and the history.
-_HISTORY: weakref.WeakKeyDictionary[Store, dict[tuple[str, int], tuple[float, History]]] = (
-    weakref.WeakKeyDictionary()
-)
 
 
-class History:
-    """The last finished runs of a workflow: each run's cost, and each LLM step's tokens."""
+class GuardedDrive(Drive, Protocol):
+    """What the guards use of a drive beyond the :class:`Drive` verbs: its store (for the
+    workflow's history), the journal's own ``emit``, the position of a pause journaled
+    earlier (``take_step``), and the timer of the run's deadline."""
 
-    def __init__(self, rows: list[tuple[str, str | None, dict[str, Any] | None]]) -> None:
-        costs: dict[str, float] = {}
-        self.step_tokens: dict[str, list[int]] = {}
-        for run_id, step_id, llm in rows:
-            costs.setdefault(run_id, 0.0)
-            if llm is None or step_id is None:
-                continue
-            cost = llm.get("cost_usd")
-            if isinstance(cost, int | float):
-                costs[run_id] += cost
-            usage = llm.get("usage") or {}
-            tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
-            self.step_tokens.setdefault(step_id, []).append(tokens)
-        self.run_costs = list(costs.values())
+    @property
+    def store(self) -> DriveStore: ...
+
+    def emit(
+        self,
+        kind: str,
+        step_id: str | None = None,
+        attempt: int | None = None,
+        payload: dict[str, Any] | None = None,
+        payload_json: str | None = None,
+    ) -> Event: ...
+
+    def take_step(self, step_id: str) -> StepState | None: ...
+
+    def arm_deadline(self) -> None: ...
 
 
 class RunGuards:
     """One drive's guards."""
 
-    def __init__(self, ctx: RunContext, guards: Guards = DEFAULT) -> None:
+    def __init__(self, ctx: GuardedDrive, guards: Guards = DEFAULT) -> None:
         self.ctx = ctx
         self.g = guards
         self._configured = guards  # the workflow's guards and the run's overrides
@@ -244,7 +243,7 @@ class RunGuards:
         payload = self._journal_limit(kind, limit, step_id, evidence, action)
         if payload is None:
             if action == "fail":  # stopped already; every call over it is stopped too
-                what = _describe({"kind": kind, **evidence})
+                what = describe({"kind": kind, **evidence})
                 raise GuardTripped(kind, f"guard {kind}: {what}")
             return False
         await self._act(payload, fresh=True)
@@ -252,7 +251,7 @@ class RunGuards:
 
     async def _act(self, payload: dict[str, Any], fresh: bool) -> None:
         kind, action = payload["kind"], payload["action"]
-        what = _describe(payload)
+        what = describe(payload)
         if action == "fail":
             raise GuardTripped(kind, f"guard {kind}: {what}")
         if action == "pause":
@@ -282,7 +281,7 @@ class RunGuards:
             return approvals.approval(ctx, name, question, timeout_s)
         # A replay takes up the ordinal the pause took, whichever branch took it first.
         step = ctx.take_step(ask_id) if not fresh else ctx.state.steps.get(ask_id)
-        return approvals.run_approval(ctx, ask_id, step, name, question, timeout_s)
+        return ctx.await_approval(ask_id, step, name, question, timeout_s)
 
     async def replay_pauses(self, step_id: str) -> None:
         """Ask again the pauses journaled at this step: each approval step returns its
@@ -444,7 +443,7 @@ class RunGuards:
             name, step_id, output, call = deferred.popleft()
             try:
                 args, kwargs = call()
-                called = _call_text(args, kwargs)
+                called = call_text(args, kwargs)
             except Exception:  # arguments that are not data, or cannot be built now
                 self._last, self._streak = None, 0
                 continue
@@ -470,7 +469,7 @@ class RunGuards:
     ) -> None:
         self._settle()
         try:
-            called = _call_text(args, kwargs)
+            called = call_text(args, kwargs)
         except (TypeError, ValueError):
             self._last, self._streak = None, 0  # arguments that are not data: no streak
             return
@@ -529,7 +528,7 @@ class RunGuards:
 
     async def _history(self) -> History:
         store = self.ctx.store.raw
-        cache = _HISTORY.setdefault(store, {})
+        cache = HISTORIES.setdefault(store, {})
         key = (self.ctx.record.workflow, self.g.spike_history)
         cached = cache.get(key)
         now = time.monotonic()
@@ -548,7 +547,7 @@ class RunGuards:
     def run_finished(self) -> None:
         """The run ended succeeded or failed (a run the spike medians count): the workflow's
         short histories no longer hold, read them again at the next LLM step."""
-        cache = _HISTORY.get(self.ctx.store.raw)
+        cache = HISTORIES.get(self.ctx.store.raw)
         if not cache:
             return
         workflow = self.ctx.record.workflow
@@ -593,60 +592,3 @@ class RunGuards:
                         "window_s": STORM_WINDOW_S,
                     },
                 )
-
-
-def _describe(payload: Mapping[str, Any]) -> str:
-    kind = payload["kind"]
-    if kind == BUDGET:
-        held = payload.get("in_flight")
-        worst = payload.get("worst_case")
-        extra = f" + {held} held by calls in flight" if held else ""
-        extra += f" + {worst} for the next call" if worst is not None else ""
-        return (
-            f"the run's {payload['budget']} budget of {payload['limit']} would be "
-            f"crossed ({payload['used']} used{extra})"
-        )
-    if kind == "excessive_steps":
-        return f"{payload['steps']} steps, more than max_steps {payload['max_steps']}"
-    if kind == "runaway_loop" and "repeats" in payload:
-        return (
-            f"step {payload['step']} ran {payload['repeats']} times in a row with the "
-            "same arguments and the same result"
-        )
-    if kind == "runaway_loop":
-        return f"loop {payload['loop']} reached its max_iterations ({payload['max_iterations']})"
-    if kind == "retry_storm":
-        return (
-            f"{payload['retries']} retries in {payload['window_s']:g}s in this "
-            f"{payload['scope']}, more than {payload['limit']}"
-        )
-    if kind == "token_spike":
-        return (
-            f"{payload['tokens']} tokens, more than {payload['factor']:g}x the median "
-            f"{payload['median']:g} of the last {payload['runs']} runs"
-        )
-    return (
-        f"cost {payload['cost_usd']} USD, more than {payload['factor']:g}x the median "
-        f"{payload['median']:g} of the last {payload['runs']} runs"
-    )
-
-
-_encode_str = json.encoder.encode_basestring  # what dumps writes a str as
-
-
-def _call_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """``dumps([args, kwargs])``, the streak's key for a call. Most steps take plain
-    strings and integers: their canonical text is written out directly, which every
-    replayed step would otherwise pay a full encoding for."""
-    if all(type(a) is int or type(a) is str for a in args) and all(
-        type(v) is int or type(v) is str for v in kwargs.values()
-    ):
-        listed = ",".join([str(a) if type(a) is int else _encode_str(a) for a in args])
-        named = ",".join(
-            [
-                f"{_encode_str(k)}:{v if type(v) is int else _encode_str(v)}"
-                for k, v in sorted(kwargs.items())
-            ]
-        )
-        return f"[[{listed}],{{{named}}}]"
-    return dumps([args, kwargs])
