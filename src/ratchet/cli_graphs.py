@@ -101,7 +101,7 @@ def register_cmd(
             typer.echo(f"{path}: {p}", err=True)
         _die(f"graph not registered: {len(problems)} problem(s)", 1)
     with _client(ctx, db) as app:
-        stored = app._portal.call(
+        stored = app.portal.call(
             app.store.register_graph(graph.name, graph.version, graph.definition)
         )
     typer.echo(f"graph {stored.name} registered: version {stored.version}")
@@ -111,7 +111,7 @@ def register_cmd(
 def list_cmd(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) -> None:
     """Registered graphs: every version, newest first within a name."""
     with _client(ctx, db, read_only=True) as app:
-        graphs = app._portal.call(app.store.list_graphs())
+        graphs = app.portal.call(app.store.list_graphs())
     if as_json:
         _echo_json(
             [

@@ -86,7 +86,7 @@ def export(
     with _client(ctx, db, read_only=True) as app:
         app.get(run_id)
         store = app.store
-        if app._portal.call(retention.pruned_at(store, run_id)) is not None:
+        if app.portal.call(retention.pruned_at(store, run_id)) is not None:
             raise _Fail(
                 str(
                     JournalPruned(
@@ -97,7 +97,7 @@ def export(
             )
         with _output(output) as out:
             after = 0
-            while batch := app._portal.call(store.load_events(run_id, after, EXPORT_PAGE)):
+            while batch := app.portal.call(store.load_events(run_id, after, EXPORT_PAGE)):
                 out.writelines(dumps(ev.export_dict()) + "\n" for ev in batch)
                 after = batch[-1].seq
 

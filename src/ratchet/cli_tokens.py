@@ -51,7 +51,7 @@ def create(
         store_tokens.check_tenant(tenant)
         store_tokens.check_token_name(name)
         expires_in = parse_age(expires) if expires is not None else None
-        token, secret = app._portal.call(
+        token, secret = app.portal.call(
             store_tokens.create_token(app.store, tenant, parsed, name, expires_in)
         )
     until = f", expires {_when(token.expires_at)}" if token.expires_at is not None else ""
@@ -67,7 +67,7 @@ def list_(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) 
     """Every token: id, tenant, scopes, name, created, revoked, expires (never the
     secret)."""
     with _client(ctx, db, read_only=True) as app:
-        found = app._portal.call(store_tokens.list_tokens(app.store))
+        found = app.portal.call(store_tokens.list_tokens(app.store))
     if as_json:
         _echo_json([t.as_dict() for t in found])
         return
@@ -97,5 +97,5 @@ def revoke(
 ) -> None:
     """Revoke a token: requests bearing it are refused (401) from now on."""
     with _client(ctx, db) as app:
-        token = app._portal.call(store_tokens.revoke_token(app.store, token_id))
+        token = app.portal.call(store_tokens.revoke_token(app.store, token_id))
     typer.echo(f"token {token.token_id} (tenant {token.tenant_id}) is revoked")
