@@ -23,6 +23,7 @@ from ratchet.engine.guards import Guards, check_grant, check_overrides
 from ratchet.engine.portal import Portal
 from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport, prune
 from ratchet.engine.retry import Retry, as_policy
+from ratchet.engine.starts import RunRequest, as_start, at_item
 from ratchet.engine.worker import Worker
 from ratchet.errors import (
     InvalidInput,
@@ -59,7 +60,6 @@ from ratchet.names import (
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.receipts.service import ensure_receipt
 from ratchet.sandbox.spec import Sandbox, check_tier
-from ratchet.starts import RunRequest, as_start, at_item
 from ratchet.store import Clock, Store, WorkerInfo, make_store, tenants
 from ratchet.store.base import DONE
 from ratchet.store.sandboxes import SandboxRecord
