@@ -156,7 +156,7 @@ def collect(events: int, runs: int, repeats: int) -> dict[str, Any]:
         app = build(url)
         try:
             n_events = len(app.events(run_id))
-            _, secret = app._portal.call(tokens.create_token(app.store, "default", ("admin",)))
+            _, secret = app.portal.call(tokens.create_token(app.store, "default", ("admin",)))
             with serving(app) as base:
                 times = measure(base, secret, run_id, repeats)
         finally:

@@ -37,7 +37,7 @@ def test_a_run_taken_over_with_a_cancel_pending_is_cancelled_at_once(app: ratche
     run_id = app.start(busy, 5000)
     # A worker that claimed the run and died before it wrote anything.
     served = {(busy.name, busy.version)}
-    claimed = app._portal.call(app.store.claim("gone", TTL, 1, ["default"], served))
+    claimed = app.portal.call(app.store.claim("gone", TTL, 1, ["default"], served))
     assert [c.record.run_id for c in claimed] == [run_id]
     assert app.cancel(run_id) == RunStatus.RUNNING  # its lease is live: flagged
     app.clock.advance(TTL + 1)  # the dead worker's lease runs out

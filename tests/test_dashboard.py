@@ -61,7 +61,7 @@ class Dash:
         self, tenant: str = "acme", scopes: tuple[str, ...] = ALL, name: str | None = "ana"
     ) -> str:
         app = self.h.app
-        _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes, name))
+        _, secret = app.portal.call(tokens.create_token(app.store, tenant, scopes, name))
         return secret
 
     def page(self, **options: Any) -> Any:
@@ -235,7 +235,7 @@ def test_the_list_is_woken_by_starts_and_finishes_not_only_by_its_poll(
         )
         if h.db_url.startswith("postgresql"):
             # Started and finished by other processes: LISTEN/NOTIFY wakes the list.
-            rec, _ = h.app._portal.call(h.app.start_run_async("chain", [], {"n": 1}, tenant="acme"))
+            rec, _ = h.app.portal.call(h.app.start_run_async("chain", [], {"n": 1}, tenant="acme"))
             fresh = listed.locator(f'tr[data-run-id="{rec.run_id.removeprefix("acme~")}"]')
             expect(fresh).to_be_visible(timeout=5_000)
             h.spawn("w", lease_ttl=3.0)
@@ -513,7 +513,7 @@ def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry
     # retried: the page must not offer it.
     store = h.app.store
     assert (
-        h.app._portal.call(
+        h.app.portal.call(
             store._run(lambda tx: tx.run("dead_letter_delete", {"run_id": eid(lost)}))
         )
         == 1

@@ -21,7 +21,7 @@ def client(h: Harness) -> Iterator[httpx.Client]:
     app = crash_app.build(h.db_url)
     try:
         with serving(app, workers=0) as base:
-            _, secret = h.app._portal.call(
+            _, secret = h.app.portal.call(
                 tokens.create_token(h.app.store, "acme", ("runs:read", "runs:write"))
             )
             with httpx.Client(
@@ -86,7 +86,7 @@ def test_another_tenant_gets_404_from_every_dashboard_route(
     h: Harness, client: httpx.Client
 ) -> None:
     run_id = client.post("/v1/runs", json={"workflow": "chain", "input": {"n": 1}}).json()["run_id"]
-    _, other = h.app._portal.call(tokens.create_token(h.app.store, "globex", ("admin",)))
+    _, other = h.app.portal.call(tokens.create_token(h.app.store, "globex", ("admin",)))
     for path in ("state", "waterfall", "step?step_id=1:work"):
         r = client.get(f"/v1/runs/{run_id}/{path}", headers={"Authorization": f"Bearer {other}"})
         assert r.status_code == 404, r.text

@@ -746,7 +746,7 @@ def _install_journal(
         )
         app.store._insert_events(tx, events)
 
-    app._portal.call(app.store._run(body))
+    app.portal.call(app.store._run(body))
 
 
 @pytest.mark.parametrize("starts", [4, 5])
@@ -804,7 +804,7 @@ def test_an_attempt_started_five_times_fails_as_a_crash_loop(
         )
     _install_journal(app, run_id, "doomed", entries)
     # The worker of the last start died too: its lease ran out, and the sweep takes the run.
-    taken = app._portal.call(app.store.claim("dead", 1.0, 1, ["default"], [("doomed", "1")]))
+    taken = app.portal.call(app.store.claim("dead", 1.0, 1, ["default"], [("doomed", "1")]))
     assert len(taken) == 1
     app.clock.advance(2.0)
     app.launch(recovery_interval=0.2)
@@ -849,7 +849,7 @@ def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
 
     run_ids = [app.start(orphan, i) for i in range(45)]
     # A worker that died holding all 45: their leases ran out a second ago.
-    taken = app._portal.call(app.store.claim("dead", 1.0, 45, ["default"], [("orphan", "1")]))
+    taken = app.portal.call(app.store.claim("dead", 1.0, 45, ["default"], [("orphan", "1")]))
     assert len(taken) == 45
     app.clock.advance(2.0)
 

@@ -113,7 +113,7 @@ def test_redriving_a_finished_run_is_a_noop(make_app: Callable[..., ratchet.Ratc
     assert app.result(run_id, timeout_s=15) == 1
     before = app.events(run_id)
     claimed = ClaimedRun(app.get(run_id), Lease(run_id, "other", 99), "claim")
-    outcome = app._portal.call(drive(app.store, claimed, app.workflows, Control()))
+    outcome = app.portal.call(drive(app.store, claimed, app.workflows, Control()))
     assert outcome == "noop" and calls["once"] == 1 and app.events(run_id) == before
 
 

@@ -72,7 +72,7 @@ def _install(
         )
         app.store._insert_events(tx, events)
 
-    app._portal.call(app.store._run(body))
+    app.portal.call(app.store._run(body))
     return run_id
 
 

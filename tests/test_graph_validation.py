@@ -149,7 +149,7 @@ def test_an_invalid_graph_writes_nothing(make_app: object, db_url: str) -> None:
         with pytest.raises(GraphInvalid) as e:
             app.graph(BAD)
         assert len(e.value.problems) == len(EXPECTED)  # the app has no tools: "nope" is unknown
-        assert app._portal.call(app.store.list_graphs()) == []
+        assert app.portal.call(app.store.list_graphs()) == []
         assert app.runs() == []
     finally:
         app.shutdown()

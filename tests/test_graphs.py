@@ -113,7 +113,7 @@ def test_a_graph_runs_its_nodes_as_steps_and_a_redrive_reinvokes_nothing(
         # writes nothing and invokes nothing.
         before = app.events(run_id)
         claimed = ClaimedRun(app.get(run_id), Lease(run_id, "other", 99), "claim")
-        outcome = app._portal.call(drive(app.store, claimed, AppWorkflows(app), Control()))
+        outcome = app.portal.call(drive(app.store, claimed, AppWorkflows(app), Control()))
         assert outcome == "noop"
         assert app.events(run_id) == before
         assert CALLS == {"score:acme": 1, "tag:big": 2}

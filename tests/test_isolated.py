@@ -378,7 +378,7 @@ def test_a_run_a_sandbox_ends_is_signed_in_the_commit_that_ends_it(
         app.result(crashed, timeout_s=RESULT_S)
     for run_id, end in ((ok, "run_succeeded"), (crashed, "run_failed")):
         # Stored with the run's end, not signed on demand: nobody has asked for it yet.
-        stored = app._portal.call(retention.get_receipt(app.store, run_id))
+        stored = app.portal.call(retention.get_receipt(app.store, run_id))
         events = app.events(run_id)
         assert stored is not None and stored.seq == len(events) == events[-1].seq
         assert events[-1].kind == end
@@ -390,7 +390,7 @@ def test_the_waterfall_api_shows_each_sandbox_of_an_isolated_run(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
     app, run_id, rows = _out_of_sandboxes(make_app, iso.always_crashes)
-    _, secret = app._portal.call(
+    _, secret = app.portal.call(
         tokens.create_token(app.store, app.get(run_id).tenant_id, ("runs:read",))
     )
     with serving(app, workers=0) as base:

@@ -74,7 +74,7 @@ def journal_sizes(app: ratchet.Ratchet, *run_ids: str) -> list[int]:
 
 
 def call(app: ratchet.Ratchet, coro: Any) -> Any:
-    return app._portal.call(coro)
+    return app.portal.call(coro)
 
 
 def test_prune_deletes_old_journals_in_batches_and_keeps_receipts_and_the_rest(

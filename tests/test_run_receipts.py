@@ -91,7 +91,7 @@ def test_a_run_is_signed_as_it_ends_and_verifies_offline(
     run_id = app.start("report", 3, run_id="r-1")
     finish(app, run_id)
     # Stored by the commit that ended the run, before anyone asked for it.
-    stored = app._portal.call(retention.get_receipt(app.store, run_id))
+    stored = app.portal.call(retention.get_receipt(app.store, run_id))
     assert stored is not None and stored.seq == len(app.events(run_id))
     app.shutdown()
 
@@ -265,7 +265,7 @@ def test_failed_retried_and_cancelled_runs_get_receipts_signed_on_demand_once(
     # Cancelled while queued: no worker ever drove it, so no drive signed it.
     queued = app.start("report", 1, run_id="r-queued")
     app.cancel(queued)
-    assert app._portal.call(retention.get_receipt(app.store, queued)) is None
+    assert app.portal.call(retention.get_receipt(app.store, queued)) is None
     envelope = app.run_receipt(queued)
     assert statement(envelope)["predicate"]["status"] == "cancelled"
     assert app.run_receipt(queued) == envelope  # stored once, given back
@@ -280,10 +280,10 @@ def test_failed_retried_and_cancelled_runs_get_receipts_signed_on_demand_once(
     # A receipt lost after the end (as if the signing commit never came) is signed again
     # on demand, identically: Ed25519 is deterministic and the statement has no clock.
     store = app.store
-    app._portal.call(
+    app.portal.call(
         store._run(lambda tx: tx._cur.execute("DELETE FROM run_receipts WHERE run_id = 'r-failed'"))
     )
-    assert app._portal.call(retention.get_receipt(store, failed)) is None
+    assert app.portal.call(retention.get_receipt(store, failed)) is None
     assert app.run_receipt(failed) == first
 
     # Retried and succeeded: a new receipt over the longer journal replaces the old one.
@@ -373,8 +373,8 @@ def test_the_api_serves_a_receipt_to_the_runs_tenant_only(app: ratchet.Ratchet) 
     app.shutdown()
     pending = app.start("report", 1, run_id="r-api-pending")
     scopes = ("runs:read",)
-    _, mine = app._portal.call(tokens.create_token(app.store, "default", scopes))
-    _, theirs = app._portal.call(tokens.create_token(app.store, "globex", scopes))
+    _, mine = app.portal.call(tokens.create_token(app.store, "default", scopes))
+    _, theirs = app.portal.call(tokens.create_token(app.store, "globex", scopes))
     with serving(app, workers=0) as base, httpx.Client(base_url=base, timeout=30) as client:
         r = client.get(f"/v1/runs/{done}/receipt", headers={"Authorization": f"Bearer {mine}"})
         assert r.status_code == 200, r.text
@@ -511,7 +511,7 @@ def test_a_worker_killed_at_the_end_still_leaves_a_receipt_over_the_whole_journa
     h.wait_status(run_id, "succeeded")
     events = h.app.events(run_id)
     # Stored by the worker that ended the run, in the same commit: nobody asked for it.
-    stored = h.app._portal.call(retention.get_receipt(h.app.store, run_id))
+    stored = h.app.portal.call(retention.get_receipt(h.app.store, run_id))
     assert stored is not None and stored.seq == len(events)
     lines = [dumps(e.export_dict()) for e in events]
     assert verify(stored.envelope, lines, h.app.signer.public).event_count == len(events)

@@ -157,7 +157,7 @@ async def test_reports_are_written_by_the_host_and_the_row_is_the_terminal_event
     # What the API shows is the journal's value, too.
     app = ratchet.Ratchet(db_url)
     try:
-        _, secret = app._portal.call(tokens.create_token(app.store, "default", ("runs:read",)))
+        _, secret = app.portal.call(tokens.create_token(app.store, "default", ("runs:read",)))
         with serving(app, workers=0) as base:
             shown = httpx.get(
                 f"{base}/v1/runs/{RUN}/result",

@@ -57,7 +57,7 @@ class Api:
     ) -> str:
         app = self.h.app
         extra = {} if expires_in is None else {"expires_in": expires_in}
-        _, secret = app._portal.call(tokens.create_token(app.store, tenant, scopes, name, **extra))
+        _, secret = app.portal.call(tokens.create_token(app.store, tenant, scopes, name, **extra))
         return secret
 
     def start(self, workflow: str, data: dict[str, Any], **extra: Any) -> str:
@@ -202,9 +202,9 @@ def test_auth_statuses_and_the_body_limit(api: Api) -> None:
     app = api.h.app
     secret = api.token("acme")
     assert api.client(secret).get("/v1/runs").status_code == 200
-    found = [t for t in app._portal.call(tokens.list_tokens(app.store))]
-    mine = next(t for t in found if app._portal.call(tokens.authenticate(app.store, secret)) == t)
-    app._portal.call(tokens.revoke_token(app.store, mine.token_id))
+    found = [t for t in app.portal.call(tokens.list_tokens(app.store))]
+    mine = next(t for t in found if app.portal.call(tokens.authenticate(app.store, secret)) == t)
+    app.portal.call(tokens.revoke_token(app.store, mine.token_id))
     problem(api.client(secret).get("/v1/runs"), 401, "unauthorized")
 
 
@@ -512,7 +512,7 @@ def test_embedded_workers_drive_runs_and_count_them_in_metrics(
     monkeypatch.setenv("CRASH_LOG", str(h.invocation_log))
     monkeypatch.setenv("CRASH_GATES", str(h.gates))
     app = crash_app.build(h.db_url)
-    _, secret = h.app._portal.call(tokens.create_token(h.app.store, "acme", ALL))
+    _, secret = h.app.portal.call(tokens.create_token(h.app.store, "acme", ALL))
     try:
         with (
             serving(app, workers=1) as base,

@@ -23,7 +23,7 @@ from ratchet.store import tokens
 def fuzzed(tmp_path: Path) -> Iterator[Any]:
     app = crash_app.build(f"sqlite:///{tmp_path}/fuzz.db")
     try:
-        _, secret = app._portal.call(
+        _, secret = app.portal.call(
             tokens.create_token(app.store, "acme", ("runs:read", "runs:write", "admin"))
         )
         with serving(app, workers=0, heartbeat_s=0.2) as base:

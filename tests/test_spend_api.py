@@ -39,7 +39,7 @@ def app(db_url: str) -> Iterator[ratchet.Ratchet]:
 @pytest.fixture
 def api(app: ratchet.Ratchet) -> Iterator[httpx.Client]:
     with serving(app, workers=1) as base:
-        _, secret = app._portal.call(
+        _, secret = app.portal.call(
             tokens.create_token(
                 app.store, "default", ("runs:read", "runs:write", "admin"), name="ana"
             )

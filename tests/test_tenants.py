@@ -307,7 +307,7 @@ async def old_database(db_url: str) -> None:
 
 @pytest.fixture
 def upgraded(h: Harness) -> Iterator[Api]:
-    h.app._portal.call(old_database(h.db_url))
+    h.app.portal.call(old_database(h.db_url))
     app = crash_app.build(h.db_url)  # opening it applies the migration
     try:
         with serving(app, workers=0) as base:
@@ -413,7 +413,7 @@ def test_a_fresh_database_looks_nothing_up_for_a_start(api: Api) -> None:
     # No old rows: the engine's id is computed, and a start is the one statement it was.
     from ratchet.store import tenants
 
-    assert api.h.app._portal.call(tenants.legacy_tenants(api.h.app.store)) == frozenset()
+    assert api.h.app.portal.call(tenants.legacy_tenants(api.h.app.store)) == frozenset()
     assert tenants.candidates("acme", "x-1", frozenset()) == ("acme~x-1",)
     assert tenants.candidates("default", "x-1", frozenset()) == ("x-1",)
     r = api.acme.post("/v1/runs", json={"workflow": "chain", "input": {"n": 1}, "run_id": "x-1"})

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ratchet.api.timeline import SandboxSpan, as_compact, as_dict, waterfall
 from ratchet.model import GENESIS_HASH, Event
-from ratchet.timeline import SandboxSpan, as_compact, as_dict, waterfall
 
 
 def journal(*spec: tuple[float, str, str | None, int | None, dict[str, Any]]) -> list[Event]:

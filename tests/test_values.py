@@ -240,7 +240,7 @@ def test_app_result_is_the_annotated_type_and_json_without_the_definition_or_ove
     # A client that does not know the workflow (another process, another app) gets JSON.
     client = make_app()
     assert client.result(run_id, timeout_s=30) == INVOICE_JSON
-    _, secret = client._portal.call(tokens.create_token(client.store, "default", ("runs:read",)))
+    _, secret = client.portal.call(tokens.create_token(client.store, "default", ("runs:read",)))
     with serving(client) as base:
         r = httpx.get(
             f"{base}/v1/runs/{run_id}/result",

@@ -14,6 +14,7 @@ from ratchet.engine.context import StepInfo, current_step, require_run
 from ratchet.engine.definitions import StepKey, WorkflowDef, check_name
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import Retry
+from ratchet.engine.starts import Start
 from ratchet.engine.values import codec_for
 from ratchet.errors import (
     ApprovalAlreadyDecided,
@@ -61,7 +62,6 @@ from ratchet.errors import (
 )
 from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
 from ratchet.sandbox.spec import Sandbox
-from ratchet.starts import Start
 
 __version__ = "0.1.0"
 """The release; pyproject.toml reads it from here (the one place it is written)."""

@@ -11,17 +11,19 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, cast, overload
 
 from ratchet.config import DatabaseURL, data_dir, database_url_from_env, private_paths
-from ratchet.engine import connections, faults
+from ratchet.engine import faults
 from ratchet.engine.context import workflow_run
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef, check_name, to_json
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.guards import Guards, check_grant, check_overrides
+from ratchet.engine.portal import Portal
 from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport, prune
 from ratchet.engine.retry import Retry, as_policy
+from ratchet.engine.starts import RunRequest, as_start, at_item
 from ratchet.engine.worker import Worker
 from ratchet.errors import (
     InvalidInput,
@@ -58,7 +60,6 @@ from ratchet.names import (
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.receipts.service import ensure_receipt
 from ratchet.sandbox.spec import Sandbox, check_tier
-from ratchet.starts import RunRequest, as_start, at_item
 from ratchet.store import Clock, Store, WorkerInfo, make_store, tenants
 from ratchet.store.base import DONE
 from ratchet.store.sandboxes import SandboxRecord
@@ -71,65 +72,6 @@ _UNSET: Any = object()  # "not given", where None is a value (a JSON null)
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}")
 # Priorities are 32-bit signed integers on both backends (PostgreSQL's integer column).
 PRIORITY_MIN, PRIORITY_MAX = -(2**31), 2**31 - 1
-
-
-class _Portal:
-    """An event loop on a thread of its own, so synchronous callers can use the async
-    store and an embedded worker can run beside the caller's code."""
-
-    def __init__(self) -> None:
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(
-                    target=self._serve, args=(loop,), name="ratchet-portal", daemon=True
-                )
-                self._thread.start()
-                self._loop = loop
-            return self._loop
-
-    @staticmethod
-    def _serve(loop: asyncio.AbstractEventLoop) -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(connections.release())
-            loop.run_until_complete(loop.shutdown_default_executor())
-            loop.close()
-
-    def call(self, coro: Coroutine[Any, Any, T]) -> T:
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None and running is self._loop:
-            coro.close()
-            raise RatchetError(
-                "a blocking Ratchet call was made on the engine's own event loop; "
-                "await the *_async variant instead"
-            )
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    @property
-    def current(self) -> asyncio.AbstractEventLoop | None:
-        """The portal's loop if it is running, without starting one."""
-        return self._loop
-
-    def stop(self) -> None:
-        with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            if thread is not threading.current_thread():
-                thread.join()
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:
@@ -180,7 +122,7 @@ class Ratchet:
         self._llm_clients: dict[str, Any] = {}  # provider -> wrapped client, for ai-steps
         self._store: Store | None = None
         self._store_lock = threading.Lock()
-        self._portal = _Portal()
+        self._portal = Portal()
         self._embedded: tuple[asyncio.Event, Any] | None = None
         self._signer: Signer | None = None
 
@@ -380,6 +322,14 @@ class Ratchet:
                 self._portal.call(store.open())
                 self._store = store
             return self._store
+
+    @property
+    def portal(self) -> Portal:
+        """The app's own event loop, on a thread of its own, for blocking code:
+        ``app.portal.call(coro)`` runs a coroutine there and returns its result (the
+        blocking client calls are built on it). Not for code already on that loop
+        (a step, a workflow): it awaits instead."""
+        return self._portal
 
     async def _astore(self) -> Store:
         if self._store is not None:

@@ -19,10 +19,10 @@ from ratchet.api.models import (
     WaterfallOut,
 )
 from ratchet.api.runs import ERRORS, Reader, owned, shown
+from ratchet.api.timeline import SandboxSpan, as_compact, as_dict, waterfall
 from ratchet.model import EventKind, RunRecord, StepState, fold
 from ratchet.names import MAX_STEP
 from ratchet.store import Store, dashboard, tenants
-from ratchet.timeline import SandboxSpan, as_compact, as_dict, waterfall
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 AtSeq = Annotated[

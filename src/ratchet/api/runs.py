@@ -39,10 +39,10 @@ from ratchet.api.models import (
     StatusAfter,
 )
 from ratchet.app import Ratchet
+from ratchet.engine.starts import RunRequest
 from ratchet.errors import ApprovalNotPending, BatchItemInvalid, InvalidInput, RatchetError
 from ratchet.model import RunRecord, RunStatus
 from ratchet.names import MAX_RUN_PATH, MAX_SIGNAL, MAX_STEP, MAX_WORKFLOW
-from ratchet.starts import RunRequest
 from ratchet.store import Store, tenants, tokens
 from ratchet.store.base import DONE
 from ratchet.store.tokens import Token

@@ -3,7 +3,7 @@
 Pages are rendered here (Jinja2) from the same store reads the API makes; their scripts
 then talk to the API itself (``/v1/...``) on the session cookie, with the page's CSRF token
 on every state-changing request. A run page carries its waterfall as JSON computed in
-Python (:mod:`ratchet.timeline`), so the browser draws rows rather than folding events.
+Python (:mod:`ratchet.api.timeline`), so the browser draws rows rather than folding events.
 """
 
 from __future__ import annotations

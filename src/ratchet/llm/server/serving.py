@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-from ratchet.asgi import listen, serve_in_thread
+from ratchet.llm.server.asgi import listen, serve_in_thread
 from ratchet.llm.server.provider import LocalProvider
 
 # Requests still in flight at shutdown (a slow fault) get this long before they are cut.

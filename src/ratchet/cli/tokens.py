@@ -1,5 +1,4 @@
-"""``ratchet tokens create|list|revoke``: the bearer tokens of ``ratchet server``.
-Registered on :data:`ratchet.cli.cli`."""
+"""``ratchet tokens create|list|revoke``: the bearer tokens of ``ratchet server``."""
 
 from __future__ import annotations
 
@@ -9,14 +8,14 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ratchet.cli import DbOption, JsonOption, _client, _console, _echo_json, _when, cli
+from ratchet.cli._common import DbOption, JsonOption, client, make_console
+from ratchet.cli._format import echo_json, when
 from ratchet.config import parse_age
 from ratchet.store import tokens as store_tokens
 
 tokens_cli = typer.Typer(
     help="API tokens for ratchet server: create, list, revoke.", no_args_is_help=True
 )
-cli.add_typer(tokens_cli, name="tokens")
 
 
 @tokens_cli.command("create")
@@ -46,15 +45,15 @@ def create(
     db: DbOption = None,
 ) -> None:
     """Create a token. It is printed once, alone on the last line; only its hash is kept."""
-    with _client(ctx, db) as app:
+    with client(ctx, db) as app:
         parsed = store_tokens.parse_scopes(scopes)
         store_tokens.check_tenant(tenant)
         store_tokens.check_token_name(name)
         expires_in = parse_age(expires) if expires is not None else None
-        token, secret = app._portal.call(
+        token, secret = app.portal.call(
             store_tokens.create_token(app.store, tenant, parsed, name, expires_in)
         )
-    until = f", expires {_when(token.expires_at)}" if token.expires_at is not None else ""
+    until = f", expires {when(token.expires_at)}" if token.expires_at is not None else ""
     typer.echo(
         f"token {token.token_id} for tenant {token.tenant_id} "
         f"(scopes {','.join(token.scopes)}{until}); it is shown once:"
@@ -66,12 +65,12 @@ def create(
 def list_(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) -> None:
     """Every token: id, tenant, scopes, name, created, revoked, expires (never the
     secret)."""
-    with _client(ctx, db, read_only=True) as app:
-        found = app._portal.call(store_tokens.list_tokens(app.store))
+    with client(ctx, db, read_only=True) as app:
+        found = app.portal.call(store_tokens.list_tokens(app.store))
     if as_json:
-        _echo_json([t.as_dict() for t in found])
+        echo_json([t.as_dict() for t in found])
         return
-    console = _console()
+    console = make_console()
     if not found:
         console.print("no tokens; create one with ratchet tokens create --tenant NAME")
         return
@@ -82,9 +81,9 @@ def list_(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) 
             Text(t.tenant_id),
             Text(",".join(t.scopes)),
             Text(t.name or "-"),
-            _when(t.created_at),
-            _when(t.revoked_at),
-            _when(t.expires_at),
+            when(t.created_at),
+            when(t.revoked_at),
+            when(t.expires_at),
         )
     console.print(table)
 
@@ -96,6 +95,6 @@ def revoke(
     db: DbOption = None,
 ) -> None:
     """Revoke a token: requests bearing it are refused (401) from now on."""
-    with _client(ctx, db) as app:
-        token = app._portal.call(store_tokens.revoke_token(app.store, token_id))
+    with client(ctx, db) as app:
+        token = app.portal.call(store_tokens.revoke_token(app.store, token_id))
     typer.echo(f"token {token.token_id} (tenant {token.tenant_id}) is revoked")

@@ -1,5 +1,5 @@
 """``ratchet graph validate|schema|register|list`` and ``ratchet start GRAPH``: graph
-workflows from the command line. Registered on :data:`ratchet.cli.cli`."""
+workflows from the command line."""
 
 from __future__ import annotations
 
@@ -9,26 +9,23 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ratchet.cli import (
+from ratchet.cli._common import (
     DbOption,
+    Fail,
     JsonOption,
-    _client,
-    _console,
-    _die,
-    _echo_json,
-    _errors,
-    _Fail,
-    _when,
-    cli,
+    client,
+    die,
+    errors,
     load_app,
+    make_console,
 )
+from ratchet.cli._format import echo_json, when
 from ratchet.errors import InvalidInput
 from ratchet.graphs import json_schema, load_document, validate
 
 graph_cli = typer.Typer(
     help="Graph workflows: validate, register and list them.", no_args_is_help=True
 )
-cli.add_typer(graph_cli, name="graph")
 
 FileArg = Annotated[str, typer.Argument(metavar="FILE", help="A graph file (YAML or JSON).")]
 AppOption = Annotated[
@@ -50,7 +47,7 @@ def _check(path: str, app_spec: str | None) -> tuple[Any, list[Any]]:
     try:
         doc = load_document(path)
     except InvalidInput as e:
-        raise _Fail(str(e)) from e
+        raise Fail(str(e)) from e
     return validate(doc, tools, workflows)
 
 
@@ -58,10 +55,10 @@ def _check(path: str, app_spec: str | None) -> tuple[Any, list[Any]]:
 def validate_cmd(path: FileArg, app_spec: AppOption = None, as_json: JsonOption = False) -> None:
     """Check a graph; list every problem (node and field) and exit 1 if there are any.
     Writes nothing."""
-    with _errors():
+    with errors():
         graph, problems = _check(path, app_spec)
     if as_json:
-        _echo_json(
+        echo_json(
             {
                 "valid": graph is not None,
                 "version": graph.version if graph else None,
@@ -94,14 +91,14 @@ def register_cmd(
 ) -> None:
     """Validate a graph and store it, versioned by its content. Runs already started keep
     the version they started with."""
-    with _errors():
+    with errors():
         graph, problems = _check(path, app_spec)
     if graph is None:
         for p in problems:
             typer.echo(f"{path}: {p}", err=True)
-        _die(f"graph not registered: {len(problems)} problem(s)", 1)
-    with _client(ctx, db) as app:
-        stored = app._portal.call(
+        die(f"graph not registered: {len(problems)} problem(s)", 1)
+    with client(ctx, db) as app:
+        stored = app.portal.call(
             app.store.register_graph(graph.name, graph.version, graph.definition)
         )
     typer.echo(f"graph {stored.name} registered: version {stored.version}")
@@ -110,10 +107,10 @@ def register_cmd(
 @graph_cli.command("list")
 def list_cmd(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = None) -> None:
     """Registered graphs: every version, newest first within a name."""
-    with _client(ctx, db, read_only=True) as app:
-        graphs = app._portal.call(app.store.list_graphs())
+    with client(ctx, db, read_only=True) as app:
+        graphs = app.portal.call(app.store.list_graphs())
     if as_json:
-        _echo_json(
+        echo_json(
             [
                 {
                     "name": g.name,
@@ -128,12 +125,11 @@ def list_cmd(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = Non
     table = Table("name", "version", "registered", "nodes")
     for g in graphs:
         table.add_row(
-            g.name, g.version, _when(g.registered_at), str(len(g.definition.get("nodes", [])))
+            g.name, g.version, when(g.registered_at), str(len(g.definition.get("nodes", [])))
         )
-    _console().print(table)
+    make_console().print(table)
 
 
-@cli.command("start")
 def start_cmd(
     ctx: typer.Context,
     name: Annotated[str, typer.Argument(metavar="GRAPH", help="A registered graph's name.")],
@@ -160,10 +156,10 @@ def start_cmd(
     try:
         value = json.loads(input)
     except ValueError as e:
-        _die(f"--input is not JSON: {e}")
+        die(f"--input is not JSON: {e}")
     try:
         overrides = json.loads(guards) if guards is not None else None
     except ValueError as e:
-        _die(f"--guards is not JSON: {e}")
-    with _client(ctx, db) as app:
+        die(f"--guards is not JSON: {e}")
+    with client(ctx, db) as app:
         typer.echo(app.start(name, value, run_id=run_id, queue=queue, guards=overrides))

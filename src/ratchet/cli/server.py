@@ -1,5 +1,5 @@
 """``ratchet server``: the HTTP API and N embedded workers in one process, served by
-uvicorn until SIGTERM or Ctrl-C. Registered on :data:`ratchet.cli.cli`."""
+uvicorn until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ from typing import Annotated
 
 import typer
 
-from ratchet.cli import DbOption, _errors, _Fail, _given_db, cli, load_app
+from ratchet.cli._common import DbOption, Fail, errors, given_db, load_app
 from ratchet.config import DatabaseURL, parse_age, parse_duration
 
 
-@cli.command()
 def server(
     ctx: typer.Context,
     app_spec: Annotated[
@@ -73,7 +72,7 @@ def server(
         stream=sys.stderr,
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
-    with _errors():
+    with errors():
         from ratchet.extras import require
 
         require("ratchet server", "server")
@@ -81,13 +80,13 @@ def server(
 
         from ratchet.api import create_app, drain
         from ratchet.api.slow_clients import bounded_protocol
-        from ratchet.asgi import Server
+        from ratchet.llm.server.asgi import Server
 
         prune_age = parse_age(prune_finished_before) if prune_finished_before is not None else None
         prune_every = parse_duration(prune_interval)
         request_timeout_s = parse_duration(request_timeout)
         app = load_app(app_spec)
-        url = _given_db(ctx, db)
+        url = given_db(ctx, db)
         if url is not None:
             DatabaseURL.parse(url)
             app.database_url = url
@@ -114,7 +113,7 @@ def server(
         try:
             Server(config, on_shutdown=lambda: drain(api)).run()
         except OSError as e:
-            raise _Fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+            raise Fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
         finally:
             app.shutdown()
 

@@ -1,5 +1,5 @@
 """``ratchet demo --serve``, what ``make run`` runs: the crash-resume demo of
-:mod:`ratchet.demo` played through ``ratchet server``, which then keeps serving.
+:mod:`ratchet.demo.terminal` played through ``ratchet server``, which then keeps serving.
 
 This process serves the HTTP API (uvicorn in a thread, with one embedded worker taking the
 ``default`` queue) and the local model provider. The demo's run is started through the API
@@ -33,9 +33,8 @@ from rich.console import Console
 from rich.text import Text
 
 from ratchet.api import create_app, drain
-from ratchet.asgi import listen, serve_in_thread
 from ratchet.config import DatabaseURL
-from ratchet.demo import (
+from ratchet.demo.stage import (
     HOLD_S,
     WAIT_S,
     WORKER_ID,
@@ -49,6 +48,7 @@ from ratchet.demo import (
 )
 from ratchet.errors import ConfigError
 from ratchet.llm.server import LocalProvider, serve
+from ratchet.llm.server.asgi import listen, serve_in_thread
 from ratchet.store import make_store, tenants, tokens
 
 #: The queue of the demo's run: only the demo's worker processes take it, never the
@@ -147,9 +147,9 @@ def serve_demo(db: str | None, host: str, port: int, console: Console) -> int:
 
 def _serve_on(sock: socket.socket, setup: Setup, console: Console) -> int:
     """:func:`serve_demo` once the port is bound and the demo's files are fresh."""
-    from ratchet import demo_app
+    from ratchet.demo import workflow
 
-    app = demo_app.app
+    app = workflow.app
     app.database_url = setup.url
     # The embedded worker's steps log where the worker processes' do.
     os.environ["RATCHET_DEMO_LOG"] = setup.log_path
@@ -253,7 +253,7 @@ def _header(console: Console, base: str, token: str, setup: Setup) -> None:
 
 
 def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvider) -> int:
-    from ratchet.demo_app import invocations
+    from ratchet.demo.workflow import invocations
 
     say = demo.say
     headers = {"Authorization": f"Bearer {token}"}
@@ -262,7 +262,7 @@ def _play(demo: Demo, base: str, token: str, setup: Setup, provider: LocalProvid
         provider.fail("slow", times=1, delay_s=HOLD_S, endpoint="chat")
         w1 = demo.start_worker(setup.env)
         say(
-            f"worker 1 launched: ratchet worker ratchet.demo_app:app --worker-id {WORKER_ID} "
+            f"worker 1 launched: ratchet worker ratchet.demo.workflow:app --worker-id {WORKER_ID} "
             f"--queue {QUEUE} (pid {w1.pid})"
         )
         run_id = f"ticket-4711-{uuid.uuid4().hex[:6]}"

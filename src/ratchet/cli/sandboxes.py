@@ -1,5 +1,4 @@
-"""``ratchet sandboxes [RUN]``: the sandboxes of isolated runs. Registered on
-:data:`ratchet.cli.cli`."""
+"""``ratchet sandboxes [RUN]``: the sandboxes of isolated runs."""
 
 from __future__ import annotations
 
@@ -9,14 +8,14 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ratchet.cli import DbOption, JsonOption, _client, _console, _echo_json, _status, _when, cli
+from ratchet.cli._common import DbOption, JsonOption, client, make_console
+from ratchet.cli._format import echo_json, status_text, when
 
 
 def _memory(n: int | None) -> str:
     return "-" if n is None else f"{n / (1024 * 1024):.0f} MiB"
 
 
-@cli.command()
 def sandboxes(
     ctx: typer.Context,
     run_id: Annotated[
@@ -29,12 +28,12 @@ def sandboxes(
     """Sandboxes of isolated runs: run, attempt, status, started and ended, exit code or
     signal, peak memory and why each ended (finished, crashed, oom, timeout, killed,
     orphaned, shutdown)."""
-    with _client(ctx, db, read_only=True) as app:
+    with client(ctx, db, read_only=True) as app:
         found = app.sandboxes(run_id, limit)
     if as_json:
-        _echo_json([s.as_dict() for s in found])
+        echo_json([s.as_dict() for s in found])
         return
-    console = _console()
+    console = make_console()
     if not found:
         console.print(f"run {run_id} has no sandboxes" if run_id else "no sandboxes yet")
         return
@@ -53,9 +52,9 @@ def sandboxes(
             Text(s.sandbox_id),
             Text(s.run_id),
             str(s.attempt),
-            _status(s.status),
-            _when(s.started_at),
-            _when(s.ended_at),
+            status_text(s.status),
+            when(s.started_at),
+            when(s.ended_at),
             exit,
             _memory(s.peak_memory),
             Text(s.end_reason or "-"),

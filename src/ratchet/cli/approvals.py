@@ -1,5 +1,5 @@
 """``ratchet approvals``, ``ratchet approve`` and ``ratchet reject``: what runs wait for a
-person to decide, and deciding it. Registered on :data:`ratchet.cli.cli`."""
+person to decide, and deciding it."""
 
 from __future__ import annotations
 
@@ -9,18 +9,16 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ratchet.cli import (
+from ratchet.cli._common import (
     DbOption,
     GrantOption,
     JsonOption,
     RunArg,
-    _client,
-    _console,
-    _echo_json,
-    _when,
-    cli,
+    client,
     grant_option,
+    make_console,
 )
+from ratchet.cli._format import echo_json, when
 from ratchet.model import Approval, Decision, dumps
 
 StepArg = Annotated[
@@ -50,7 +48,6 @@ def _row(a: Approval) -> dict[str, object]:
     }
 
 
-@cli.command()
 def approvals(
     ctx: typer.Context,
     run_id: Annotated[
@@ -65,12 +62,12 @@ def approvals(
 ) -> None:
     """Pending approvals: run, step, what is asked and its data, since when, and for a
     child run's approval the top-level run it belongs to."""
-    with _client(ctx, db, read_only=True) as app:
+    with client(ctx, db, read_only=True) as app:
         pending = app.approvals(run_id, limit)
     if as_json:
-        _echo_json([_row(a) for a in pending])
+        echo_json([_row(a) for a in pending])
         return
-    console = _console()
+    console = make_console()
     if not pending:
         console.print("no approvals are pending")
         return
@@ -82,7 +79,7 @@ def approvals(
             Text(a.step_id),
             Text(a.name),
             Text(dumps(a.data)),
-            _when(a.asked_at),
+            when(a.asked_at),
             Text(a.root_run_id if a.root_run_id != a.run_id else "-"),
         )
     console.print(table)
@@ -95,7 +92,6 @@ def _decided(run_id: str, step: str, decision: Decision) -> None:
     typer.echo(f"run {run_id}: approval {step!r} {verb} by {decision.by}{comment}{granted}")
 
 
-@cli.command()
 def approve(
     ctx: typer.Context,
     run_id: RunArg,
@@ -109,12 +105,11 @@ def approve(
     guard's pause of a budget or of max_steps, --grant says how far the run may go over
     (without it: a budget rises to what the paused call needed, max_steps is lifted)."""
     granted = grant_option(grant)
-    with _client(ctx, db) as app:
+    with client(ctx, db) as app:
         decision = app.approve(run_id, step, by=by, comment=comment, grant=granted)
     _decided(run_id, step, decision)
 
 
-@cli.command()
 def reject(
     ctx: typer.Context,
     run_id: RunArg,
@@ -124,6 +119,6 @@ def reject(
     db: DbOption = None,
 ) -> None:
     """Reject a run's pending approval; the run wakes with the rejection. Recorded once."""
-    with _client(ctx, db) as app:
+    with client(ctx, db) as app:
         decision = app.reject(run_id, step, by=by, comment=comment)
     _decided(run_id, step, decision)

@@ -1,6 +1,10 @@
 """An ASGI app served by uvicorn in a background thread of this process, on a socket
 bound beforehand (so a taken port is an error before anything else starts, and port 0's
-choice is known). The local model provider and ``ratchet demo --serve`` run this way."""
+choice is known). The local model provider and ``ratchet demo --serve`` run this way, and
+``ratchet server`` runs :class:`Server` in the foreground.
+
+It lives here, with the local model provider, the lowest layer among its users: the demo
+and the CLI import it downward. It imports nothing else of Ratchet's."""
 
 from __future__ import annotations
 
