@@ -22,8 +22,15 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.definitions import StepDef, check_name, to_json
 from ratchet.errors import ApprovalRejected, ApprovalTimeout, InvalidInput, RatchetError
-from ratchet.model import Decision, EventKind, StepState
-from ratchet.store.approvals import waiting_for
+from ratchet.model import (
+    ApprovalStatus,
+    Decision,
+    EventKind,
+    StepState,
+    StepStatus,
+    WaitKey,
+    WaitKind,
+)
 
 if TYPE_CHECKING:
     from ratchet.engine.driver import RunContext
@@ -82,7 +89,7 @@ def approve_then_call(
     async def go() -> Any:
         decision = await run_approval(ctx, ask_id, ask, name, data, None)
         if not decision.approved:
-            if step is not None and step.status == "failed":
+            if step is not None and step.status == StepStatus.FAILED:
                 raise ctx.replayed_failure(step)
             comment = f": {decision.comment}" if decision.comment else ""
             error = (
@@ -111,19 +118,19 @@ async def run_approval(
     timeout_s: float | None,
 ) -> Decision:
     await ctx.close_held()
-    if step is not None and step.status in ("completed", "failed"):
+    if step is not None and step.status.finished:
         await ctx.replayed(step)
-        if step.status == "completed":
+        if step.status == StepStatus.COMPLETED:
             return Decision.from_dict(step.output)
         raise ctx.replayed_failure(step)
     ctx.check_stop()
-    if step is None or step.status == "pending" or step.waiting is None:
+    if step is None or step.status == StepStatus.PENDING or step.waiting is None:
         # Not asked yet, or asked afresh after a retry of the run: a new attempt, whose row
         # replaces the expired one.
         attempt = step.attempt + 1 if step is not None else 1
         deadline = await ctx.store.now() + timeout_s if timeout_s is not None else None
         asked = {
-            "reason": "approval",
+            "reason": WaitKind.APPROVAL,
             "name": name,
             "data": data,
             "timeout_s": timeout_s,
@@ -154,7 +161,7 @@ async def run_approval(
             ctx.emit(EventKind.APPROVAL_DECIDED, step_id, attempt, decided)
             ctx.emit(EventKind.STEP_COMPLETED, step_id, attempt, {"output": decision.as_dict()})
             return decision
-        if found.status == "expired":
+        if found.status == ApprovalStatus.EXPIRED:
             error = f"no decision on approval {name!r} arrived within {timeout_s or 0:g}s"
             ctx.emit(
                 EventKind.STEP_FAILED,
@@ -169,4 +176,4 @@ async def run_approval(
             # (and is taken) or is refused: never both a decision and a timeout.
             await ctx.store.expire_approval(ctx.lease, step_id, attempt)
             continue
-        await ctx.waits.wait(waiting_for(step_id), deadline, now)
+        await ctx.waits.wait(str(WaitKey.approval(step_id)), deadline, now)

@@ -48,9 +48,11 @@ from ratchet.extras import require
 from ratchet.graphs.registry import GraphWorkflow
 from ratchet.model import (
     ClaimedRun,
+    DeadLetterReason,
     Event,
     EventKind,
     Lease,
+    QueueReason,
     RunState,
     RunStatus,
     dumps,
@@ -75,8 +77,8 @@ from ratchet.store.base import Store
 log = logging.getLogger("ratchet.sandbox")
 
 MAX_SANDBOXES = 3
-EXHAUSTED = "sandbox_resume_exhausted"
-UNAVAILABLE = "sandbox_unavailable"
+EXHAUSTED = DeadLetterReason.SANDBOX_RESUME_EXHAUSTED
+UNAVAILABLE = DeadLetterReason.SANDBOX_UNAVAILABLE
 # The drive reason of a sandbox spawned again by the same drive after one ended unfinished.
 RESPAWN = "resume"
 
@@ -520,7 +522,7 @@ def counted_since(events: list[Event], claimed: Lease) -> int:
     retried = [
         i
         for i, e in enumerate(events)
-        if e.kind == EventKind.RUN_QUEUED and e.payload.get("reason") == "retry"
+        if e.kind == EventKind.RUN_QUEUED and e.payload.get("reason") == QueueReason.RETRY
     ]
     if not retried:
         return 0
