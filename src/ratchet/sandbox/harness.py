@@ -35,7 +35,7 @@ from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import drive
 from ratchet.engine.threads import StepThreads
 from ratchet.llm import routing
-from ratchet.model import ClaimedRun, ClaimReason, Lease
+from ratchet.model import ClaimedRun, Lease
 from ratchet.sandbox.backend import REPORT_SOCKET
 from ratchet.sandbox.remote import RemoteModels, RemoteStore, Reporter
 from ratchet.store.base import Store
@@ -153,7 +153,7 @@ async def run(wd: WorkflowDef) -> int:
         # The worker outside has journaled this drive's start and judges its guards.
         outcome = await drive(
             store,
-            ClaimedRun(record, lease, ClaimReason.SANDBOX),
+            ClaimedRun(record, lease, "sandbox"),
             {wd.name: wd},
             Control(),
             StepThreads(8),

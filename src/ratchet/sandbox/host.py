@@ -56,15 +56,11 @@ from ratchet.llm import routing
 from ratchet.llm.endpoints import BY_PROVIDER
 from ratchet.llm.worst_case import worst_case
 from ratchet.model import (
-    DeadLetterReason,
     Event,
     EventKind,
-    GuardAction,
     Lease,
     RunRecord,
     RunStatus,
-    StepStatus,
-    WaitKind,
     apply,
     dumps,
     fold,
@@ -94,12 +90,12 @@ ENDS = {EventKind.RUN_SUCCEEDED: RunStatus.SUCCEEDED, EventKind.RUN_FAILED: RunS
 # The dead-letter reasons a sandbox's drive ends a run with; the guards' are the host's.
 SANDBOX_REASONS = frozenset(
     {
-        DeadLetterReason.WORKFLOW_ERROR,
-        DeadLetterReason.STEP_FAILED,
-        DeadLetterReason.NON_DETERMINISM,
-        DeadLetterReason.CRASH_LOOP,
-        DeadLetterReason.NOT_SERIALIZABLE,
-        DeadLetterReason.STORE_REFUSED,
+        "workflow_error",
+        "step_failed",
+        "non_determinism",
+        "crash_loop",
+        "not_serializable",
+        "store_refused",
     }
 )
 # The fields of each proposal's payload (None: any; the tool's call is its own record).
@@ -114,9 +110,9 @@ _FIELDS: dict[str, frozenset[str] | None] = {
     EventKind.RUN_SUCCEEDED: frozenset({"output"}),
     EventKind.RUN_FAILED: frozenset({"error", "reason"}),
 }
-_WAITING_FIELDS: dict[str, frozenset[str]] = {
-    WaitKind.SLEEP: frozenset({"reason", "seconds", "until"}),
-    WaitKind.BACKOFF: frozenset({"reason", "retry_at"}),
+_WAITING_FIELDS = {
+    "sleep": frozenset({"reason", "seconds", "until"}),
+    "backoff": frozenset({"reason", "retry_at"}),
 }
 # Headers a sandbox's call may not set: the worker's client sends its own credentials and
 # the attempt's key.
@@ -157,10 +153,10 @@ class _Step:
 class _View:
     """A step as the proposals of one report leave it, before anything is written."""
 
-    status: StepStatus
+    status: str
     attempt: int
     kind: str | None
-    waiting: str | None = None  # a WaitKind, for a step waiting
+    waiting: str | None = None
 
 
 @dataclass(slots=True)
@@ -218,7 +214,7 @@ class HostJournal:
         self.deadline = self.guards.due()
         # The runaway-loop streak goes on from the steps the journal holds, as a re-drive's.
         for step in sorted(
-            (s for s in self.state.steps.values() if s.status == StepStatus.COMPLETED),
+            (s for s in self.state.steps.values() if s.status == "completed"),
             key=lambda s: s.finished_seq,
         ):
             self.guards.replayed_step(
@@ -444,7 +440,7 @@ class HostJournal:
                 step.status,
                 step.attempt,
                 step.kind,
-                (step.waiting or {}).get("reason") if step.status == StepStatus.WAITING else None,
+                (step.waiting or {}).get("reason") if step.status == "waiting" else None,
             )
         )
         views[step_id] = view
@@ -475,7 +471,7 @@ class HostJournal:
             EventKind.STEP_RETRYING,
         ):
             raise ValueRefused(f"step {step_id} never started")
-        if view is not None and view.status.finished:
+        if view is not None and view.status in ("completed", "failed"):
             if (
                 p.kind == EventKind.STEP_COMPLETED
                 and step_id in self._completed_here
@@ -489,7 +485,7 @@ class HostJournal:
         kind = p.kind
         if kind == EventKind.STEP_STARTED:
             self._check_start(p, step_id, name, view)
-            views[step_id] = _View(StepStatus.STARTED, p.attempt or 0, p.payload.get("kind"))
+            views[step_id] = _View("started", p.attempt or 0, p.payload.get("kind"))
             ordinals[ordinal] = step_id
             return
         if kind == EventKind.TOOL_CALLED:
@@ -504,15 +500,11 @@ class HostJournal:
         if view is None:
             raise ValueRefused(f"step {step_id} never started")
         if kind == EventKind.STEP_COMPLETED and p.attempt is None:
-            if (
-                view.status != StepStatus.WAITING
-                or view.waiting != WaitKind.SLEEP
-                or p.payload != {"output": None}
-            ):
+            if view.status != "waiting" or view.waiting != "sleep" or p.payload != {"output": None}:
                 raise ValueRefused(f"step {step_id}: only a sleep ends without an attempt")
-            views[step_id] = _View(StepStatus.COMPLETED, view.attempt, view.kind)
+            views[step_id] = _View("completed", view.attempt, view.kind)
             return
-        if view.status != StepStatus.STARTED or p.attempt != view.attempt:
+        if view.status != "started" or p.attempt != view.attempt:
             raise ValueRefused(
                 f"step {step_id} has no step_started in attempt {p.attempt} "
                 f"(it is {view.status}, attempt {view.attempt})"
@@ -524,13 +516,13 @@ class HostJournal:
                     "by the worker that made the call, with the provider's "
                     "usage and cost"
                 )
-            views[step_id] = _View(StepStatus.COMPLETED, view.attempt, view.kind)
+            views[step_id] = _View("completed", view.attempt, view.kind)
         elif kind == EventKind.STEP_FAILED:
             if not isinstance(p.payload.get("error"), str):
                 raise ValueRefused("step_failed carries the step's error as text")
-            views[step_id] = _View(StepStatus.FAILED, view.attempt, view.kind)
+            views[step_id] = _View("failed", view.attempt, view.kind)
         else:
-            views[step_id] = _View(StepStatus.RETRYING, view.attempt, view.kind)
+            views[step_id] = _View("retrying", view.attempt, view.kind)
 
     def _check_start(self, p: Proposal, step_id: str, name: str, view: _View | None) -> None:
         attempt = p.attempt
@@ -539,7 +531,7 @@ class HostJournal:
         key = p.payload.get("idempotency_key")
         if not isinstance(key, str) or not key or len(key) > 255:
             raise ValueRefused("a step_started carries the attempt's idempotency_key")
-        if view is not None and view.status == StepStatus.STARTED:
+        if view is not None and view.status == "started":
             # The attempt a crashed sandbox left in flight runs again, once per sandbox.
             if attempt != view.attempt or (step_id, attempt) in self._started_here:
                 raise ValueRefused(
@@ -573,14 +565,14 @@ class HostJournal:
         extra = sorted(set(p.payload) - allowed)
         if extra:
             raise ValueRefused(f"step_waiting {reason} has no field {extra[0]!r}")
-        if reason == WaitKind.SLEEP:
+        if reason == "sleep":
             if view is not None or p.attempt is not None:
                 raise ValueRefused(f"step {step_id}: a sleep is a step of its own")
-            views[step_id] = _View(StepStatus.WAITING, 0, None, WaitKind.SLEEP)
+            views[step_id] = _View("waiting", 0, None, "sleep")
             return
-        if view is None or view.status != StepStatus.RETRYING or p.attempt != view.attempt:
+        if view is None or view.status != "retrying" or p.attempt != view.attempt:
             raise ValueRefused(f"step {step_id}: a backoff follows the attempt's step_retrying")
-        views[step_id] = _View(StepStatus.WAITING, view.attempt, view.kind, WaitKind.BACKOFF)
+        views[step_id] = _View("waiting", view.attempt, view.kind, "backoff")
 
     # -- model calls -----------------------------------------------------------------------
 
@@ -608,7 +600,7 @@ class HostJournal:
                 raise RunFinished(f"the sandbox of run {self.run_id} has ended")
             self._usable()
             step = self.state.steps.get(step_id)
-            if step is None or step.status != StepStatus.STARTED or step.attempt != attempt:
+            if step is None or step.status != "started" or step.attempt != attempt:
                 raise ValueRefused(
                     f"step {step_id} has no step_started in attempt {attempt}: "
                     "report it before its model call"
@@ -745,8 +737,9 @@ def _next_attempt(view: _View | None) -> int:
     for a step in any other state."""
     if view is None:
         return 1
-    if view.status in (StepStatus.RETRYING, StepStatus.PENDING) or (
-        view.status == StepStatus.WAITING and view.waiting == WaitKind.BACKOFF
+    if view.status in ("retrying", "pending") or (view.status, view.waiting) == (
+        "waiting",
+        "backoff",
     ):
         return view.attempt + 1
     return 0
@@ -772,6 +765,5 @@ def _unparked(g: Guards) -> Guards:
     """The guards with ``pause`` read as ``fail``: a sandbox cannot park on an approval."""
     actions = {kind: g.action(kind) for kind in (*ANOMALIES, BUDGET)}
     return dataclasses.replace(
-        g,
-        actions={k: GuardAction.FAIL if a == GuardAction.PAUSE else a for k, a in actions.items()},
+        g, actions={k: "fail" if a == "pause" else a for k, a in actions.items()}
     )

@@ -48,11 +48,9 @@ from ratchet.extras import require
 from ratchet.graphs.registry import GraphWorkflow
 from ratchet.model import (
     ClaimedRun,
-    DeadLetterReason,
     Event,
     EventKind,
     Lease,
-    QueueReason,
     RunState,
     RunStatus,
     dumps,
@@ -77,8 +75,8 @@ from ratchet.store.base import Store
 log = logging.getLogger("ratchet.sandbox")
 
 MAX_SANDBOXES = 3
-EXHAUSTED = DeadLetterReason.SANDBOX_RESUME_EXHAUSTED
-UNAVAILABLE = DeadLetterReason.SANDBOX_UNAVAILABLE
+EXHAUSTED = "sandbox_resume_exhausted"
+UNAVAILABLE = "sandbox_unavailable"
 # The drive reason of a sandbox spawned again by the same drive after one ended unfinished.
 RESPAWN = "resume"
 
@@ -522,7 +520,7 @@ def counted_since(events: list[Event], claimed: Lease) -> int:
     retried = [
         i
         for i, e in enumerate(events)
-        if e.kind == EventKind.RUN_QUEUED and e.payload.get("reason") == QueueReason.RETRY
+        if e.kind == EventKind.RUN_QUEUED and e.payload.get("reason") == "retry"
     ]
     if not retried:
         return 0
