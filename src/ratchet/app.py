@@ -41,10 +41,10 @@ from ratchet.model import (
     Approval,
     DeadLetter,
     Decision,
+    DeliveryReceipt,
     Event,
     LLMTotals,
     NewRun,
-    Receipt,
     RunRecord,
     RunStatus,
 )
@@ -666,14 +666,14 @@ class Ratchet:
             raise InvalidInput("a grant needs by=: who let the run go over its limits")
         return await (await self._astore()).retry_dead(run_id, granted, by)
 
-    async def receipts_async(self, run_id: str) -> list[Receipt]:
+    async def receipts_async(self, run_id: str) -> list[DeliveryReceipt]:
         """The run's delivery receipts: key, step, delivery, status, response, times."""
         await self.get_async(run_id)
         return await (await self._astore()).receipts(run_id)
 
     async def settle_receipt_async(
         self, key: str, *, response: Any = _UNSET, failed: bool = False
-    ) -> Receipt:
+    ) -> DeliveryReceipt:
         """Resolve a receipt left ``claimed`` by hand, once a person knows what happened:
         ``response=`` what the receiver answered (the step then returns it, without
         dispatching), or ``failed=True``: it did not happen (the step's ``deliver`` then
@@ -889,7 +889,7 @@ class Ratchet:
         """Blocking :meth:`count_dead_letters_async`."""
         return self._portal.call(self.count_dead_letters_async())
 
-    def receipts(self, run_id: str) -> list[Receipt]:
+    def receipts(self, run_id: str) -> list[DeliveryReceipt]:
         """Blocking :meth:`receipts_async`."""
         return self._portal.call(self.receipts_async(run_id))
 
@@ -917,7 +917,9 @@ class Ratchet:
         """Blocking :meth:`live_workers_async`."""
         return self._portal.call(self.live_workers_async())
 
-    def settle_receipt(self, key: str, *, response: Any = _UNSET, failed: bool = False) -> Receipt:
+    def settle_receipt(
+        self, key: str, *, response: Any = _UNSET, failed: bool = False
+    ) -> DeliveryReceipt:
         """Blocking :meth:`settle_receipt_async`."""
         return self._portal.call(self.settle_receipt_async(key, response=response, failed=failed))
 

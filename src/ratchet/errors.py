@@ -26,11 +26,25 @@ What the store raises, and what it means for the caller:
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class RetryClass(StrEnum):
+    """The retry classes a step failure belongs to (an error's ``retry_class``) and a
+    retry policy names (``Retry(retry_on=...)``, ``retryableClasses``)."""
+
+    ANY = "any"  # in a policy: every class but never; on an error: only retried on any
+    TIMEOUT = "timeout"
+    LLM = "llm"
+    CONNECTOR = "connector"
+    TOOL = "tool"
+    NEVER = "never"  # on an error only: no policy retries it
+
 
 class RatchetError(Exception):
     """A Ratchet error."""
 
-    retry_class: str = "any"
+    retry_class: str = RetryClass.ANY
     outcome_unknown: bool = False
 
     def __init__(self, message: str | None = None) -> None:
@@ -77,7 +91,7 @@ class BatchItemInvalid(InvalidInput):
 class NotSerializable(InvalidInput, TypeError):
     """A value is not JSON-serialisable."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class InvalidRetryPolicy(InvalidInput):
@@ -88,7 +102,7 @@ class MissingExtra(RatchetError, ImportError):
     """A feature needs an optional dependency that is not installed; the message names the
     extra to install (``pip install 'ratchet-engine[postgres]'``)."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class StorageError(RatchetError):
@@ -104,7 +118,7 @@ class StoreConflict(RatchetError):
     """The database's state contradicts what a store operation expected (a broken
     invariant, not a failing database); retrying will not help."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class SignalAlreadyConsumed(StoreConflict):
@@ -115,13 +129,13 @@ class ValueRefused(RatchetError):
     """The database refused a value it cannot store (out of range, a character its text
     type cannot hold); retrying will not help."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class NonDeterminismError(RatchetError):
     """The workflow's step sequence differs from its journal."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class StepFailed(RatchetError):
@@ -142,14 +156,14 @@ class StepTimeout(RatchetError):
     """A step ran past its timeout. What the step had sent by then may have landed: its
     retry keeps the attempt's idempotency key."""
 
-    retry_class = "timeout"
+    retry_class = RetryClass.TIMEOUT
     outcome_unknown = True
 
 
 class ConnectorError(RatchetError):
     """A connector call failed."""
 
-    retry_class = "connector"
+    retry_class = RetryClass.CONNECTOR
 
 
 class LLMError(RatchetError):
@@ -157,7 +171,7 @@ class LLMError(RatchetError):
     under the step's policy. After the provider answered (a 429, a 5xx) the next attempt
     has a key of its own; after a lost connection (``outcome_unknown``) it keeps the key."""
 
-    retry_class = "llm"
+    retry_class = RetryClass.LLM
 
     def __init__(
         self,
@@ -182,7 +196,7 @@ class LLMTimeout(LLMError):
     """A model call ran past its timeout: the provider may have billed it, so its retry
     keeps the attempt's key."""
 
-    retry_class = "timeout"
+    retry_class = RetryClass.TIMEOUT
     outcome_unknown = True
 
 
@@ -190,32 +204,32 @@ class LLMRequestError(LLMError):
     """The provider refused the request (a 4xx other than a rate limit): sending it again
     would be refused again, so it is not retried."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class ToolError(RatchetError):
     """A tool call failed."""
 
-    retry_class = "tool"
+    retry_class = RetryClass.TOOL
 
 
 class SignalTimeout(RatchetError):
     """No signal arrived before the wait's deadline."""
 
-    retry_class = "timeout"
+    retry_class = RetryClass.TIMEOUT
 
 
 class ApprovalTimeout(RatchetError):
     """No decision on the approval arrived before its deadline."""
 
-    retry_class = "timeout"
+    retry_class = RetryClass.TIMEOUT
 
 
 class ApprovalRejected(StepFailed):
     """A person rejected the approval a step needed (a tool with ``risk="critical"`` or
     ``requires_approval=True``): the step did not run."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class UnknownApproval(InvalidInput, LookupError):
@@ -238,14 +252,14 @@ class ApprovalAlreadyDecided(ApprovalNotPending):
 class ReceiptUnresolved(RatchetError):
     """A delivery's receipt was left claimed by a crash and its policy forbids a resend."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class DeliveryFailed(RatchetError):
     """A person settled this delivery's receipt as failed: it did not happen, and the step
     may not dispatch it again."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 class UnknownReceipt(InvalidInput, LookupError):
@@ -351,4 +365,4 @@ class GuardTripped(BaseException):
 class GateRejected(RatchetError):
     """A confidence gate's score was below its threshold and its path is ``fail``."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 
 class RunStatus(StrEnum):
@@ -64,9 +64,291 @@ TERMINAL_EVENTS = {
 
 GENESIS_HASH = "0" * 64
 
+
+class StepStatus(StrEnum):
+    """Where a step stands, as its events leave it (:attr:`StepState.status`)."""
+
+    PENDING = "pending"
+    STARTED = "started"
+    RETRYING = "retrying"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+    @property
+    def finished(self) -> bool:
+        """Whether the step has a journaled outcome: its output, or its failure."""
+        return self in (StepStatus.COMPLETED, StepStatus.FAILED)
+
+
+class ClaimReason(StrEnum):
+    """Why a drive took a run (:attr:`ClaimedRun.reason`, ``run_resumed``'s ``reason``)."""
+
+    CLAIM = "claim"  # it was queued, or its timer came
+    SWEEP = "sweep"  # the recovery sweep stole an expired lease
+    RECLAIM = "reclaim"  # a restarted worker took back the runs it held
+    RETRY = "retry"  # the worker took its own lease again to drive the run once more
+    SANDBOX = "sandbox"  # an isolated run's harness, driving under its host's lease
+
+
 # Why a drive took a run whose last holder never handed it back (it died, hung, or was cut
 # off): the recovery sweep stole its lease, or its restarted worker reclaimed it.
-TAKEOVERS = frozenset({"sweep", "reclaim"})
+TAKEOVERS = frozenset({ClaimReason.SWEEP, ClaimReason.RECLAIM})
+
+
+class QueueReason(StrEnum):
+    """``run_queued``'s ``reason`` after the first: why a run was queued again."""
+
+    RETRY = "retry"  # a person re-queued a dead-lettered run
+
+
+class DeadLetterReason(StrEnum):
+    """Why a run was dead-lettered (``dead_letters.reason``, ``run_failed``'s ``reason``).
+    A guard that fails a run leaves its :class:`AnomalyKind` there instead."""
+
+    WORKFLOW_ERROR = "workflow_error"
+    STEP_FAILED = "step_failed"
+    NON_DETERMINISM = "non_determinism"
+    CRASH_LOOP = "crash_loop"
+    NOT_SERIALIZABLE = "not_serializable"
+    STORE_REFUSED = "store_refused"
+    TIMEOUT = "timeout"
+    SANDBOX_UNAVAILABLE = "sandbox_unavailable"
+    SANDBOX_RESUME_EXHAUSTED = "sandbox_resume_exhausted"
+
+
+class AnomalyKind(StrEnum):
+    """What a guard journals in ``anomaly_detected`` (``kind``), and the code of the
+    :class:`~ratchet.errors.GuardTripped` it raises when its action is ``fail``."""
+
+    RUNAWAY_LOOP = "runaway_loop"
+    EXCESSIVE_STEPS = "excessive_steps"
+    RETRY_STORM = "retry_storm"
+    COST_SPIKE = "cost_spike"
+    TOKEN_SPIKE = "token_spike"
+    BUDGET_EXCEEDED = "budget_exceeded"
+
+
+class GuardAction(StrEnum):
+    """What a guard does when it trips (``anomaly_detected``'s ``action``)."""
+
+    RECORD = "record"  # journal it; the run goes on
+    PAUSE = "pause"  # park the run on an approval: a person decides whether it goes on
+    FAIL = "fail"  # fail the run, dead-lettered with the anomaly's kind
+
+
+class DeliveryStatus(StrEnum):
+    """Where a delivery's receipt stands (``side_effect_receipts.status``)."""
+
+    CLAIMED = "claimed"  # claimed before dispatch; no response stored yet
+    SETTLED = "settled"  # the response is stored: a re-drive returns it
+    FAILED = "failed"  # settled by hand as not delivered
+
+
+class SettledBy(StrEnum):
+    """Who settled a delivery's receipt (``side_effect_receipts.settled_by``)."""
+
+    WORKER = "worker"
+    HAND = "hand"  # a person, with ``ratchet receipts settle``
+
+
+class ApprovalStatus(StrEnum):
+    """Where an approval stands (``approvals.status``)."""
+
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"  # its deadline passed before anyone decided
+
+    @property
+    def decided(self) -> bool:
+        """Whether a person decided it (approved or rejected)."""
+        return self in (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED)
+
+
+class SandboxStatus(StrEnum):
+    """Where an isolated run's sandbox stands (``sandboxes.status``)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    TERMINATED = "terminated"
+
+
+class WaitKind(StrEnum):
+    """What a parked run waits for: the part of a :class:`WaitKey` before its colon."""
+
+    SIGNAL = "signal"  # a signal by name
+    CHILD = "child"  # a child run's terminal event, by its run id
+    SLEEP = "sleep"  # a durable sleep's timer, by step id
+    BACKOFF = "backoff"  # a retry's backoff timer, by step id
+    APPROVAL = "approval"  # a person's decision, by step id
+    ANY = "any"  # several of the above: whichever comes first
+
+
+@dataclass(frozen=True, slots=True)
+class WaitKey:
+    """What a parked run waits for, as ``runs.waiting_for`` stores it: ``str(key)`` is
+    ``"<kind>:<value>"`` (``signal:NAME``, ``child:RUN``, ``sleep:STEP``, ``backoff:STEP``,
+    ``approval:STEP``, or ``any:[...]`` for several). Build keys with the constructors and
+    read stored ones with :meth:`parse`, so the key a run parks on and the key that wakes
+    it cannot drift apart."""
+
+    kind: WaitKind
+    value: str
+
+    def __post_init__(self) -> None:
+        if not self.value:
+            raise ValueError(f"a {self.kind} wait key needs a value")
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.value}"
+
+    @staticmethod
+    def signal(name: str) -> WaitKey:
+        return WaitKey(WaitKind.SIGNAL, name)
+
+    @staticmethod
+    def child(run_id: str) -> WaitKey:
+        return WaitKey(WaitKind.CHILD, run_id)
+
+    @staticmethod
+    def sleep(step_id: str) -> WaitKey:
+        return WaitKey(WaitKind.SLEEP, step_id)
+
+    @staticmethod
+    def backoff(step_id: str) -> WaitKey:
+        return WaitKey(WaitKind.BACKOFF, step_id)
+
+    @staticmethod
+    def approval(step_id: str) -> WaitKey:
+        return WaitKey(WaitKind.APPROVAL, step_id)
+
+    @staticmethod
+    def any_of(keys: Iterable[WaitKey | str]) -> WaitKey:
+        """The key of a run parked on all of ``keys`` at once (woken by the first); the
+        one key itself when they are all the same."""
+        texts = sorted({str(k) for k in keys})
+        if not texts:
+            raise ValueError("a run waits for at least one key")
+        if len(texts) == 1:
+            return WaitKey.parse(texts[0])
+        for text in texts:
+            WaitKey.parse(text)  # refuse a malformed member before it is stored
+        return WaitKey(WaitKind.ANY, dumps(texts))
+
+    @property
+    def members(self) -> tuple[WaitKey, ...]:
+        """The keys an ``any`` key waits for; the key itself for any other kind."""
+        if self.kind != WaitKind.ANY:
+            return (self,)
+        return tuple(WaitKey.parse(text) for text in json.loads(self.value))
+
+    @staticmethod
+    def parse(text: str) -> WaitKey:
+        """The key ``text`` (a stored ``runs.waiting_for``) names; ValueError if it is
+        not a wait key."""
+        kind, sep, value = text.partition(":")
+        if not sep or not value:
+            raise ValueError(f"not a wait key: {text!r} (expected KIND:VALUE)")
+        try:
+            wait_kind = WaitKind(kind)
+        except ValueError:
+            known = ", ".join(k.value for k in WaitKind)
+            raise ValueError(
+                f"not a wait key: {text!r} (kind {kind!r} is none of {known})"
+            ) from None
+        if wait_kind == WaitKind.ANY:
+            try:
+                members = json.loads(value)
+            except ValueError:
+                members = None
+            if (
+                not isinstance(members, list)
+                or len(members) < 2
+                or not all(isinstance(m, str) for m in members)
+            ):
+                raise ValueError(f"not a wait key: {text!r} (any: takes a JSON list of keys)")
+            for member in members:
+                if WaitKey.parse(member).kind == WaitKind.ANY:
+                    raise ValueError(f"not a wait key: {text!r} (any: inside any:)")
+        return WaitKey(wait_kind, value)
+
+
+# The payloads the fold reads, one per event kind (the keys :func:`apply` looks at; events
+# carry more). Written by the engine, read back from the journal: every key may be absent
+# in an event an older version wrote, so reads go through ``.get``.
+
+
+class RunQueuedPayload(TypedDict, total=False):
+    guards: dict[str, Any] | None  # the run's guard overrides (the first run_queued only)
+    reason: str  # a QueueReason: why the run was queued again
+    by: str  # who retried it
+    grant: dict[str, Any]  # the limits the retry moved
+
+
+class RunDrivenPayload(TypedDict, total=False):
+    """``run_started`` and ``run_resumed``."""
+
+    worker_id: str
+    epoch: int
+    reason: str  # a ClaimReason
+    drive: int
+    trace: Any  # the drive's trace context, if it was traced
+
+
+class StepStartedPayload(TypedDict, total=False):
+    key_attempt: int  # the attempt whose key this one sends (an outcome-unknown retry)
+    child_run_id: str
+    kind: str  # "llm", "tool"
+    reserve: dict[str, Any]  # a model call's worst-case spend, held while it is in flight
+
+
+class StepCompletedPayload(TypedDict, total=False):
+    output: Any
+    llm: dict[str, Any]  # a model call's provider, model, usage and cost
+
+
+class StepFailedPayload(TypedDict, total=False):
+    """``step_failed``, and ``step_retrying`` (which adds when and how often)."""
+
+    error: str
+    error_type: str
+    outcome_unknown: bool  # the provider may have billed it: the next attempt keeps its key
+
+
+class StepWaitingPayload(TypedDict, total=False):
+    reason: str  # a WaitKind: what the step waits for
+    name: str  # a signal's, or an approval's
+    child_run_id: str
+    until: float
+    deadline: float | None
+
+
+class AnomalyPayload(TypedDict, total=False):
+    key: Required[str]  # the occurrence: a key already folded is never raised again
+    kind: str  # an AnomalyKind
+    action: str  # a GuardAction
+    limit_key: str  # the limit it tripped, when it is one a person may move
+
+
+class ApprovalDecidedPayload(TypedDict, total=False):
+    approved: bool
+    grant: dict[str, Any] | None  # the limits the approval of a guard's pause moved
+
+
+class GatePayload(TypedDict, total=False):
+    """``confidence_evaluated`` and ``confidence_gate_bypassed``."""
+
+    key: Required[str]
+
+
+class RunEndedPayload(TypedDict, total=False):
+    """``run_succeeded``, ``run_failed`` and ``run_cancelled``."""
+
+    output: Any
+    error: str | None
+    reason: str  # run_failed: a DeadLetterReason or an AnomalyKind
+
 
 # The error_type of a step its own workflow stopped waiting for (asyncio.wait_for, timeout).
 ABANDONED = "StepAbandoned"
@@ -246,7 +528,7 @@ class StepState:
     step_id: str
     ordinal: int
     name: str
-    status: str = "pending"  # pending | started | retrying | waiting | completed | failed
+    status: StepStatus = StepStatus.PENDING
     attempt: int = 0  # the latest attempt journaled
     attempt_base: int = 0  # attempts before the latest manual retry; not charged again
     output: Any = None
@@ -379,17 +661,17 @@ def apply(state: RunState, ev: Event) -> None:
             state.steps[ev.step_id] = step
             state.by_ordinal[ordinal] = step
         if kind == EventKind.STEP_STARTED:
-            step.status = "started"
+            started = cast(StepStartedPayload, ev.payload)
+            step.status = StepStatus.STARTED
             attempt = ev.attempt or step.attempt + 1
             if attempt != step.attempt:
                 step.interrupted = 0
             step.attempt = attempt
-            payload = ev.payload
-            step.key_attempt = payload.get("key_attempt") or attempt
+            step.key_attempt = started.get("key_attempt") or attempt
             step.same_key = False
-            step.child_run_id = payload.get("child_run_id", step.child_run_id)
-            step.kind = payload.get("kind", step.kind)
-            reserve = payload.get("reserve")
+            step.child_run_id = started.get("child_run_id", step.child_run_id)
+            step.kind = started.get("kind", step.kind)
+            reserve = started.get("reserve")
             if reserve is not None:
                 state.reserved[ev.step_id] = reserve
             step.started_at = ev.at
@@ -397,9 +679,10 @@ def apply(state: RunState, ev: Event) -> None:
                 step.first_started_at = ev.at
             step.error = None
         elif kind == EventKind.STEP_COMPLETED:
-            step.status = "completed"
-            step.output = ev.payload.get("output")
-            meta = ev.payload.get("llm")
+            completed = cast(StepCompletedPayload, ev.payload)
+            step.status = StepStatus.COMPLETED
+            step.output = completed.get("output")
+            meta = completed.get("llm")
             if meta:
                 step.llm = meta
                 state.llm.add(meta)
@@ -409,20 +692,22 @@ def apply(state: RunState, ev: Event) -> None:
             if state.reserved:
                 state.reserved.pop(ev.step_id, None)
         elif kind == EventKind.STEP_FAILED:
-            step.status = "failed"
-            step.error = ev.payload.get("error")
-            step.error_type = ev.payload.get("error_type")
+            failed = cast(StepFailedPayload, ev.payload)
+            step.status = StepStatus.FAILED
+            step.error = failed.get("error")
+            step.error_type = failed.get("error_type")
             step.finished_at = ev.at
             step.finished_seq = ev.seq
-            _settle(state, step, ev.payload)
+            _settle(state, step, failed)
         elif kind == EventKind.STEP_RETRYING:
+            retrying = cast(StepFailedPayload, ev.payload)
             state.retried_at.append(ev.at)
-            step.status = "retrying"
-            step.error = ev.payload.get("error")
+            step.status = StepStatus.RETRYING
+            step.error = retrying.get("error")
             step.waiting = ev.payload
-            _settle(state, step, ev.payload)
+            _settle(state, step, retrying)
         elif kind == EventKind.STEP_WAITING:
-            step.status = "waiting"
+            step.status = StepStatus.WAITING
             step.waiting = ev.payload
             if ev.attempt is not None:  # an approval asked again after a retry of the run
                 step.attempt = ev.attempt
@@ -430,21 +715,22 @@ def apply(state: RunState, ev: Event) -> None:
                 step.first_started_at = ev.at
         return
     if kind == EventKind.RUN_QUEUED:
+        queued = cast(RunQueuedPayload, ev.payload)
         state.status = RunStatus.QUEUED
         if ev.seq == 1:
-            state.guards = ev.payload.get("guards")
-        if ev.payload.get("reason") == "retry":
+            state.guards = queued.get("guards")
+        if queued.get("reason") == QueueReason.RETRY:
             # A retried run keeps its limits: what tripped trips again, unless the retry
             # granted more (journaled with who retried it).
             state.limit_epoch += 1
-            state.grants.update(ev.payload.get("grant") or {})
+            state.grants.update(queued.get("grant") or {})
             # A dead-lettered run was re-queued: its failed steps get a fresh budget of
             # attempts, numbered on from the last one so their keys stay distinct.
             # A step its workflow abandoned (a timeout around it) stays as it was: the
             # workflow took another path then, and takes it again on replay.
             for step in state.steps.values():
-                if step.status == "failed" and step.error_type != ABANDONED:
-                    step.status = "pending"
+                if step.status == StepStatus.FAILED and step.error_type != ABANDONED:
+                    step.status = StepStatus.PENDING
                     step.attempt_base = step.attempt
                     step.waiting = None
             state.error = None
@@ -453,37 +739,41 @@ def apply(state: RunState, ev: Event) -> None:
         state.started = True
         state.started_at = ev.at
         state.drives += 1
-        state.trace = ev.payload.get("trace")
+        state.trace = cast(RunDrivenPayload, ev.payload).get("trace")
     elif kind == EventKind.RUN_RESUMED:
+        resumed = cast(RunDrivenPayload, ev.payload)
         state.status = RunStatus.RUNNING
         state.drives += 1
-        state.trace = ev.payload.get("trace")
-        if ev.payload.get("reason") in TAKEOVERS:
+        state.trace = resumed.get("trace")
+        if resumed.get("reason") in TAKEOVERS:
             for step in state.steps.values():
-                if step.status == "started":
+                if step.status == StepStatus.STARTED:
                     step.interrupted += 1
     elif kind == EventKind.ANOMALY_DETECTED:
-        state.anomalies.add(ev.payload["key"])
-        if ev.payload.get("action") == "pause" and ev.step_id is not None:
+        anomaly = cast(AnomalyPayload, ev.payload)
+        state.anomalies.add(anomaly["key"])
+        if anomaly.get("action") == GuardAction.PAUSE and ev.step_id is not None:
             state.paused_at.setdefault(ev.step_id, []).append(ev.payload)
-        limit = ev.payload.get("limit_key")
+        limit = anomaly.get("limit_key")
         if limit is not None:
             count, _ = state.limit_trips.get(limit, (0, 0))
             state.limit_trips[limit] = (count + 1, state.limit_epoch)
     elif kind == EventKind.APPROVAL_DECIDED:
-        grant = ev.payload.get("grant")
-        if grant is not None and ev.payload.get("approved"):
+        decided = cast(ApprovalDecidedPayload, ev.payload)
+        grant = decided.get("grant")
+        if grant is not None and decided.get("approved"):
             state.limit_epoch += 1
             state.grants.update(grant)
     elif kind in (EventKind.CONFIDENCE_EVALUATED, EventKind.CONFIDENCE_GATE_BYPASSED):
-        state.gates[ev.payload["key"]] = ev.payload
+        state.gates[cast(GatePayload, ev.payload)["key"]] = ev.payload
     elif kind in TERMINAL_EVENTS:
+        ended = cast(RunEndedPayload, ev.payload)
         state.status = TERMINAL_EVENTS[EventKind(kind)]
-        state.output = ev.payload.get("output")
-        state.error = ev.payload.get("error")
+        state.output = ended.get("output")
+        state.error = ended.get("error")
 
 
-def _settle(state: RunState, step: StepState, payload: dict[str, Any]) -> None:
+def _settle(state: RunState, step: StepState, payload: StepFailedPayload) -> None:
     """An attempt failed: its reservation ends, unless its outcome is unknown (the provider
     may have billed it; the next attempt sends the same key)."""
     step.same_key = bool(payload.get("outcome_unknown"))
@@ -565,17 +855,18 @@ class ClaimedRun:
 
     record: RunRecord
     lease: Lease
-    reason: str  # claim | sweep | reclaim | retry
+    reason: str  # a ClaimReason
 
 
 @dataclass(frozen=True, slots=True)
-class Receipt:
-    """A row of ``side_effect_receipts``."""
+class DeliveryReceipt:
+    """A delivery's receipt: a row of ``side_effect_receipts`` (not a run's signed receipt,
+    for which see :mod:`ratchet.receipts`)."""
 
     idempotency_key: str
     run_id: str
     step_id: str
-    status: str  # claimed | settled | failed (settled by hand as not delivered)
+    status: DeliveryStatus
     response: Any
     claimed_at: float
     settled_at: float | None
@@ -583,7 +874,7 @@ class Receipt:
     # (run_id, step_id, delivery) is the receipt's identity; the key is the one sent out.
     delivery: str = "#1"
     attempt: int | None = None  # the attempt that first claimed it, whose key it carries
-    settled_by: str | None = None  # "worker", or "hand" (ratchet receipts settle)
+    settled_by: SettledBy | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -592,7 +883,7 @@ class Receipt:
             "step_id": self.step_id,
             "delivery": self.delivery,
             "attempt": self.attempt,
-            "status": self.status,
+            "status": str(self.status),
             "response": self.response,
             "settled_by": self.settled_by,
             "claimed_at": self.claimed_at,
@@ -658,7 +949,7 @@ class Approval:
     root_run_id: str  # the top-level run: the run itself, or its parent's parent's ...
     asked_at: float
     deadline: float | None
-    status: str
+    status: ApprovalStatus
     decided_by: str | None = None
     comment: str | None = None
     decided_at: float | None = None
@@ -668,11 +959,11 @@ class Approval:
 
     @property
     def decision(self) -> Decision | None:
-        if self.status not in ("approved", "rejected"):
+        if not self.status.decided:
             return None
         assert self.decided_by is not None and self.decided_at is not None
         return Decision(
-            self.status == "approved",
+            self.status == ApprovalStatus.APPROVED,
             self.decided_by,
             self.comment,
             datetime.fromtimestamp(self.decided_at, UTC),
@@ -689,10 +980,14 @@ class Approval:
             "parent_run_id": self.parent_run_id,
             "asked_at": self.asked_at,
             "deadline": self.deadline,
-            "status": self.status,
+            "status": str(self.status),
             "decided_by": self.decided_by,
             "comment": self.comment,
             "decided_at": self.decided_at,
             "note": self.note,
             "grant": self.grant,
         }
+
+
+# The old name of DeliveryReceipt, for store/base.py until it imports the new one.
+Receipt = DeliveryReceipt

@@ -19,6 +19,7 @@ from ratchet.api.errors import ApiError
 from ratchet.app import Ratchet
 from ratchet.engine.guards import DEFAULT, Guards
 from ratchet.errors import InvalidInput
+from ratchet.model import GuardAction
 from ratchet.store import Store
 from ratchet.store.tokens import Token
 
@@ -37,7 +38,7 @@ _LOWER_IS_TIGHTER = (
     "pause_timeout_s",
     "timeout_s",
 )
-_SEVERITY = {"record": 0, "pause": 1, "fail": 2}
+_SEVERITY: dict[str, int] = {GuardAction.RECORD: 0, GuardAction.PAUSE: 1, GuardAction.FAIL: 2}
 
 
 def loosened(base: Guards, overrides: Mapping[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ from ratchet.engine.context import StepInfo, current_run, current_step
 from ratchet.engine.definitions import to_json
 from ratchet.engine.faults import crash_point
 from ratchet.errors import DeliveryFailed, InvalidInput, RatchetError, ReceiptUnresolved
-from ratchet.model import Receipt
+from ratchet.model import DeliveryReceipt, DeliveryStatus
 
 if TYPE_CHECKING:
     from ratchet.engine.drive import Drive
@@ -69,7 +69,7 @@ def _prepare(policy: str, name: str | None) -> tuple[Drive, StepInfo, str, str]:
     return ctx, info, delivery, delivery_key(info.idempotency_key, delivery)
 
 
-def _unresolved(r: Receipt) -> ReceiptUnresolved:
+def _unresolved(r: DeliveryReceipt) -> ReceiptUnresolved:
     return ReceiptUnresolved(
         f"receipt {r.idempotency_key} (run {r.run_id}, step {r.step_id}, delivery "
         f"{r.delivery}) was claimed and never settled: the delivery may or may not have "
@@ -79,20 +79,20 @@ def _unresolved(r: Receipt) -> ReceiptUnresolved:
     )
 
 
-def _failed(r: Receipt) -> DeliveryFailed:
+def _failed(r: DeliveryReceipt) -> DeliveryFailed:
     return DeliveryFailed(
         f"delivery {r.delivery} of step {r.step_id} (receipt {r.idempotency_key}) was "
         "settled by hand as failed: it did not happen, and it is not dispatched again"
     )
 
 
-def _resend(existing: Receipt | None, policy: str) -> bool:
+def _resend(existing: DeliveryReceipt | None, policy: str) -> bool:
     """What a receipt found at claim time means: True to dispatch again under its key,
     False when there is none (a fresh claim: dispatch); raises when the delivery must not
     be dispatched. A settled receipt is handled by the caller."""
     if existing is None:
         return False
-    if existing.status == "failed":
+    if existing.status == DeliveryStatus.FAILED:
         raise _failed(existing)
     if policy == "at_most_once":
         raise _unresolved(existing)
@@ -109,7 +109,7 @@ async def deliver(
     ctx, info, delivery, key = _prepare(policy, name)
     existing = await ctx.claim_receipt(key, info.step_id, delivery=delivery, attempt=info.attempt)
     if existing is not None:
-        if existing.status == "settled":
+        if existing.status == DeliveryStatus.SETTLED:
             return existing.response
         key = existing.idempotency_key
     if _resend(existing, policy):
@@ -148,7 +148,7 @@ def deliver_sync(
         ctx.claim_receipt(key, info.step_id, delivery=delivery, attempt=info.attempt)
     )
     if existing is not None:
-        if existing.status == "settled":
+        if existing.status == DeliveryStatus.SETTLED:
             return existing.response
         key = existing.idempotency_key
     if _resend(existing, policy):

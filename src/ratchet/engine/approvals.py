@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.definitions import StepDef, check_name, to_json
 from ratchet.errors import ApprovalRejected, InvalidInput
-from ratchet.model import Decision, EventKind
+from ratchet.model import Decision, EventKind, StepStatus
 
 if TYPE_CHECKING:
     from ratchet.engine.drive import Drive
@@ -82,7 +82,7 @@ def approve_then_call(
     async def go() -> Any:
         decision = await ctx.await_approval(ask_id, ask, name, data, None)
         if not decision.approved:
-            if step is not None and step.status == "failed":
+            if step is not None and step.status == StepStatus.FAILED:
                 raise ctx.replayed_failure(step)
             comment = f": {decision.comment}" if decision.comment else ""
             error = (

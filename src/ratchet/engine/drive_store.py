@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from ratchet.errors import DriveAborted, DriveRefused, StorageError, StoreConflict, ValueRefused
-from ratchet.model import Approval, Event, Lease, NewRun, Receipt, RunRecord, RunStatus
+from ratchet.model import Approval, DeliveryReceipt, Event, Lease, NewRun, RunRecord, RunStatus
 from ratchet.store.base import Store
 
 T = TypeVar("T")
@@ -137,7 +137,7 @@ class DriveStore:
 
     async def claim_receipt(
         self, lease: Lease, key: str, step_id: str, *, delivery: str, attempt: int
-    ) -> Receipt | None:
+    ) -> DeliveryReceipt | None:
         return await self._guard(
             self.raw.claim_receipt(lease, key, step_id, delivery=delivery, attempt=attempt)
         )

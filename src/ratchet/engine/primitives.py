@@ -21,8 +21,7 @@ from ratchet.errors import (
     RatchetError,
     SignalTimeout,
 )
-from ratchet.model import Decision, EventKind, NewRun, RunStatus, StepState
-from ratchet.store.approvals import waiting_for
+from ratchet.model import Decision, EventKind, NewRun, RunStatus, StepState, WaitKey
 
 
 def child_run_id(parent_run_id: str, ordinal: int, attempt: int) -> str:
@@ -244,7 +243,7 @@ class Primitives(Steps):
                 # first (and is taken) or is refused: never both a decision and a timeout.
                 await self.store.expire_approval(self.lease, step_id, attempt)
                 continue
-            await self.waits.wait(waiting_for(step_id), deadline, now)
+            await self.waits.wait(str(WaitKey.approval(step_id)), deadline, now)
 
     def _check_child(self, parent: str | None, child_id: str, step_id: str) -> None:
         if parent != self.run_id:

@@ -6,9 +6,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ratchet.errors import InvalidRetryPolicy
+from ratchet.errors import InvalidRetryPolicy, RetryClass
 
-RETRY_CLASSES = frozenset({"any", "timeout", "llm", "connector", "tool"})
+# What a policy may name: an error may also be of class never, which no policy retries.
+RETRY_CLASSES = frozenset(RetryClass) - {RetryClass.NEVER}
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +80,10 @@ class Retry:
         )
 
     def retryable(self, error: BaseException) -> bool:
-        cls = getattr(error, "retry_class", "any")
-        if cls == "never":
+        cls = getattr(error, "retry_class", RetryClass.ANY)
+        if cls == RetryClass.NEVER:
             return False
-        return "any" in self.retry_on or cls in self.retry_on
+        return RetryClass.ANY in self.retry_on or cls in self.retry_on
 
     def delay_s(self, failed_attempt: int) -> float:
         """Seconds to wait after the ``failed_attempt``-th attempt (1-based) failed."""

@@ -38,7 +38,7 @@ from ratchet.engine.faults import crash_point
 from ratchet.engine.gcpace import GcPacer
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
-from ratchet.model import ClaimedRun, RunRecord
+from ratchet.model import ClaimedRun, ClaimReason, RunRecord
 from ratchet.receipts import Signer
 from ratchet.store.base import CANCEL, READY, Store
 
@@ -399,7 +399,7 @@ class Worker:
             return None  # the lease expires and the sweep takes the run
         if lease is None:
             return None
-        retaken = ClaimedRun(claimed.record, lease, "retry")
+        retaken = ClaimedRun(claimed.record, lease, ClaimReason.RETRY)
         active.claimed, active.deadline = retaken, sent_at + self.lease_ttl
         return retaken
 

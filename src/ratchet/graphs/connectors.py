@@ -23,13 +23,13 @@ from urllib.parse import urlsplit
 import httpx
 
 from ratchet.effects.deliver import deliver
-from ratchet.errors import ConnectorError, RatchetError
+from ratchet.errors import ConnectorError, RatchetError, RetryClass
 
 
 class RequestRefused(RatchetError):
     """The receiver answered 4xx (other than 429): sending again will not help."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 async def send(request: dict[str, Any]) -> Any:

@@ -31,11 +31,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.context import require_run
-from ratchet.errors import RatchetError
+from ratchet.errors import RatchetError, RetryClass
 from ratchet.graphs import fast_forward, templates
 from ratchet.graphs.fast_forward import Route
 from ratchet.graphs.nodes import Ready, run_node, single_step
 from ratchet.graphs.validate import Graph, Node
+from ratchet.model import AnomalyKind, GuardAction
 
 if TYPE_CHECKING:
     from ratchet.app import Ratchet
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 class GraphFailed(RatchetError):
     """A graph could not go on: a loop ran past its max_iterations, a template failed."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 @dataclass(slots=True)
@@ -199,11 +200,11 @@ class Interpreter:
             if index >= d.max_iterations:
                 # A loop that never converged: journaled as a runaway loop, and the run
                 # fails as it always did (or as the guard's fail says).
-                action = (
-                    "fail" if self.ctx.guards.g.action("runaway_loop") == "fail" else ("record")
-                )
+                runaway = AnomalyKind.RUNAWAY_LOOP
+                fail = self.ctx.guards.g.action(runaway) == GuardAction.FAIL
+                action = GuardAction.FAIL if fail else GuardAction.RECORD
                 await self.ctx.guards.trip(
-                    "runaway_loop",
+                    runaway,
                     f"runaway_loop:{prefix}{node.id}",
                     None,
                     {"loop": prefix + node.id, "max_iterations": d.max_iterations},

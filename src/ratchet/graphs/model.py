@@ -136,8 +136,6 @@ DATA_MODELS: dict[str, type[_Data]] = {
     "output": OutputData,
 }
 NODE_TYPES = tuple(DATA_MODELS)
-# Node types whose execution is a journaled step (a side effect); the rest are pure.
-SIDE_EFFECTING = frozenset({"ai-step", "tool", "connector", "subagent", "approval"})
 
 
 SANDBOX_HELP = (

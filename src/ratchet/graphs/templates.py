@@ -20,7 +20,7 @@ from typing import Any
 from jinja2 import StrictUndefined, TemplateSyntaxError, nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ratchet.errors import RatchetError
+from ratchet.errors import RatchetError, RetryClass
 
 
 class _Environment(ImmutableSandboxedEnvironment):
@@ -45,7 +45,7 @@ _WHOLE = re.compile(r"^\s*\{\{(?P<expr>.*?)\}\}\s*$", re.DOTALL)
 class TemplateError(RatchetError):
     """A template or expression could not be parsed or evaluated."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 def is_template(value: Any) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ratchet.errors import InvalidInput, RatchetError, StepFailed
+from ratchet.errors import InvalidInput, RatchetError, RetryClass, StepFailed
 from ratchet.extras import require
 from ratchet.llm.tools import ToolDef, tool_of
 from ratchet.llm.wrap import DurableClient, wrap
@@ -24,7 +24,7 @@ from ratchet.llm.wrap import DurableClient, wrap
 class AgentMaxTurns(RatchetError):
     """The agent reached its max_turns without a final answer."""
 
-    retry_class = "never"
+    retry_class = RetryClass.NEVER
 
 
 @dataclass(slots=True)

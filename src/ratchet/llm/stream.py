@@ -33,6 +33,7 @@ from ratchet.llm.endpoints import CHAT, Endpoint
 from ratchet.llm.prices import Usage
 from ratchet.llm.sdk_errors import as_llm_error
 from ratchet.llm.worst_case import CHARS_PER_TOKEN, worst_case
+from ratchet.model import StepStatus
 
 if TYPE_CHECKING:
     from ratchet.engine.definitions import StepDef
@@ -173,7 +174,7 @@ class _Live:
             )
         )
         self._task.add_done_callback(self._done)
-        if self.journaled is None or self.journaled.status != "completed":
+        if self.journaled is None or self.journaled.status != StepStatus.COMPLETED:
             self.ctx.hold(self)
 
     def _done(self, _: object) -> None:

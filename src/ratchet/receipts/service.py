@@ -15,7 +15,7 @@ from ratchet.model import GENESIS_HASH, Event, RunRecord, fold
 from ratchet.receipts.envelope import sign
 from ratchet.receipts.keys import Signer
 from ratchet.store import Store, retention
-from ratchet.store.retention import StoredReceipt
+from ratchet.store.retention import StoredRunReceipt
 
 
 def check_chain(run_id: str, events: list[Event]) -> None:
@@ -30,7 +30,7 @@ def check_chain(run_id: str, events: list[Event]) -> None:
         prev = ev.hash
 
 
-async def sign_from_journal(store: Store, signer: Signer, rec: RunRecord) -> StoredReceipt:
+async def sign_from_journal(store: Store, signer: Signer, rec: RunRecord) -> StoredRunReceipt:
     """Sign the run's receipt from its stored journal and store it."""
     events = await store.load_events(rec.run_id)
     check_chain(rec.run_id, events)
@@ -44,7 +44,7 @@ async def sign_from_journal(store: Store, signer: Signer, rec: RunRecord) -> Sto
     return await retention.put_receipt(store, rec.run_id, state.last_seq, signer.key_id, envelope)
 
 
-async def ensure_receipt(store: Store, signer: Signer, run_id: str) -> StoredReceipt:
+async def ensure_receipt(store: Store, signer: Signer, run_id: str) -> StoredRunReceipt:
     """The run's receipt over its whole journal, signed now with ``signer`` if missing or
     older than the journal."""
     rec = await store.get_run(run_id)

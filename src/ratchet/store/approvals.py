@@ -24,7 +24,7 @@ from ratchet.errors import (
     StoreConflict,
     UnknownApproval,
 )
-from ratchet.model import Approval, Event, Lease, dumps
+from ratchet.model import AnomalyKind, Approval, ApprovalStatus, Event, Lease, WaitKey, dumps
 from ratchet.store.bus import READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.journal import insert_events
@@ -47,7 +47,7 @@ def approval_from_row(row: Any) -> Approval:
         root_run_id=row["root_run_id"],
         asked_at=row["asked_at"],
         deadline=row["deadline"],
-        status=row["status"],
+        status=ApprovalStatus(row["status"]),
         decided_by=row["decided_by"],
         comment=row["comment"],
         decided_at=row["decided_at"],
@@ -55,11 +55,6 @@ def approval_from_row(row: Any) -> Approval:
         note=row["note"],
         grant=json.loads(row["granted"]) if row["granted"] is not None else None,
     )
-
-
-def waiting_for(step_id: str) -> str:
-    """What a run parked on this approval waits for (``runs.waiting_for``)."""
-    return f"approval:{step_id}"
 
 
 def _root(tx: Tx, run_id: str) -> str:
@@ -126,7 +121,7 @@ def find(tx: Tx, run_id: str, step: str) -> Approval:
     rows = [
         approval_from_row(r) for r in tx.all("approvals_named", {"run_id": run_id, "name": step})
     ]
-    pending = [a for a in rows if a.status == "pending"]
+    pending = [a for a in rows if a.status == ApprovalStatus.PENDING]
     if len(pending) == 1:
         return pending[0]
     if len(rows) == 1:
@@ -163,7 +158,7 @@ def granting(
         return None
     if grant is not None:
         return grant
-    if anomaly.get("kind") == "excessive_steps":
+    if anomaly.get("kind") == AnomalyKind.EXCESSIVE_STEPS:
         return {"max_steps": None}
     field = anomaly.get("limit_field")
     needed = anomaly.get("needed", anomaly.get("used"))
@@ -177,7 +172,7 @@ def _when(at: float | None) -> str:
 def not_pending(found: Approval) -> ApprovalNotPending:
     """The error for a decision on an approval that is no longer pending."""
     where = f"approval {found.name!r} (run {found.run_id}, step {found.step_id})"
-    if found.status in ("approved", "rejected"):
+    if found.status.decided:
         comment = f" with comment {found.comment!r}" if found.comment else ""
         return ApprovalAlreadyDecided(
             f"{where} was already {found.status} by {found.decided_by} at "
@@ -203,7 +198,7 @@ def decide(
     ``Store.decide_approval``)."""
     rec = locked_run(tx, run_id)
     found = find(tx, run_id, step)
-    if found.status != "pending":
+    if found.status != ApprovalStatus.PENDING:
         raise not_pending(found)
     if rec.status.terminal:
         raise ApprovalNotPending(
@@ -216,7 +211,7 @@ def decide(
         "run_id": run_id,
         "step_id": found.step_id,
         "attempt": found.attempt,
-        "status": "approved" if approved else "rejected",
+        "status": str(ApprovalStatus.APPROVED if approved else ApprovalStatus.REJECTED),
         "by": by,
         "comment": comment,
         "note": note,
@@ -226,12 +221,12 @@ def decide(
         # Deciders hold the run's row, but the lease holder claims a passed deadline
         # without it: the guarded update lost to that expiry.
         now = get(tx, run_id, found.step_id)
-        if now is None or now.status == "pending":
+        if now is None or now.status == ApprovalStatus.PENDING:
             raise StoreConflict(
                 f"run {run_id}: approval {found.step_id} changed while being decided"
             )
         raise not_pending(now)
-    if tx.run("run_wake", {"run_id": run_id, "waiting_for": waiting_for(found.step_id)}):
+    if tx.run("run_wake", {"run_id": run_id, "waiting_for": str(WaitKey.approval(found.step_id))}):
         d._announce(tx, READY)
     decided = get(tx, run_id, found.step_id)
     assert decided is not None

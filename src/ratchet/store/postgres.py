@@ -30,6 +30,7 @@ from ratchet.errors import LeaseLost, StorageError, StoreConflict, ValueRefused
 from ratchet.model import (
     GENESIS_HASH,
     ClaimedRun,
+    ClaimReason,
     Event,
     EventKind,
     Lease,
@@ -376,7 +377,7 @@ class PostgresStore(Store):
 
         rows = await self._loop_run(statement)
         return [
-            ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), "claim")
+            ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), ClaimReason.CLAIM)
             for row in rows
             for rec in (record_from_row(row),)
         ]

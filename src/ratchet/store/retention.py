@@ -19,7 +19,7 @@ from ratchet.store.transaction import Tx
 
 
 @dataclass(frozen=True, slots=True)
-class StoredReceipt:
+class StoredRunReceipt:
     """A row of ``run_receipts``: the signed envelope over the journal up to ``seq``."""
 
     run_id: str
@@ -59,8 +59,8 @@ def put_receipt_in(tx: Tx, params: dict[str, Any]) -> None:
 
 async def put_receipt(
     store: Dialect, run_id: str, seq: int, key_id: str, envelope: dict[str, Any]
-) -> StoredReceipt:
-    """Store a receipt (unless a newer one is there) and return the one stored."""
+) -> StoredRunReceipt:
+    """Store a run receipt (unless a newer one is there) and return the one stored."""
     params = receipt_params(run_id, seq, key_id, envelope)
 
     def body(tx: Tx) -> Any:
@@ -70,13 +70,13 @@ async def put_receipt(
     return _receipt(await store._run(body))
 
 
-async def get_receipt(store: Dialect, run_id: str) -> StoredReceipt | None:
+async def get_receipt(store: Dialect, run_id: str) -> StoredRunReceipt | None:
     row = await store._read(lambda tx: tx.one("run_receipt_get", {"run_id": run_id}))
     return _receipt(row) if row else None
 
 
-def _receipt(row: Any) -> StoredReceipt:
-    return StoredReceipt(
+def _receipt(row: Any) -> StoredRunReceipt:
+    return StoredRunReceipt(
         row["run_id"],
         int(row["seq"]),
         row["key_id"],

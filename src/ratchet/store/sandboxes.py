@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ratchet.model import Lease
+from ratchet.model import Lease, SandboxStatus
 from ratchet.store.dialect import Dialect
 from ratchet.store.leases import check_lease
 from ratchet.store.transaction import Tx
@@ -36,7 +36,7 @@ class SandboxRecord:
     sandbox_id: str
     run_id: str
     attempt: int
-    status: str  # starting | running | terminated
+    status: SandboxStatus
     backend: str
     worker_id: str
     epoch: int
@@ -48,7 +48,7 @@ class SandboxRecord:
     end_reason: str | None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "status": str(self.status)}
 
 
 def record(row: Any) -> SandboxRecord:
@@ -57,7 +57,7 @@ def record(row: Any) -> SandboxRecord:
         sandbox_id=row["sandbox_id"],
         run_id=row["run_id"],
         attempt=int(row["attempt"]),
-        status=row["status"],
+        status=SandboxStatus(row["status"]),
         backend=row["backend"],
         worker_id=row["worker_id"],
         epoch=int(row["epoch"]),

@@ -18,14 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.errors import InvalidInput
+from ratchet.model import AnomalyKind, GuardAction
 
 # The anomalies a guard journals (``anomaly_detected {kind, ...}``), and the budget kind.
-ANOMALIES = ("runaway_loop", "excessive_steps", "retry_storm", "cost_spike", "token_spike")
-BUDGET = "budget_exceeded"
-ACTIONS = ("record", "pause", "fail")
+BUDGET = AnomalyKind.BUDGET_EXCEEDED
+ANOMALIES = tuple(k for k in AnomalyKind if k != BUDGET)
+ACTIONS = tuple(GuardAction)
 # A run past its step limit is failed: such a run is a loop nobody will stop otherwise.
 # Everything else is journaled and the run goes on, unless a workflow says otherwise.
-DEFAULT_ACTIONS: Mapping[str, str] = {"excessive_steps": "fail", BUDGET: "fail"}
+DEFAULT_ACTIONS: Mapping[str, str] = {
+    AnomalyKind.EXCESSIVE_STEPS: GuardAction.FAIL,
+    BUDGET: GuardAction.FAIL,
+}
 
 _INTS = (
     "runaway_repeats",
@@ -121,7 +125,7 @@ class Guards:
 
     def action(self, kind: str) -> str:
         """What ``kind`` does when it trips."""
-        return self.actions.get(kind) or DEFAULT_ACTIONS.get(kind, "record")
+        return self.actions.get(kind) or DEFAULT_ACTIONS.get(kind, GuardAction.RECORD)
 
     def override(self, changes: Mapping[str, Any] | None) -> Guards:
         """These guards with ``changes`` (the JSON form, validated) applied; actions merge."""

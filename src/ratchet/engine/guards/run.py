@@ -56,7 +56,7 @@ from ratchet.engine.guards.evidence import HISTORIES, History, call_text, descri
 from ratchet.engine.guards.policy import BUDGET, BUDGET_FIELDS, DEFAULT, Guards
 from ratchet.engine.stats import STATS
 from ratchet.errors import ApprovalTimeout, GuardTripped
-from ratchet.model import Decision, EventKind
+from ratchet.model import AnomalyKind, Decision, EventKind, GuardAction
 
 if TYPE_CHECKING:
     from ratchet.engine.drive_store import DriveStore
@@ -137,7 +137,7 @@ class RunGuards:
         found = []
         if g.timeout_s is not None:
             found.append((started + g.timeout_s, "timeout_s"))
-        if g.budget_wall_s is not None and g.action(BUDGET) == "fail":
+        if g.budget_wall_s is not None and g.action(BUDGET) == GuardAction.FAIL:
             found.append((started + g.budget_wall_s, "budget_wall_s"))
         return min(found) if found else None
 
@@ -166,7 +166,7 @@ class RunGuards:
                     "limit": limit,
                     "limit_field": field,
                 },
-                "fail",
+                GuardAction.FAIL,
             )
         return (
             f"RunTimeout: run {self.ctx.run_id} passed its deadline ({field} "
@@ -189,7 +189,7 @@ class RunGuards:
             return
         action = action or self.g.action(kind)
         payload = {"kind": kind, "key": key, "action": action, **evidence}
-        if action == "pause":
+        if action == GuardAction.PAUSE:
             # The approval that asks is named in the anomaly: branches of a gather may trip
             # in any order, and a replay must hand each decision back to its own anomaly.
             payload["approval_step_id"], _ = ctx.next_step(
@@ -213,7 +213,7 @@ class RunGuards:
         ``record`` or ``fail`` journaled it already since the last grant or retry."""
         state = self.ctx.state
         count, epoch = state.limit_trips.get(limit, (0, -1))
-        if action != "pause" and count and epoch == state.limit_epoch:
+        if action != GuardAction.PAUSE and count and epoch == state.limit_epoch:
             return None
         n = count + 1
         key = limit if n == 1 else f"{limit}@{n}"
@@ -221,7 +221,7 @@ class RunGuards:
             n += 1
             key = f"{limit}@{n}"
         payload = {"kind": kind, "key": key, "action": action, **evidence, "limit_key": limit}
-        if action == "pause":
+        if action == GuardAction.PAUSE:
             payload["approval_step_id"], _ = self.ctx.next_step(
                 approvals.STEP_PREFIX + PAUSE_PREFIX + kind
             )
@@ -242,19 +242,19 @@ class RunGuards:
         action = self.g.action(kind)
         payload = self._journal_limit(kind, limit, step_id, evidence, action)
         if payload is None:
-            if action == "fail":  # stopped already; every call over it is stopped too
+            if action == GuardAction.FAIL:  # stopped already; every call over it is stopped too
                 what = describe({"kind": kind, **evidence})
                 raise GuardTripped(kind, f"guard {kind}: {what}")
             return False
         await self._act(payload, fresh=True)
-        return action == "pause"
+        return action == GuardAction.PAUSE
 
     async def _act(self, payload: dict[str, Any], fresh: bool) -> None:
         kind, action = payload["kind"], payload["action"]
         what = describe(payload)
-        if action == "fail":
+        if action == GuardAction.FAIL:
             raise GuardTripped(kind, f"guard {kind}: {what}")
-        if action == "pause":
+        if action == GuardAction.PAUSE:
             try:
                 decision = await self._ask(payload, fresh)
             except ApprovalTimeout as e:  # past pause_timeout_s: the fallback is fail
@@ -306,7 +306,10 @@ class RunGuards:
         count = len(state.steps) + (step_id not in state.steps)
         while (limit := self.g.max_steps) is not None and count > limit:
             if not await self._limit(
-                "excessive_steps", "excessive_steps", step_id, {"steps": count, "max_steps": limit}
+                AnomalyKind.EXCESSIVE_STEPS,
+                "excessive_steps",
+                step_id,
+                {"steps": count, "max_steps": limit},
             ):
                 break
         while (limit := self.g.budget_steps) is not None and count > limit:
@@ -316,7 +319,7 @@ class RunGuards:
         while (
             (wall := self.g.budget_wall_s) is not None
             and state.started_at is not None
-            and self.g.action(BUDGET) != "fail"
+            and self.g.action(BUDGET) != GuardAction.FAIL
         ):
             elapsed = round(time.time() - state.started_at, 3)
             if elapsed <= wall or not await self._over("wall_s", step_id, elapsed, wall, elapsed):
@@ -478,7 +481,7 @@ class RunGuards:
         if fresh and limit is not None and self._streak == limit:
             digest = hashlib.sha256(called.encode()).hexdigest()[:16]
             await self.trip(
-                "runaway_loop",
+                AnomalyKind.RUNAWAY_LOOP,
                 f"runaway_loop:{self._streak_from}",
                 step_id,
                 {
@@ -500,7 +503,7 @@ class RunGuards:
             median = statistics.median(samples)
             if median > 0 and tokens > g.spike_factor * median:
                 await self.trip(
-                    "token_spike",
+                    AnomalyKind.TOKEN_SPIKE,
                     f"token_spike:{step_id}",
                     step_id,
                     {
@@ -515,7 +518,7 @@ class RunGuards:
             cost = self.ctx.state.llm.cost_usd
             if median > 0 and cost > g.spike_factor * median:
                 await self.trip(
-                    "cost_spike",
+                    AnomalyKind.COST_SPIKE,
                     "cost_spike",
                     step_id,
                     {
@@ -564,7 +567,7 @@ class RunGuards:
             recent = sum(1 for at in ctx.state.retried_at if at >= since)
             if recent > g.retry_storm_run:
                 await self.trip(
-                    "retry_storm",
+                    AnomalyKind.RETRY_STORM,
                     "retry_storm:run",
                     step_id,
                     {
@@ -581,7 +584,7 @@ class RunGuards:
             recent = await ctx.store.recent_retries(ctx.record.workflow, STORM_WINDOW_S) + 1
             if recent > g.retry_storm_workflow:
                 await self.trip(
-                    "retry_storm",
+                    AnomalyKind.RETRY_STORM,
                     "retry_storm:workflow",
                     step_id,
                     {
