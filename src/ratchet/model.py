@@ -987,7 +987,3 @@ class Approval:
             "note": self.note,
             "grant": self.grant,
         }
-
-
-# The old name of DeliveryReceipt, for store/base.py until it imports the new one.
-Receipt = DeliveryReceipt

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from ratchet.engine.guards import Guards
     from ratchet.engine.guards.run import RunGuards
     from ratchet.engine.values import Codec
-    from ratchet.model import Decision, Receipt, RunRecord, RunState, StepState
+    from ratchet.model import Decision, DeliveryReceipt, RunRecord, RunState, StepState
     from ratchet.store.base import StoredGraph
 
 
@@ -168,7 +168,7 @@ class Drive(Protocol):
 
     async def claim_receipt(
         self, key: str, step_id: str, *, delivery: str, attempt: int
-    ) -> Receipt | None:
+    ) -> DeliveryReceipt | None:
         """Claim the receipt of a delivery under this drive's lease; None when claimed
         afresh, else the receipt found (settled, or claimed by an earlier attempt)."""
         ...

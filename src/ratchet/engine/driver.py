@@ -51,10 +51,10 @@ from ratchet.errors import (
 )
 from ratchet.model import (
     ClaimedRun,
+    DeliveryReceipt,
     Event,
     EventKind,
     Lease,
-    Receipt,
     RunState,
     RunStatus,
     fold,
@@ -98,7 +98,7 @@ class RunContext(Primitives):
 
     async def claim_receipt(
         self, key: str, step_id: str, *, delivery: str, attempt: int
-    ) -> Receipt | None:
+    ) -> DeliveryReceipt | None:
         """Claim a delivery's receipt under this drive's lease (see ratchet.effects)."""
         return await self.store.claim_receipt(
             self.lease, key, step_id, delivery=delivery, attempt=attempt

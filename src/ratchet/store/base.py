@@ -24,11 +24,11 @@ from ratchet.model import (
     Approval,
     ClaimedRun,
     DeadLetter,
+    DeliveryReceipt,
     Event,
     Lease,
     LLMTotals,
     NewRun,
-    Receipt,
     RunRecord,
     RunStatus,
 )
@@ -429,7 +429,7 @@ class Store(ABC):
 
     async def claim_receipt(
         self, lease: Lease, key: str, step_id: str, *, delivery: str, attempt: int
-    ) -> Receipt | None:
+    ) -> DeliveryReceipt | None:
         """Claim delivery ``delivery`` of the step before dispatch, under ``key`` (the one
         ``attempt`` derives for it). None: newly claimed, dispatch. Otherwise the receipt an
         earlier attempt or drive left for this delivery, with the key it was sent under
@@ -447,14 +447,14 @@ class Store(ABC):
 
     async def resolve_receipt(
         self, key: str, response: Any = None, failed: bool = False
-    ) -> Receipt:
+    ) -> DeliveryReceipt:
         """Settle a claimed receipt by hand (a person who found out what happened): with
         the receiver's ``response``, or as ``failed`` (it did not happen). Refused for an
         unknown key, a receipt already settled, and while a worker holds the run's lease
         (its drive may be dispatching this very delivery)."""
         return await deliveries.resolve(self, key, response, failed)
 
-    async def receipts(self, run_id: str) -> list[Receipt]:
+    async def receipts(self, run_id: str) -> list[DeliveryReceipt]:
         """A run's receipts, in the order they were (last) claimed."""
         return await deliveries.receipts(self, run_id)
 

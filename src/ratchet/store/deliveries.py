@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ratchet.errors import ReceiptBusy, ReceiptSettled, StoreConflict, UnknownReceipt
-from ratchet.model import Lease, Receipt, dumps
+from ratchet.model import DeliveryReceipt, Lease, dumps
 from ratchet.store.dialect import Dialect
 from ratchet.store.leases import check_lease
 from ratchet.store.rows import receipt_from_row
@@ -25,7 +25,7 @@ __all__ = ["claim", "receipts", "reclaim", "resolve", "settle"]
 
 async def claim(
     d: Dialect, lease: Lease, key: str, step_id: str, *, delivery: str, attempt: int
-) -> Receipt | None:
+) -> DeliveryReceipt | None:
     """Claim a delivery before dispatch; None if newly claimed, else the receipt an
     earlier attempt or drive left for it (see ``Store.claim_receipt``)."""
     params = {
@@ -37,7 +37,7 @@ async def claim(
         "epoch": lease.epoch,
     }
 
-    def body(tx: Tx) -> Receipt | None:
+    def body(tx: Tx) -> DeliveryReceipt | None:
         check_lease(tx, lease)
         if tx.run("receipt_claim", params) == 1:
             return None
@@ -75,10 +75,12 @@ async def settle(d: Dialect, lease: Lease, key: str, response: Any) -> None:
     await d._run(body)
 
 
-async def resolve(d: Dialect, key: str, response: Any = None, failed: bool = False) -> Receipt:
+async def resolve(
+    d: Dialect, key: str, response: Any = None, failed: bool = False
+) -> DeliveryReceipt:
     """Settle a claimed receipt by hand (see ``Store.resolve_receipt``)."""
 
-    def body(tx: Tx) -> Receipt:
+    def body(tx: Tx) -> DeliveryReceipt:
         row = tx.one("receipt_get", {"key": key})
         if row is None:
             raise UnknownReceipt(f"unknown receipt key {key!r}")
@@ -114,7 +116,7 @@ async def resolve(d: Dialect, key: str, response: Any = None, failed: bool = Fal
     return await d._run(body)
 
 
-async def receipts(d: Dialect, run_id: str) -> list[Receipt]:
+async def receipts(d: Dialect, run_id: str) -> list[DeliveryReceipt]:
     """A run's delivery receipts, in the order they were (last) claimed."""
     rows = await d._read(lambda tx: tx.all("receipts_list", {"run_id": run_id}))
     return [receipt_from_row(r) for r in rows]

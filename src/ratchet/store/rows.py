@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ratchet.model import DeadLetter, Event, Receipt, RunRecord, RunStatus, dumps
+from ratchet.model import DeadLetter, DeliveryReceipt, Event, RunRecord, RunStatus, dumps
 
 __all__ = [
     "dead_letter_from_row",
@@ -129,10 +129,10 @@ def event_params(ev: Event) -> dict[str, Any]:
     }
 
 
-def receipt_from_row(row: Any) -> Receipt:
-    """A ``receipts`` row (a delivery's receipt) as a :class:`Receipt`."""
+def receipt_from_row(row: Any) -> DeliveryReceipt:
+    """A ``receipts`` row (a delivery's receipt) as a :class:`DeliveryReceipt`."""
     response = row["response"]
-    return Receipt(
+    return DeliveryReceipt(
         row["idempotency_key"],
         row["run_id"],
         row["step_id"],
