@@ -49,11 +49,6 @@ SCRIPT = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a wrapped model call made inside a step (an agent's tool) is a plain SDK call: "
-    "the run's budget neither reserves nor counts it",
-)
 def test_an_agents_tool_fan_out_stays_within_the_budget(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import Any, TypeVar
 
-from ratchet.engine import tracing
+from ratchet.engine import nested_spend, tracing
 from ratchet.engine.context import HeldStep, StepInfo, current_run, current_step_info, held_here
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef
@@ -36,6 +36,7 @@ from ratchet.engine.faults import crash_point
 from ratchet.engine.guarding import RunGuards
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.guards import Guards
+from ratchet.engine.nested_spend import with_nested_spend
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.values import Codec, Invalid
@@ -677,13 +678,25 @@ class RunContext:
                     EventKind.STEP_FAILED,
                     step_id,
                     attempt,
-                    {
-                        "error": f"step {step_id} was abandoned by its workflow (cancelled while "
-                        "running, e.g. by asyncio.wait_for)",
-                        "error_type": ABANDONED,
-                        "outcome_unknown": True,
-                    },
+                    with_nested_spend(
+                        self,
+                        step_id,
+                        {
+                            "error": f"step {step_id} was abandoned by its workflow (cancelled "
+                            "while running, e.g. by asyncio.wait_for)",
+                            "error_type": ABANDONED,
+                            "outcome_unknown": True,
+                        },
+                    ),
                 )
+                raise
+            except GuardTripped as e:  # a model call inside the step would cross a budget
+                STATS.step("failed", time.monotonic() - began)
+                tracing.end_step(span, "failed", str(e))
+                tripped = with_nested_spend(
+                    self, step_id, {"error": error_text(e), "error_type": type(e).__name__}
+                )
+                self.emit(EventKind.STEP_FAILED, step_id, attempt, tripped)
                 raise
             except BaseException as e:  # SystemExit from step code is the step's failure too
                 STATS.step("failed", time.monotonic() - began)
@@ -702,6 +715,7 @@ class RunContext:
                     }
                     if unknown:
                         retry["outcome_unknown"] = True
+                    with_nested_spend(self, step_id, retry)
                     if delay >= PARK_BACKOFF_S:
                         until = await self.store.now() + delay
                         retry["retry_at"] = until
@@ -727,9 +741,12 @@ class RunContext:
                 failed: dict[str, Any] = {"error": error, "error_type": type(e).__name__}
                 if unknown:  # a retry of the run sends this attempt's key again
                     failed["outcome_unknown"] = True
+                with_nested_spend(self, step_id, failed)
                 self.emit(EventKind.STEP_FAILED, step_id, attempt, failed)
                 raise StepFailed(step_id, error) from e
             STATS.step("completed", time.monotonic() - began)
+            if (nested := nested_spend.step_ended(self, step_id)) is not None:
+                extra = {**(extra or {}), "llm": nested}  # the model calls made inside it
             tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
             if extra:
                 self.emit(
