@@ -18,7 +18,7 @@ from test_spend import MODEL, WORST, ask, client, dead_letter, ended, of_kind
 import ratchet
 from ratchet.integrations.pydantic_ai import RatchetDurability
 from ratchet.llm.server import LocalProvider, serve
-from ratchet.model import EventKind
+from ratchet.model import EventKind, fold
 
 pytestmark = pytest.mark.usefixtures("collect_clients")
 TOPICS = 4
@@ -96,3 +96,66 @@ def test_an_agents_tool_fan_out_stays_within_the_budget(
         [found] = [e.payload for e in of_kind(app, run_id, EventKind.ANOMALY_DETECTED)]
         assert found["kind"] == "budget_exceeded"
         assert len(asked) <= 3  # the tool whose call was refused may have started
+
+
+def test_a_plain_steps_two_model_calls_stay_within_the_budget_and_count(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    """A plain ``@app.step`` that asks a wrapped client twice: the first call fits the
+    budget, the second would cross it and is never sent; the run fails budget_exceeded and
+    the call that was sent is counted with the step's end."""
+    server = LocalProvider(script=SCRIPT)
+    with serve(server) as base:
+        oai = client(base)
+        app = make_app()
+
+        @app.step
+        async def research_twice() -> str:
+            first = await ask(oai, "research topic a")
+            return first + await ask(oai, "research topic b")
+
+        @app.workflow(guards=ratchet.Guards(budget_tokens=WORST + 300))
+        async def twice() -> str:
+            return await research_twice()
+
+        app.launch()
+        run_id = app.start(twice)
+        ended(app, run_id)
+        assert dead_letter(app, run_id) == "budget_exceeded"
+        assert len(server.requests()) == 1
+        [failed] = of_kind(app, run_id, EventKind.STEP_FAILED)
+        assert failed.payload["error_type"] == "GuardTripped"
+        assert failed.payload["llm"]["calls"] == 1
+        assert failed.payload["llm"]["usage"]["output_tokens"] == RESEARCH_TOKENS
+        assert fold(run_id, app.events(run_id)).llm.calls == 1
+
+
+def test_nested_usage_is_in_the_run_totals_and_read_back_from_the_journal(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    """Calls inside a step are in the run's totals, folded from the journal as a re-drive
+    folds it."""
+    server = LocalProvider(script=SCRIPT)
+    with serve(server) as base:
+        oai = client(base)
+        app = make_app()
+
+        @app.step
+        async def research_twice() -> str:
+            first = await ask(oai, "research topic a")
+            return first + await ask(oai, "research topic b")
+
+        @app.workflow(guards=ratchet.Guards(budget_tokens=10 * WORST))
+        async def twice() -> str:
+            return await research_twice()
+
+        app.launch()
+        run_id = app.start(twice)
+        ended(app, run_id, "succeeded")
+        sent = server.requests()
+        assert len(sent) == 2
+        billed = sum(r["input_tokens"] + r["output_tokens"] for r in sent)
+        [done] = of_kind(app, run_id, EventKind.STEP_COMPLETED)
+        assert done.payload["llm"]["nested"] and done.payload["llm"]["calls"] == 2
+        state = fold(run_id, app.events(run_id))
+        assert state.llm.calls == 2 and state.llm.tokens == billed
