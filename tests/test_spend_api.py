@@ -37,17 +37,28 @@ def app(db_url: str) -> Iterator[ratchet.Ratchet]:
 
 
 @pytest.fixture
-def api(app: ratchet.Ratchet) -> Iterator[httpx.Client]:
-    with serving(app, workers=1) as base:
-        _, secret = app.portal.call(
-            tokens.create_token(
-                app.store, "default", ("runs:read", "runs:write", "admin"), name="ana"
-            )
-        )
-        with httpx.Client(
-            base_url=base, timeout=30, headers={"Authorization": f"Bearer {secret}"}
-        ) as client:
-            yield client
+def base(app: ratchet.Ratchet) -> Iterator[str]:
+    with serving(app, workers=1) as url:
+        yield url
+
+
+def client_of(app: ratchet.Ratchet, base: str, scopes: tuple[str, ...], name: str) -> httpx.Client:
+    """A client bearing a new token of the default tenant with ``scopes``, named ``name``."""
+    _, secret = app.portal.call(tokens.create_token(app.store, "default", scopes, name=name))
+    return httpx.Client(base_url=base, timeout=30, headers={"Authorization": f"Bearer {secret}"})
+
+
+@pytest.fixture
+def api(app: ratchet.Ratchet, base: str) -> Iterator[httpx.Client]:
+    with client_of(app, base, ("runs:read", "runs:write", "admin"), "ana") as client:
+        yield client
+
+
+@pytest.fixture
+def writer(app: ratchet.Ratchet, base: str) -> Iterator[httpx.Client]:
+    """A token that may start and decide, but not move a run's limits (no admin)."""
+    with client_of(app, base, ("runs:read", "runs:write"), "bo") as client:
+        yield client
 
 
 def dead(app: ratchet.Ratchet, run_id: str, times: int = 1) -> None:
@@ -102,6 +113,50 @@ def test_approving_a_pause_over_http_says_how_far(app: ratchet.Ratchet, api: htt
     assert app.result(run_id, timeout_s=30) == 6
     [decided] = [e.payload for e in app.events(run_id) if e.kind == EventKind.APPROVAL_DECIDED]
     assert (decided["by"], decided["grant"]) == ("ana", {"budget_steps": 9})
+
+
+def test_a_grant_from_a_token_without_admin_is_refused_403_and_changes_nothing(
+    app: ratchet.Ratchet, api: httpx.Client, writer: httpx.Client
+) -> None:
+    # A milder action than the workflow's is an admin's to choose at start, too.
+    run_id = api.post(
+        "/v1/runs",
+        json={
+            "workflow": "steps",
+            "input": {"n": 4},
+            "guards": {"actions": {"budget_exceeded": "pause"}},
+        },
+    ).json()["run_id"]
+    [asked] = wait_for(lambda: app.approvals(run_id), what="the pause")
+    url = f"/v1/runs/{run_id}/approvals/{asked.step_id}"
+    for decision in (True, False):
+        refused = writer.post(url, json={"approved": decision, "grant": {"budget_steps": 9}})
+        assert refused.status_code == 403, refused.text
+        body = refused.json()
+        assert body["error"] == "forbidden" and "admin" in body["message"], body
+        assert body["details"] == {"needed": "admin", "scopes": ["runs:read", "runs:write"]}
+    # Nothing was decided: the pause still waits for a person, and no grant is journaled.
+    [still] = app.approvals(run_id)
+    assert still.status == "pending" and app.get(run_id).status == "waiting"
+    assert [e for e in app.events(run_id) if e.kind == EventKind.APPROVAL_DECIDED] == []
+    # An admin's grant goes through.
+    made = api.post(url, json={"approved": True, "grant": {"budget_steps": 9}})
+    assert made.status_code == 200, made.text
+    assert app.result(run_id, timeout_s=30) == 6
+
+    # A dead letter's retry is an admin's, with a grant or without: nothing is re-queued.
+    dead_id = writer.post("/v1/runs", json={"workflow": "steps", "input": {"n": 4}}).json()[
+        "run_id"
+    ]
+    dead(app, dead_id)
+    for body in ({"grant": {"budget_steps": 10}}, None):
+        refused = writer.post(f"/v1/dead-letters/{dead_id}/retry", json=body)
+        assert refused.status_code == 403, refused.text
+        assert refused.json()["error"] == "forbidden"
+    assert app.get(dead_id).status == "failed" and retries(app, dead_id) == []
+    moved = api.post(f"/v1/dead-letters/{dead_id}/retry", json={"grant": {"budget_steps": 10}})
+    assert moved.status_code == 202, moved.text
+    assert app.result(dead_id, timeout_s=30) == 6
 
 
 def test_the_cli_retries_and_approves_with_a_grant(app: ratchet.Ratchet, db_url: str) -> None:

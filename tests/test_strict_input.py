@@ -5,7 +5,8 @@ NUL in paths, query strings and headers answer 422 in the one error shape, never
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -14,6 +15,7 @@ import pytest
 from conftest import PG_URL
 from proc import Harness
 from serving import serving
+from test_cli import invoke
 from test_readyz import migrate
 from test_server import TENANTS, Api, api_of, engine_id, problem
 
@@ -73,6 +75,82 @@ def test_names_have_length_limits(api: Api) -> None:
         api.h.app.start("chain", n=1, queue="q" * 201)
 
 
+def test_a_tenant_has_at_most_64_characters(api: Api) -> None:
+    db = api.h.db_url
+    longest, over = "t" * 64, "t" * 65
+    # From the command line: 64 characters make a token; 65 are refused, naming the limit,
+    # and nothing is written.
+    refused = invoke("tokens", "create", "--tenant", over, "--db", db)
+    assert refused.exit_code == 2 and "invalid tenant" in refused.output, refused.output
+    assert "1-64" in refused.output, refused.output
+    made = invoke(
+        "tokens", "create", "--tenant", longest, "--scopes", "runs:read,runs:write", "--db", db
+    )
+    assert made.exit_code == 0, made.output
+    listed = json.loads(invoke("tokens", "list", "--json", "--db", db).output)
+    assert sorted(t["tenant"] for t in listed) == ["acme", longest]
+    # From Python, as the CLI and the tests make tokens.
+    with pytest.raises(ratchet.InvalidInput, match="1-64"):
+        api.token(over)
+    # A token of the longest tenant works, with the longest run id, in a namespace of its own.
+    longest_client = api.client(made.output.strip().splitlines()[-1])
+    run_id = "r" * 200
+    started = longest_client.post(
+        "/v1/runs", json={"workflow": "chain", "input": {"n": 1}, "run_id": run_id}
+    )
+    assert started.status_code == 202, started.text
+    assert longest_client.get(f"/v1/runs/{run_id}").json()["run_id"] == run_id
+    problem(api.acme.get(f"/v1/runs/{run_id}"), 404, "not_found")
+    # Over the API a token is made for its maker's tenant: a tenant in the body is not taken.
+    for tenant in (over, longest):
+        other = api.acme.post("/v1/tokens", json={"scopes": ["runs:read"], "tenant": tenant})
+        assert other.status_code == 201 and other.json()["tenant"] == "acme", other.text
+    assert len(json.loads(invoke("tokens", "list", "--json", "--db", db).output)) == 4
+
+
+def _named(name: str) -> Callable[[], Awaitable[int]]:
+    async def fn() -> int:
+        return 1
+
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+def test_a_step_name_declared_in_code_has_at_most_200_characters(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    app = make_app()
+    # Refused where it is declared, naming the step and the limit: a name given or a
+    # function's own, for a step or a tool; no tool is registered.
+    for over in ("s" * 201, "s" * 5000):
+        with pytest.raises(ratchet.InvalidInput) as refused:
+            app.step(name=over)(_named("fine"))
+        said = str(refused.value)
+        assert said.startswith("step 'sss") and "over the limit of 200" in said, said
+        assert f"{len(over)} characters" in said and len(said) < 300, said
+    with pytest.raises(ratchet.InvalidInput, match="^step 'fff.*201 characters, over the limit"):
+        app.step(_named("f" * 201))
+    with pytest.raises(ratchet.InvalidInput, match="^tool 'ttt.*201 characters, over the limit"):
+        app.tool(name="t" * 201)(_named("fine"))
+    with pytest.raises(ratchet.InvalidInput, match="^tool 'ggg.*201 characters, over the limit"):
+        app.tool(_named("g" * 201))
+    assert app.tools == {}
+    # 200 characters are a step: run, journaled and read back under its step id.
+    longest = "s" * 200
+    step = app.step(name=longest)(_named("fine"))
+    tool = app.tool(_named("t" * 200))
+
+    @app.workflow
+    async def long_named() -> int:
+        return int(await step()) + int(await tool())
+
+    app.launch()
+    run_id = app.start(long_named)
+    assert app.result(run_id, timeout_s=30) == 2
+    started = [e.step_id for e in app.events(run_id) if e.kind == "step_started"]
+    assert started == [f"1:{longest}", f"2:{'t' * 200}"]
+
+
 @pytest.mark.parametrize(
     "path, params, headers",
     [
@@ -122,7 +200,6 @@ def test_the_largest_numbers_in_range_are_answered(api: Api) -> None:
     assert listed.status_code == 200 and len(listed.json()["runs"]) == 1
     # A cursor carrying NaN or a NUL is refused as a bad cursor.
     import base64
-    import json
 
     for bad in ([float("nan"), "x"], [1.0, "x\x00"]):
         cursor = base64.urlsafe_b64encode(json.dumps(bad).encode()).decode()

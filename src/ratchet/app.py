@@ -56,6 +56,7 @@ from ratchet.names import (
     MAX_STEP,
     MAX_WORKFLOW,
     check_length,
+    check_step_name,
 )
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.receipts.service import ensure_receipt
@@ -205,7 +206,10 @@ class Ratchet:
         policy = as_policy(retry)
 
         def decorate(fn: F) -> F:
-            sd = StepDef(fn, name or fn.__name__, policy, timeout_s)
+            step_name = name or fn.__name__
+            if isinstance(step_name, str):
+                check_step_name(step_name, "step")
+            sd = StepDef(fn, step_name, policy, timeout_s)
 
             @functools.wraps(fn)
             def call(*args: Any, **kwargs: Any) -> Any:

@@ -574,17 +574,22 @@ class LLMTotals:
     unpriced_calls: int = 0
 
     def add(self, meta: dict[str, Any]) -> None:
+        """Count one call's llm meta, or (``calls``) the summed meta of the model calls a
+        step made inside it, of which ``unpriced_calls`` have no price."""
         usage = meta.get("usage") or {}
-        self.calls += 1
+        calls = int(meta.get("calls") or 1)
+        self.calls += calls
         self.input_tokens += int(usage.get("input_tokens") or 0)
         self.output_tokens += int(usage.get("output_tokens") or 0)
         self.cached_tokens += int(usage.get("cached_tokens") or 0)
         self.reasoning_tokens += int(usage.get("reasoning_tokens") or 0)
         cost = meta.get("cost_usd")
+        unpriced = meta.get("unpriced_calls")
         if isinstance(cost, int | float):
             self.cost_usd += cost
+            self.unpriced_calls += int(unpriced or 0)
         else:
-            self.unpriced_calls += 1
+            self.unpriced_calls += calls if unpriced is None else int(unpriced)
 
     @property
     def tokens(self) -> int:
@@ -699,9 +704,13 @@ def apply(state: RunState, ev: Event) -> None:
             step.finished_at = ev.at
             step.finished_seq = ev.seq
             _settle(state, step, failed)
+            if "llm" in ev.payload:  # spent by model calls made inside the step
+                state.llm.add(ev.payload["llm"])
         elif kind == EventKind.STEP_RETRYING:
             retrying = cast(StepFailedPayload, ev.payload)
             state.retried_at.append(ev.at)
+            if "llm" in ev.payload:
+                state.llm.add(ev.payload["llm"])
             step.status = StepStatus.RETRYING
             step.error = retrying.get("error")
             step.waiting = ev.payload

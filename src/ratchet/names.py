@@ -1,6 +1,8 @@
 """How long the names a caller gives may be: a run id, a tenant, a workflow, a queue, a
 signal, a step. Checked where each is taken (``app.start``, the HTTP API, the CLI), so an
-oversized name is refused with a message that names it, before anything is written."""
+oversized name is refused with a message that names it, before anything is written; a
+step's name where code declares it (``@app.step``, ``@app.tool``), so a step whose id the
+API could not take is never registered."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ MAX_WORKFLOW = 200  # a workflow's or a graph's name
 MAX_QUEUE = 200
 MAX_SIGNAL = 200
 MAX_STEP = 1000  # a step id (a graph's carries its loop iterations) or an approval's name
+# A step's name as code declares it: its step id ``<n>:<name>`` (with a tool's
+# ``approval:`` step beside it) then stays far within MAX_STEP.
+MAX_STEP_NAME = 200
 MAX_DECIDER = 200  # who decided an approval
 MAX_COMMENT = 4000  # an approval's comment
 
@@ -24,3 +29,15 @@ def check_length(value: Any, what: str, limit: int) -> Any:
     if isinstance(value, str) and len(value) > limit:
         raise InvalidInput(f"invalid {what}: {len(value)} characters, over the limit of {limit}")
     return value
+
+
+def check_step_name(name: str, what: str) -> str:
+    """``name``, a step's name as code declares it, unless it is longer than
+    :data:`MAX_STEP_NAME`; ``what`` names the declaration (``step``, ``tool``)."""
+    if len(name) > MAX_STEP_NAME:
+        shown = name if len(name) <= 60 else name[:57] + "..."
+        raise InvalidInput(
+            f"{what} {shown!r}: its name is {len(name)} characters, over the limit of "
+            f"{MAX_STEP_NAME} for a step's name (its step id must fit in {MAX_STEP})"
+        )
+    return name

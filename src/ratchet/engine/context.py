@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import itertools
 from collections.abc import Iterator
@@ -86,3 +87,19 @@ def require_run(what: str) -> Drive:
     if ctx is None or current_step_info.get() is not None:
         raise RatchetError(f"{what} must be awaited in a workflow, outside any step")
     return ctx
+
+
+def step_run() -> tuple[Drive, StepInfo] | None:
+    """The drive and the step whose step code runs here, on the drive's own event loop;
+    None elsewhere (outside a step, or in a thread of a synchronous step)."""
+    info = current_step_info.get()
+    if info is None:
+        return None
+    ctx = current_run.get()
+    if ctx is None:
+        return None
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+    return (ctx, info) if ctx.loop is loop else None

@@ -19,19 +19,21 @@ import time
 from collections.abc import Coroutine
 from typing import Any
 
-from ratchet.engine import tracing
+from ratchet.engine import nested_spend, tracing
 from ratchet.engine.context import HeldStep, StepInfo, current_step_info, held_here
 from ratchet.engine.control import Stopped
 from ratchet.engine.definitions import StepDef, StepKey
 from ratchet.engine.faults import crash_point
 from ratchet.engine.guards.host_judged import call_digest
 from ratchet.engine.journal_writer import error_text
+from ratchet.engine.nested_spend import with_nested_spend
 from ratchet.engine.replay import Replay
 from ratchet.engine.stats import STATS
 from ratchet.engine.waits import PARK_MIN_S
 from ratchet.errors import (
     DriveAborted,
     DriveRefused,
+    GuardTripped,
     InvalidInput,
     LeaseLost,
     Parked,
@@ -205,13 +207,25 @@ class Steps(Replay):
                     EventKind.STEP_FAILED,
                     step_id,
                     attempt,
-                    {
-                        "error": f"step {step_id} was abandoned by its workflow (cancelled while "
-                        "running, e.g. by asyncio.wait_for)",
-                        "error_type": ABANDONED,
-                        "outcome_unknown": True,
-                    },
+                    with_nested_spend(
+                        self,
+                        step_id,
+                        {
+                            "error": f"step {step_id} was abandoned by its workflow (cancelled "
+                            "while running, e.g. by asyncio.wait_for)",
+                            "error_type": ABANDONED,
+                            "outcome_unknown": True,
+                        },
+                    ),
                 )
+                raise
+            except GuardTripped as e:  # a model call inside the step would cross a budget
+                STATS.step("failed", time.monotonic() - began)
+                tracing.end_step(span, "failed", str(e))
+                tripped = with_nested_spend(
+                    self, step_id, {"error": error_text(e), "error_type": type(e).__name__}
+                )
+                self.emit(EventKind.STEP_FAILED, step_id, attempt, tripped)
                 raise
             except BaseException as e:  # SystemExit from step code is the step's failure too
                 STATS.step("failed", time.monotonic() - began)
@@ -230,6 +244,7 @@ class Steps(Replay):
                     }
                     if unknown:
                         retry["outcome_unknown"] = True
+                    with_nested_spend(self, step_id, retry)
                     if delay >= PARK_BACKOFF_S:
                         until = await self.store.now() + delay
                         retry["retry_at"] = until
@@ -255,9 +270,12 @@ class Steps(Replay):
                 failed: dict[str, Any] = {"error": error, "error_type": type(e).__name__}
                 if unknown:  # a retry of the run sends this attempt's key again
                     failed["outcome_unknown"] = True
+                with_nested_spend(self, step_id, failed)
                 self.emit(EventKind.STEP_FAILED, step_id, attempt, failed)
                 raise StepFailed(step_id, error) from e
             STATS.step("completed", time.monotonic() - began)
+            if (nested := nested_spend.step_ended(self, step_id)) is not None:
+                extra = {**(extra or {}), "llm": nested}  # the model calls made inside it
             tracing.end_step(span, "completed", llm=extra.get("llm") if extra else None)
             if extra:
                 self.emit(

@@ -22,6 +22,7 @@ from ratchet.engine.definitions import StepDef, StepKey, to_json
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.errors import InvalidInput
 from ratchet.model import EventKind
+from ratchet.names import check_step_name
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -44,6 +45,8 @@ class ToolDef:
         description: str | None = None,
         requires_approval: bool = False,
     ) -> None:
+        if isinstance(name, str):
+            check_step_name(name, "tool")
         if risk not in RISKS:
             raise InvalidInput(f"tool {name}: risk must be one of {', '.join(RISKS)}, got {risk!r}")
         if idempotency_key is not None and not callable(idempotency_key):

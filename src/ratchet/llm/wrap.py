@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ratchet.engine import connections
-from ratchet.engine.context import current_step, workflow_run
+from ratchet.engine import connections, nested_spend
+from ratchet.engine.context import current_step, step_run, workflow_run
 from ratchet.engine.definitions import StepDef
 from ratchet.engine.retry import Retry, as_policy
 from ratchet.errors import InvalidInput, NotIsolatable
@@ -175,6 +175,7 @@ class DurableCall:
         self.site = ""  # where its client was made (see ratchet.llm.routing)
         self._http = http  # its SDK client's HTTP client, whose connections a loop owns
         self._plain = plain.create
+        self._plain_raw = plain.with_raw_response.create
         self._raw = bare.with_raw_response.create
         self._bare = bare.create
         self.step = StepDef(
@@ -202,7 +203,12 @@ class DurableCall:
     def __call__(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
         gate = kwargs.pop("ratchet_gate", None)
         ctx = workflow_run()
-        if ctx is None:  # the plain SDK call: nothing is journaled, nothing to gate
+        if ctx is None:
+            in_step = step_run()
+            if in_step is not None and routing.route is None and not args:
+                # Inside a step of a run: a plain SDK call the run's budgets hold.
+                return self._in_step(in_step[0], in_step[1].step_id, kwargs)
+            # The plain SDK call: nothing is journaled, nothing to gate.
             return cast(Awaitable[Any], self._plain(*args, **kwargs))
         if args:
             raise InvalidInput(
@@ -249,6 +255,35 @@ class DurableCall:
         step_id, body = await call(kwargs, first)
         verdict = await gate_apply(ctx, gate, step_id, body, kwargs, call, judge)
         return self.endpoint.revive(verdict.body)
+
+    async def _in_step(self, ctx: Drive, step_id: str, kwargs: dict[str, Any]) -> Any:
+        """The plain SDK call made inside a step: its worst case checked against the run's
+        budgets and held before it is sent, its usage kept for the step's end event
+        (:mod:`ratchet.engine.nested_spend`). A stream's usage is not read here: it counts
+        at its worst case."""
+        connections.used(self._http)  # the plain client's too: with_options shares it
+        worst = worst_case((), kwargs) if nested_spend.needs_check(ctx) else None
+        handle = nested_spend.reserve(ctx, step_id, worst)
+        began = time.perf_counter()
+        try:
+            if kwargs.get("stream"):
+                result = await self._plain(**kwargs)
+                tokens = (worst or worst_case((), kwargs))[0]
+                usage = Usage(input_tokens=0, output_tokens=tokens)
+                meta = self.meta({}, kwargs, began, None, usage)
+                nested_spend.answered(ctx, step_id, handle, meta)
+                return result
+            raw = await self._plain_raw(**kwargs)
+        except Exception as e:
+            # An answered failure spent nothing; one whose outcome is unknown keeps its
+            # reservation until the step ends (the provider may have billed it).
+            if not getattr(as_llm_error(self.endpoint.provider, e), "outcome_unknown", False):
+                nested_spend.answered(ctx, step_id, handle, None)
+            raise
+        body = json.loads(raw.http_response.content)
+        request_id = raw.headers.get(_REQUEST_ID_HEADERS[self.endpoint.provider])
+        nested_spend.answered(ctx, step_id, handle, self.meta(body, kwargs, began, request_id))
+        return raw.parse()
 
     def _headers(self, kwargs: dict[str, Any], key: str | None = None) -> dict[str, Any]:
         headers = dict(kwargs.pop("extra_headers", None) or {})

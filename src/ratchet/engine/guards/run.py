@@ -365,6 +365,43 @@ class RunGuards:
             in_flight=round(held_usd, 6),
         )
 
+    def nested_call(
+        self, step_id: str, tokens: int, usd: float | None, held_tokens: int, held_usd: float
+    ) -> None:
+        """A model call inside step ``step_id`` (:mod:`ratchet.engine.nested_spend`), whose
+        worst case is ``tokens``/``usd``, with ``held_*`` for the other calls inside steps
+        of this drive: check it, with the journal's spend and reservations, against the
+        token and money budgets. Over one, ``record`` journals it (once) and lets the call
+        go; ``fail`` and ``pause`` (a step cannot wait for a person) raise
+        :class:`GuardTripped`. Nothing here awaits: the check and the hold are one step of
+        the event loop, so parallel steps cannot both pass on the same room."""
+        g, spent = self.g, self.ctx.state.llm
+        journaled_tokens, journaled_usd = self._in_flight(step_id)
+        checks: list[tuple[str, float, float, float, float]] = []
+        if g.budget_tokens is not None:
+            held = journaled_tokens + held_tokens
+            checks.append(("tokens", spent.tokens, g.budget_tokens, held, tokens))
+        if usd is not None and g.budget_usd is not None:
+            in_flight_usd = round(journaled_usd + held_usd, 6)
+            used = round(spent.cost_usd, 6)
+            checks.append(("usd", used, g.budget_usd, in_flight_usd, round(usd, 6)))
+        for budget, used, limit, in_flight, worst in checks:
+            needed = used + in_flight + worst
+            if budget == "usd":
+                needed = round(needed, 6)
+            if needed <= limit:
+                continue
+            action = "record" if g.action(BUDGET) == "record" else "fail"
+            evidence: dict[str, Any] = {"budget": budget, "used": used, "limit": limit}
+            evidence["worst_case"] = worst
+            if in_flight:
+                evidence["in_flight"] = in_flight
+            evidence.update(needed=needed, limit_field=BUDGET_FIELDS[budget], in_step=True)
+            self._journal_limit(BUDGET, f"{BUDGET}:{budget}", step_id, evidence, action)
+            if action == "fail":
+                what = describe({"kind": BUDGET, **evidence})
+                raise GuardTripped(BUDGET, f"guard {BUDGET}: {what}")
+
     def _in_flight(self, step_id: str) -> tuple[int, float]:
         """What the calls in flight other than ``step_id`` (whose attempt this replaces)
         hold reserved: tokens and USD."""

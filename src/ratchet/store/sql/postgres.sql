@@ -66,9 +66,11 @@ SELECT run_id FROM runs
 WHERE run_id IN (SELECT unnest(%(ids)s::text[])) AND status IN ('succeeded', 'failed', 'cancelled')
 
 -- name: llm_calls_of_runs
--- The completed LLM steps of some runs, their usage and cost: run totals for a list of runs.
+-- The LLM usage and cost journaled in some runs (a model call's step_completed; the calls
+-- made inside a step, with its end, retry included): run totals for a list of runs.
 SELECT run_id, (payload->'llm')::text AS llm FROM journal_events
-WHERE run_id = ANY(%(ids)s::text[]) AND kind = 'step_completed' AND payload ? 'llm'
+WHERE run_id = ANY(%(ids)s::text[])
+  AND kind IN ('step_completed', 'step_failed', 'step_retrying') AND payload ? 'llm'
 
 -- name: events_load
 -- payload_text: the text an event written before migration 005 was hashed with, kept where

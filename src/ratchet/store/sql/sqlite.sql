@@ -58,9 +58,11 @@ SELECT run_id, seq, kind, step_id, attempt, payload, 1 AS payload_exact, at, pre
 FROM journal_events WHERE run_id = :run_id AND seq > :after ORDER BY seq LIMIT :limit
 
 -- name: llm_calls_of_runs
--- The completed LLM steps of some runs, their usage and cost: run totals for a list of runs.
+-- The LLM usage and cost journaled in some runs (a model call's step_completed; the calls
+-- made inside a step, with its end, retry included): run totals for a list of runs.
 SELECT run_id, json_extract(payload, '$.llm') AS llm FROM journal_events
-WHERE run_id IN (SELECT value FROM json_each(:ids)) AND kind = 'step_completed'
+WHERE run_id IN (SELECT value FROM json_each(:ids))
+  AND kind IN ('step_completed', 'step_failed', 'step_retrying')
   AND json_extract(payload, '$.llm') IS NOT NULL
 
 -- name: event_last
