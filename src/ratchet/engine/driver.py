@@ -66,7 +66,6 @@ from ratchet.model import (
     EventKind,
     Lease,
     NewRun,
-    RunRecord,
     RunState,
     RunStatus,
     StepState,
@@ -76,9 +75,9 @@ from ratchet.model import (
     idempotency_key,
     output_payload,
 )
-from ratchet.receipts import Signer, sign
+from ratchet.receipts.keys import Signer
+from ratchet.receipts.service import receipt_for
 from ratchet.store.base import Store
-from ratchet.store.retention import receipt_params
 
 log = logging.getLogger("ratchet.engine")
 T = TypeVar("T")
@@ -1214,13 +1213,6 @@ async def _settle_from_journal(
     await store.finish(
         lease, [], state.status, state.output, state.error, dead_letter=reason, receipt=receipt
     )
-
-
-def receipt_for(signer: Signer | None, record: RunRecord, state: RunState) -> dict[str, Any] | None:
-    """The stored form of the run's signed receipt over ``state`` (None without a key)."""
-    if signer is None:
-        return None
-    return receipt_params(record.run_id, state.last_seq, signer.key_id, sign(signer, record, state))
 
 
 def _default_threads() -> StepThreads:
