@@ -44,7 +44,7 @@ from ratchet.errors import (
     SandboxUnavailable,
 )
 from ratchet.extras import require
-from ratchet.graphs.registry import GraphWorkflow
+from ratchet.graphs.walk import GraphWorkflow
 from ratchet.model import (
     ClaimedRun,
     Event,
