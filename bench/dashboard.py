@@ -39,7 +39,7 @@ import uvicorn
 
 import ratchet
 from bench.report import DASHBOARD_ROWS
-from ratchet.api import create_app
+from ratchet.server import create_app
 from ratchet.store import tokens
 
 RESULTS = Path(__file__).parent / "results"

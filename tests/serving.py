@@ -12,7 +12,7 @@ import uvicorn
 from proc import wait_for
 
 import ratchet
-from ratchet.api import create_app
+from ratchet.server import create_app
 
 
 @contextmanager

@@ -147,7 +147,7 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         if callable(value) and not name.startswith("_") and not name.endswith("_async")
     }
     # Not client calls: the decorators, a worker object, running a worker on a given loop,
-    # the model clients graph ai-steps use.
+    # the model clients graph ai-steps use, the interpreter graph runs are driven with.
     assert public - {
         "workflow",
         "step",
@@ -156,6 +156,7 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         "run_worker",
         "llm_client",
         "llm_client_for",
+        "graph_interpreter",
     } == set(BLOCKING)
     for name in BLOCKING:
         blocking = getattr(ratchet.Ratchet, name)

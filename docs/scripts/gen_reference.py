@@ -107,8 +107,8 @@ def cli_markdown() -> str:
 
 def openapi_spec() -> dict[str, Any]:
     """The OpenAPI spec ``ratchet server`` serves at ``/openapi.json``."""
-    from ratchet.api.server import create_app
     from ratchet.app import Ratchet
+    from ratchet.server import create_app
 
     # The spec depends on the routes, not on the database: nothing is opened here.
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from ratchet._version import __version__ as __version__  # the release
 from ratchet.app import Ratchet
 from ratchet.effects.deliver import deliver, deliver_sync
 from ratchet.engine.context import StepInfo, current_step, require_run
@@ -62,9 +63,6 @@ from ratchet.errors import (
 )
 from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
 from ratchet.sandbox.spec import Sandbox
-
-__version__ = "0.1.0"
-"""The release; pyproject.toml reads it from here (the one place it is written)."""
 
 if TYPE_CHECKING:
     from ratchet import llm  # noqa: F401  (ratchet.llm, loaded on first use)

@@ -302,18 +302,20 @@ class Ratchet:
         from its own environment variables, wrapped."""
         client = self._llm_clients.get(provider)
         if client is None:
-            from ratchet.llm.wrap import wrap
+            from ratchet.llm.wrap import default_client
 
-            if provider == "anthropic":
-                import anthropic
-
-                client = wrap(anthropic.AsyncAnthropic())
-            else:
-                import openai
-
-                client = wrap(openai.AsyncOpenAI())
-            self._llm_clients[provider] = client
+            client = self._llm_clients[provider] = default_client(provider)
         return client
+
+    def graph_interpreter(self, name: str) -> WorkflowDef:
+        """The workflow a worker of this app drives a run of graph ``name`` with: the
+        interpreter, made once per name (each run loads the graph version it is pinned to)."""
+        wd = self._graph_defs.get(name)
+        if wd is None:
+            from ratchet.graphs.registry import graph_workflow
+
+            wd = self._graph_defs[name] = graph_workflow(self, name, "graph")
+        return wd
 
     # -- the store -------------------------------------------------------------------------
 

@@ -1,11 +1,8 @@
-"""``ratchet server``: the HTTP API (FastAPI) over a Ratchet app. Needs the server extra."""
+"""The HTTP API's routes (FastAPI), one module per resource; :mod:`ratchet.server` puts them
+and the dashboard on one app. Needs the server extra."""
 
 from __future__ import annotations
 
 from ratchet.extras import require
 
 require("ratchet server", "server")
-
-from ratchet.api.server import create_app, drain  # noqa: E402
-
-__all__ = ["create_app", "drain"]

@@ -10,13 +10,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ratchet.api.auth import decider, scope
-from ratchet.api.errors import error_response
 from ratchet.api.models import DeadLetterOut, Error, Health, RetryBody, StatusAfter, WorkflowOut
 from ratchet.api.runs import ERRORS, Reader, owned, shown
 from ratchet.app import Ratchet
 from ratchet.errors import StorageError, StoreNotReady
 from ratchet.store import tenants, tokens
 from ratchet.store.tokens import Token
+from ratchet.web.errors import error_response
 
 router = APIRouter(tags=["operations"])
 v1 = APIRouter(prefix="/v1", tags=["operations"], responses=ERRORS)

@@ -15,9 +15,9 @@ from typing import Annotated
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ratchet.api.errors import ApiError
 from ratchet.store import sessions, tokens
 from ratchet.store.tokens import Token
+from ratchet.web.errors import ApiError
 
 _bearer = HTTPBearer(auto_error=False, description="A token from `ratchet tokens create`.")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}

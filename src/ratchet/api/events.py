@@ -19,13 +19,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
-from ratchet.api.errors import ApiError
 from ratchet.api.models import EventPage, JournalEvent
 from ratchet.api.runs import ERRORS, Reader, owned
 from ratchet.api.tails import PAGE, TERMINAL
 from ratchet.model import Event, RunRecord
 from ratchet.store import Store, tenants
 from ratchet.store.tokens import Token
+from ratchet.web.errors import ApiError
 
 router = APIRouter(prefix="/v1", tags=["events"], responses=ERRORS)
 

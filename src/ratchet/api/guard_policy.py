@@ -15,13 +15,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from ratchet.api.auth import allows, decider
-from ratchet.api.errors import ApiError
 from ratchet.app import Ratchet
 from ratchet.engine.guards import DEFAULT, Guards
 from ratchet.errors import InvalidInput
 from ratchet.model import GuardAction
 from ratchet.store import Store
 from ratchet.store.tokens import Token
+from ratchet.web.errors import ApiError
 
 # Limits where a lower number acts sooner; None switches one off (the loosest).
 _LOWER_IS_TIGHTER = (

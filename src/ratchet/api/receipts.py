@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from ratchet.api.models import RunReceipt
-from ratchet.api.runs import ERRORS, Reader, _app, _store, owned
+from ratchet.api.runs import ERRORS, Reader, app_of, owned, store_of
 from ratchet.receipts.service import ensure_receipt
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
@@ -21,5 +21,5 @@ async def run_receipt(run_id: str, request: Request, token: Reader) -> Any:
     statement names the run as its journal does (the hash chain commits to that id): for
     a tenant other than ``default``, ``<tenant>~<id>``."""
     rec = await owned(request, run_id, token)
-    stored = await ensure_receipt(_store(request), _app(request).signer, rec.run_id)
+    stored = await ensure_receipt(store_of(request), app_of(request).signer, rec.run_id)
     return stored.envelope

@@ -8,7 +8,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 
-from ratchet.api.errors import ApiError
 from ratchet.api.events import MAX_SEQ, event_dict
 from ratchet.api.models import (
     JournalEvent,
@@ -23,6 +22,7 @@ from ratchet.api.timeline import SandboxSpan, as_compact, as_dict, waterfall
 from ratchet.model import EventKind, RunRecord, StepState, fold
 from ratchet.names import MAX_STEP
 from ratchet.store import Store, dashboard, tenants
+from ratchet.web.errors import ApiError
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 AtSeq = Annotated[

@@ -18,7 +18,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 
 from ratchet.api.auth import allows, decider, scope
-from ratchet.api.errors import ApiError, not_found, speak
 from ratchet.api.guard_policy import authorised
 from ratchet.api.models import (
     BatchRunAccepted,
@@ -46,6 +45,7 @@ from ratchet.names import MAX_RUN_PATH, MAX_SIGNAL, MAX_STEP, MAX_WORKFLOW
 from ratchet.store import Store, tenants, tokens
 from ratchet.store.base import DONE
 from ratchet.store.tokens import Token
+from ratchet.web.errors import ApiError, not_found, speak
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": Error} for code in (401, 403, 404, 409, 413, 422)
@@ -60,12 +60,14 @@ Writer = Annotated[Token, Depends(scope("runs:write"))]
 MAX_WAIT_S = 60.0
 
 
-def _app(request: Request) -> Ratchet:
+def app_of(request: Request) -> Ratchet:
+    """The Ratchet app this server serves."""
     app: Ratchet = request.app.state.ratchet
     return app
 
 
-def _store(request: Request) -> Store:
+def store_of(request: Request) -> Store:
+    """The opened store of the app this server serves."""
     store: Store = request.app.state.store
     return store
 
@@ -88,7 +90,7 @@ async def owned(request: Request, run_id: str, token: Token) -> RunRecord:
     """The run, if it exists and is the token's tenant's; else 404 (the same either way).
     The record carries the engine's run id; answer with :func:`shown`."""
     check_path_id(run_id)
-    rec = await tenants.find_run(_store(request), token.tenant_id, run_id)
+    rec = await tenants.find_run(store_of(request), token.tenant_id, run_id)
     if rec is None:
         raise not_found(run_id)
     return rec
@@ -150,11 +152,11 @@ async def start_run(
 ) -> RunAccepted:
     """Queue a run and return at once: 202 when created, 200 when it existed. Guard
     overrides that raise or switch off the workflow's guards need the admin scope."""
-    app = _app(request)
+    app = app_of(request)
     run_id = body.run_id
     if run_id is None and idempotency_key is not None:
         run_id = _keyed_run_id(token.tenant_id, idempotency_key)
-    guards = await authorised(app, _store(request), token, body.workflow, body.guards)
+    guards = await authorised(app, store_of(request), token, body.workflow, body.guards)
     r = _request(app, body, run_id, guards)
     try:
         rec, created = await app.start_run_async(
@@ -226,8 +228,8 @@ async def start_runs(
     the order asked: 202 when any was created, 200 when all existed. A bad item is refused
     422 naming ``runs[i].field``, and then nothing is written; guard overrides that raise
     or switch off a workflow's guards need the admin scope (403 naming the item)."""
-    app = _app(request)
-    store = _store(request)
+    app = app_of(request)
+    store = store_of(request)
     requests = []
     for i, item in enumerate(body.runs):
         run_id = item.run_id
@@ -297,7 +299,7 @@ async def list_runs(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> RunPage:
     """The tenant's runs, newest first, a page at a time."""
-    store = _store(request)
+    store = store_of(request)
     parent_id = None
     if parent is not None:
         found = await tenants.find_run(store, token.tenant_id, check_path_id(parent, "parent"))
@@ -334,7 +336,7 @@ async def list_runs(
 async def get_run(run_id: str, request: Request, token: Reader) -> RunDetail:
     """A run: status, input, output, error, its model calls' tokens and cost, its children."""
     rec = await owned(request, run_id, token)
-    store = _store(request)
+    store = store_of(request)
     totals = (await store.llm_totals([rec.run_id])).get(rec.run_id)
     children = await tokens.runs_page(store, token.tenant_id, parent=rec.run_id, limit=500)
     llm = LLMUsage(
@@ -370,7 +372,7 @@ async def run_result(
     ] = 0,
 ) -> RunResult:
     """The run's outcome: 200 once finished; 202 if still going after ``wait`` seconds."""
-    store = _store(request)
+    store = store_of(request)
     deadline = time.monotonic() + wait
     rec: RunRecord | None = await owned(request, run_id, token)
     assert rec is not None
@@ -408,7 +410,7 @@ async def send_signal(
 ) -> StatusAfter:
     """Deliver a signal; a run waiting for it wakes. 409 once the run has finished."""
     rec = await owned(request, run_id, token)
-    await _app(request).signal_async(rec.run_id, name, body.data if body else None)
+    await app_of(request).signal_async(rec.run_id, name, body.data if body else None)
     return StatusAfter(run_id=shown(token, rec.run_id), status=str(rec.status))
 
 
@@ -416,7 +418,7 @@ async def send_signal(
 async def cancel_run(run_id: str, request: Request, token: Writer) -> StatusAfter:
     """Cancel the run and its children (a running one at its worker's next renewal)."""
     rec = await owned(request, run_id, token)
-    status = await _app(request).cancel_async(rec.run_id)
+    status = await app_of(request).cancel_async(rec.run_id)
     return StatusAfter(run_id=shown(token, rec.run_id), status=str(status))
 
 
@@ -432,7 +434,7 @@ async def decide(
     The decision is journaled as the token's (its name, else its id); a ``by`` in the
     body is kept beside it as a note."""
     rec = await owned(request, run_id, token)
-    app = _app(request)
+    app = app_of(request)
     by, note = decider(token), body.by
     if body.grant is not None and not allows(token, "admin"):
         # A grant moves a run's limits; raising a limit takes an admin, as at start.

@@ -9,12 +9,12 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 
 from ratchet.api.auth import scope
-from ratchet.api.errors import ApiError
 from ratchet.api.models import NewToken, TokenCreated, TokenOut
 from ratchet.api.runs import ERRORS
 from ratchet.errors import InvalidInput
 from ratchet.store import Store, tokens
 from ratchet.store.tokens import Token
+from ratchet.web.errors import ApiError
 
 router = APIRouter(prefix="/v1", tags=["tokens"], responses=ERRORS)
 Admin = Annotated[Token, Depends(scope("admin"))]

@@ -78,9 +78,9 @@ def server(
         require("ratchet server", "server")
         import uvicorn
 
-        from ratchet.api import create_app, drain
         from ratchet.api.slow_clients import bounded_protocol
         from ratchet.llm.server.asgi import Server
+        from ratchet.server import create_app, drain
 
         prune_age = parse_age(prune_finished_before) if prune_finished_before is not None else None
         prune_every = parse_duration(prune_interval)

@@ -32,7 +32,6 @@ import httpx
 from rich.console import Console
 from rich.text import Text
 
-from ratchet.api import create_app, drain
 from ratchet.config import DatabaseURL
 from ratchet.demo.stage import (
     HOLD_S,
@@ -49,6 +48,7 @@ from ratchet.demo.stage import (
 from ratchet.errors import ConfigError
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.llm.server.asgi import listen, serve_in_thread
+from ratchet.server import create_app, drain
 from ratchet.store import make_store, tenants, tokens
 
 #: The queue of the demo's run: only the demo's worker processes take it, never the

@@ -22,7 +22,6 @@ from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.engine.values import Codec, Invalid, opaque_name
 from ratchet.engine.values import to_json as to_json  # where the features import it from
 from ratchet.errors import InvalidInput, NotSerializable
-from ratchet.sandbox.spec import Sandbox
 
 _EMPTY = inspect.Parameter.empty
 
@@ -162,8 +161,10 @@ class WorkflowDef:
     name: str
     version: str = "1"
     guards: Guards | None = None  # None: the defaults
-    # Set for the isolated tier: each attempt runs in a sandbox of this shape.
-    sandbox: Sandbox | None = None
+    # Set for the isolated tier: each attempt runs in a sandbox of this shape (a
+    # ratchet.sandbox.Sandbox, which the sandbox feature reads; the engine only asks
+    # whether there is one, so it knows nothing of sandboxes).
+    sandbox: object | None = None
     signature: inspect.Signature = field(init=False)
     _returns: Codec | None = None
     _params: dict[str, Codec] = field(default_factory=dict)

@@ -30,7 +30,7 @@ from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.guards import Guards
 from ratchet.engine.guards.host_judged import HostJudgedGuards
 from ratchet.engine.guards.run import RunGuards
-from ratchet.engine.journal_writer import error_text, receipt_for
+from ratchet.engine.journal_writer import error_text
 from ratchet.engine.primitives import Primitives
 from ratchet.engine.threads import StepThreads
 from ratchet.errors import (
@@ -59,7 +59,8 @@ from ratchet.model import (
     RunStatus,
     fold,
 )
-from ratchet.receipts import Signer
+from ratchet.receipts.keys import Signer
+from ratchet.receipts.service import receipt_for
 from ratchet.store.base import Store, StoredGraph
 
 log = logging.getLogger("ratchet.engine")

@@ -23,10 +23,10 @@ from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import Waits
 from ratchet.errors import DriveAborted
-from ratchet.model import ClaimedRun, Event, EventKind, RunRecord, RunState, RunStatus, apply
-from ratchet.receipts import Signer, sign
+from ratchet.model import ClaimedRun, Event, EventKind, RunState, RunStatus, apply
+from ratchet.receipts.keys import Signer
+from ratchet.receipts.service import receipt_for
 from ratchet.store.base import Store
-from ratchet.store.retention import receipt_params
 
 if TYPE_CHECKING:
     from ratchet.engine.guards.run import RunGuards
@@ -42,13 +42,6 @@ def error_text(e: BaseException) -> str:
     except Exception:  # a broken __str__ must not hide the error itself
         message = "<unprintable>"
     return f"{type(e).__name__}: {message}".replace("\x00", "\\x00")
-
-
-def receipt_for(signer: Signer | None, record: RunRecord, state: RunState) -> dict[str, Any] | None:
-    """The stored form of the run's signed receipt over ``state`` (None without a key)."""
-    if signer is None:
-        return None
-    return receipt_params(record.run_id, state.last_seq, signer.key_id, sign(signer, record, state))
 
 
 class JournalWriter:

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from ratchet._version import __version__
 from ratchet.extras import install_line
 
 log = logging.getLogger("ratchet.tracing")
@@ -59,8 +60,6 @@ def _make_tracer() -> Any | None:
         if provider is None:
             return None
         trace.set_tracer_provider(provider)
-    from ratchet import __version__
-
     return trace.get_tracer("ratchet", __version__)
 
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from ratchet.graphs.nodes import tool_kwargs
 
 if TYPE_CHECKING:
-    from ratchet.graphs.interpreter import Interpreter, Scope
     from ratchet.graphs.validate import Node
+    from ratchet.graphs.walk import Scope, Walk
     from ratchet.model import StepState
 
 
@@ -35,7 +35,7 @@ class Route:
         return tuple(n for wave in self.waves for n in wave)
 
 
-def route(interp: Interpreter, node: Node, entry: list[str]) -> Route | None:
+def route(interp: Walk, node: Node, entry: list[str]) -> Route | None:
     """The body's route if it has only one (see the module docstring), else None."""
     graph = interp.graph
     d = node.data
@@ -64,7 +64,7 @@ def route(interp: Interpreter, node: Node, entry: list[str]) -> Route | None:
 
 
 def skip_finished(
-    interp: Interpreter,
+    interp: Walk,
     node: Node,
     plan: Route,
     prefix: str,
@@ -93,7 +93,7 @@ def skip_finished(
 
 
 def _tell_guards(
-    interp: Interpreter,
+    interp: Walk,
     node: Node,
     plan: Route,
     start: dict[str, Any],
@@ -122,14 +122,14 @@ def _tell_guards(
 
 
 def _arguments(
-    interp: Interpreter, name: str, here: Scope
+    interp: Walk, name: str, here: Scope
 ) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
     node = interp.graph.nodes[name]
     return lambda: ((), tool_kwargs(interp, node, here))
 
 
 def _scope_at(
-    interp: Interpreter,
+    interp: Walk,
     node: Node,
     plan: Route,
     start: dict[str, Any],
@@ -143,7 +143,7 @@ def _scope_at(
     """What node ``name`` saw in iteration ``iteration``: the scope the loop started in
     (``start``), the body's outputs of the iteration before, and those of this one's
     earlier waves."""
-    from ratchet.graphs.interpreter import Scope
+    from ratchet.graphs.walk import Scope
 
     order = plan.order
     outputs = dict(start)

@@ -26,21 +26,25 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.context import require_run
 from ratchet.errors import RatchetError, RetryClass
 from ratchet.graphs import fast_forward, templates
+from ratchet.graphs.compiled import graph_for_run
 from ratchet.graphs.fast_forward import Route
 from ratchet.graphs.nodes import Ready, run_node, single_step
 from ratchet.graphs.validate import Graph, Node
+from ratchet.graphs.walk import GraphApp, Scope
 from ratchet.model import AnomalyKind, GuardAction
 
 if TYPE_CHECKING:
-    from ratchet.app import Ratchet
+    from ratchet.engine.definitions import WorkflowDef
     from ratchet.engine.drive import Drive
+
+# The workflow of graph (name, version), for a subgraph's child run.
+Subgraphs = Callable[[str, str], "WorkflowDef"]
 
 
 class GraphFailed(RatchetError):
@@ -49,43 +53,14 @@ class GraphFailed(RatchetError):
     retry_class = RetryClass.NEVER
 
 
-@dataclass(slots=True)
-class Scope:
-    """What templates see at one place of the walk: the input, the outputs so far, and
-    the loops around it."""
-
-    input: Any
-    outputs: dict[str, Any] = field(default_factory=dict)
-    loop: dict[str, Any] | None = None
-    item_name: str | None = None
-
-    def context(self, output: Any = None) -> dict[str, Any]:
-        ctx: dict[str, Any] = {
-            "input": self.input,
-            "output": output,
-            "nodes": {k: {"output": v} for k, v in self.outputs.items()},
-        }
-        if self.loop is not None:
-            ctx["loop"] = self.loop
-            if self.item_name:
-                ctx[self.item_name] = self.loop.get("item")
-        return ctx
-
-    def inner(self, loop: dict[str, Any], item_name: str) -> Scope:
-        return Scope(self.input, dict(self.outputs), loop, item_name)
-
-    def frozen(self) -> Scope:
-        """This place of the walk as it is now, for templates rendered later."""
-        return Scope(self.input, dict(self.outputs), self.loop, self.item_name)
-
-
 class Interpreter:
     """One drive's walk of one graph."""
 
-    def __init__(self, app: Ratchet, ctx: Drive, graph: Graph) -> None:
+    def __init__(self, app: GraphApp, ctx: Drive, graph: Graph, subgraphs: Subgraphs) -> None:
         self.app = app
         self.ctx = ctx
         self.graph = graph
+        self.subgraphs = subgraphs
         self.order = {n: i for i, n in enumerate(graph.nodes)}
         self.reads_results = _reads_results(graph.definition)
         self.routes: dict[str, Route | None] = {}  # loop -> its body's one route, if any
@@ -151,6 +126,10 @@ class Interpreter:
             for e in self.graph.in_edges.get(n, [])
             if e.source in inside and self.graph.loop_of.get(e.source) != e.target
         ]
+
+    def subgraph(self, name: str, version: str) -> WorkflowDef:
+        """The interpreter as the workflow of graph ``name`` at ``version``, for a child run."""
+        return self.subgraphs(name, version)
 
     def _decided(self, n: str, inside: set[str], state: Mapping[str, str]) -> bool:
         edges = self.incoming(n, inside)
@@ -276,11 +255,10 @@ async def _settled(names: list[str], started: list[Any]) -> list[tuple[str, Any]
     ]
 
 
-async def interpret(app: Ratchet, input: Any) -> Any:
-    """The body of every graph run: load the run's pinned graph version and walk it."""
+async def interpret(app: GraphApp, input: Any, subgraphs: Subgraphs) -> Any:
+    """The body of every graph run: load the run's pinned graph version and walk it
+    (``subgraphs`` makes the workflows of its subgraph nodes' child runs)."""
     ctx = require_run("a graph run")
-    from ratchet.graphs.registry import graph_for_run
-
     graph = await graph_for_run(app, ctx)
     ctx.configure_guards(graph.guards)
-    return await Interpreter(app, ctx, graph).run(input)
+    return await Interpreter(app, ctx, graph, subgraphs).run(input)

@@ -13,7 +13,7 @@ from ratchet.graphs import templates
 from ratchet.graphs.validate import Node
 
 if TYPE_CHECKING:
-    from ratchet.graphs.interpreter import Interpreter, Scope
+    from ratchet.graphs.walk import Scope, Walk
 
 
 def _text(provider: str, body: dict[str, Any]) -> str:
@@ -36,7 +36,7 @@ def _parse(node: Node, text: str | None) -> Any:
         ) from None
 
 
-def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+def ai_step(interp: Walk, node: Node, name: str, scope: Scope) -> Any:
     d = node.data
     ctx = scope.context()
     prompt = str(templates.render(d.prompt, ctx))
@@ -85,7 +85,7 @@ def ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
 
 
 async def _gated(
-    interp: Interpreter, node: Node, call: Any, sd: Any, kwargs: dict[str, Any], provider: str
+    interp: Walk, node: Node, call: Any, sd: Any, kwargs: dict[str, Any], provider: str
 ) -> Any:
     """The ai-step under its confidence gate; with ``on_below: branch`` its output is
     ``{"answer": ..., "confidence": {"score", "threshold", "passed"}}`` for its edges."""
@@ -117,7 +117,7 @@ async def _gated(
     return answer
 
 
-async def _agent(interp: Interpreter, node: Node, client: Any, prompt: str, system: Any) -> Any:
+async def _agent(interp: Walk, node: Node, client: Any, prompt: str, system: Any) -> Any:
     from ratchet.llm.agent import Agent
 
     d = node.data

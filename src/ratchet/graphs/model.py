@@ -20,7 +20,9 @@ NODE_ID = r"^[A-Za-z_][A-Za-z0-9_-]{0,63}$"
 Tier = Literal["process", "isolated"]
 
 
-class _Data(BaseModel):
+# What every node's data may hold: its retry policy and its attempts' time limit. (No
+# docstring: a model's docstring would become a description in the graph JSON schema.)
+class NodeData(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     retry: dict[str, Any] | None = Field(
@@ -32,11 +34,11 @@ class _Data(BaseModel):
     timeout_s: float | None = Field(None, gt=0, description="Seconds an attempt may take.")
 
 
-class TriggerData(_Data):
+class TriggerData(NodeData):
     description: str | None = None
 
 
-class AiStepData(_Data):
+class AiStepData(NodeData):
     model: str = Field(description="The model's name, e.g. gpt-4.1-mini or claude-sonnet-4-6.")
     prompt: str = Field(description="The user message: a template.")
     system: str | None = Field(None, description="The system message: a template.")
@@ -60,14 +62,14 @@ class AiStepData(_Data):
     )
 
 
-class ToolData(_Data):
+class ToolData(NodeData):
     tool: str = Field(description="The name of an @app.tool tool.")
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments; string values are templates."
     )
 
 
-class ConnectorData(_Data):
+class ConnectorData(NodeData):
     kind: Literal["http", "webhook", "email"] = "http"
     url: str | None = Field(None, description="http/webhook: the URL (a template).")
     method: str = "POST"
@@ -83,7 +85,7 @@ class ConnectorData(_Data):
     )
 
 
-class SubagentData(_Data):
+class SubagentData(NodeData):
     graph: str | None = Field(None, description="A registered graph to run as a child run.")
     workflow: str | None = Field(None, description="Or a code workflow of the app.")
     input: Any = Field(
@@ -93,12 +95,12 @@ class SubagentData(_Data):
     )
 
 
-class ApprovalData(_Data):
+class ApprovalData(NodeData):
     name: str | None = Field(None, description="What is asked (default: the node's id).")
     ask: Any = Field(None, description="The data shown to the person; strings are templates.")
 
 
-class LoopData(_Data):
+class LoopData(NodeData):
     body: list[str] = Field(min_length=1, description="Ids of the nodes run each iteration.")
     over: str | None = Field(None, description="A template giving a list: one iteration each.")
     until: str | None = Field(None, description="An expression checked after each iteration.")
@@ -106,23 +108,23 @@ class LoopData(_Data):
     item: str = Field("item", description="The name of the current item in templates.")
 
 
-class ConditionData(_Data):
+class ConditionData(NodeData):
     expression: str = Field(description="An expression; outgoing edges test it as `output`.")
 
 
-class ParallelData(_Data):
+class ParallelData(NodeData):
     pass
 
 
-class JoinData(_Data):
+class JoinData(NodeData):
     pass
 
 
-class OutputData(_Data):
+class OutputData(NodeData):
     value: Any = Field(None, description="The run's result; strings are templates.")
 
 
-DATA_MODELS: dict[str, type[_Data]] = {
+DATA_MODELS: dict[str, type[NodeData]] = {
     "trigger": TriggerData,
     "ai-step": AiStepData,
     "tool": ToolData,
@@ -188,7 +190,7 @@ class RawGraph(BaseModel):
     sandbox: dict[str, Any] | None = Field(None, description=SANDBOX_HELP)
 
 
-def _typed_node(kind: str, data: type[_Data]) -> type[BaseModel]:
+def _typed_node(kind: str, data: type[NodeData]) -> type[BaseModel]:
     fields: dict[str, Any] = {
         "id": (str, Field(pattern=NODE_ID)),
         "type": (Literal[kind], ...),

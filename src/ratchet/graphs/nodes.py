@@ -23,7 +23,7 @@ from ratchet.graphs import connectors, templates
 from ratchet.graphs.validate import Node
 
 if TYPE_CHECKING:
-    from ratchet.graphs.interpreter import Interpreter, Scope
+    from ratchet.graphs.walk import Scope, Walk
 
 
 def single_step(node: Node) -> bool:
@@ -49,7 +49,7 @@ class Ready:
         self.value = value
 
 
-def run_node(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+def run_node(interp: Walk, node: Node, name: str, scope: Scope) -> Any:
     """The node's output as :class:`Ready`, or a coroutine for it; a step node's ordinal is
     taken here, now."""
     kind = node.type
@@ -86,7 +86,7 @@ def _override(sd: StepDef, node: Node, name: str, **more: Any) -> StepDef:
     )
 
 
-def _tool(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+def _tool(interp: Walk, node: Node, name: str, scope: Scope) -> Any:
     ctx = interp.ctx
     step = ctx.take_completed(name)
     if step is not None:
@@ -108,14 +108,14 @@ def _tool(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     return _as_json(coro, f"the output of node {node.id}")
 
 
-def _tool_def(interp: Interpreter, node: Node) -> Any:
+def _tool_def(interp: Walk, node: Node) -> Any:
     call = interp.app.tools.get(node.data.tool)
     if call is None:
         raise InvalidInput(f"node {node.id}: the app has no tool {node.data.tool!r}")
     return call.tool
 
 
-def tool_kwargs(interp: Interpreter, node: Node, scope: Scope) -> dict[str, Any]:
+def tool_kwargs(interp: Walk, node: Node, scope: Scope) -> dict[str, Any]:
     kwargs: dict[str, Any] = _tool_def(interp, node).bind(
         templates.render(node.data.args, scope.context())
     )
@@ -126,7 +126,7 @@ async def _as_json(coro: Any, what: str) -> Any:
     return _json(await coro, what)
 
 
-def _connector(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+def _connector(interp: Walk, node: Node, name: str, scope: Scope) -> Any:
     d = node.data
     ctx = scope.context()
     request = {
@@ -146,7 +146,7 @@ def _connector(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     return interp.ctx.call_step(sd, (), {"request": request})
 
 
-def _approval(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+def _approval(interp: Walk, node: Node, name: str, scope: Scope) -> Any:
     ctx = interp.ctx
     what = node.data.name or node.id
     step_id, step = ctx.next_step(STEP_PREFIX + name)
@@ -167,13 +167,13 @@ def _approval(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
     return ask()
 
 
-def _ai_step(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+def _ai_step(interp: Walk, node: Node, name: str, scope: Scope) -> Any:
     from ratchet.graphs.llm import ai_step
 
     return ai_step(interp, node, name, scope)
 
 
-async def _subagent(interp: Interpreter, node: Node, name: str, scope: Scope) -> Any:
+async def _subagent(interp: Walk, node: Node, name: str, scope: Scope) -> Any:
     d = node.data
     value = templates.render(d.input, scope.context())
     if d.workflow is not None:
@@ -188,16 +188,14 @@ async def _subagent(interp: Interpreter, node: Node, name: str, scope: Scope) ->
         return _json(
             await interp.ctx.child(wd, (), dict(value or {}), None), f"the output of node {node.id}"
         )
-    from ratchet.graphs.registry import graph_workflow
-
     step = interp.ctx.upcoming()
     if step is not None and step.child_run_id is not None:
         # Journaled by an earlier drive: the child is found by its id, whatever version of
         # its graph is registered now.
-        gwd = graph_workflow(interp.app, d.graph or "", "replayed")
+        gwd = interp.subgraph(d.graph or "", "replayed")
     else:
         stored = await interp.ctx.get_graph(d.graph or "")
         if stored is None:
             raise RatchetError(f"node {node.id}: no graph {d.graph!r} is registered")
-        gwd = graph_workflow(interp.app, stored.name, stored.version)
+        gwd = interp.subgraph(stored.name, stored.version)
     return await interp.ctx.child(gwd, (value,), {}, None)

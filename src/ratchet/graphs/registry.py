@@ -13,39 +13,26 @@ workflow carries the graph and its sandbox.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.definitions import WorkflowDef
-from ratchet.errors import RatchetError
+from ratchet.graphs.compiled import compiled
+from ratchet.graphs.walk import GraphApp, GraphWorkflow
 
 if TYPE_CHECKING:
-    from ratchet.app import Ratchet
-    from ratchet.engine.drive import Drive
     from ratchet.graphs.validate import Graph
-    from ratchet.store.base import Store, StoredGraph
-
-# Compiled graphs by (name, version): a version's content never changes.
-_COMPILED: dict[tuple[str, str], Graph] = {}
-
-
-@dataclass(slots=True)
-class GraphWorkflow(WorkflowDef):
-    """The interpreter as the workflow of one graph version, with the compiled graph (its
-    sandbox, for ``tier: isolated``) and the tools of the app it runs with."""
-
-    graph: Graph | None = None
-    tools: Mapping[str, Any] | None = None
+    from ratchet.store.base import Store
 
 
 def graph_workflow(
-    app: Ratchet, name: str, version: str, graph: Graph | None = None
+    app: GraphApp, name: str, version: str, graph: Graph | None = None
 ) -> WorkflowDef:
     """The interpreter as the workflow of graph ``name`` at ``version``."""
     from ratchet.graphs.interpreter import interpret
 
     async def run_graph(input: Any = None) -> Any:
-        return await interpret(app, input)
+        # The interpreter makes the workflows of its subgraphs' child runs the same way.
+        return await interpret(app, input, lambda n, v: graph_workflow(app, n, v))
 
     run_graph.__name__ = run_graph.__qualname__ = "run_graph"
     if graph is None:
@@ -55,58 +42,19 @@ def graph_workflow(
     )
 
 
-def pin(graph: Graph) -> None:
-    """Hold ``graph`` as the compiled form of its version (a sandbox's harness has no
-    store to read it from)."""
-    _COMPILED[(graph.name, graph.version)] = graph
-
-
-class GraphSource(Protocol):
-    """Where a registered graph is read from: the store, or a drive (``Drive.get_graph``)."""
-
-    async def get_graph(self, name: str, version: str | None = None) -> StoredGraph | None:
-        """A registered graph version (None: not registered)."""
-        ...
-
-
-async def compiled(store: GraphSource, name: str, version: str) -> Graph | None:
-    """Graph ``name`` at ``version``, compiled once per process (None: not registered)."""
-    graph = _COMPILED.get((name, version))
-    if graph is None:
-        stored = await store.get_graph(name, version)
-        if stored is None:
-            return None
-        # Here, not at the top: a worker that never meets a graph run never loads the
-        # graph format (pydantic models, templates), which would cost every start.
-        from ratchet.graphs.validate import load
-
-        graph = _COMPILED[(name, version)] = load(stored.definition)
-    return graph
-
-
-async def graph_for_run(app: Ratchet, ctx: Drive) -> Graph:
-    """The compiled graph version this run is pinned to."""
-    graph = await compiled(ctx, ctx.record.workflow, ctx.record.workflow_version)
-    if graph is None:
-        raise RatchetError(
-            f"run {ctx.run_id}: graph {ctx.record.workflow!r} version "
-            f"{ctx.record.workflow_version} is not registered"
-        )
-    return graph
-
-
 class AppWorkflows(Mapping[str, WorkflowDef]):
     """What a worker of an app drives: its code workflows, and any graph run (by name)
     through the interpreter. Iterates over the code workflows only."""
 
-    def __init__(self, app: Ratchet) -> None:
+    def __init__(self, app: GraphApp) -> None:
         self.app = app
 
     def __getitem__(self, name: str) -> WorkflowDef:
         wd = self.app.workflows.get(name)
         if wd is not None:
             return wd
-        return _graph_def(self.app, name)
+        # The version is the run's (the interpreter reads it from the run's record).
+        return self.app.graph_interpreter(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.app.workflows)
@@ -128,11 +76,3 @@ class AppWorkflows(Mapping[str, WorkflowDef]):
         if graph is None or graph.sandbox is None:
             return None
         return graph_workflow(self.app, name, version, graph)
-
-
-def _graph_def(app: Ratchet, name: str) -> WorkflowDef:
-    # The version is the run's (the interpreter reads it from the run's record).
-    wd = app._graph_defs.get(name)
-    if wd is None:
-        wd = app._graph_defs[name] = graph_workflow(app, name, "graph")
-    return wd

@@ -28,7 +28,7 @@ from ratchet.engine.retry import NO_RETRY, Retry, as_policy
 from ratchet.engine.waits import PARK_MIN_S
 from ratchet.errors import InvalidInput, RatchetError
 from ratchet.graphs import templates
-from ratchet.graphs.model import DATA_MODELS, NODE_TYPES, Edge, RawGraph, RawNode, _Data
+from ratchet.graphs.model import DATA_MODELS, NODE_TYPES, Edge, NodeData, RawGraph, RawNode
 from ratchet.model import dumps
 from ratchet.sandbox.spec import Sandbox
 
@@ -228,7 +228,7 @@ def _node(
         )
         return None
     try:
-        data: _Data = DATA_MODELS[rn.type].model_validate(rn.data)
+        data: NodeData = DATA_MODELS[rn.type].model_validate(rn.data)
     except pydantic.ValidationError as e:
         problems.extend(_pydantic_problems(e, f"{where}.data", rn.id))
         return None

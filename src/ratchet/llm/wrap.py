@@ -63,6 +63,18 @@ def wrap(
     )
 
 
+def default_client(provider: str) -> Any:
+    """The SDK's default async client for ``provider`` (``anthropic`` or ``openai``), from
+    its own environment variables, wrapped."""
+    if provider == "anthropic":
+        import anthropic
+
+        return wrap(anthropic.AsyncAnthropic())
+    import openai
+
+    return wrap(openai.AsyncOpenAI())
+
+
 def _provider_of(client: Any) -> str:
     cls = type(client)
     provider = cls.__module__.split(".")[0]

@@ -6,16 +6,32 @@ receipts existed is signed here, once: the journal is read, its hash chain check
 event (nothing is signed over a broken chain), and the receipt stored unless a concurrent
 signer stored one first. Ed25519 signatures are deterministic, so two signers with the same
 key produce the same receipt.
+
+Receipts sit below the engine: they read only the model and the store, and the engine
+signs with them in the commit that ends a run (:func:`receipt_for`) and before retention
+deletes a journal (:func:`ensure_receipt`).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from ratchet.errors import ChainBroken, JournalPruned, RunNotFinished, UnknownRun
-from ratchet.model import GENESIS_HASH, Event, RunRecord, fold
+from ratchet.model import GENESIS_HASH, Event, RunRecord, RunState, fold
 from ratchet.receipts.envelope import sign
 from ratchet.receipts.keys import Signer
 from ratchet.store import Store, retention
 from ratchet.store.retention import StoredRunReceipt
+
+
+def receipt_for(signer: Signer | None, record: RunRecord, state: RunState) -> dict[str, Any] | None:
+    """The stored form of the run's signed receipt over ``state`` (None without a key): what
+    the engine writes in the commit that ends the run."""
+    if signer is None:
+        return None
+    return retention.receipt_params(
+        record.run_id, state.last_seq, signer.key_id, sign(signer, record, state)
+    )
 
 
 def check_chain(run_id: str, events: list[Event]) -> None:

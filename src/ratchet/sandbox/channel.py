@@ -1,4 +1,4 @@
-"""The report channel: the runtime routes (:mod:`ratchet.api.runtime`) served by the
+"""The report channel: the runtime routes (:mod:`ratchet.sandbox.report_routes`) served by the
 worker itself on a Unix socket that is bound into each of its sandboxes.
 
 The worker serves it, not ``ratchet server``: a worker started alone (``ratchet worker``,
@@ -55,8 +55,9 @@ class ReportChannel:
         import uvicorn
         from fastapi import FastAPI
 
-        from ratchet.api import errors, runtime
-        from ratchet.api.limits import BodyLimit
+        from ratchet.sandbox import report_routes
+        from ratchet.web import errors
+        from ratchet.web.limits import BodyLimit
 
         class _Server(uvicorn.Server):
             # The worker's process owns its signals (SIGTERM hands runs back); the
@@ -69,7 +70,7 @@ class ReportChannel:
         api.state.store = self.store
         api.state.grants = self.grants
         errors.install(api)
-        api.include_router(runtime.router)
+        api.include_router(report_routes.router)
         api.add_middleware(BodyLimit, limit=MAX_REPORT)
         self._dir = tempfile.mkdtemp(prefix="ratchet-report-")
         self.path = os.path.join(self._dir, "report.sock")

@@ -71,16 +71,47 @@ def load(ref: str) -> WorkflowDef:
 def load_graph() -> WorkflowDef:
     """The interpreter of the graph in RATCHET_GRAPH, with the tools RATCHET_GRAPH_TOOLS
     names, on an app of its own (it opens no database: the journal is the channel's)."""
-    from ratchet.app import Ratchet
-    from ratchet.graphs.registry import graph_workflow, pin
+    from ratchet.graphs.compiled import pin
+    from ratchet.graphs.registry import graph_workflow
     from ratchet.graphs.validate import load as load_definition
 
-    app = Ratchet("sqlite:///unused-in-a-sandbox.db")
-    for name, ref in json.loads(os.environ.get(TOOLS_ENV, "{}")).items():
-        app.tools[name] = _import(ref)
-    graph = load_definition(json.loads(os.environ[GRAPH_ENV]), tools=app.tools)
+    tools = {
+        name: _import(ref) for name, ref in json.loads(os.environ.get(TOOLS_ENV, "{}")).items()
+    }
+    app = SandboxedGraphApp(tools)
+    graph = load_definition(json.loads(os.environ[GRAPH_ENV]), tools=tools)
     pin(graph)
     return graph_workflow(app, graph.name, graph.version, graph)
+
+
+class SandboxedGraphApp:
+    """What a graph runs with inside a sandbox, in place of the app (it opens no database:
+    the journal is the channel's): the tools RATCHET_GRAPH_TOOLS names, no code workflows,
+    and the SDKs' default model clients, whose calls go over the channel."""
+
+    def __init__(self, tools: dict[str, object]) -> None:
+        self.workflows: dict[str, WorkflowDef] = {}
+        self.tools = tools
+        self._clients: dict[str, object] = {}
+        self._interpreters: dict[str, WorkflowDef] = {}
+
+    def llm_client_for(self, provider: str) -> object:
+        """The SDK's default client for ``provider``, wrapped, made once."""
+        client = self._clients.get(provider)
+        if client is None:
+            from ratchet.llm.wrap import default_client
+
+            client = self._clients[provider] = default_client(provider)
+        return client
+
+    def graph_interpreter(self, name: str) -> WorkflowDef:
+        """The interpreter as the workflow of graph ``name``, made once per name."""
+        wd = self._interpreters.get(name)
+        if wd is None:
+            from ratchet.graphs.registry import graph_workflow
+
+            wd = self._interpreters[name] = graph_workflow(self, name, "graph")
+        return wd
 
 
 def _import(ref: str) -> object:

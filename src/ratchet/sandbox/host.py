@@ -1,7 +1,7 @@
 """The host's side of an isolated run's journal: every event of it is written here, by the
 worker that owns the sandbox, never by the sandbox.
 
-A sandbox proposes (over the report channel, :mod:`ratchet.api.runtime`) its drive's step
+A sandbox proposes (over the report channel, :mod:`ratchet.sandbox.report_routes`) its drive's step
 events, in the order its drive wrote them, and at the end the run's outcome: a kind, a
 step id, an attempt and a payload for each. The host checks every proposal against the
 step state machine, on its own fold of the journal (:class:`HostJournal` keeps it event
@@ -42,7 +42,6 @@ from typing import TYPE_CHECKING, Any, cast
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.guards import ANOMALIES, BUDGET, Guards
 from ratchet.engine.guards.run import RunGuards
-from ratchet.engine.journal_writer import receipt_for
 from ratchet.errors import (
     GuardTripped,
     LLMError,
@@ -68,6 +67,7 @@ from ratchet.model import (
     output_payload,
 )
 from ratchet.receipts import Signer
+from ratchet.receipts.service import receipt_for
 
 if TYPE_CHECKING:
     from ratchet.engine.guards.run import GuardedDrive

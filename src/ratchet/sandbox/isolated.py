@@ -35,7 +35,6 @@ from typing import Any
 from ratchet.engine.control import Control, DriveOutcome, StopReason
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
-from ratchet.engine.journal_writer import receipt_for
 from ratchet.engine.worker import Relet
 from ratchet.errors import (
     LeaseLost,
@@ -45,7 +44,7 @@ from ratchet.errors import (
     SandboxUnavailable,
 )
 from ratchet.extras import require
-from ratchet.graphs.registry import GraphWorkflow
+from ratchet.graphs.walk import GraphWorkflow
 from ratchet.model import (
     ClaimedRun,
     Event,
@@ -57,6 +56,7 @@ from ratchet.model import (
     fold,
 )
 from ratchet.receipts import Signer
+from ratchet.receipts.service import receipt_for
 from ratchet.sandbox import mounts
 from ratchet.sandbox.backend import (
     REPORT_SOCKET,
@@ -69,6 +69,7 @@ from ratchet.sandbox.bwrap import default_backend
 from ratchet.sandbox.channel import ReportChannel
 from ratchet.sandbox.grants import Grant
 from ratchet.sandbox.host import HostJournal
+from ratchet.sandbox.spec import Sandbox
 from ratchet.store import sandboxes as rows
 from ratchet.store.base import Store
 
@@ -154,7 +155,7 @@ class IsolatedRunner:
         self, claimed: ClaimedRun, wd: WorkflowDef, control: Control, relet: Relet
     ) -> DriveOutcome:
         run_id, lease = claimed.record.run_id, claimed.lease
-        assert wd.sandbox is not None
+        sandbox = sandbox_of(wd)
         reason = claimed.reason
         ready: tuple[SandboxBackend, str] | None = None
         while True:
@@ -191,7 +192,7 @@ class IsolatedRunner:
             journal = HostJournal(
                 self.store, lease, claimed.record, events, wd.guards or DEFAULT_GUARDS, self.signer
             )
-            grant, token = self.channel.grants.issue(journal, sandbox_id, wd.sandbox.timeout_s)
+            grant, token = self.channel.grants.issue(journal, sandbox_id, sandbox.timeout_s)
             try:
                 exit, why = await self._run_sandbox(backend, socket, row, wd, token, control, grant)
             finally:
@@ -255,7 +256,7 @@ class IsolatedRunner:
         """Spawn the sandbox and wait until it is gone: its exit, and why it ended
         (``exited``, ``timeout``, ``deadline`` at the run's deadline, ``ended`` when the
         worker ended the run itself, or the stop that killed it)."""
-        assert wd.sandbox is not None
+        sandbox = sandbox_of(wd)
         env = {
             "RATCHET_RUN_ID": row.run_id,
             "RATCHET_SANDBOX_ID": row.sandbox_id,
@@ -263,7 +264,7 @@ class IsolatedRunner:
             "RATCHET_WORKER_ID": row.worker_id,
             "RATCHET_LEASE_EPOCH": str(row.epoch),
             "RATCHET_REPORT_SOCKET": REPORT_SOCKET,
-            "RATCHET_NETWORK": wd.sandbox.network,
+            "RATCHET_NETWORK": sandbox.network,
             "PYTHONPATH": os.pathsep.join(mounts.import_path()),
             "PYTHONDONTWRITEBYTECODE": "1",
             "HOME": "/tmp",
@@ -277,9 +278,7 @@ class IsolatedRunner:
             args, more = harness_args(wd)
             env.update(more)
             argv = [sys.executable, "-m", HARNESS, *args]
-            request = SpawnRequest(
-                row.sandbox_id, wd.sandbox, argv, env, socket, hidden=self.hidden()
-            )
+            request = SpawnRequest(row.sandbox_id, sandbox, argv, env, socket, hidden=self.hidden())
             previous = self._live.get(row.run_id)
             if previous is not None:
                 previous[0].kill()
@@ -315,7 +314,7 @@ class IsolatedRunner:
         why = "exited"
         try:
             # The sandbox's own time limit, or the run's deadline where that comes first.
-            timeout, at_deadline = wd.sandbox.timeout_s, False
+            timeout, at_deadline = sandbox.timeout_s, False
             deadline = grant.journal.deadline
             if deadline is not None and (timeout is None or deadline[0] - time.time() < timeout):
                 timeout, at_deadline = max(0.0, deadline[0] - time.time()), True
@@ -558,6 +557,13 @@ def harness_args(wd: WorkflowDef) -> tuple[list[str], dict[str, str]]:
         harness.GRAPH_ENV: dumps(wd.graph.definition),
         harness.TOOLS_ENV: dumps(refs),
     }
+
+
+def sandbox_of(wd: WorkflowDef) -> Sandbox:
+    """The sandbox an isolated workflow's attempts run in (the engine's definition holds
+    it as an object: the engine knows nothing of sandboxes)."""
+    assert isinstance(wd.sandbox, Sandbox), wd.name  # the worker isolates only these
+    return wd.sandbox
 
 
 def module_ref(obj: object, module_name: str, what: str) -> str:

@@ -25,7 +25,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from fastapi.templating import Jinja2Templates
 
 from ratchet.api.auth import SESSION_COOKIE, allows, scope
-from ratchet.api.errors import ApiError
 from ratchet.api.events import ENDED
 from ratchet.api.replay import waterfall_out
 from ratchet.api.runs import owned
@@ -34,6 +33,7 @@ from ratchet.model import RunRecord, RunStatus
 from ratchet.store import Store, dashboard, sessions, tenants, tokens
 from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
+from ratchet.web.errors import ApiError
 
 HERE = Path(__file__).parent
 templates = Jinja2Templates(directory=HERE / "templates")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -21,10 +21,42 @@ from starlette.types import ASGIApp
 
 from ratchet.llm.server.answer import Outcome
 from ratchet.llm.server.connection import Droppable, drop
-from ratchet.llm.server.script import ScriptError, fault_spec
+from ratchet.llm.server.script import FaultSpec, ScriptError, fault_spec
 
-if TYPE_CHECKING:
-    from ratchet.llm.server.provider import LocalProvider
+
+class Provider(Protocol):
+    """What the routes ask of the provider behind them
+    (:class:`ratchet.llm.server.provider.LocalProvider`, which builds its app from here)."""
+
+    def arrived(self) -> None:
+        """Count a model request whose body has arrived."""
+
+    async def answer(self, endpoint: str, path: str, key: str | None, raw: bytes) -> Outcome:
+        """Answer one model request."""
+        ...
+
+    def refuse(self, path: str, status: int, message: str) -> Outcome:
+        """A request to no model endpoint, logged and counted as refused."""
+        ...
+
+    def stats(self) -> dict[str, int]:
+        """The provider's counters."""
+        ...
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The request log, oldest first."""
+        ...
+
+    def add_fault(self, spec: FaultSpec) -> None:
+        """Queue an already validated fault."""
+
+    def pending_faults(self) -> list[dict[str, Any]]:
+        """The faults still queued."""
+        ...
+
+    def reset(self) -> None:
+        """Back to the state the provider started in."""
+
 
 #: Model endpoint paths and the endpoint names used by rules, faults and the log.
 MODEL_PATHS = {
@@ -59,7 +91,7 @@ _ANTHROPIC_ERROR_TYPES = {
 }
 
 
-def build_app(provider: LocalProvider) -> ASGIApp:
+def build_app(provider: Provider) -> ASGIApp:
     """The ASGI app serving ``provider``."""
 
     async def model(request: Request) -> Response:

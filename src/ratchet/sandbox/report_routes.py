@@ -1,4 +1,5 @@
-"""The runtime routes a sandbox reports on (the isolated tier).
+"""The runtime routes a sandbox reports on (the isolated tier): the server side of the
+report channel (:mod:`ratchet.sandbox.channel` serves them).
 
 ``POST /v1/runtime/report`` proposes the sandbox's journal writes (op=append), or its
 run's end as the last event (op=finish); ``GET /v1/runtime/journal`` gives a starting
@@ -26,7 +27,6 @@ from fastapi import APIRouter, Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
 
-from ratchet.api.errors import ApiError
 from ratchet.errors import (
     DriveAborted,
     DriveRefused,
@@ -41,6 +41,7 @@ from ratchet.model import dumps
 from ratchet.sandbox.grants import Grant, Grants
 from ratchet.sandbox.host import Proposal
 from ratchet.store.base import Store
+from ratchet.web.errors import ApiError
 
 router = APIRouter(prefix="/v1/runtime", tags=["runtime"])
 

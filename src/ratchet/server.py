@@ -1,5 +1,8 @@
-"""The ASGI app of ``ratchet server``: the routes over one Ratchet app's store, and the
-embedded workers that drive its runs in the same process (none for an API-only node)."""
+"""The ASGI app of ``ratchet server``: the API's routes (:mod:`ratchet.api`) and the
+dashboard's pages (:mod:`ratchet.ui`) over one Ratchet app's store, and the embedded
+workers that drive its runs in the same process (none for an API-only node). It sits above
+both: the dashboard builds on the API's auth and views, and the API knows nothing of it.
+Needs the server extra."""
 
 from __future__ import annotations
 
@@ -9,18 +12,23 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.staticfiles import StaticFiles
+from ratchet.extras import require
 
-from ratchet import __version__
-from ratchet.api import admin, errors, events, receipts, replay, runs, tokens
-from ratchet.api.limits import MAX_BODY, BodyLimit, PlainTarget
-from ratchet.api.metrics import Metrics
-from ratchet.api.readiness import READY_TIMEOUT_S, Readiness
-from ratchet.api.tails import Tails
-from ratchet.api.token_watch import TOKEN_CHECK_S, TokenWatch
-from ratchet.app import Ratchet
-from ratchet.ui import pages
+require("ratchet server", "server")
+
+from fastapi import FastAPI  # noqa: E402
+from fastapi.staticfiles import StaticFiles  # noqa: E402
+
+from ratchet import __version__  # noqa: E402
+from ratchet.api import admin, events, receipts, replay, runs, tokens  # noqa: E402
+from ratchet.api.metrics import Metrics  # noqa: E402
+from ratchet.api.readiness import READY_TIMEOUT_S, Readiness  # noqa: E402
+from ratchet.api.tails import Tails  # noqa: E402
+from ratchet.api.token_watch import TOKEN_CHECK_S, TokenWatch  # noqa: E402
+from ratchet.app import Ratchet  # noqa: E402
+from ratchet.ui import pages  # noqa: E402
+from ratchet.web import errors  # noqa: E402
+from ratchet.web.limits import MAX_BODY, BodyLimit, PlainTarget  # noqa: E402
 
 log = logging.getLogger("ratchet.api")
 HEARTBEAT_S = 15.0
