@@ -2,7 +2,7 @@
 every error status, tenant isolation for every route, and the journal as Server-Sent
 Events (httpx-sse and ``curl -N``) received once and in order across a reconnect and a
 worker killed mid-run. The API node here is API-only; runs are driven by worker processes
-(tests/proc.py), so wake-ups cross processes as they do in production."""
+(tests/support/proc.py), so wake-ups cross processes as they do in production."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ import crash_app
 import httpx
 import pytest
 from httpx_sse import aconnect_sse, connect_sse
-from proc import Harness, wait_for
+from proc import Harness
 from serving import serving
+from waiting import wait_for
 
 from ratchet.store import tokens
 
@@ -490,8 +491,8 @@ def test_sse_resumes_from_after_seq_and_refuses_a_bad_last_event_id(api: Api) ->
         "invalid_input",
     )
     wait_for(
-        "the stream's subscriber to be gone",
         lambda: "ratchet_sse_subscribers 0.0" in api.acme.get("/metrics").text,
+        what="the stream's subscriber to be gone",
     )
 
 
