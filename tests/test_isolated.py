@@ -26,6 +26,7 @@ from waiting import wait_for
 
 import ratchet
 from ratchet.cli import cli
+from ratchet.engine.definitions import WorkflowDef
 from ratchet.errors import InvalidInput
 from ratchet.model import Event, dumps
 from ratchet.receipts import verify
@@ -64,7 +65,7 @@ def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]
 
 
 def _out_of_sandboxes(
-    make_app: Callable[..., ratchet.Ratchet], workflow: object
+    make_app: Callable[..., ratchet.Ratchet], workflow: WorkflowDef | str
 ) -> tuple[ratchet.Ratchet, str, list[SandboxRecord]]:
     """A run of ``workflow`` (one that never finishes) failed after its three sandboxes."""
     app = _app(make_app)

@@ -454,7 +454,7 @@ def test_curl_n_receives_the_whole_journal_and_heartbeats(api: Api) -> None:
     # The run is parked: the stream idles with heartbeats (every 0.3 s here) until woken.
     while ": heartbeat" not in lines:
         line = curl.stdout.readline().decode()
-        assert line, f"curl ended early: {curl.stderr.read() if curl.stderr else ''}"
+        assert line, f"curl ended early: {curl.stderr.read() if curl.stderr else b''!r}"
         lines.append(line.rstrip("\n"))
     assert api.acme.post(f"/v1/runs/{run_id}/signals/go", json={"data": 1}).status_code == 202
     out, err = curl.communicate(timeout=30)
@@ -573,8 +573,8 @@ async def test_fifty_subscribers_of_one_run_each_receive_every_event_once_in_ord
         # Every stream is open (and has read the queued event) before the run goes on.
         await asyncio.to_thread(
             wait_for,
-            f"{n} subscribers",
             lambda: f"ratchet_sse_subscribers {n}.0" in api.acme.get("/metrics").text,
+            what=f"{n} subscribers",
         )
         h.spawn("w", lease_ttl=3.0)
         await asyncio.to_thread(h.wait_invoked, "1:work")

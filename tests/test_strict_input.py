@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -103,7 +104,7 @@ def test_names_have_length_limits(api: Api) -> None:
     ],
 )
 def test_out_of_range_numbers_nan_and_nul_answer_422(
-    api: Api, path: str, params: dict[str, object], headers: dict[str, str]
+    api: Api, path: str, params: dict[str, Any], headers: dict[str, str]
 ) -> None:
     run_id = api.start("chain", {"n": 1})
     r = api.acme.get(path.replace("{id}", run_id), params=params, headers=headers)

@@ -190,7 +190,7 @@ async def hungry() -> int:
 SHOWN = os.path.join(tempfile.gettempdir(), "ratchet-sandbox-shown")
 
 
-@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(mounts=[SHOWN], timeout_s=120))
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(mounts=(SHOWN,), timeout_s=120))
 async def peek(paths: list[str]) -> list[str]:
     return [await read_host(p) for p in paths]
 

@@ -105,7 +105,7 @@ def forge_usage(step_id: str) -> dict[str, Any]:
             "sandbox_id": sandbox_id,
             "step_id": step_id,
             "attempt": 1,
-            "site": llm.site,
+            "site": llm.site,  # type: ignore[attr-defined]  # wrap() keeps the client's type
             "kwargs_json": json.dumps({"model": MODEL, "messages": []}),
         },
     )

@@ -10,7 +10,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from typing import Any, Literal, TypeVar, overload
 
 POLL_S = 0.01
 T = TypeVar("T")
@@ -22,12 +22,13 @@ def _timed_out(what: str, timeout: float, detail: Callable[[], str] | None) -> A
 
 
 def wait_for(
-    probe: Callable[[], T | None],
+    probe: Callable[[], T | Literal[False] | None],
     timeout: float = 15.0,
     what: str = "state",
     detail: Callable[[], str] | None = None,
 ) -> T:
-    """Poll ``probe`` until it returns something truthy, and return that."""
+    """Poll ``probe`` until it returns something truthy, and return that (a probe written
+    ``cond and value`` gives the value)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
@@ -38,12 +39,26 @@ def wait_for(
         time.sleep(POLL_S)
 
 
+@overload
 async def wait_for_async(
-    probe: Callable[[], T | None] | Callable[[], Awaitable[T | None]],
+    probe: Callable[[], Awaitable[T | Literal[False] | None]],
+    timeout: float = ...,
+    what: str = ...,
+    detail: Callable[[], str] | None = ...,
+) -> T: ...
+@overload
+async def wait_for_async(
+    probe: Callable[[], T | Literal[False] | None],
+    timeout: float = ...,
+    what: str = ...,
+    detail: Callable[[], str] | None = ...,
+) -> T: ...
+async def wait_for_async(
+    probe: Callable[[], Any],
     timeout: float = 15.0,
     what: str = "state",
     detail: Callable[[], str] | None = None,
-) -> T:
+) -> Any:
     """:func:`wait_for` on the event loop: ``probe`` may be a plain function or a coroutine
     function; the loop runs between polls."""
     deadline = time.monotonic() + timeout
@@ -51,7 +66,7 @@ async def wait_for_async(
         got = probe()
         value = await got if inspect.isawaitable(got) else got
         if value:
-            return cast(T, value)
+            return value
         if time.monotonic() >= deadline:
             raise _timed_out(what, timeout, detail)
         await asyncio.sleep(POLL_S)
