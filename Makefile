@@ -48,9 +48,20 @@ docs: $(STAMP)  ## the documentation site, served at http://127.0.0.1:8000 as yo
 docs-check: $(STAMP)  ## build the site with warnings as errors (broken links, references)
 	$(MKDOCS) build --strict
 
-lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests examples bench chaos docs/scripts
+# The Python the linters read: the package, its tests, benchmarks, campaigns and examples.
+LINTED := src tests examples bench chaos docs/scripts
+
+lint: $(STAMP)  ## ruff (lint, format), mypy (strict on src; tests, bench, chaos checked), the layers
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy $(MYPY_SCRIPTS)
+
+# tests, bench and chaos as mypy reads them (pyproject.toml's overrides say how strictly):
+# each test module under its path (tests.test_x), the helpers and apps in tests/support
+# under the flat names the tests and the worker scripts import them by (mypy_path).
+MYPY_SCRIPTS := tests bench chaos
 
 clean:
 	rm -rf $(VENV) .ratchet .pytest_cache .mypy_cache .ruff_cache site

@@ -45,7 +45,7 @@ async def per_step(guards: Guards, n: int) -> float:
     t0 = time.perf_counter()
     for i in range(1, n + 1):
         step_id = f"{i}:noop"
-        args, kwargs = ("job-1", i), {}
+        args, kwargs = ("job-1", i), dict[str, Any]()
         await g.before_attempt(sd, step_id, args, kwargs)
         state.steps[step_id] = StepState(step_id, i, "noop")
         await g.after_step(sd, step_id, args, kwargs, {"page": i}, None, True)

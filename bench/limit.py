@@ -14,11 +14,13 @@ import json
 import multiprocessing as mp
 import sqlite3
 import time
+from collections.abc import Callable
+from typing import Any
 
 import psycopg
 
 
-def _sqlite_client(path: str, seconds: float, start: float, out: mp.Queue) -> None:
+def _sqlite_client(path: str, seconds: float, start: float, out: mp.Queue[Any]) -> None:
     conn = sqlite3.connect(path, isolation_level=None, timeout=60)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
@@ -33,7 +35,7 @@ def _sqlite_client(path: str, seconds: float, start: float, out: mp.Queue) -> No
     out.put((n, time.perf_counter() - t0))
 
 
-def _postgres_client(url: str, seconds: float, start: float, out: mp.Queue) -> None:
+def _postgres_client(url: str, seconds: float, start: float, out: mp.Queue[Any]) -> None:
     conn = psycopg.connect(url, autocommit=False)
     while time.time() < start:
         time.sleep(0.001)
@@ -46,6 +48,7 @@ def _postgres_client(url: str, seconds: float, start: float, out: mp.Queue) -> N
 
 
 def measure(backend: str, db: str, clients: int, seconds: float) -> dict[str, float]:
+    target: Callable[[str, float, float, mp.Queue[Any]], None]
     if backend == "sqlite":
         conn = sqlite3.connect(db, isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -53,10 +56,10 @@ def measure(backend: str, db: str, clients: int, seconds: float) -> dict[str, fl
         conn.close()
         target = _sqlite_client
     else:
-        with psycopg.connect(db, autocommit=True) as conn:
-            conn.execute("CREATE TABLE IF NOT EXISTS limit_probe (x integer)")
+        with psycopg.connect(db, autocommit=True) as pg:
+            pg.execute("CREATE TABLE IF NOT EXISTS limit_probe (x integer)")
         target = _postgres_client
-    out: mp.Queue = mp.Queue()
+    out: mp.Queue[Any] = mp.Queue()
     start = time.time() + 0.3
     procs = [mp.Process(target=target, args=(db, seconds, start, out)) for _ in range(clients)]
     for p in procs:

@@ -753,7 +753,7 @@ def _merged(
 ) -> dict[str, Any]:
     """The latest full results with one family of measures (samples keyed by
     ``prefixes``) replaced by ``measured``, as --claim-only does; written back, both files."""
-    results = json.loads((RESULTS / "latest.json").read_text())
+    results: dict[str, Any] = json.loads((RESULTS / "latest.json").read_text())
     results["samples"] = {
         k: v for k, v in results["samples"].items() if not k.startswith(prefixes)
     } | measured["samples"]

@@ -30,7 +30,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -425,6 +425,7 @@ def measure(backend: str, url: str, quick: bool) -> dict[str, Any]:
     try:
         # accept goes last: the thousands of runs it starts stay queued (no worker serves
         # them) and must not be there for a stream measure's writer to claim.
+        fn: Callable[[], Any]
         for name, fn in (
             ("single", lambda: follow(server, 1, 1, p.single_seconds, p.timeout)),
             (

@@ -84,8 +84,8 @@ def _stamp(store: Store, commits: dict[int, tuple[float, float]]) -> None:
 
         store._append_now = committed  # type: ignore[method-assign]
     else:
-        store.append = after(store.append)  # type: ignore[method-assign]
-    store.finish = after(store.finish)  # type: ignore[method-assign]
+        store.append = after(store.append)  # type: ignore[method-assign,assignment]
+    store.finish = after(store.finish)  # type: ignore[method-assign,assignment]
 
 
 async def drive(url: str, run_id: str, timeout: float) -> dict[str, Any]:

@@ -120,6 +120,7 @@ async def subscribe(
     loop = asyncio.get_running_loop()
     streams: list[Stream] = []
     for _ in range(n):  # one by one: a burst of connects would overflow the listen backlog
+        assert where.hostname is not None and where.port is not None
         _, stream = await loop.create_connection(
             lambda: Stream(request), where.hostname, where.port
         )

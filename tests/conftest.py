@@ -24,8 +24,9 @@ import ratchet
 from ratchet.store import Clock, Store, make_store
 
 if TYPE_CHECKING:
+    from proc import Harness
+
     from ratchet.llm.server import LocalProvider
-    from tests.proc import Harness
 
 PG_URL = os.environ.get("RATCHET_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 _pg_error: str | None = None
@@ -118,9 +119,9 @@ async def store(db_url: str) -> AsyncIterator[Store]:
 
 @pytest.fixture
 def h(db_url: str, tmp_path: Path) -> Iterator[Harness]:
-    """A crash harness (tests/proc.py) on this test's database: worker processes running
-    tests/crash_app.py, its invocation log and gates; every worker is stopped after."""
-    from tests.proc import Harness
+    """A crash harness (tests/support/proc.py) on this test's database: worker processes running
+    tests/support/crash_app.py, its invocation log and gates; every worker is stopped after."""
+    from proc import Harness
 
     harness = Harness(db_url, tmp_path)
     try:

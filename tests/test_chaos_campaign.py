@@ -13,8 +13,8 @@ import time
 from random import Random
 
 import pytest
-from proc import wait_for
 from test_chaos_check import chain, good_specs
+from waiting import wait_for
 
 from chaos.campaign import Config, expected_s
 from chaos.faults import Postgres, cluster_on_port, kill_a_sandbox, live_sandboxes
@@ -183,7 +183,7 @@ def test_a_sandbox_kill_only_targets_sandboxes_of_the_campaigns_workers() -> Non
     )
     try:
         wait_for(
-            "the process to show up", lambda: fake.pid in live_sandboxes({os.getpid()}) or None
+            lambda: fake.pid in live_sandboxes({os.getpid()}) or None, what="the process to show up"
         )
         assert fake.pid not in live_sandboxes({os.getpid() + 1_000_000})
         assert not kill_a_sandbox(Random(1), {os.getpid() + 1_000_000})

@@ -724,7 +724,7 @@ def test_a_parent_failed_by_a_child_s_crash_loop_and_its_cancelled_sibling_are_e
         ("run_failed", None, None, {"error": "boom"}),
     ]
     ev = child_crash_looped("RuntimeError: boom", plain)
-    assert sorted(v.run_id for v in check_all(ev).violations if v.check == "failure") == [
+    assert sorted(str(v.run_id) for v in check_all(ev).violations if v.check == "failure") == [
         PARENT,
         CHILD1,
     ]

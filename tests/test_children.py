@@ -127,4 +127,5 @@ def test_a_cancel_while_a_branch_creates_a_child_leaves_run_cancelled_last(
     assert events[-1].kind == "run_cancelled", [(e.seq, e.kind, e.step_id) for e in events]
     children = [r.run_id for r in app.runs() if r.parent_run_id == run_id]
     # A child its parent's end found running is cancelled by its own worker, soon after.
-    assert children and wait_for(lambda: all(app.get(c).status.terminal for c in children))
+    assert children
+    wait_for(lambda: all(app.get(c).status.terminal for c in children), what="children ended")

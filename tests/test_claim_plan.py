@@ -57,9 +57,9 @@ def test_postgres_claim_reads_a_bounded_number_of_rows(pg_url: str) -> None:
         }
         for name, params in (("timers_due", {"limit": 100}), ("claim_ready", claim)):
             with conn.transaction(force_rollback=True):  # EXPLAIN ANALYZE runs the claim
-                [plan] = conn.execute(
-                    "EXPLAIN (ANALYZE, FORMAT JSON) " + q[name], params
-                ).fetchone()
+                row = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + q[name], params).fetchone()
+                assert row is not None
+                [plan] = row
                 read = _rows_read(plan[0]["Plan"])
                 assert read <= 4 * LIMIT, f"{name} read {read} rows: {json.dumps(plan)}"
 

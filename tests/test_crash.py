@@ -1,6 +1,6 @@
 """Crash tests with real worker processes, on SQLite and PostgreSQL.
 
-A worker process (``tests/crash_app.py``) is killed with SIGKILL — from outside while a
+A worker process (``tests/support/crash_app.py``) is killed with SIGKILL — from outside while a
 step's code runs, or by the engine's own crash points (``RATCHET_CRASH_AT``) at a precise
 line — or frozen with SIGSTOP, and another worker finishes the run. Each test then checks
 the invariants of docs/concepts/invariants.md from what the processes left: the journal
@@ -20,8 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from proc import Harness, WorkerProc, wait_for
+from proc import Harness, WorkerProc
 from typer.testing import CliRunner
+from waiting import wait_for
 
 from ratchet import Event
 from ratchet.cli import cli
@@ -586,10 +587,10 @@ def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Ha
     a.wait_log(f"action=shutdown_grace_over worker_id={a.worker_id} interrupted=1")
     assert a.wait_exit() == 0
     second = wait_for(
-        "step 2:work to run again",
         lambda: (
             len(runs := [r for r in h.invocations() if r["step_id"] == "2:work"]) == 2 and runs[1]
         ),
+        what="step 2:work to run again",
         detail=h.worker_logs,
     )
     h.open_gate("step-2")

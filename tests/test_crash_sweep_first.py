@@ -1,6 +1,6 @@
 """A dead worker's runs go ahead of fresh ones on a worker kept full by a queue.
 
-Real worker processes (tests/crash_app.py) on SQLite and PostgreSQL: worker ``a`` dies
+Real worker processes (tests/support/crash_app.py) on SQLite and PostgreSQL: worker ``a`` dies
 holding a run; worker ``b``, its only slot busy, has ready runs queued behind it. Once the
 dead worker's lease has run out, the slot ``b`` frees must go to the orphan, not to the
 queue: otherwise the orphan waits for every queued run, however long the queue.
@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 import pytest
-from proc import Harness, wait_for
+from proc import Harness
+from waiting import wait_for
 
 from ratchet.model import EventKind
 
@@ -32,21 +33,21 @@ def first_drive_at(h: Harness, run_id: str, kind: str) -> float:
 def test_a_full_worker_takes_a_dead_workers_run_before_queued_ones(h: Harness) -> None:
     orphan = h.app.start("chain", n=3, block_at=[2])
     a = h.spawn("a", lease_ttl=2.0, concurrency=1)
-    wait_for("the orphan's step 2 running on a", lambda: invoked(h, orphan, "2:work"))
+    wait_for(lambda: invoked(h, orphan, "2:work"), what="the orphan's step 2 running on a")
     a.kill()
     a.wait_exit()
 
     busy = h.app.start("chain", n=1, block_at=[1])
     b = h.spawn("b", lease_ttl=2.0, recovery_interval=0.2, concurrency=1)
-    wait_for("the busy run's step running on b", lambda: invoked(h, busy, "1:work"))
+    wait_for(lambda: invoked(h, busy, "1:work"), what="the busy run's step running on b")
     queued = [h.app.start("chain", n=1) for _ in range(5)]
     # b is full: its sweeps find no free slot, while the orphan's lease runs out.
     holder, _, expires_at = h.lease(orphan)
     assert holder == "a"
     wait_for(
-        "the dead worker's lease to run out",
         lambda: time.time() > expires_at + 0.5 or None,
         timeout=10,
+        what="the dead worker's lease to run out",
     )
     assert all(h.app.get(r).status == "queued" for r in queued)
 

@@ -1,6 +1,6 @@
 """The dashboard in a real browser: Playwright driving the system's Chromium against a real
 ``ratchet server`` (uvicorn on a free port), on both backends. Runs are driven by worker
-processes (tests/proc.py), so what the pages show crosses processes as in production.
+processes (tests/support/proc.py), so what the pages show crosses processes as in production.
 
 Every page a test opens is watched for console errors and uncaught exceptions; a test fails
 if any appeared. The README's screenshots are taken here, so they show today's pages."""
@@ -20,8 +20,9 @@ from typing import Any
 import crash_app
 import httpx
 import pytest
-from proc import Harness, wait_for
+from proc import Harness
 from serving import serving
+from waiting import wait_for
 
 from ratchet.model import fold, idempotency_key
 from ratchet.store import tokens
@@ -492,11 +493,11 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     letters.get_by_role("button", name=f"Retry {doomed}").click()
     expect(page.locator("#live")).to_contain_text(f"{doomed} re-queued: queued")
     wait_for(
-        "the retried run to be queued again",
         lambda: any(
             e.kind == "run_queued" and e.payload.get("reason") == "retry"
             for e in h.app.events(eid(doomed))
         ),
+        what="the retried run to be queued again",
     )
 
 
@@ -535,11 +536,11 @@ def test_retry_is_offered_only_for_a_dead_lettered_run_to_a_token_that_may_retry
     page.get_by_role("button", name=retry).click()
     expect(page.locator("#action-result")).to_contain_text(f"{doomed} re-queued")
     wait_for(
-        "the retried run to be queued again",
         lambda: any(
             e.kind == "run_queued" and e.payload.get("reason") == "retry"
             for e in h.app.events(eid(doomed))
         ),
+        what="the retried run to be queued again",
     )
 
 
@@ -602,9 +603,9 @@ def test_an_isolated_runs_page_shows_each_sandbox_and_how_it_ended(
     app.launch()
     run_id = app.start(iso.always_crashes)
     wait_for(
-        "three sandboxes ended",
         lambda: len([r for r in app.sandboxes(run_id) if r.status == "terminated"]) == 3,
         timeout=90,
+        what="three sandboxes ended",
     )
     page = dash.signed_in(dash.token(tenant="default"))
     page.goto(f"/runs/{run_id}")

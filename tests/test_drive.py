@@ -359,7 +359,7 @@ def test_a_fan_out_of_slow_children_parks_once_with_every_child_created(
     assert drives(app.events(run_id)) == 1
     for child_id in children:
         wait_for(
-            lambda c=child_id: app.get(c).status == RunStatus.WAITING,  # type: ignore[misc]
+            lambda c=child_id: app.get(c).status == RunStatus.WAITING,
             what=f"child {child_id} parked",
         )
         app.signal(child_id, "go")

@@ -93,7 +93,8 @@ def test_completed_steps_are_not_invoked_again_on_redrive(
 
 
 def test_redriving_a_finished_run_is_a_noop(make_app: Callable[..., ratchet.Ratchet]) -> None:
-    from ratchet.engine.driver import Control, drive
+    from ratchet.engine.control import Control
+    from ratchet.engine.driver import drive
     from ratchet.model import ClaimedRun, Lease
 
     app = make_app()
@@ -516,7 +517,7 @@ def test_children_ending_while_their_parents_park_never_strand_a_parent(db_url: 
 
             @app.workflow(name="parent")
             async def parent(i: int) -> int:
-                return await ratchet.child(kid, i)  # type: ignore[arg-type]
+                return await ratchet.child(kid, i)
 
             app.launch(concurrency=8)
         run_ids = [apps[0].start("parent", i) for i in range(60)]

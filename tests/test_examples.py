@@ -49,8 +49,8 @@ def test_the_account_example_runs(script: str, tmp_path: Path) -> None:
     assert lines[-1] == "webhook: 1 delivery, 1 send(s)"
     # An ordinary run trips no guard (the defaults are on).
     with sqlite3.connect(tmp_path / ".ratchet" / "examples.db") as conn:
-        kinds = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM journal_events")}
-    assert "step_completed" in kinds and "anomaly_detected" not in kinds
+        journaled = {k for (k,) in conn.execute("SELECT DISTINCT kind FROM journal_events")}
+    assert "step_completed" in journaled and "anomaly_detected" not in journaled
 
 
 def test_the_example_graph_is_valid() -> None:

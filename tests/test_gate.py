@@ -209,12 +209,13 @@ def test_a_run_started_with_the_gate_off_journals_the_bypass(
 
 
 def test_bad_gates_are_refused_before_anything_runs() -> None:
-    for kwargs, message in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"threshold": 2}, "threshold must be a number from 0 to 1"),
         ({"threshold": 0.5, "source": "vibes"}, "source must be"),
         ({"threshold": 0.5, "on_below": "retry"}, "needs retry_model"),
         ({"threshold": 0.5, "on_below": "shrug"}, "on_below must be"),
-    ]:
+    ]
+    for kwargs, message in cases:
         with pytest.raises(ratchet.InvalidInput, match=message):
             Gate(**kwargs)
     with pytest.raises(ratchet.InvalidInput, match="unknown field colour"):

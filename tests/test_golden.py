@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -148,9 +147,7 @@ def test_golden_journal_against_reordered_code_is_non_deterministic(db_url: str)
         assert "NonDeterminismError" in message
         assert "position 1" in message and "'1:search'" in message and "'1:read'" in message
         assert sum(calls.values()) == 0  # nothing ran on a guess
-        deadline = time.monotonic() + 5
-        while app.get(run_id).status != RunStatus.FAILED and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_for(lambda: app.get(run_id).status == RunStatus.FAILED, what="the run failed")
         assert app.dead_letters()[0].reason == "non_determinism"
     finally:
         app.shutdown()

@@ -1,4 +1,4 @@
-"""Graph runs under SIGKILL, with real worker processes (tests/graph_app.py) on SQLite and
+"""Graph runs under SIGKILL, with real worker processes (tests/support/graph_app.py) on SQLite and
 PostgreSQL: killed after every node of the example graph, the run still succeeds with each
 node run once and the webhook delivered once; killed inside iteration k of a loop, it
 resumes at k; a parent killed while its subagent works finds that child again; killed
@@ -15,8 +15,9 @@ from typing import Any
 
 import graph_app
 import pytest
-from proc import Harness, wait_for
+from proc import Harness
 from receivers import HttpReceiver
+from waiting import wait_for
 
 from ratchet.llm.server import LocalProvider
 from ratchet.model import EventKind, RunStatus
@@ -77,7 +78,9 @@ def test_killed_after_every_node_the_example_graph_runs_each_node_once(
                     return "asked"
                 return None
 
-            what = wait_for(f"worker w{i} to move the run", moved, 30, h.worker_logs)
+            what = wait_for(
+                moved, timeout=30, what=f"worker w{i} to move the run", detail=h.worker_logs
+            )
             h.procs[-1].kill()
             if what == "succeeded":
                 break
@@ -132,7 +135,7 @@ def test_a_crash_in_iteration_k_of_a_loop_resumes_at_k(
     sent = len(server.requests())
     assert sent == 2
     h.spawn("b", worker_id=WORKER, env_extra=env)
-    wait_for("the approval", lambda: h.app.approvals(run_id), 30, h.worker_logs)
+    wait_for(lambda: h.app.approvals(run_id), timeout=30, what="the approval", detail=h.worker_logs)
     started = [e.step_id for e in h.app.events(run_id) if e.kind == EventKind.STEP_STARTED]
     # Iteration 2 started twice (once per drive); 0 and 1 were not started again.
     assert started == [
@@ -200,7 +203,9 @@ def test_a_graph_killed_again_and_again_takes_the_route_of_an_uncrashed_run(h: H
                 return "succeeded"
             return None if h.procs[-1].alive() else "killed"
 
-        what = wait_for(f"worker w{i} to move the run", moved, 30, h.worker_logs)
+        what = wait_for(
+            moved, timeout=30, what=f"worker w{i} to move the run", detail=h.worker_logs
+        )
         h.procs[-1].kill()
         if what == "succeeded":
             break

@@ -101,7 +101,7 @@ def hold_then_release(app: ratchet.Ratchet, run_id: str) -> None:
         if rec.status.terminal:  # fail now, with the reason, rather than at the deadline
             raise AssertionError(f"run {run_id} ended {rec.status}: {rec.error}")
         # Parked, not only asked: the decision must start a drive of its own.
-        return rec.status == ratchet.RunStatus.WAITING and app.approvals(run_id)
+        return app.approvals(run_id) if rec.status == ratchet.RunStatus.WAITING else []
 
     pending = wait_for(asked, what="the hold approval")
     app.approve(run_id, pending[0].step_id, by="ana")

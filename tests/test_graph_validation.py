@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -61,7 +62,7 @@ def test_every_problem_names_its_node_and_field() -> None:
     assert len(problems) == len(EXPECTED)
 
 
-def _isolated(*nodes: dict[str, object], **top: object) -> dict[str, object]:
+def _isolated(*nodes: dict[str, Any], **top: object) -> dict[str, Any]:
     ids = ["start", *(n["id"] for n in nodes)]
     return {
         "name": "iso",
@@ -107,7 +108,7 @@ def test_an_isolated_graph_refuses_each_node_a_sandbox_cannot_run() -> None:
     graph, problems = validate(doc, tools=app.tools)
     assert graph is None
     found = {p.node: (p.field, p.message) for p in problems}
-    assert sorted(found) == ["ask", "kid", "pay", "post", "slow", "think"]
+    assert sorted(str(node) for node in found) == ["ask", "kid", "pay", "post", "slow", "think"]
     assert found["ask"][0] == "nodes[1].type"
     assert "approval nodes cannot run in an isolated graph" in found["ask"][1]
     assert "child run" in found["kid"][1] and "no network" in found["post"][1]
@@ -132,12 +133,13 @@ def test_an_isolated_graph_checks_its_sandbox() -> None:
     )
     assert validate(_isolated(tool))[0].sandbox == ratchet.Sandbox()  # type: ignore[union-attr]
     assert validate({**_isolated(tool), "tier": "process"})[0].sandbox is None  # type: ignore[union-attr]
-    for top, field, message in [
+    cases: list[tuple[dict[str, Any], str, str]] = [
         ({"sandbox": {"memory": 1}}, "sandbox", "unknown field(s) memory; expected cpus, "),
         ({"sandbox": {"network": "host"}}, "sandbox", "Sandbox network must be one of none"),
         ({"tier": "process", "sandbox": {}}, "sandbox", "a sandbox needs tier: isolated"),
         ({"tier": "vm"}, "tier", "Input should be 'process' or 'isolated'"),
-    ]:
+    ]
+    for top, field, message in cases:
         _, problems = validate({**_isolated(tool), **top})
         assert [p.field for p in problems] == [field], problems
         assert message in problems[0].message, problems

@@ -59,7 +59,8 @@ def step_ids(app: ratchet.Ratchet, run_id: str) -> list[str]:
 def test_a_graph_runs_its_nodes_as_steps_and_a_redrive_reinvokes_nothing(
     app: ratchet.Ratchet,
 ) -> None:
-    from ratchet.engine.driver import Control, drive
+    from ratchet.engine.control import Control
+    from ratchet.engine.driver import drive
     from ratchet.graphs.registry import AppWorkflows
     from ratchet.model import ClaimedRun, Lease
 

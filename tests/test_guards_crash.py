@@ -10,7 +10,8 @@ from pathlib import Path
 
 import guards_app
 import pytest
-from proc import Harness, wait_for
+from proc import Harness
+from waiting import wait_for
 
 import ratchet
 from ratchet.model import EventKind
@@ -91,9 +92,9 @@ def test_pauses_of_parallel_branches_keep_their_decisions_when_replayed_in_anoth
     h.spawn("a", worker_id=WORKER)
     # right finishes (and pauses) first, then left: the replay meets them in the other order.
     h.open_gate("right")
-    wait_for("right's pause", lambda: h.app.approvals(run_id), detail=h.worker_logs)
+    wait_for(lambda: h.app.approvals(run_id), what="right's pause", detail=h.worker_logs)
     h.open_gate("left")
-    wait_for("left's pause", lambda: len(h.app.approvals(run_id)) == 2, detail=h.worker_logs)
+    wait_for(lambda: len(h.app.approvals(run_id)) == 2, what="left's pause", detail=h.worker_logs)
     h.wait_parked(run_id, "any:")  # on both approvals at once
     for proc in h.procs:
         proc.kill()

@@ -22,15 +22,16 @@ import pytest
 from sandboxes import kill_sandbox, live_sandboxes
 from serving import serving
 from typer.testing import CliRunner
+from waiting import wait_for
 
 import ratchet
 from ratchet.cli import cli
+from ratchet.engine.definitions import WorkflowDef
 from ratchet.errors import InvalidInput
 from ratchet.model import Event, dumps
 from ratchet.receipts import verify
 from ratchet.store import retention, tokens
 from ratchet.store.sandboxes import SandboxRecord
-from tests.proc import wait_for
 
 # Real sandboxes: bubblewrap must be there (tests/conftest.py).
 pytestmark = pytest.mark.usefixtures("bwrap")
@@ -51,7 +52,6 @@ def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]
     """The run's sandboxes once ``count`` of them have ended (the run's end is journaled
     before its last sandbox's process is gone)."""
     return wait_for(
-        f"{count} ended sandboxes of {run_id}",
         lambda: (
             rows
             if len(rows := app.sandboxes(run_id)) == count
@@ -59,12 +59,13 @@ def _ended(app: ratchet.Ratchet, run_id: str, count: int) -> list[SandboxRecord]
             else None
         ),
         timeout=30,
+        what=f"{count} ended sandboxes of {run_id}",
         detail=lambda: str(app.sandboxes(run_id)),
     )
 
 
 def _out_of_sandboxes(
-    make_app: Callable[..., ratchet.Ratchet], workflow: object
+    make_app: Callable[..., ratchet.Ratchet], workflow: WorkflowDef | str
 ) -> tuple[ratchet.Ratchet, str, list[SandboxRecord]]:
     """A run of ``workflow`` (one that never finishes) failed after its three sandboxes."""
     app = _app(make_app)
@@ -86,9 +87,9 @@ def test_a_sandbox_killed_mid_step_resumes_and_the_run_succeeds_once(
     app.launch()
     run_id = app.start(iso.pipeline, 1)
     wait_for(
-        "step 2 to start in the first sandbox",
         lambda: _started(app.events(run_id), "2:slow"),
         timeout=60,
+        what="step 2 to start in the first sandbox",
     )
     [(first, pids)] = live_sandboxes(run_id).items()
     # The sandbox's token reaches it through the environment, not a readable command line.
@@ -234,7 +235,7 @@ def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
     app = _app(make_app)
     app.launch()
     run_id = app.start(iso.pipeline, 3)
-    wait_for("step 2 to start", lambda: _started(app.events(run_id), "2:slow"), timeout=60)
+    wait_for(lambda: _started(app.events(run_id), "2:slow"), timeout=60, what="step 2 to start")
     app.cancel(run_id)
     with pytest.raises(ratchet.RunCancelled):
         app.result(run_id, timeout_s=RESULT_S)
@@ -472,22 +473,24 @@ def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
     owner = worker_procs("owner")
     run_id = app.start(iso.pipeline, 2)
     wait_for(
-        "step 2 to start under the owner",
         lambda: _started(app.events(run_id), "2:slow"),
         timeout=60,
+        what="step 2 to start under the owner",
     )
     [first] = live_sandboxes(run_id)
     owner.kill()
     owner.wait()
     # bwrap --die-with-parent: the owner's sandbox goes with it.
-    wait_for("the owner's sandbox to die", lambda: not live_sandboxes(run_id), timeout=10)
+    wait_for(lambda: not live_sandboxes(run_id), timeout=10, what="the owner's sandbox to die")
     worker_procs("heir")
     most = 0
-    deadline = time.monotonic() + RESULT_S
-    while app.get(run_id).status != "succeeded":
+
+    def finished() -> bool:
+        nonlocal most
         most = max(most, len(live_sandboxes(run_id)))
-        assert time.monotonic() < deadline, "the heir did not finish the run"
-        time.sleep(0.02)
+        return app.get(run_id).status == "succeeded"
+
+    wait_for(finished, timeout=RESULT_S, what="the heir to finish the run")
     assert most <= 1
     rows = _ended(app, run_id, 2)
     assert [(r.attempt, r.end_reason, r.worker_id) for r in rows] == [

@@ -1,9 +1,9 @@
-"""Model calls of isolated runs, made by the worker: a worker process (tests/isolated_llm_app.py)
-with the provider's key drives isolated runs whose sandboxes have no network and no key;
-their wrapped clients send each call to the worker, which makes it over real HTTP to the
-local provider with its own client (the official openai SDK) and the step's
-Idempotency-Key, checks the run's budget first, and journals the provider's usage and
-cost itself. On both backends."""
+"""Model calls of isolated runs, made by the worker: a worker process
+(tests/support/isolated_llm_app.py) with the provider's key drives isolated runs whose
+sandboxes have no network and no key; their wrapped clients send each call to the worker,
+which makes it over real HTTP to the local provider with its own client (the official
+openai SDK) and the step's Idempotency-Key, checks the run's budget first, and journals the
+provider's usage and cost itself. On both backends."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ loop, and crashes that must not bill twice."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import signal
 import sqlite3
@@ -300,7 +301,8 @@ def test_prices_dated_names_unknown_models_and_overrides(tmp_path: Path) -> None
             set_prices({"bad": {"input": -1, "output": 1}})
     finally:
         set_prices({}, replace=False)
-        ratchet.llm.prices._table = None  # back to the package's table
+        # back to the package's table (ratchet.llm.prices, the attribute, is the function)
+        vars(importlib.import_module("ratchet.llm.prices"))["_table"] = None
 
 
 # -- tools and the agent loop --------------------------------------------------------------
@@ -316,7 +318,7 @@ def test_tools_have_a_schema_an_event_and_their_own_keys(
         """Refund part of an order."""
         return {"refunded": amount_cents, "key": ratchet.current_step().idempotency_key}
 
-    schema = refund.tool.schema()  # type: ignore[attr-defined]
+    schema = refund.tool.schema()
     assert schema["required"] == ["order_id", "amount_cents"]
     assert schema["properties"]["amount_cents"]["type"] == "integer"
     with pytest.raises(ratchet.InvalidInput, match="risk must be one of"):
@@ -498,8 +500,8 @@ def test_no_secret_reaches_the_journal(
         with sqlite3.connect(path) as conn:
             rows = conn.execute("SELECT kind, payload FROM journal_events").fetchall()
     else:
-        with psycopg.connect(db_url) as conn:
-            rows = conn.execute("SELECT kind, payload::text FROM journal_events").fetchall()
+        with psycopg.connect(db_url) as pg:
+            rows = pg.execute("SELECT kind, payload::text FROM journal_events").fetchall()
     text = json.dumps(rows)
     assert "step_completed" in text and LLM_SECRET not in text
     assert "authorization" not in text.lower() and "x-api-key" not in text.lower()

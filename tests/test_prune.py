@@ -183,8 +183,8 @@ def test_the_prune_command(app: ratchet.Ratchet, db_url: str, tmp_path: Path) ->
     assert out.strip() == f"would prune 1 runs ({n} events) that finished more than 1d ago"
     assert len(app.events(run_id)) == n
     receipt = app.run_receipt(run_id)
-    out = ok("prune", "--finished-before", "1d", "--status", "succeeded", "--db", db_url)
-    assert out.stdout.strip() == f"pruned 1 runs ({n} events) that finished more than 1d ago"
+    pruned = ok("prune", "--finished-before", "1d", "--status", "succeeded", "--db", db_url)
+    assert pruned.stdout.strip() == f"pruned 1 runs ({n} events) that finished more than 1d ago"
     assert app.events(run_id) == []
     assert json.loads(ok("receipt", run_id, "--db", db_url).stdout) == receipt
     assert "was pruned; its receipt was kept" in refused("export", run_id, "--db", db_url)

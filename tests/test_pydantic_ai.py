@@ -39,7 +39,7 @@ from pydantic_ai.usage import RequestUsage
 from waiting import wait_for
 
 import ratchet
-from ratchet.errors import LLMError, LLMRequestError, LLMTimeout
+from ratchet.errors import LLMError, LLMRequestError, LLMTimeout, RatchetError
 from ratchet.integrations.pydantic_ai import RatchetDurability, as_ratchet_error
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import idempotency_key
@@ -102,7 +102,7 @@ def events(app: ratchet.Ratchet, run_id: str, kind: str) -> list[ratchet.Event]:
 def test_model_requests_and_tool_calls_are_journaled_steps(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
-    model, tools = Scripted(), []
+    model, tools = Scripted(), list[str]()
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
     app = make_app()
 
@@ -138,7 +138,7 @@ def test_model_requests_and_tool_calls_are_journaled_steps(
 def test_a_replay_rebuilds_responses_from_the_journal_without_the_model(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
-    model, tools = Scripted(), []
+    model, tools = Scripted(), list[str]()
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
     app = make_app()
 
@@ -164,9 +164,9 @@ def test_a_replay_rebuilds_responses_from_the_journal_without_the_model(
 def test_outside_a_workflow_and_inside_a_step_the_agent_is_plain(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
-    model, tools = Scripted(), []
+    model, tools = Scripted(), list[str]()
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
-    plain_model, plain_tools = Scripted(), []
+    plain_model, plain_tools = Scripted(), list[str]()
     plain = Agent(FunctionModel(plain_model, model_name="gpt-4.1-mini"), name="weather")
     plain.tool_plain(lambda city: plain_tools.append(city) or f"sunny in {city}", name="lookup")
 
@@ -196,7 +196,7 @@ def test_outside_a_workflow_and_inside_a_step_the_agent_is_plain(
 
 
 def test_model_errors_take_ratchets_retry_classes(make_app: Callable[..., ratchet.Ratchet]) -> None:
-    model, tools = Scripted(), []
+    model, tools = Scripted(), list[str]()
     agent = weather_agent(
         FunctionModel(model, model_name="gpt-4.1-mini"),
         tools,
@@ -248,8 +248,12 @@ def test_model_error_mapping() -> None:
     assert mapped(ModelHTTPError(401, "m")) == ("LLMRequestError", "never")
     assert mapped(ModelHTTPError(404, "m")) == ("LLMRequestError", "never")
     assert mapped(ModelConnectionError("m", "reset")) == ("LLMError", "llm")
-    assert as_ratchet_error(ModelConnectionError("m", "reset")).outcome_unknown
-    assert not as_ratchet_error(ModelHTTPError(503, "m")).outcome_unknown
+    lost, refused = (
+        as_ratchet_error(ModelConnectionError("m", "reset")),
+        as_ratchet_error(ModelHTTPError(503, "m")),
+    )
+    assert isinstance(lost, RatchetError) and lost.outcome_unknown
+    assert isinstance(refused, RatchetError) and not refused.outcome_unknown
     assert mapped(ModelTimeoutError("m", "timed out")) == ("LLMTimeout", "timeout")
     assert mapped(ModelRequestTimeout("m", 5.0)) == ("LLMTimeout", "timeout")
     other = UnexpectedModelBehavior("odd")
@@ -372,7 +376,7 @@ def test_an_event_stream_handler_sees_model_events_live_and_replays_do_not_strea
 def test_a_run_timeout_counts_from_a_journaled_start(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
-    model, tools = Scripted(), []
+    model, tools = Scripted(), list[str]()
     agent = weather_agent(FunctionModel(model, model_name="gpt-4.1-mini"), tools)
     app = make_app()
 

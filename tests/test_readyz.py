@@ -13,8 +13,8 @@ import httpx
 import psycopg
 import pytest
 from conftest import PG_URL
-from proc import wait_for
 from serving import serving
+from waiting import wait_for
 
 import ratchet
 from ratchet.store import make_store
@@ -111,7 +111,9 @@ def test_readyz_answers_503_while_postgresql_cuts_and_refuses_connections() -> N
                 not_ready(client, "not ready: ")
                 not_ready(client, "not ready: ")
                 admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
-                wait_for("/readyz to answer 200 again", lambda: probe(client)[0] == 200, timeout=60)
+                wait_for(
+                    lambda: probe(client)[0] == 200, timeout=60, what="/readyz to answer 200 again"
+                )
         finally:
             app.shutdown()
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import ratchet
@@ -24,7 +26,7 @@ def test_graph_form() -> None:
         ({"retry_on": ["network"]}, "unknown retry class 'network'"),
     ],
 )
-def test_invalid_policies_name_the_problem(kwargs: dict, message: str) -> None:
+def test_invalid_policies_name_the_problem(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ratchet.InvalidRetryPolicy, match=message):
         Retry(**kwargs)
 

@@ -40,14 +40,16 @@ def test_postgres_probe_reads_one_index_entry(pg_url: str) -> None:
             (RUNS,),
         )
         conn.execute("ANALYZE runs")
-        [plan] = conn.execute(
+        row = conn.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + sql, {"tenant_id": "acme"}
         ).fetchone()
+        assert row is not None
+        [plan] = row
         read = _rows_read(plan[0]["Plan"])
         assert read <= 2, f"read {read} rows: {json.dumps(plan)}"
         assert "runs_tenant_changed" in json.dumps(plan), json.dumps(plan)
         row = conn.execute(sql, {"tenant_id": "acme"}).fetchone()
-        assert row[0] == f"r{RUNS}"
+        assert row is not None and row[0] == f"r{RUNS}"
 
 
 def test_sqlite_probe_reads_the_index_in_order(sqlite_url: str) -> None:

@@ -15,7 +15,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import attack_app
 import httpx
 import pytest
+from waiting import wait_for
 
 from ratchet.store import tenants
 
@@ -73,11 +73,12 @@ class Served:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        deadline = time.monotonic() + 60
-        while not (found := re.search(r"running on (http://\S+)", self.log())):
+
+        def started() -> re.Match[str] | None:
             assert self.proc.poll() is None, f"the server exited: {self.log()}"
-            assert time.monotonic() < deadline, f"the server did not start: {self.log()}"
-            time.sleep(0.05)
+            return re.search(r"running on (http://\S+)", self.log())
+
+        found = wait_for(started, timeout=60, what="the server to start", detail=self.log)
         self.base = found.group(1)
 
     def log(self) -> str:

@@ -2,7 +2,7 @@
 every error status, tenant isolation for every route, and the journal as Server-Sent
 Events (httpx-sse and ``curl -N``) received once and in order across a reconnect and a
 worker killed mid-run. The API node here is API-only; runs are driven by worker processes
-(tests/proc.py), so wake-ups cross processes as they do in production."""
+(tests/support/proc.py), so wake-ups cross processes as they do in production."""
 
 from __future__ import annotations
 
@@ -19,8 +19,9 @@ import crash_app
 import httpx
 import pytest
 from httpx_sse import aconnect_sse, connect_sse
-from proc import Harness, wait_for
+from proc import Harness
 from serving import serving
+from waiting import wait_for
 
 from ratchet.store import tokens
 
@@ -453,7 +454,7 @@ def test_curl_n_receives_the_whole_journal_and_heartbeats(api: Api) -> None:
     # The run is parked: the stream idles with heartbeats (every 0.3 s here) until woken.
     while ": heartbeat" not in lines:
         line = curl.stdout.readline().decode()
-        assert line, f"curl ended early: {curl.stderr.read() if curl.stderr else ''}"
+        assert line, f"curl ended early: {curl.stderr.read() if curl.stderr else b''!r}"
         lines.append(line.rstrip("\n"))
     assert api.acme.post(f"/v1/runs/{run_id}/signals/go", json={"data": 1}).status_code == 202
     out, err = curl.communicate(timeout=30)
@@ -490,8 +491,8 @@ def test_sse_resumes_from_after_seq_and_refuses_a_bad_last_event_id(api: Api) ->
         "invalid_input",
     )
     wait_for(
-        "the stream's subscriber to be gone",
         lambda: "ratchet_sse_subscribers 0.0" in api.acme.get("/metrics").text,
+        what="the stream's subscriber to be gone",
     )
 
 
@@ -572,8 +573,8 @@ async def test_fifty_subscribers_of_one_run_each_receive_every_event_once_in_ord
         # Every stream is open (and has read the queued event) before the run goes on.
         await asyncio.to_thread(
             wait_for,
-            f"{n} subscribers",
             lambda: f"ratchet_sse_subscribers {n}.0" in api.acme.get("/metrics").text,
+            what=f"{n} subscribers",
         )
         h.spawn("w", lease_ttl=3.0)
         await asyncio.to_thread(h.wait_invoked, "1:work")

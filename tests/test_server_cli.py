@@ -20,8 +20,8 @@ import httpx
 import psycopg
 import pytest
 from httpx_sse import connect_sse
-from proc import wait_for
 from test_cli import SHOP, invoke
+from waiting import wait_for
 
 
 def stored_hashes(db_url: str) -> list[str]:
@@ -205,7 +205,7 @@ def test_sigterm_ends_open_event_streams_and_the_server_exits_0_at_once(
 
             reader = threading.Thread(target=follow, daemon=True)
             reader.start()
-            wait_for("the stream to replay run_queued", lambda: seen, timeout=30)
+            wait_for(lambda: seen, timeout=30, what="the stream to replay run_queued")
             stopped_at = time.monotonic()
             server.proc.send_signal(signal.SIGTERM)
             reader.join(20)

@@ -547,6 +547,7 @@ def test_a_deadline_interrupts_a_running_step_and_bad_ones_are_refused(
         f"RunTimeout: run {run_id} passed its deadline (timeout_s 0.5s from its first start)"
     )
     assert of_kind(app, run_id, EventKind.STEP_COMPLETED) == []
+    bad: Any  # wrong on purpose: the runtime check is what is tested
     for bad in (0, -1, "soon", float("nan")):
         with pytest.raises(ratchet.InvalidInput, match="timeout_s must be a positive number"):
             app.start(slow, timeout_s=bad)

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import spend_app
-from proc import Harness, wait_for
+from proc import Harness
+from waiting import wait_for
 
 from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import EventKind, fold, idempotency_key
@@ -38,7 +39,7 @@ def test_a_call_in_flight_when_its_worker_died_counts_against_the_budget_once(h:
         server.fail("slow", times=1, delay_s=10.0, endpoint="chat")
         run_id = h.app.start("pair")
         a = h.spawn("a", worker_id=WORKER, env_extra=env)
-        wait_for("the first call at the provider", lambda: server.stats()["received"] >= 1)
+        wait_for(lambda: server.stats()["received"] >= 1, what="the first call at the provider")
         h.wait_invoked("2:held")
         a.kill()
         # What a re-drive starts from: the journal holds the call as in flight, its worst

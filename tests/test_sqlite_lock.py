@@ -10,19 +10,14 @@ import sqlite3
 import threading
 import time
 
+from waiting import wait_for_async
+
 import ratchet
 from ratchet.engine.worker import Worker
 from ratchet.model import NewRun, RunStatus
 from ratchet.store import make_store
 
 HOLD_S = 1.5  # how long the other connection keeps the write lock
-
-
-async def _until(predicate: object, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():  # type: ignore[operator]
-        assert time.monotonic() < deadline, "state not reached"
-        await asyncio.sleep(0.01)
 
 
 async def test_the_loop_keeps_running_while_another_process_holds_the_write_lock(
@@ -64,7 +59,7 @@ async def test_the_loop_keeps_running_while_another_process_holds_the_write_lock
         async def blocked_started() -> bool:
             return any(e.step_id == "1:blocked" for e in await store.load_events("r1"))
 
-        await _until(blocked_started)
+        await wait_for_async(blocked_started, what="the step started")
         held, done = threading.Event(), threading.Event()
 
         def hold_the_lock() -> None:  # another writer: its own connection, as a process has
@@ -92,7 +87,7 @@ async def test_the_loop_keeps_running_while_another_process_holds_the_write_lock
             rec = await store.get_run("r1")
             return rec is not None and rec.status.terminal
 
-        await _until(finished)
+        await wait_for_async(finished, what="the run ended")
         rec = await store.get_run("r1")
         assert rec is not None and rec.status == RunStatus.SUCCEEDED and rec.output == 3
         kinds = [(e.kind, e.step_id) for e in await store.load_events("r1")]

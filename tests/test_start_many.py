@@ -121,7 +121,8 @@ async def test_tenants_are_kept_apart_and_a_taken_id_fails_the_batch(store: Stor
         ("t-2", "queued", False),
         ("t-3", "queued", True),
     ]
-    assert {(await store.get_run(i)).tenant_id for i in ("t-1", "t-2", "t-3")} == {"acme"}
+    runs = [await store.get_run(i) for i in ("t-1", "t-2", "t-3")]
+    assert {r.tenant_id if r else None for r in runs} == {"acme"}
 
 
 async def test_concurrent_batches_with_overlapping_ids_create_each_run_once(store: Store) -> None:

@@ -25,7 +25,10 @@ async def _new(store: Store, run_id: str = "r1", queue: str = "default") -> None
 
 
 def _next(
-    events: list[Event], kind: str, payload: dict | None = None, step_id: str | None = None
+    events: list[Event],
+    kind: str,
+    payload: dict[str, Any] | None = None,
+    step_id: str | None = None,
 ) -> Event:
     last = events[-1]
     return Event.chain(

@@ -8,14 +8,14 @@ import asyncio
 import pytest
 
 from ratchet.errors import SignalAlreadyConsumed, StorageError, StoreConflict, ValueRefused
-from ratchet.model import Event, EventKind, NewRun
+from ratchet.model import Event, EventKind, Lease, NewRun
 from ratchet.store import Store
 
 TTL = 10.0
 SERVED = [("wf", "1")]
 
 
-async def _claimed(store: Store, *run_ids: str) -> dict[str, object]:
+async def _claimed(store: Store, *run_ids: str) -> dict[str, Lease]:
     for run_id in run_ids:
         await store.create_run(NewRun(run_id, "wf", "1", {"args": [], "kwargs": {}}))
     return {
@@ -36,13 +36,13 @@ async def test_a_signal_consumed_twice_is_a_logic_error_not_a_storage_error(stor
     assert found is not None
     events = await store.load_events("r1")
     first = _after(events, EventKind.SIGNAL_RECEIVED, "1:signal:go")
-    await store.consume_signal(leases["r1"], [first], found[0])  # type: ignore[arg-type]
+    await store.consume_signal(leases["r1"], [first], found[0])
     with pytest.raises(SignalAlreadyConsumed) as caught:
         await store.consume_signal(
             leases["r1"],
             [
                 _after(
-                    [*events, first],  # type: ignore[arg-type]
+                    [*events, first],
                     EventKind.SIGNAL_RECEIVED,
                     "1:signal:go",
                 )
@@ -57,9 +57,9 @@ async def test_a_violated_constraint_is_a_store_conflict(store: Store) -> None:
     leases = await _claimed(store, "r1")
     events = await store.load_events("r1")
     ev = _after(events, EventKind.RUN_STARTED)
-    await store.append(leases["r1"], [ev])  # type: ignore[arg-type]
+    await store.append(leases["r1"], [ev])
     with pytest.raises(StoreConflict) as caught:  # the same seq again: the primary key says no
-        await store.append(leases["r1"], [ev])  # type: ignore[arg-type]
+        await store.append(leases["r1"], [ev])
     assert not isinstance(caught.value, StorageError)
 
 
@@ -70,9 +70,9 @@ async def test_one_bad_run_in_a_group_commit_fails_alone(store: Store) -> None:
     # PostgreSQL's text type cannot hold NUL: the whole statement would fail.
     bad = _after(await store.load_events("bad"), EventKind.STEP_STARTED, "1:a\x00b")
     results = await asyncio.gather(
-        store.append(leases["good"], [good]),  # type: ignore[arg-type]
-        store.append(leases["bad"], [bad]),  # type: ignore[arg-type]
-        store.append(leases["good2"], [good2]),  # type: ignore[arg-type]
+        store.append(leases["good"], [good]),
+        store.append(leases["bad"], [bad]),
+        store.append(leases["good2"], [good2]),
         return_exceptions=True,
     )
     assert results[0] is None and results[2] is None, results

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psycopg
@@ -181,7 +182,7 @@ def test_a_step_name_declared_in_code_has_at_most_200_characters(
     ],
 )
 def test_out_of_range_numbers_nan_and_nul_answer_422(
-    api: Api, path: str, params: dict[str, object], headers: dict[str, str]
+    api: Api, path: str, params: dict[str, Any], headers: dict[str, str]
 ) -> None:
     run_id = api.start("chain", {"n": 1})
     r = api.acme.get(path.replace("{id}", run_id), params=params, headers=headers)

@@ -7,20 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+
+from waiting import wait_for_async
 
 from ratchet.api.tails import Tail, Tails
 from ratchet.model import Event, EventKind, NewRun, RunStatus
 from ratchet.store import Store
 
 TTL = 10.0
-
-
-async def _until(what: str, probe: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not probe():
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout:g}s"
-        await asyncio.sleep(0.01)
 
 
 def _chain(last: Event, kinds: list[str]) -> list[Event]:
@@ -66,7 +61,7 @@ async def test_each_event_is_encoded_once_and_a_subscriber_gets_all_that_is_new_
             await store.append(lease, done)
             nxt = _chain(done[-1], [EventKind.STEP_STARTED, EventKind.STEP_COMPLETED])
             await store.append(lease, nxt)
-            await _until("the tail to read seq 6", lambda: tail.head == 6)
+            await wait_for_async(lambda: tail.head == 6, what="the tail to read seq 6")
             assert await _next(behind) == (
                 b"2:run_started;3:step_started;4:step_completed;5:step_started;6:step_completed;"
             )
@@ -91,10 +86,10 @@ async def test_a_subscriber_behind_the_window_replays_from_the_journal(store: St
     tails = Tails(store, lambda ev: f"{ev.seq};".encode())
     try:
         with tails.subscribe("r1") as tail:
-            await _until("the tail to start", lambda: tail.head == 1)
+            await wait_for_async(lambda: tail.head == 1, what="the tail to start")
             events = _chain(queued, [EventKind.RUN_STARTED, EventKind.STEP_STARTED])
             await store.append(claimed.lease, events)
-            await _until("the tail to read seq 3", lambda: tail.head == 3)
+            await wait_for_async(lambda: tail.head == 3, what="the tail to read seq 3")
             assert [e.seq for e in tail.window] == [2, 3]
             # seq 1 is not in the window: what follows it is read from the journal.
             assert await _next(tail.follow(0, 30)) == b"1;2;3;"

@@ -13,9 +13,10 @@ import crash_app
 import psycopg
 import pytest
 from httpx_sse import connect_sse
-from proc import Harness, wait_for
+from proc import Harness
 from serving import serving
 from test_server import ALL, Api, api_of, engine_id, frames, problem
+from waiting import wait_for
 
 from ratchet.model import NewRun
 from ratchet.store import make_store
@@ -107,8 +108,8 @@ def test_the_same_run_id_in_two_tenants_is_two_runs_on_every_route(api: Api) -> 
     assert api.other.post("/v1/dead-letters/doomed/retry").status_code == 202
     assert kinds(h, engine_id("doomed")).count("run_queued") == 1
     wait_for(
-        "globex's doomed to be re-queued",
         lambda: kinds(h, engine_id("doomed", "globex")).count("run_queued") == 2,
+        what="globex's doomed to be re-queued",
     )
 
 

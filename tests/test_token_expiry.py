@@ -12,9 +12,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 from httpx_sse import connect_sse
-from proc import Harness, wait_for
+from proc import Harness
 from test_cli import invoke
 from test_server import Api, api_of, engine_id, problem
+from waiting import wait_for
 
 
 @pytest.fixture
@@ -74,7 +75,9 @@ def test_a_token_is_refused_once_it_has_expired(api: Api) -> None:
     secret = api.token("acme", ("runs:read",), expires_in=1.0)
     client = api.client(secret)
     assert client.get("/v1/runs").status_code == 200
-    wait_for("the token to expire", lambda: client.get("/v1/runs").status_code == 401, timeout=15)
+    wait_for(
+        lambda: client.get("/v1/runs").status_code == 401, timeout=15, what="the token to expire"
+    )
     problem(client.get("/v1/runs"), 401, "unauthorized")
 
 

@@ -124,7 +124,7 @@ def test_unannotated_values_are_written_in_pydantics_json_form_and_read_back_as_
 
     @app.workflow()
     async def wf(when, invoice):  # type: ignore[no-untyped-def]
-        seen.append((when, invoice, await loose()))
+        seen.append((when, invoice, await loose()))  # type: ignore[no-untyped-call]
         await ratchet.wait_for_signal("again")  # parks: the next drive replays the step
         return INVOICE
 

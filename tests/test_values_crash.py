@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import values_app
-from proc import Harness, wait_for
+from proc import Harness
+from waiting import wait_for
 
 from ratchet.model import EventKind
 
@@ -51,8 +52,8 @@ def test_every_kind_of_value_comes_back_the_same_after_a_sigkill(h: Harness) -> 
     a.kill()
     b = h.spawn("a-restarted", worker_id=WORKER)
     first, replay = wait_for(
-        "the re-drive to replay every value",
         lambda: drives_seen(h) if len(drives_seen(h)) == 2 else None,
+        what="the re-drive to replay every value",
         detail=h.worker_logs,
     )
     h.open_gate("hold")

@@ -32,7 +32,10 @@ def _app(args: argparse.Namespace) -> tuple[ratchet.Ratchet, ratchet.WorkflowDef
     async def agent() -> str:
         messages, reply = llm.opening(), ""
         for turn in range(1, llm.CALLS + 1):
-            completion = await client.chat.completions.create(model=llm.MODEL, messages=messages)
+            completion = await client.chat.completions.create(
+                model=llm.MODEL,
+                messages=messages,  # type: ignore[arg-type]  # the SDK's TypedDicts
+            )
             reply = completion.choices[0].message.content or ""
             messages = messages + llm.after(turn, reply)
         return reply

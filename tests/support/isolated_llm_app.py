@@ -4,7 +4,7 @@ The wrapped client is made at module level from the worker's environment (ISO_LL
 ISO_LLM_KEY): in the worker it talks to the local provider with the key; inside a sandbox
 the same line makes a client with neither (the sandbox's environment holds no key, and
 the SDK's OPENAI_API_KEY is a placeholder there), and its calls go to the worker, which
-makes them with its own client. Run as ``python tests/isolated_llm_app.py``: one worker
+makes them with its own client. Run as ``python tests/support/isolated_llm_app.py``: one worker
 configured from the environment (ISO_DB_URL), stopped by SIGTERM or killed.
 """
 
@@ -105,7 +105,7 @@ def forge_usage(step_id: str) -> dict[str, Any]:
             "sandbox_id": sandbox_id,
             "step_id": step_id,
             "attempt": 1,
-            "site": llm.site,
+            "site": llm.site,  # type: ignore[attr-defined]  # wrap() keeps the client's type
             "kwargs_json": json.dumps({"model": MODEL, "messages": []}),
         },
     )

@@ -1,9 +1,9 @@
 """A small MCP server for the tests, on the ``mcp`` package's own server API (``MCPServer``),
 run as a process of its own:
 
-- ``python tests/mcp_server.py stdio CALLS`` speaks MCP on its stdin and stdout (the
+- ``python tests/support/mcp_server.py stdio CALLS`` speaks MCP on its stdin and stdout (the
   client starts it);
-- ``python tests/mcp_server.py http CALLS --port-file FILE`` serves streamable HTTP at
+- ``python tests/support/mcp_server.py http CALLS --port-file FILE`` serves streamable HTTP at
   ``http://127.0.0.1:<port>/mcp`` on a port of the system's choosing, written to ``FILE``
   once it listens.
 

@@ -1,7 +1,7 @@
 """The workflows the spend crash tests drive (tests/test_spend_crash.py), in worker processes
-run as ``python tests/spend_app.py`` (the worker of tests/crash_app.py): model calls on the
-local provider at ``CRASH_LLM_URL`` under a token budget, a call retried after a dropped
-connection with a backoff long enough to park, and runs with a deadline."""
+run as ``python tests/support/spend_app.py`` (the worker of tests/support/crash_app.py):
+model calls on the local provider at ``CRASH_LLM_URL`` under a token budget, a call retried
+after a dropped connection with a backoff long enough to park, and runs with a deadline."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """A Pydantic AI agent on Ratchet, for the crash tests: its workflow, and the worker process
-that drives it (``python tests/agent_app.py``, configured like ``crash_app``'s, plus
+that drives it (``python tests/support/agent_app.py``, configured like ``crash_app``'s, plus
 ``CRASH_LLM_URL``: the local provider the agent's ``OpenAIChatModel`` talks to).
 
 The agent asks the model, which calls the ``lookup`` tool (the step logs its invocation and

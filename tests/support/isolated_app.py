@@ -2,7 +2,7 @@
 
 Imported by the tests (to start runs and read journals) and, inside each sandbox, by the
 harness (``python -m ratchet.sandbox.harness isolated_app:<workflow>``). Run as
-``python tests/isolated_app.py``: one worker configured from the environment (ISO_DB_URL,
+``python tests/support/isolated_app.py``: one worker configured from the environment (ISO_DB_URL,
 ISO_WORKER_ID, ISO_LEASE_TTL, ISO_RECOVERY_INTERVAL), stopped by SIGTERM or killed.
 
 Nothing here can write outside its sandbox, so what the tests check comes from the
@@ -190,7 +190,7 @@ async def hungry() -> int:
 SHOWN = os.path.join(tempfile.gettempdir(), "ratchet-sandbox-shown")
 
 
-@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(mounts=[SHOWN], timeout_s=120))
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(mounts=(SHOWN,), timeout_s=120))
 async def peek(paths: list[str]) -> list[str]:
     return [await read_host(p) for p in paths]
 

@@ -1,5 +1,5 @@
 """Graphs for the crash tests, and the worker process that drives them
-(``python tests/graph_app.py``, configured like ``crash_app``'s, plus ``CRASH_LLM_URL``:
+(``python tests/support/graph_app.py``, configured like ``crash_app``'s, plus ``CRASH_LLM_URL``:
 the local provider the ai-steps talk to).
 
 * ``enrich-accounts``: the example graph (examples/accounts.yaml), its tools logging each
@@ -21,7 +21,7 @@ from crash_app import gate, main, record
 
 import ratchet
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "accounts.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "accounts.yaml"
 KID = {
     "name": "kid",
     "nodes": [

@@ -1,6 +1,6 @@
 """Values of every kind pydantic reads, through a worker killed mid-run
-(tests/test_values_crash.py), in worker processes run as ``python tests/values_app.py``
-(the worker of tests/crash_app.py).
+(tests/test_values_crash.py), in worker processes run as ``python tests/support/values_app.py``
+(the worker of tests/support/crash_app.py).
 
 Each field of :class:`Everything` is a step returning :data:`VALUES`' value for it under
 that field's annotation. The workflow takes typed arguments, calls every step, waits for a

@@ -1,6 +1,6 @@
 """The workflows the crash tests drive, and the worker process that drives them.
 
-Run as ``python tests/crash_app.py``: one worker, configured from the environment, that
+Run as ``python tests/support/crash_app.py``: one worker, configured from the environment, that
 stops on SIGTERM (and is usually killed with SIGKILL long before):
 
 * ``CRASH_DB_URL``: the database; ``CRASH_WORKER_ID``, ``CRASH_LEASE_TTL``,

@@ -1,5 +1,6 @@
 """The workflows the guard crash tests drive (tests/test_guards_crash.py), in worker
-processes run as ``python tests/guards_app.py`` (the worker of tests/crash_app.py)."""
+processes run as ``python tests/support/guards_app.py`` (the worker of
+tests/support/crash_app.py)."""
 
 from __future__ import annotations
 

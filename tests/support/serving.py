@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import uvicorn
-from proc import wait_for
+from waiting import wait_for
 
 import ratchet
 from ratchet.server import create_app
@@ -31,7 +31,7 @@ def serving(app: ratchet.Ratchet, **options: Any) -> Iterator[str]:
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     try:
-        wait_for("the server to start", lambda: server.started or not thread.is_alive())
+        wait_for(lambda: server.started or not thread.is_alive(), what="the server to start")
         assert thread.is_alive(), "the server thread died while starting"
         port = server.servers[0].sockets[0].getsockname()[1]
         yield f"http://127.0.0.1:{port}"

@@ -14,44 +14,21 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any
 
 import crash_app
 import psycopg
+from waiting import wait_for
 
 import ratchet
 
-POLL_S = 0.02
-T = TypeVar("T")
-
-
-def wait_for(
-    what: str,
-    probe: Callable[[], T | None],
-    timeout: float = 15.0,
-    detail: Callable[[], str] | None = None,
-) -> T:
-    """Poll ``probe`` until it returns something truthy; return that. At the deadline fail,
-    naming ``what`` and adding ``detail()``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            extra = f"\n{detail()}" if detail is not None else ""
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}{extra}")
-        time.sleep(POLL_S)
-
 
 class WorkerProc:
-    """One worker process (``python tests/crash_app.py``), its output in a file."""
+    """One worker process (``python tests/support/crash_app.py``), its output in a file."""
 
     def __init__(
         self, name: str, worker_id: str, popen: subprocess.Popen[bytes], output: Path
@@ -95,12 +72,20 @@ class WorkerProc:
         os.kill(self.pid, signal.SIGTERM)
 
     def wait_exit(self, timeout: float = 15.0) -> int:
-        wait_for(f"worker {self.name} to exit", lambda: not self.alive(), timeout, self.log)
+        wait_for(
+            lambda: not self.alive(),
+            timeout=timeout,
+            what=f"worker {self.name} to exit",
+            detail=self.log,
+        )
         return int(self.popen.returncode)
 
     def wait_stopped(self, timeout: float = 15.0) -> None:
         wait_for(
-            f"worker {self.name} to be stopped", lambda: self.state() == "T", timeout, self.log
+            lambda: self.state() == "T",
+            timeout=timeout,
+            what=f"worker {self.name} to be stopped",
+            detail=self.log,
         )
 
     def wait_log(self, needle: str, timeout: float = 15.0) -> str:
@@ -109,7 +94,12 @@ class WorkerProc:
         def probe() -> str | None:
             return next((line for line in self.log().splitlines() if needle in line), None)
 
-        return wait_for(f"{needle!r} in the output of worker {self.name}", probe, timeout, self.log)
+        return wait_for(
+            probe,
+            timeout=timeout,
+            what=f"{needle!r} in the output of worker {self.name}",
+            detail=self.log,
+        )
 
     def wait_started(self, timeout: float = 15.0) -> None:
         """Registered, own runs reclaimed, loops running."""
@@ -233,7 +223,10 @@ class Harness:
             )
 
         return wait_for(
-            f"step {step_id} attempt {attempt} to {event}", probe, timeout, self.worker_logs
+            probe,
+            timeout=timeout,
+            what=f"step {step_id} attempt {attempt} to {event}",
+            detail=self.worker_logs,
         )
 
     # -- the database ----------------------------------------------------------------------
@@ -252,7 +245,9 @@ class Harness:
                 )
             return None
 
-        return wait_for(f"run {run_id} to be {status}", probe, timeout, self.worker_logs)
+        return wait_for(
+            probe, timeout=timeout, what=f"run {run_id} to be {status}", detail=self.worker_logs
+        )
 
     def wait_parked(
         self, run_id: str, waiting_for: str, timeout: float = 15.0
@@ -269,7 +264,12 @@ class Harness:
             )
             return rec if parked else None
 
-        return wait_for(f"run {run_id} to park on {waiting_for}", probe, timeout, self.worker_logs)
+        return wait_for(
+            probe,
+            timeout=timeout,
+            what=f"run {run_id} to park on {waiting_for}",
+            detail=self.worker_logs,
+        )
 
     def lease(self, run_id: str) -> tuple[str | None, int, float]:
         """The run's ``run_locks`` row: ``(worker_id, epoch, expires_at)``; for a finished

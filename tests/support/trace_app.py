@@ -1,4 +1,4 @@
-"""A traced worker process for the tracing tests (``python tests/trace_app.py``, configured
+"""A traced worker process for the tracing tests (``python tests/support/trace_app.py``, configured
 like ``crash_app``'s, plus ``TRACE_FILE``, where every span is appended as one JSON line
 as it ends, and ``CRASH_LLM_URL``, the local model provider).
 
