@@ -85,4 +85,5 @@ def test_the_enums_keep_the_stored_strings() -> None:
     assert {r.value for r in ClaimReason} >= {"claim", "sweep", "reclaim", "retry"}
     assert {c.value for c in RetryClass} == {"any", "timeout", "llm", "connector", "tool", "never"}
     # Members are their strings: rows and payloads read back as str compare equal.
-    assert StepStatus.COMPLETED == "completed" and f"{ApprovalStatus.EXPIRED}" == "expired"
+    completed: str = StepStatus.COMPLETED
+    assert completed == "completed" and f"{ApprovalStatus.EXPIRED}" == "expired"
