@@ -51,7 +51,7 @@ class Primitives(Steps):
                 None,
                 {"reason": "sleep", "seconds": seconds, "until": until},
             )
-        await self._wait_until(f"sleep:{step_id}", until)
+        await self._wait_until(str(WaitKey.sleep(step_id)), until)
         self.emit(EventKind.STEP_COMPLETED, step_id, None, {"output": None})
 
     async def wait_for_signal(
@@ -97,7 +97,7 @@ class Primitives(Steps):
                     {"error": error, "error_type": "SignalTimeout"},
                 )
                 raise SignalTimeout(error)
-            await self.waits.wait(f"signal:{name}", deadline, now)
+            await self.waits.wait(str(WaitKey.signal(name)), deadline, now)
 
     async def _consume_signal(self, signal_id: int) -> None:
         await self._write(lambda events: self.store.consume_signal(self.lease, events, signal_id))
@@ -172,7 +172,7 @@ class Primitives(Steps):
                     None,
                     {"reason": "child", "child_run_id": child_id},
                 )
-            await self.waits.wait(f"child:{child_id}")
+            await self.waits.wait(str(WaitKey.child(child_id)))
 
     async def await_approval(
         self,

@@ -41,7 +41,14 @@ from ratchet.errors import (
     StepFailed,
     StepTimeout,
 )
-from ratchet.model import ABANDONED, EventKind, StepState, idempotency_key, output_payload
+from ratchet.model import (
+    ABANDONED,
+    EventKind,
+    StepState,
+    WaitKey,
+    idempotency_key,
+    output_payload,
+)
 
 # Backoffs at least this long park the run and free the worker instead of sleeping.
 PARK_BACKOFF_S = PARK_MIN_S
@@ -129,7 +136,7 @@ class Steps(Replay):
         if step is not None and step.status in ("retrying", "waiting"):
             until = (step.waiting or {}).get("retry_at")
             if until is not None:
-                await self._wait_until(f"backoff:{step_id}", until)
+                await self._wait_until(str(WaitKey.backoff(step_id)), until)
         if self.host_judged:
             digest = call_digest(args, kwargs)
             if digest is not None:
@@ -256,12 +263,14 @@ class Steps(Replay):
                             attempt,
                             {"reason": "backoff", "retry_at": until},
                         )
-                        await self._wait_until(f"backoff:{step_id}", until)
+                        await self._wait_until(str(WaitKey.backoff(step_id)), until)
                     else:
                         self.emit(EventKind.STEP_RETRYING, step_id, attempt, retry)
                         await guards.after_retry(step_id)
                         await self.flush()
-                        await self._wait_until(f"backoff:{step_id}", await self.store.now() + delay)
+                        await self._wait_until(
+                            str(WaitKey.backoff(step_id)), await self.store.now() + delay
+                        )
                     attempt, resumed = attempt + 1, False
                     if not unknown:
                         key_attempt = attempt

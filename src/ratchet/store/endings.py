@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ratchet.errors import NotDeadLettered, RunFinished
-from ratchet.model import Event, EventKind, Lease, RunRecord, RunStatus, dumps
+from ratchet.model import Event, EventKind, Lease, RunRecord, RunStatus, WaitKey, dumps
 from ratchet.store.bus import CANCEL, DONE, READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.journal import append_unowned, insert_events
@@ -64,7 +64,7 @@ async def finish(
         _ended(d, tx, lease.run_id)
         rec = record_from_row(tx.one("run_get", {"run_id": lease.run_id}))
         if rec.parent_run_id and tx.run(
-            "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{rec.run_id}"}
+            "run_wake", {"run_id": rec.parent_run_id, "waiting_for": str(WaitKey.child(rec.run_id))}
         ):
             d._announce(tx, READY)
         _cancel_children(d, tx, lease.run_id)
@@ -111,7 +111,7 @@ def _cancel_locked(d: Dialect, tx: Tx, rec: RunRecord) -> RunStatus:
     )
     _ended(d, tx, run_id)
     if rec.parent_run_id and tx.run(
-        "run_wake", {"run_id": rec.parent_run_id, "waiting_for": f"child:{run_id}"}
+        "run_wake", {"run_id": rec.parent_run_id, "waiting_for": str(WaitKey.child(run_id))}
     ):
         d._announce(tx, READY)
     _cancel_children(d, tx, run_id)

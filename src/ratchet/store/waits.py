@@ -15,7 +15,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from ratchet.errors import RunFinished, SignalAlreadyConsumed
-from ratchet.model import Event, Lease, RunRecord, RunStatus, dumps
+from ratchet.model import (
+    ApprovalStatus,
+    Event,
+    Lease,
+    RunRecord,
+    RunStatus,
+    WaitKey,
+    WaitKind,
+    dumps,
+)
 from ratchet.store import approvals
 from ratchet.store.bus import READY
 from ratchet.store.dialect import Dialect
@@ -48,7 +57,7 @@ async def park(
         ready = [w for w in waits if _wait_satisfied(tx, lease.run_id, w)]
         if ready:
             return "ready", ready
-        waiting_for = waits[0] if len(set(waits)) == 1 else "any:" + dumps(sorted(set(waits)))
+        waiting_for = str(WaitKey.any_of(waits))
         tx.send(
             "run_park",
             {"run_id": lease.run_id, "waiting_for": waiting_for, "not_before": not_before},
@@ -62,15 +71,15 @@ async def park(
 
 
 def _wait_satisfied(tx: Tx, run_id: str, waiting_for: str) -> bool:
-    kind, _, name = waiting_for.partition(":")
-    if kind == "signal":
-        return tx.one("signal_pending", {"run_id": run_id, "name": name}) is not None
-    if kind == "child":
-        child = tx.one("run_get", {"run_id": name})
+    key = WaitKey.parse(waiting_for)
+    if key.kind == WaitKind.SIGNAL:
+        return tx.one("signal_pending", {"run_id": run_id, "name": key.value}) is not None
+    if key.kind == WaitKind.CHILD:
+        child = tx.one("run_get", {"run_id": key.value})
         return child is not None and RunStatus(child["status"]).terminal
-    if kind == "approval":
-        found = approvals.get(tx, run_id, name)
-        return found is not None and found.status != "pending"
+    if key.kind == WaitKind.APPROVAL:
+        found = approvals.get(tx, run_id, key.value)
+        return found is not None and found.status != ApprovalStatus.PENDING
     return False  # timers: the claim takes the run when not_before comes
 
 
@@ -97,7 +106,7 @@ async def send_signal(d: Dialect, run_id: str, name: str, payload: Any) -> RunRe
         if rec.status.terminal:
             raise RunFinished(f"run {run_id} has already {rec.status}; signal {name!r} refused")
         tx.send("signal_insert", {"run_id": run_id, "name": name, "payload": dumps(payload)})
-        if tx.run("run_wake", {"run_id": run_id, "waiting_for": f"signal:{name}"}):
+        if tx.run("run_wake", {"run_id": run_id, "waiting_for": str(WaitKey.signal(name))}):
             d._announce(tx, READY)
         return rec
 
