@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 BENCH_STAMP := $(VENV)/.installed-bench
 
-.PHONY: run demo test lint bench chaos package-check docs docs-check clean
+.PHONY: run demo test lint typecheck-scripts bench chaos package-check docs docs-check clean
 
 # The distribution was called ratchet before ratchet-engine: an older .venv drops that
 # install and its metadata before installing under the new name.
@@ -56,6 +56,9 @@ lint: $(STAMP)  ## ruff (lint, format), mypy (strict on src; tests, bench, chaos
 	$(VENV)/bin/ruff format --check $(LINTED)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	$(MAKE) --no-print-directory typecheck-scripts
+
+typecheck-scripts: $(STAMP)  ## mypy over tests, bench and chaos (part of lint)
 	$(VENV)/bin/mypy $(MYPY_SCRIPTS)
 
 # tests, bench and chaos as mypy reads them (pyproject.toml's overrides say how strictly):
