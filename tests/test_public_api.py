@@ -225,7 +225,7 @@ def test_a_worker_starts_without_loading_the_graph_format_or_the_sandbox_harness
 
     heavy = [
         "ratchet.graphs.validate",
-        "ratchet.graphs.model",
+        "ratchet.graphs.spec",
         "ratchet.sandbox.harness",
         "ratchet.sandbox.isolated",
     ]

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response
 
 from ratchet.api.auth import decider, scope
-from ratchet.api.models import DeadLetterOut, Error, Health, RetryBody, StatusAfter, WorkflowOut
 from ratchet.api.runs import ERRORS, Reader, owned, shown
+from ratchet.api.schemas import DeadLetterOut, Error, Health, RetryBody, StatusAfter, WorkflowOut
 from ratchet.app import Ratchet
 from ratchet.errors import StorageError, StoreNotReady
 from ratchet.store import tenants, tokens

@@ -19,8 +19,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
-from ratchet.api.models import EventPage, JournalEvent
 from ratchet.api.runs import ERRORS, Reader, owned
+from ratchet.api.schemas import EventPage, JournalEvent
 from ratchet.api.tails import PAGE, TERMINAL
 from ratchet.model import Event, RunRecord
 from ratchet.store import Store, tenants

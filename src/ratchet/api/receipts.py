@@ -7,8 +7,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ratchet.api.models import RunReceipt
 from ratchet.api.runs import ERRORS, Reader, app_of, owned, store_of
+from ratchet.api.schemas import RunReceipt
 from ratchet.receipts.service import ensure_receipt
 
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)

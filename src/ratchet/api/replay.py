@@ -9,7 +9,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 
 from ratchet.api.events import MAX_SEQ, event_dict
-from ratchet.api.models import (
+from ratchet.api.runs import ERRORS, Reader, owned, shown
+from ratchet.api.schemas import (
     JournalEvent,
     LLMUsage,
     RunStateOut,
@@ -17,7 +18,6 @@ from ratchet.api.models import (
     StepStateOut,
     WaterfallOut,
 )
-from ratchet.api.runs import ERRORS, Reader, owned, shown
 from ratchet.api.timeline import SandboxSpan, as_compact, as_dict, waterfall
 from ratchet.model import EventKind, RunRecord, StepState, fold
 from ratchet.names import MAX_STEP

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request, Response
 
 from ratchet.api.auth import allows, decider, scope
 from ratchet.api.guard_policy import authorised
-from ratchet.api.models import (
+from ratchet.api.schemas import (
     BatchRunAccepted,
     ChildRun,
     Decision,

@@ -9,8 +9,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Request
 
 from ratchet.api.auth import scope
-from ratchet.api.models import NewToken, TokenCreated, TokenOut
 from ratchet.api.runs import ERRORS
+from ratchet.api.schemas import NewToken, TokenCreated, TokenOut
 from ratchet.errors import InvalidInput
 from ratchet.store import Store, tokens
 from ratchet.store.tokens import Token

@@ -14,7 +14,7 @@ import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ratchet.graphs.model import NODE_TYPES, json_schema
+    from ratchet.graphs.spec import NODE_TYPES, json_schema
     from ratchet.graphs.validate import (
         Graph,
         GraphInvalid,
@@ -36,8 +36,8 @@ __all__ = [
 ]
 
 _HOMES = {
-    "NODE_TYPES": "model",
-    "json_schema": "model",
+    "NODE_TYPES": "spec",
+    "json_schema": "spec",
     "Graph": "validate",
     "GraphInvalid": "validate",
     "Problem": "validate",

@@ -28,7 +28,7 @@ from ratchet.engine.retry import NO_RETRY, Retry, as_policy
 from ratchet.engine.waits import PARK_MIN_S
 from ratchet.errors import InvalidInput, RatchetError
 from ratchet.graphs import templates
-from ratchet.graphs.model import DATA_MODELS, NODE_TYPES, Edge, NodeData, RawGraph, RawNode
+from ratchet.graphs.spec import DATA_MODELS, NODE_TYPES, Edge, NodeData, RawGraph, RawNode
 from ratchet.model import dumps
 from ratchet.sandbox.spec import Sandbox
 
