@@ -6,6 +6,7 @@ and what to do when one trips.
 * :mod:`~ratchet.engine.guards.run`: the guards at work in one drive (``RunGuards``),
   called by the drive at its step boundaries, over what the journal says of the run;
 * :mod:`~ratchet.engine.guards.evidence`: the history and texts they measure against;
+* :mod:`~ratchet.engine.guards.streak`: the runaway-loop streak, counted step by step;
 * :mod:`~ratchet.engine.guards.host_judged`: a sandboxed drive's, judged by its host.
 """
 

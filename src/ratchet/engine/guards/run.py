@@ -39,10 +39,8 @@ after retries only.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import logging
-import re
 import statistics
 import time
 from collections.abc import Callable, Coroutine, Mapping
@@ -54,6 +52,7 @@ from ratchet.engine.definitions import StepDef
 from ratchet.engine.drive import Drive
 from ratchet.engine.guards.evidence import HISTORIES, History, call_text, describe
 from ratchet.engine.guards.policy import BUDGET, BUDGET_FIELDS, DEFAULT, Guards
+from ratchet.engine.guards.streak import Streak
 from ratchet.engine.stats import STATS
 from ratchet.errors import ApprovalTimeout, GuardTripped
 from ratchet.model import AnomalyKind, Decision, EventKind, GuardAction
@@ -71,10 +70,6 @@ HISTORY_TTL_S = 30.0
 STORM_WINDOW_S = 60.0
 # The approval a pause asks: "guard:<kind>".
 PAUSE_PREFIX = "guard:"
-
-_ITERATION = re.compile(r"#\d+")
-# A replayed step for the runaway-loop streak: name, step id, output, and its arguments.
-_Deferred = tuple[str, str, Any, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]
 
 
 class GuardedDrive(Drive, Protocol):
@@ -108,15 +103,7 @@ class RunGuards:
         self._configured = guards  # the workflow's guards and the run's overrides
         # When the run must end (time.time()), and the field that says so.
         self.deadline: tuple[float, str] | None = None
-        # The runaway-loop streak: the last step's (name, arguments, output), how many
-        # times in a row it came, and the step id that began the streak.
-        self._last: tuple[str, str, Any] | None = None
-        self._streak = 0
-        self._streak_from = ""
-        # Replayed steps whose arguments are built only if the streak is looked at (see
-        # replayed_step); at most runaway_repeats of them, the only ones a streak needs.
-        self._deferred: collections.deque[_Deferred] | None = None
-        self._dropped = False
+        self.streak = Streak()  # the runaway-loop streak
 
     def configure(self, guards: Guards, overrides: Mapping[str, Any] | None) -> None:
         """Apply the workflow's guards, the run's journaled overrides and the limits people
@@ -462,41 +449,8 @@ class RunGuards:
         and the streak comes out as it would have (a streak at least ``runaway_repeats``
         long never trips again, however much longer it is)."""
         limit = self.g.runaway_repeats
-        if limit is None:
-            return
-        deferred = self._deferred
-        if deferred is None or deferred.maxlen != limit:
-            self._settle()
-            deferred = self._deferred = collections.deque(maxlen=limit)
-        if len(deferred) == limit:
-            self._dropped = True
-        deferred.append((name, step_id, output, call))
-
-    def _settle(self) -> None:
-        """Count the deferred replayed steps into the streak, in their order."""
-        deferred = self._deferred
-        if not deferred:
-            return
-        if self._dropped:  # the steps before the window do not reach a streak in it
-            self._last, self._streak, self._dropped = None, 0, False
-        while deferred:
-            name, step_id, output, call = deferred.popleft()
-            try:
-                args, kwargs = call()
-                called = call_text(args, kwargs)
-            except Exception:  # arguments that are not data, or cannot be built now
-                self._last, self._streak = None, 0
-                continue
-            self._count(name, step_id, called, output)
-
-    def _count(self, name: str, step_id: str, called: str, output: Any) -> None:
-        if "#" in name:  # a graph loop's node: the same node in every iteration
-            name = _ITERATION.sub("", name)
-        current = (name, called, output)
-        if current == self._last:
-            self._streak += 1
-        else:
-            self._last, self._streak, self._streak_from = current, 1, step_id
+        if limit is not None:
+            self.streak.defer(limit, name, step_id, output, call)
 
     async def _streak_check(
         self,
@@ -507,24 +461,25 @@ class RunGuards:
         output: Any,
         fresh: bool,
     ) -> None:
-        self._settle()
+        streak = self.streak
+        streak.settle()
         try:
             called = call_text(args, kwargs)
         except (TypeError, ValueError):
-            self._last, self._streak = None, 0  # arguments that are not data: no streak
+            streak.reset()  # arguments that are not data: no streak
             return
-        self._count(name, step_id, called, output)
+        streak.count(name, step_id, called, output)
         limit = self.g.runaway_repeats
-        if fresh and limit is not None and self._streak == limit:
+        if fresh and limit is not None and streak.length == limit:
             digest = hashlib.sha256(called.encode()).hexdigest()[:16]
             await self.trip(
                 AnomalyKind.RUNAWAY_LOOP,
-                f"runaway_loop:{self._streak_from}",
+                f"runaway_loop:{streak.first_step_id}",
                 step_id,
                 {
                     "step": name,
                     "repeats": limit,
-                    "first_step_id": self._streak_from,
+                    "first_step_id": streak.first_step_id,
                     "arguments_sha256": digest,
                 },
             )

@@ -1,0 +1,124 @@
+"""Runs, events, statuses and the fold.
+
+The journal is the truth: a run's state is the fold of its events. The engine, the CLI
+and any viewer fold the same way through :func:`fold`. This package imports nothing else
+of Ratchet's, so every layer may import it; its names are imported from here
+(``from ratchet.model import Event``), whichever module of it holds them:
+
+- :mod:`~ratchet.model.states`: the state vocabularies (``StrEnum`` classes) and event kinds
+- :mod:`~ratchet.model.waits`: wait keys
+- :mod:`~ratchet.model.payloads`: the event payloads the fold reads
+- :mod:`~ratchet.model.events`: the event, its hash chain and canonical JSON
+- :mod:`~ratchet.model.fold`: a run's state folded from its journal
+- :mod:`~ratchet.model.records`: the records the store returns
+"""
+
+from ratchet.model.events import (
+    GENESIS_HASH,
+    Event,
+    dumps,
+    idempotency_key,
+    output_payload,
+)
+from ratchet.model.fold import (
+    LLMTotals,
+    RunState,
+    StepState,
+    apply,
+    fold,
+    split_step_id,
+)
+from ratchet.model.payloads import (
+    ABANDONED,
+    AnomalyPayload,
+    ApprovalDecidedPayload,
+    GatePayload,
+    RunDrivenPayload,
+    RunEndedPayload,
+    RunQueuedPayload,
+    StepCompletedPayload,
+    StepFailedPayload,
+    StepStartedPayload,
+    StepWaitingPayload,
+)
+from ratchet.model.records import (
+    Approval,
+    ClaimedRun,
+    DeadLetter,
+    Decision,
+    DeliveryReceipt,
+    Lease,
+    NewRun,
+    RunRecord,
+)
+from ratchet.model.states import (
+    TAKEOVERS,
+    TERMINAL_EVENTS,
+    TERMINAL_STATUSES,
+    AnomalyKind,
+    ApprovalStatus,
+    ClaimReason,
+    DeadLetterReason,
+    DeliveryStatus,
+    EventKind,
+    GuardAction,
+    QueueReason,
+    RunStatus,
+    SandboxStatus,
+    SettledBy,
+    StepStatus,
+    WaitKind,
+)
+from ratchet.model.waits import (
+    WaitKey,
+)
+
+__all__ = [
+    "ABANDONED",
+    "GENESIS_HASH",
+    "TAKEOVERS",
+    "TERMINAL_EVENTS",
+    "TERMINAL_STATUSES",
+    "AnomalyKind",
+    "AnomalyPayload",
+    "Approval",
+    "ApprovalDecidedPayload",
+    "ApprovalStatus",
+    "ClaimReason",
+    "ClaimedRun",
+    "DeadLetter",
+    "DeadLetterReason",
+    "Decision",
+    "DeliveryReceipt",
+    "DeliveryStatus",
+    "Event",
+    "EventKind",
+    "GatePayload",
+    "GuardAction",
+    "LLMTotals",
+    "Lease",
+    "NewRun",
+    "QueueReason",
+    "RunDrivenPayload",
+    "RunEndedPayload",
+    "RunQueuedPayload",
+    "RunRecord",
+    "RunState",
+    "RunStatus",
+    "SandboxStatus",
+    "SettledBy",
+    "StepCompletedPayload",
+    "StepFailedPayload",
+    "StepStartedPayload",
+    "StepState",
+    "StepStatus",
+    "StepWaitingPayload",
+    "WaitKey",
+    "WaitKind",
+    "apply",
+    "dumps",
+    "fold",
+    "idempotency_key",
+    "output_payload",
+    "split_step_id",
+]
