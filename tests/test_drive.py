@@ -636,7 +636,7 @@ def test_def_steps_are_not_capped_at_asyncios_default_pool(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
     app = make_app()
-    barrier = threading.Barrier(16, timeout=4)
+    barrier = threading.Barrier(16, timeout=10)  # only stops a hung test
 
     @app.step()
     def meet(i: int) -> int:
@@ -844,18 +844,26 @@ def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
     make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     app = make_app()
-    # Long beside a sweep pass (a few ms; half a second on a loaded machine), so one sweep
-    # of three passes cannot be mistaken for three sweeps an interval apart.
+    # One sweep of three passes, not three sweeps an interval apart: each pass notes how
+    # many times the sweep loop had waited out its interval by then.
     interval = 3.0
-    passes: list[tuple[float, int]] = []
-    sweep = Worker.sweep
+    waits = 0
+    passes: list[tuple[int, int]] = []
+    sweep, sleep = Worker.sweep, asyncio.sleep
 
     async def recording_sweep(self: Worker) -> list[ClaimedRun]:
         taken = await sweep(self)
-        passes.append((time.monotonic(), len(taken)))
+        passes.append((waits, len(taken)))
         return taken
 
+    async def counting_sleep(delay: float, *args: Any) -> Any:
+        nonlocal waits
+        if delay == interval:  # the sweep loop's wait; nothing else sleeps this long
+            waits += 1
+        return await sleep(delay, *args)
+
     monkeypatch.setattr(Worker, "sweep", recording_sweep)
+    monkeypatch.setattr(asyncio, "sleep", counting_sleep)
 
     @app.workflow()
     async def orphan(i: int) -> int:
@@ -871,7 +879,7 @@ def test_one_sweep_takes_every_orphan_when_its_passes_come_back_full(
     assert [app.result(r, timeout_s=15) for r in run_ids] == list(range(45))
     took = [(at, n) for at, n in passes if n]
     assert [n for _, n in took] == [20, 20, 5]
-    assert took[-1][0] - took[0][0] < interval / 2  # one sweep, not one interval a pass
+    assert len({w for w, _ in took}) == 1, passes  # no interval waited between the passes
     for run_id in run_ids:
         [started] = of_kind(app.events(run_id), EventKind.RUN_STARTED)
         assert started.payload["reason"] == "sweep"
