@@ -7,12 +7,9 @@ import contextvars
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
 
+from ratchet.engine.drive import Drive, HeldStep
 from ratchet.errors import RatchetError
-
-if TYPE_CHECKING:
-    from ratchet.engine.drive import Drive
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,19 +31,6 @@ class StepInfo:
     def _next_delivery(self) -> str:
         """The identity of this execution's next unnamed delivery (``#n``); for ``deliver``."""
         return f"#{next(self._deliveries)}"
-
-
-class HeldStep(Protocol):
-    """A step the workflow holds open while it reads it (a stream): it ends before the
-    branch that opened it journals anything else (``Drive.close_held``)."""
-
-    #: The workflow has let it go (closed it, or dropped its iterator).
-    released: bool
-
-    async def end(self, *, workflow_done: bool) -> None:
-        """End the step (``workflow_done``: the workflow returned or raised) and return
-        once its end is journaled."""
-        ...
 
 
 current_run: contextvars.ContextVar[Drive | None] = contextvars.ContextVar(

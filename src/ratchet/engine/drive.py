@@ -11,17 +11,65 @@ can change without touching what is built on top.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ratchet.engine.context import HeldStep
     from ratchet.engine.definitions import StepDef, WorkflowDef
-    from ratchet.engine.guards import Guards
-    from ratchet.engine.guards.run import RunGuards
+    from ratchet.engine.guards.policy import Guards
     from ratchet.engine.values import Codec
     from ratchet.model import Decision, DeliveryReceipt, RunRecord, RunState, StepState
     from ratchet.store.base import StoredGraph
+
+
+class HeldStep(Protocol):
+    """A step the workflow holds open while it reads it (a stream): it ends before the
+    branch that opened it journals anything else (``Drive.close_held``)."""
+
+    #: The workflow has let it go (closed it, or dropped its iterator).
+    released: bool
+
+    async def end(self, *, workflow_done: bool) -> None:
+        """End the step (``workflow_done``: the workflow returned or raised) and return
+        once its end is journaled."""
+        ...
+
+
+class DriveGuards(Protocol):
+    """What code built on a drive uses of its guards
+    (:class:`ratchet.engine.guards.run.RunGuards` is the one)."""
+
+    @property
+    def g(self) -> Guards:
+        """The guards in force: the workflow's, the run's overrides and its grants."""
+        ...
+
+    async def trip(
+        self,
+        kind: str,
+        key: str,
+        step_id: str | None,
+        evidence: dict[str, Any],
+        action: str | None = None,
+    ) -> None:
+        """Journal anomaly ``key`` (unless the journal has it) and apply its action."""
+        ...
+
+    def nested_call(
+        self, step_id: str, tokens: int, usd: float | None, held_tokens: int, held_usd: float
+    ) -> None:
+        """Check a model call made inside step ``step_id`` against the budgets."""
+        ...
+
+    def replayed_step(
+        self,
+        name: str,
+        step_id: str,
+        output: Any,
+        call: Callable[[], tuple[tuple[Any, ...], dict[str, Any]]],
+    ) -> None:
+        """Count a replayed step in the runaway-loop streak."""
+        ...
 
 
 class Drive(Protocol):
@@ -43,7 +91,7 @@ class Drive(Protocol):
         ...
 
     @property
-    def guards(self) -> RunGuards:
+    def guards(self) -> DriveGuards:
         """The run's guards, checked at every step boundary."""
         ...
 

@@ -15,15 +15,15 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ratchet.engine import tracing
-from ratchet.engine.context import HeldStep
 from ratchet.engine.control import Control, Stopped, StopReason
+from ratchet.engine.drive import HeldStep
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import Waits
 from ratchet.errors import DriveAborted
-from ratchet.model import ClaimedRun, Event, EventKind, RunState, RunStatus, apply
+from ratchet.model import ClaimedRun, Event, EventKind, RunState, RunStatus, chain_next
 from ratchet.receipts.keys import Signer
 from ratchet.receipts.service import receipt_for
 from ratchet.store.base import Store
@@ -179,18 +179,7 @@ class JournalWriter:
             # when the drive decided to end goes on afterwards; it adds nothing after the
             # terminal event (which may still be waiting for that call's write), it stops.
             raise Stopped(self.control.reason or StopReason.CANCEL)
-        ev = Event.chain(
-            self.run_id,
-            state.last_seq + 1,
-            kind,
-            step_id,
-            attempt,
-            payload or {},
-            time.time(),
-            state.last_hash,
-            payload_json,
-        )
-        apply(state, ev)
+        ev = chain_next(state, kind, step_id, attempt, payload or {}, payload_json)
         self.pending.append(ev)
         return ev
 

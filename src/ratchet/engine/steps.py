@@ -20,9 +20,10 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ratchet.engine import nested_spend, tracing
-from ratchet.engine.context import HeldStep, StepInfo, current_step_info, held_here
+from ratchet.engine.context import StepInfo, current_step_info, held_here
 from ratchet.engine.control import Stopped
 from ratchet.engine.definitions import StepDef, StepKey
+from ratchet.engine.drive import HeldStep
 from ratchet.engine.faults import crash_point
 from ratchet.engine.guards.host_judged import call_digest
 from ratchet.engine.journal_writer import error_text

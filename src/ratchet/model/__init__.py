@@ -25,6 +25,7 @@ from ratchet.model.fold import (
     RunState,
     StepState,
     apply,
+    chain_next,
     fold,
     split_step_id,
 )
@@ -116,6 +117,7 @@ __all__ = [
     "WaitKey",
     "WaitKind",
     "apply",
+    "chain_next",
     "dumps",
     "fold",
     "idempotency_key",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -156,6 +157,31 @@ def fold(run_id: str, events: list[Event]) -> RunState:
     for ev in events:
         apply(state, ev)
     return state
+
+
+def chain_next(
+    state: RunState,
+    kind: str,
+    step_id: str | None,
+    attempt: int | None,
+    payload: dict[str, Any],
+    payload_json: str | None = None,
+) -> Event:
+    """The event after ``state``'s head, chained to it, stamped now and folded in: how a
+    drive, and the host of an isolated one, add to a run's journal before writing."""
+    ev = Event.chain(
+        state.run_id,
+        state.last_seq + 1,
+        kind,
+        step_id,
+        attempt,
+        payload,
+        time.time(),
+        state.last_hash,
+        payload_json,
+    )
+    apply(state, ev)
+    return ev
 
 
 def apply(state: RunState, ev: Event) -> None:

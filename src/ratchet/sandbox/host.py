@@ -33,8 +33,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -42,17 +40,8 @@ from typing import TYPE_CHECKING, Any, cast
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.guards import ANOMALIES, BUDGET, Guards
 from ratchet.engine.guards.run import RunGuards
-from ratchet.errors import (
-    GuardTripped,
-    LLMError,
-    LLMRequestError,
-    LLMTimeout,
-    RunFinished,
-    StorageError,
-    ValueRefused,
-)
+from ratchet.errors import GuardTripped, RunFinished, StorageError, ValueRefused
 from ratchet.llm import routing
-from ratchet.llm.endpoints import BY_PROVIDER
 from ratchet.llm.worst_case import worst_case
 from ratchet.model import (
     Event,
@@ -60,84 +49,19 @@ from ratchet.model import (
     Lease,
     RunRecord,
     RunStatus,
-    apply,
+    chain_next,
     dumps,
     fold,
-    idempotency_key,
     output_payload,
 )
 from ratchet.receipts import Signer
 from ratchet.receipts.service import receipt_for
+from ratchet.sandbox.host_calls import InFlight, check_budgets, own_credentials, send
+from ratchet.sandbox.report_check import ENDS, MODEL_STEPS, Proposal, ReportCheck
 
 if TYPE_CHECKING:
     from ratchet.engine.guards.run import GuardedDrive
     from ratchet.store.base import Store
-
-# The step names of model calls: their end is journaled by the host, never by a sandbox.
-MODEL_STEPS = frozenset(e.name for endpoints in BY_PROVIDER.values() for e in endpoints)
-# What a sandbox's drive may propose; the rest of the journal is the host's.
-STEP_KINDS = frozenset(
-    {
-        EventKind.STEP_STARTED,
-        EventKind.STEP_COMPLETED,
-        EventKind.STEP_FAILED,
-        EventKind.STEP_RETRYING,
-        EventKind.STEP_WAITING,
-        EventKind.TOOL_CALLED,
-    }
-)
-ENDS = {EventKind.RUN_SUCCEEDED: RunStatus.SUCCEEDED, EventKind.RUN_FAILED: RunStatus.FAILED}
-# The dead-letter reasons a sandbox's drive ends a run with; the guards' are the host's.
-SANDBOX_REASONS = frozenset(
-    {
-        "workflow_error",
-        "step_failed",
-        "non_determinism",
-        "crash_loop",
-        "not_serializable",
-        "store_refused",
-    }
-)
-# The fields of each proposal's payload (None: any; the tool's call is its own record).
-_FIELDS: dict[str, frozenset[str] | None] = {
-    EventKind.STEP_STARTED: frozenset(
-        {"idempotency_key", "resumed", "kind", "provider", "model", "call_sha256"}
-    ),
-    EventKind.STEP_COMPLETED: frozenset({"output"}),
-    EventKind.STEP_FAILED: frozenset({"error", "error_type"}),
-    EventKind.STEP_RETRYING: frozenset({"attempt", "of", "error", "delay_s", "retry_at"}),
-    EventKind.TOOL_CALLED: frozenset({"name", "arguments", "risk"}),
-    EventKind.RUN_SUCCEEDED: frozenset({"output"}),
-    EventKind.RUN_FAILED: frozenset({"error", "reason"}),
-}
-_WAITING_FIELDS = {
-    "sleep": frozenset({"reason", "seconds", "until"}),
-    "backoff": frozenset({"reason", "retry_at"}),
-}
-# Headers a sandbox's call may not set: the worker's client sends its own credentials and
-# the attempt's key.
-_WORKER_HEADERS = frozenset(
-    {
-        "authorization",
-        "api-key",
-        "x-api-key",
-        "idempotency-key",
-        "openai-organization",
-        "openai-project",
-    }
-)
-_STEP_ID = re.compile(r"([1-9][0-9]{0,17}):(.+)", re.DOTALL)
-
-
-@dataclass(frozen=True, slots=True)
-class Proposal:
-    """One event a sandbox reports: what it says happened, not yet in the journal."""
-
-    kind: str
-    step_id: str | None
-    attempt: int | None
-    payload: dict[str, Any]
-    payload_json: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,24 +71,6 @@ class _Step:
 
     name: str
     worst_case: None = None
-
-
-@dataclass(slots=True)
-class _View:
-    """A step as the proposals of one report leave it, before anything is written."""
-
-    status: str
-    attempt: int
-    kind: str | None
-    waiting: str | None = None
-
-
-@dataclass(slots=True)
-class _Call:
-    """A model call the host makes for a step's attempt."""
-
-    tokens: int
-    usd: float
 
 
 class HostJournal:
@@ -200,7 +106,7 @@ class HostJournal:
         self._digests: dict[str, str] = {}
         self._keys: dict[tuple[str, int], str] = {}
         self._completed_here: dict[str, dict[str, Any]] = {}
-        self._calls: dict[tuple[str, int], _Call] = {}
+        self._calls: dict[tuple[str, int], InFlight] = {}
         for ev in events:
             if ev.kind == EventKind.STEP_STARTED and ev.step_id and ev.attempt:
                 self._note_started(ev.step_id, ev.attempt, ev.payload)
@@ -235,19 +141,7 @@ class HostJournal:
     ) -> Event:
         """Chain an event after the head, fold it in, and keep it for the next write (what
         RunGuards calls to journal an anomaly)."""
-        state = self.state
-        ev = Event.chain(
-            self.run_id,
-            state.last_seq + 1,
-            kind,
-            step_id,
-            attempt,
-            payload or {},
-            time.time(),
-            state.last_hash,
-            payload_json,
-        )
-        apply(state, ev)
+        ev = chain_next(self.state, kind, step_id, attempt, payload or {}, payload_json)
         self.pending.append(ev)
         return ev
 
@@ -333,7 +227,9 @@ class HostJournal:
 
     async def _propose(self, proposals: list[Proposal], finish: bool) -> int:
         self._usable()
-        self._check(proposals, finish)
+        ReportCheck(self.run_id, self.state, self._completed_here, self._started_here).check(
+            proposals, finish
+        )
         steps = proposals[:-1] if finish else proposals
         try:
             for p in steps:
@@ -392,190 +288,6 @@ class HostJournal:
     def _called(self, step_id: str) -> str:
         return self._digests.get(step_id, "#" + step_id)
 
-    # -- the state machine -----------------------------------------------------------------
-
-    def _check(self, proposals: list[Proposal], finish: bool) -> None:
-        """Refuse the report unless every proposal follows from the journal and the ones
-        before it (raises :class:`ValueRefused` naming the first that does not)."""
-        if not proposals:
-            raise ValueRefused("a report carries at least one event")
-        views: dict[str, _View | None] = {}
-        ordinals: dict[int, str] = {}
-        for i, p in enumerate(proposals):
-            last = finish and i == len(proposals) - 1
-            where = f"event {i + 1} ({p.kind}" + (f" of step {p.step_id})" if p.step_id else ")")
-            try:
-                if last:
-                    self._check_end(p)
-                elif p.kind in ENDS:
-                    raise ValueRefused("the run's end is the last event of a finish report")
-                else:
-                    self._check_step(p, views, ordinals)
-            except ValueRefused as e:
-                raise ValueRefused(f"{where}: {e}") from None
-
-    def _check_end(self, p: Proposal) -> None:
-        if p.kind not in ENDS:
-            raise ValueRefused("a finish report ends with run_succeeded or run_failed")
-        _fields(p)
-        if p.kind == EventKind.RUN_SUCCEEDED:
-            if "output" not in p.payload:
-                raise ValueRefused("run_succeeded carries the run's output")
-            return
-        if not isinstance(p.payload.get("error"), str):
-            raise ValueRefused("run_failed carries the run's error as text")
-        reason = p.payload.get("reason")
-        if reason is not None and reason not in SANDBOX_REASONS:
-            raise ValueRefused(
-                f"a sandbox does not end a run with reason {reason!r} "
-                f"(its own are {', '.join(sorted(SANDBOX_REASONS))})"
-            )
-
-    def _view(self, step_id: str, views: dict[str, _View | None]) -> _View | None:
-        if step_id in views:
-            return views[step_id]
-        step = self.state.steps.get(step_id)
-        view = (
-            None
-            if step is None
-            else _View(
-                step.status,
-                step.attempt,
-                step.kind,
-                (step.waiting or {}).get("reason") if step.status == "waiting" else None,
-            )
-        )
-        views[step_id] = view
-        return view
-
-    def _check_step(
-        self, p: Proposal, views: dict[str, _View | None], ordinals: dict[int, str]
-    ) -> None:
-        if p.kind not in STEP_KINDS:
-            if p.kind in EventKind.__members__.values():
-                raise ValueRefused(
-                    "this kind is written by the worker, never reported by a sandbox"
-                )
-            raise ValueRefused("not a kind of journal event")
-        match = _STEP_ID.fullmatch(p.step_id or "")
-        if match is None:
-            raise ValueRefused(f"step id {p.step_id!r} is not <position>:<name>")
-        step_id, ordinal, name = p.step_id or "", int(match.group(1)), match.group(2)
-        holder = ordinals.get(ordinal) or (
-            s.step_id if (s := self.state.by_ordinal.get(ordinal)) else None
-        )
-        if holder is not None and holder != step_id:
-            raise ValueRefused(f"position {ordinal} holds step {holder!r}")
-        view = self._view(step_id, views)
-        if view is None and p.kind in (
-            EventKind.STEP_COMPLETED,
-            EventKind.STEP_FAILED,
-            EventKind.STEP_RETRYING,
-        ):
-            raise ValueRefused(f"step {step_id} never started")
-        if view is not None and view.status in ("completed", "failed"):
-            if (
-                p.kind == EventKind.STEP_COMPLETED
-                and step_id in self._completed_here
-                and p.attempt == view.attempt
-                and p.payload == self._completed_here[step_id]
-            ):
-                return  # the host's own journaling of a model call's end, reported back
-            raise ValueRefused(f"step {step_id} has {view.status}: nothing follows a step's end")
-        if p.kind != EventKind.STEP_WAITING:
-            _fields(p)
-        kind = p.kind
-        if kind == EventKind.STEP_STARTED:
-            self._check_start(p, step_id, name, view)
-            views[step_id] = _View("started", p.attempt or 0, p.payload.get("kind"))
-            ordinals[ordinal] = step_id
-            return
-        if kind == EventKind.TOOL_CALLED:
-            if p.attempt is None or p.attempt != _next_attempt(view):
-                raise ValueRefused("a tool's call is announced by the attempt about to start")
-            ordinals[ordinal] = step_id
-            return
-        if kind == EventKind.STEP_WAITING:
-            self._check_waiting(p, step_id, view, views)
-            ordinals[ordinal] = step_id
-            return
-        if view is None:
-            raise ValueRefused(f"step {step_id} never started")
-        if kind == EventKind.STEP_COMPLETED and p.attempt is None:
-            if view.status != "waiting" or view.waiting != "sleep" or p.payload != {"output": None}:
-                raise ValueRefused(f"step {step_id}: only a sleep ends without an attempt")
-            views[step_id] = _View("completed", view.attempt, view.kind)
-            return
-        if view.status != "started" or p.attempt != view.attempt:
-            raise ValueRefused(
-                f"step {step_id} has no step_started in attempt {p.attempt} "
-                f"(it is {view.status}, attempt {view.attempt})"
-            )
-        if kind == EventKind.STEP_COMPLETED:
-            if name in MODEL_STEPS or view.kind == "llm":
-                raise ValueRefused(
-                    f"step {step_id} is a model call: its end is journaled "
-                    "by the worker that made the call, with the provider's "
-                    "usage and cost"
-                )
-            views[step_id] = _View("completed", view.attempt, view.kind)
-        elif kind == EventKind.STEP_FAILED:
-            if not isinstance(p.payload.get("error"), str):
-                raise ValueRefused("step_failed carries the step's error as text")
-            views[step_id] = _View("failed", view.attempt, view.kind)
-        else:
-            views[step_id] = _View("retrying", view.attempt, view.kind)
-
-    def _check_start(self, p: Proposal, step_id: str, name: str, view: _View | None) -> None:
-        attempt = p.attempt
-        if attempt is None:
-            raise ValueRefused("a step_started names its attempt")
-        key = p.payload.get("idempotency_key")
-        if not isinstance(key, str) or not key or len(key) > 255:
-            raise ValueRefused("a step_started carries the attempt's idempotency_key")
-        if view is not None and view.status == "started":
-            # The attempt a crashed sandbox left in flight runs again, once per sandbox.
-            if attempt != view.attempt or (step_id, attempt) in self._started_here:
-                raise ValueRefused(
-                    f"attempt {view.attempt} of step {step_id} has started "
-                    "and not ended (step_retrying comes before the next)"
-                )
-        elif attempt != (expected := _next_attempt(view)):
-            if view is not None and not expected:
-                raise ValueRefused(f"step {step_id} is {view.status}: it does not start again")
-            raise ValueRefused(f"step {step_id} goes on with attempt {expected}, not {attempt}")
-        if name in MODEL_STEPS:
-            if p.payload.get("kind") != "llm":
-                raise ValueRefused(f"step {step_id} is a model call (kind llm)")
-            # A model call's key is its run's, step's and an attempt's: the host sends it
-            # to the provider, so a sandbox cannot pick another run's.
-            if key not in {idempotency_key(self.run_id, step_id, a) for a in range(1, attempt + 1)}:
-                raise ValueRefused(
-                    f"step {step_id}: {key!r} is not the idempotency key of one of its attempts"
-                )
-
-    def _check_waiting(
-        self, p: Proposal, step_id: str, view: _View | None, views: dict[str, _View | None]
-    ) -> None:
-        reason = p.payload.get("reason")
-        allowed = _WAITING_FIELDS.get(reason) if isinstance(reason, str) else None
-        if allowed is None:
-            raise ValueRefused(
-                f"a sandbox does not park (step_waiting {reason!r}): long "
-                "sleeps, signals, approvals and child runs are the worker's"
-            )
-        extra = sorted(set(p.payload) - allowed)
-        if extra:
-            raise ValueRefused(f"step_waiting {reason} has no field {extra[0]!r}")
-        if reason == "sleep":
-            if view is not None or p.attempt is not None:
-                raise ValueRefused(f"step {step_id}: a sleep is a step of its own")
-            views[step_id] = _View("waiting", 0, None, "sleep")
-            return
-        if view is None or view.status != "retrying" or p.attempt != view.attempt:
-            raise ValueRefused(f"step {step_id}: a backoff follows the attempt's step_retrying")
-        views[step_id] = _View("waiting", view.attempt, view.kind, "backoff")
-
     # -- model calls -----------------------------------------------------------------------
 
     async def call_model(
@@ -612,21 +324,23 @@ class HostJournal:
             if (step_id, attempt) in self._calls or step_id in self._completed_here:
                 raise ValueRefused(f"attempt {attempt} of step {step_id} has made its call")
             call = routing.call_at(site, step.name)
-            kwargs = _own_credentials(kwargs)
+            kwargs = own_credentials(kwargs)
             key = self._keys[(step_id, attempt)]
             tokens, usd = worst_case((), kwargs)
             try:
-                await self._check_budgets(step_id, tokens, usd)
+                await check_budgets(
+                    self.guards, self.state.llm, self._calls.values(), step_id, tokens, usd
+                )
             except GuardTripped as e:
                 await self._tripped(e)
                 raise RunFinished(f"run {self.run_id} was ended by its guards: {e}") from None
             await self._write()  # an anomaly the check journaled (action record)
-            self._calls[(step_id, attempt)] = _Call(tokens, usd or 0.0)
+            self._calls[(step_id, attempt)] = InFlight(tokens, usd or 0.0)
         try:
-            answer = await _send(call, kwargs, key)
+            answer = await send(call, kwargs, key)
         finally:
             async with self.lock:
-                self._calls[(step_id, attempt)] = _Call(0, 0.0)  # no longer in flight
+                self._calls[(step_id, attempt)] = InFlight(0, 0.0)  # no longer in flight
         async with self.lock:
             if self.closed:
                 raise RunFinished(f"the sandbox of run {self.run_id} has ended")
@@ -654,113 +368,11 @@ class HostJournal:
             await self._write()
         return {"body": payload["output"], "meta": payload["llm"]}
 
-    async def _check_budgets(self, step_id: str, tokens: int, usd: float | None) -> None:
-        """The token and money budgets against what the run has spent, what its calls in
-        flight may still spend, and this call's worst case: a call that could cross one is
-        never sent (its guard trips first)."""
-        g, spent = self.guards.g, self.state.llm
-        flying_tokens = sum(c.tokens for c in self._calls.values())
-        flying_usd = sum(c.usd for c in self._calls.values())
-        if g.budget_tokens is not None and (
-            spent.tokens + flying_tokens + tokens > g.budget_tokens
-        ):
-            await self.guards.trip(
-                BUDGET,
-                f"{BUDGET}:tokens",
-                step_id,
-                {
-                    "budget": "tokens",
-                    "used": spent.tokens + flying_tokens,
-                    "limit": g.budget_tokens,
-                    "worst_case": tokens,
-                },
-            )
-        if (
-            g.budget_usd is not None
-            and usd is not None
-            and (spent.cost_usd + flying_usd + usd > g.budget_usd)
-        ):
-            await self.guards.trip(
-                BUDGET,
-                f"{BUDGET}:usd",
-                step_id,
-                {
-                    "budget": "usd",
-                    "used": round(spent.cost_usd + flying_usd, 6),
-                    "limit": g.budget_usd,
-                    "worst_case": round(usd, 6),
-                },
-            )
-
-
-async def _send(call: Any, kwargs: dict[str, Any], key: str) -> Any:
-    """The provider's answer to one call, or the error a step's retry policy reads: an
-    LLM error as the SDK's own would be, a timeout, or the request's fault."""
-    try:
-        if call.step.timeout_s is None:
-            return await call.send(dict(kwargs), key)
-        async with asyncio.timeout(call.step.timeout_s):
-            return await call.send(dict(kwargs), key)
-    except LLMError:
-        raise
-    except TimeoutError as e:
-        raise LLMTimeout(
-            f"{call.endpoint.name} ran past its timeout of {call.step.timeout_s:g}s",
-            provider=call.endpoint.provider,
-        ) from e
-    except Exception as e:  # the SDK refused the arguments: the request's fault
-        raise LLMRequestError(
-            f"{call.endpoint.name}: {type(e).__name__}: {e}", provider=call.endpoint.provider
-        ) from e
-
-
-def _own_credentials(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The call's arguments without headers that would stand in for the worker's own."""
-    headers = kwargs.get("extra_headers")
-    if not isinstance(headers, dict):
-        return kwargs
-    return {
-        **kwargs,
-        "extra_headers": {
-            k: v for k, v in headers.items() if str(k).lower() not in _WORKER_HEADERS
-        },
-    }
-
 
 def _call_of(called: str) -> Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]:
     """A replayed step's call, for the runaway-loop streak: its digest stands for its
     arguments."""
     return lambda: ((called,), {})
-
-
-def _next_attempt(view: _View | None) -> int:
-    """The attempt a step goes on with: 1, or the one after its last when that one
-    failed and is retried (``step_retrying``, its backoff, or a retry of the run); 0 (none)
-    for a step in any other state."""
-    if view is None:
-        return 1
-    if view.status in ("retrying", "pending") or (view.status, view.waiting) == (
-        "waiting",
-        "backoff",
-    ):
-        return view.attempt + 1
-    return 0
-
-
-def _fields(p: Proposal) -> None:
-    allowed = _FIELDS.get(p.kind)
-    if allowed is None:
-        return
-    extra = sorted(set(p.payload) - allowed)
-    if extra:
-        raise ValueRefused(
-            f"{p.kind} has no field {extra[0]!r}"
-            + (
-                ": a model call's usage and cost are journaled by the worker that made it"
-                if extra[0] == "llm"
-                else ""
-            )
-        )
 
 
 def _unparked(g: Guards) -> Guards:

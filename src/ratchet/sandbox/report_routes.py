@@ -39,7 +39,7 @@ from ratchet.errors import (
 )
 from ratchet.model import dumps
 from ratchet.sandbox.grants import Grant, Grants
-from ratchet.sandbox.host import Proposal
+from ratchet.sandbox.report_check import Proposal
 from ratchet.store.base import Store
 from ratchet.web.errors import ApiError
 

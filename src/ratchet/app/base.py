@@ -1,0 +1,107 @@
+"""The state every part of the application object shares: its database, its loop, its
+definitions and its signing key."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from ratchet.config import DatabaseURL, data_dir, database_url_from_env
+from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.portal import Portal
+from ratchet.errors import InvalidInput, UnknownWorkflow
+from ratchet.extras import require
+from ratchet.model import RunStatus
+from ratchet.receipts.keys import Signer, load_signer
+from ratchet.store import Clock, Store, make_store
+
+UNSET: Any = object()  # "not given", where None is a value (a JSON null)
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running event loop of this thread, if any."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def check_status(status: str | None) -> None:
+    """Refuse a run status filter that names no status."""
+    if status is not None and status not in RunStatus.__members__.values():
+        raise InvalidInput(
+            f"unknown status {status!r}: expected one of {', '.join(s.value for s in RunStatus)}"
+        )
+
+
+class AppBase:
+    """The application's state; :class:`ratchet.Ratchet` adds its calls on top of it."""
+
+    def __init__(
+        self,
+        database_url: str | None = None,
+        *,
+        lease_ttl: float | None = None,
+        recovery_interval: float | None = None,
+        clock: Clock | None = None,
+        read_only: bool = False,
+    ) -> None:
+        self.database_url = database_url or database_url_from_env()
+        if DatabaseURL.parse(self.database_url).scheme == "postgresql":
+            # Here rather than at first use: a missing extra is a setup error, best told
+            # where the app is made.
+            require("a postgresql:// database", "postgres")
+        self.read_only = read_only
+        self.lease_ttl = lease_ttl
+        self.recovery_interval = recovery_interval
+        self.clock = clock or Clock()
+        self.workflows: dict[str, WorkflowDef] = {}
+        self.tools: dict[str, Any] = {}  # name -> the @app.tool callable
+        self.graphs: dict[str, str] = {}  # graph name -> the version app.graph registered
+        self._graph_defs: dict[str, WorkflowDef] = {}  # the interpreter, per graph name
+        self._llm_clients: dict[str, Any] = {}  # provider -> wrapped client, for ai-steps
+        self._store: Store | None = None
+        self._store_lock = threading.Lock()
+        self._portal = Portal()
+        self._embedded: tuple[asyncio.Event, Any] | None = None
+        self._signer: Signer | None = None
+
+    @property
+    def store(self) -> Store:
+        """The opened store (opened on first use, migrations applied)."""
+        with self._store_lock:
+            if self._store is None:
+                store = make_store(self.database_url, self.clock, read_only=self.read_only)
+                self._portal.call(store.open())
+                self._store = store
+            return self._store
+
+    @property
+    def portal(self) -> Portal:
+        """The app's own event loop, on a thread of its own, for blocking code:
+        ``app.portal.call(coro)`` runs a coroutine there and returns its result (the
+        blocking client calls are built on it). Not for code already on that loop
+        (a step, a workflow): it awaits instead."""
+        return self._portal
+
+    async def _astore(self) -> Store:
+        if self._store is not None:
+            return self._store
+        return await asyncio.to_thread(lambda: self.store)
+
+    def _resolve(self, wf: WorkflowDef | str) -> WorkflowDef:
+        if isinstance(wf, WorkflowDef):
+            return wf
+        if isinstance(wf, str) and wf in self.workflows:
+            return self.workflows[wf]
+        known = ", ".join(sorted(self.workflows)) or "none"
+        raise UnknownWorkflow(f"unknown workflow {wf!r}; registered workflows: {known}")
+
+    @property
+    def signer(self) -> Signer:
+        """The key that signs run receipts: ``RATCHET_SIGNING_KEY`` (a PEM file), else
+        ``signing_key.pem`` in the data directory, made there the first time."""
+        if self._signer is None:
+            self._signer = load_signer(data_dir(self.database_url))
+        return self._signer
