@@ -133,6 +133,15 @@ BLOCKING = [
 ASYNC_ONLY = {"start_run_async", "start_runs_async"}
 
 
+def _members(cls: type) -> dict[str, Any]:
+    """The attributes of ``cls`` and its bases (the app is assembled from one class per job),
+    as defined: the nearest definition of each name, the way attribute lookup finds it."""
+    found: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        found.update(vars(klass))
+    return found
+
+
 def _parameters(fn: Any) -> list[tuple[str, Any, Any, Any]]:
     """What a caller sees of ``fn``'s parameters: name, kind, default, annotation."""
     return [
@@ -143,7 +152,7 @@ def _parameters(fn: Any) -> list[tuple[str, Any, Any, Any]]:
 def test_every_blocking_call_has_an_async_twin() -> None:
     public = {
         name
-        for name, value in vars(ratchet.Ratchet).items()
+        for name, value in _members(ratchet.Ratchet).items()
         if callable(value) and not name.startswith("_") and not name.endswith("_async")
     }
     # Not client calls: the decorators, a worker object, running a worker on a given loop,
@@ -171,7 +180,7 @@ def test_every_async_call_has_a_blocking_twin_with_the_same_parameters() -> None
     # positional, an async call with no blocking one).
     asyncs = {
         name
-        for name, value in vars(ratchet.Ratchet).items()
+        for name, value in _members(ratchet.Ratchet).items()
         if inspect.iscoroutinefunction(value)
         and not name.startswith("_")
         and name.endswith("_async")
