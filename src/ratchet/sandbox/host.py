@@ -44,11 +44,13 @@ from ratchet.errors import GuardTripped, RunFinished, StorageError, ValueRefused
 from ratchet.llm import routing
 from ratchet.llm.worst_case import worst_case
 from ratchet.model import (
+    DeadLetterReason,
     Event,
     EventKind,
     Lease,
     RunRecord,
     RunStatus,
+    StepStatus,
     chain_next,
     dumps,
     fold,
@@ -122,7 +124,7 @@ class HostJournal:
         self.deadline = self.guards.due()
         # The runaway-loop streak goes on from the steps the journal holds, as a re-drive's.
         for step in sorted(
-            (s for s in self.state.steps.values() if s.status == "completed"),
+            (s for s in self.state.steps.values() if s.status == StepStatus.COMPLETED),
             key=lambda s: s.finished_seq,
         ):
             self.guards.replayed_step(
@@ -195,8 +197,10 @@ class HostJournal:
                 return False
             # A budget_wall_s deadline journals its anomaly too.
             error = self.guards.timed_out(self.deadline)
-            self.emit(EventKind.RUN_FAILED, payload={"error": error, "reason": "timeout"})
-            await self._finish(RunStatus.FAILED, None, error, "timeout")
+            self.emit(
+                EventKind.RUN_FAILED, payload={"error": error, "reason": DeadLetterReason.TIMEOUT}
+            )
+            await self._finish(RunStatus.FAILED, None, error, DeadLetterReason.TIMEOUT)
             self.ended.set()
             return True
 
@@ -314,7 +318,7 @@ class HostJournal:
                 raise RunFinished(f"the sandbox of run {self.run_id} has ended")
             self._usable()
             step = self.state.steps.get(step_id)
-            if step is None or step.status != "started" or step.attempt != attempt:
+            if step is None or step.status != StepStatus.STARTED or step.attempt != attempt:
                 raise ValueRefused(
                     f"step {step_id} has no step_started in attempt {attempt}: "
                     "report it before its model call"

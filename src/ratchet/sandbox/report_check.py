@@ -11,7 +11,15 @@ from typing import Any
 
 from ratchet.errors import ValueRefused
 from ratchet.llm.endpoints import BY_PROVIDER
-from ratchet.model import EventKind, RunState, RunStatus, idempotency_key
+from ratchet.model import (
+    DeadLetterReason,
+    EventKind,
+    RunState,
+    RunStatus,
+    StepStatus,
+    WaitKind,
+    idempotency_key,
+)
 
 # The step names of model calls: their end is journaled by the host, never by a sandbox.
 MODEL_STEPS = frozenset(e.name for endpoints in BY_PROVIDER.values() for e in endpoints)
@@ -30,12 +38,12 @@ ENDS = {EventKind.RUN_SUCCEEDED: RunStatus.SUCCEEDED, EventKind.RUN_FAILED: RunS
 # The dead-letter reasons a sandbox's drive ends a run with; the guards' are the host's.
 SANDBOX_REASONS = frozenset(
     {
-        "workflow_error",
-        "step_failed",
-        "non_determinism",
-        "crash_loop",
-        "not_serializable",
-        "store_refused",
+        DeadLetterReason.WORKFLOW_ERROR,
+        DeadLetterReason.STEP_FAILED,
+        DeadLetterReason.NON_DETERMINISM,
+        DeadLetterReason.CRASH_LOOP,
+        DeadLetterReason.NOT_SERIALIZABLE,
+        DeadLetterReason.STORE_REFUSED,
     }
 )
 # The fields of each proposal's payload (None: any; the tool's call is its own record).
@@ -72,7 +80,7 @@ class Proposal:
 class _View:
     """A step as the proposals of one report leave it, before anything is written."""
 
-    status: str
+    status: str  # a StepStatus
     attempt: int
     kind: str | None
     waiting: str | None = None
@@ -143,7 +151,7 @@ class ReportCheck:
                 step.status,
                 step.attempt,
                 step.kind,
-                (step.waiting or {}).get("reason") if step.status == "waiting" else None,
+                (step.waiting or {}).get("reason") if step.status == StepStatus.WAITING else None,
             )
         )
         views[step_id] = view
@@ -174,7 +182,7 @@ class ReportCheck:
             EventKind.STEP_RETRYING,
         ):
             raise ValueRefused(f"step {step_id} never started")
-        if view is not None and view.status in ("completed", "failed"):
+        if view is not None and view.status in (StepStatus.COMPLETED, StepStatus.FAILED):
             if (
                 p.kind == EventKind.STEP_COMPLETED
                 and step_id in self._completed_here
@@ -188,7 +196,7 @@ class ReportCheck:
         kind = p.kind
         if kind == EventKind.STEP_STARTED:
             self._check_start(p, step_id, name, view)
-            views[step_id] = _View("started", p.attempt or 0, p.payload.get("kind"))
+            views[step_id] = _View(StepStatus.STARTED, p.attempt or 0, p.payload.get("kind"))
             ordinals[ordinal] = step_id
             return
         if kind == EventKind.TOOL_CALLED:
@@ -203,11 +211,15 @@ class ReportCheck:
         if view is None:
             raise ValueRefused(f"step {step_id} never started")
         if kind == EventKind.STEP_COMPLETED and p.attempt is None:
-            if view.status != "waiting" or view.waiting != "sleep" or p.payload != {"output": None}:
+            if (
+                view.status != StepStatus.WAITING
+                or view.waiting != WaitKind.SLEEP
+                or p.payload != {"output": None}
+            ):
                 raise ValueRefused(f"step {step_id}: only a sleep ends without an attempt")
-            views[step_id] = _View("completed", view.attempt, view.kind)
+            views[step_id] = _View(StepStatus.COMPLETED, view.attempt, view.kind)
             return
-        if view.status != "started" or p.attempt != view.attempt:
+        if view.status != StepStatus.STARTED or p.attempt != view.attempt:
             raise ValueRefused(
                 f"step {step_id} has no step_started in attempt {p.attempt} "
                 f"(it is {view.status}, attempt {view.attempt})"
@@ -219,13 +231,13 @@ class ReportCheck:
                     "by the worker that made the call, with the provider's "
                     "usage and cost"
                 )
-            views[step_id] = _View("completed", view.attempt, view.kind)
+            views[step_id] = _View(StepStatus.COMPLETED, view.attempt, view.kind)
         elif kind == EventKind.STEP_FAILED:
             if not isinstance(p.payload.get("error"), str):
                 raise ValueRefused("step_failed carries the step's error as text")
-            views[step_id] = _View("failed", view.attempt, view.kind)
+            views[step_id] = _View(StepStatus.FAILED, view.attempt, view.kind)
         else:
-            views[step_id] = _View("retrying", view.attempt, view.kind)
+            views[step_id] = _View(StepStatus.RETRYING, view.attempt, view.kind)
 
     def _check_start(self, p: Proposal, step_id: str, name: str, view: _View | None) -> None:
         attempt = p.attempt
@@ -234,7 +246,7 @@ class ReportCheck:
         key = p.payload.get("idempotency_key")
         if not isinstance(key, str) or not key or len(key) > 255:
             raise ValueRefused("a step_started carries the attempt's idempotency_key")
-        if view is not None and view.status == "started":
+        if view is not None and view.status == StepStatus.STARTED:
             # The attempt a crashed sandbox left in flight runs again, once per sandbox.
             if attempt != view.attempt or (step_id, attempt) in self._started_here:
                 raise ValueRefused(
@@ -271,11 +283,11 @@ class ReportCheck:
         if reason == "sleep":
             if view is not None or p.attempt is not None:
                 raise ValueRefused(f"step {step_id}: a sleep is a step of its own")
-            views[step_id] = _View("waiting", 0, None, "sleep")
+            views[step_id] = _View(StepStatus.WAITING, 0, None, WaitKind.SLEEP)
             return
-        if view is None or view.status != "retrying" or p.attempt != view.attempt:
+        if view is None or view.status != StepStatus.RETRYING or p.attempt != view.attempt:
             raise ValueRefused(f"step {step_id}: a backoff follows the attempt's step_retrying")
-        views[step_id] = _View("waiting", view.attempt, view.kind, "backoff")
+        views[step_id] = _View(StepStatus.WAITING, view.attempt, view.kind, WaitKind.BACKOFF)
 
 
 def next_attempt(view: _View | None) -> int:
@@ -284,9 +296,9 @@ def next_attempt(view: _View | None) -> int:
     for a step in any other state."""
     if view is None:
         return 1
-    if view.status in ("retrying", "pending") or (view.status, view.waiting) == (
-        "waiting",
-        "backoff",
+    if view.status in (StepStatus.RETRYING, StepStatus.PENDING) or (view.status, view.waiting) == (
+        StepStatus.WAITING,
+        WaitKind.BACKOFF,
     ):
         return view.attempt + 1
     return 0
