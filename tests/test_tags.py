@@ -249,3 +249,16 @@ def test_ratchet_runs_filters_by_tag_and_workflow(
     assert "expected key=value" in refused("--db", db_url, "runs", "--tag", "customer")
     assert "invalid tag key 'a b'" in refused("--db", db_url, "runs", "--tag", "a b=c")
     assert "given twice" in refused("--db", db_url, "runs", "--tag", "k=1", "--tag", "k=2")
+
+
+def test_an_isolated_run_sees_its_tags_in_the_sandbox() -> None:
+    # The sandbox's harness rebuilds the run's record from what the host sends: the tags
+    # cross with it, so a child the isolated run starts is tagged as its parent.
+    from ratchet.model import RunRecord, RunStatus
+    from ratchet.sandbox.remote import record_from
+
+    rec = RunRecord(
+        "r-1", "wf", "1", {}, RunStatus.RUNNING, None, None, None, None, "default", 0, None,
+        None, 1.0, 2.0, tags={"customer": "acme"},
+    )  # fmt: skip
+    assert record_from(rec.as_dict()) == rec

@@ -40,12 +40,13 @@ def runs(
         typer.Option(help="Only runs with this status: " + ", ".join(s.value for s in RunStatus)),
     ] = None,
     workflow: Annotated[
-        str | None, typer.Option(help="Only runs of this workflow (its name).")
+        str | None, typer.Option(metavar="NAME", help="Only runs of this workflow (its name).")
     ] = None,
     tag: Annotated[
         list[str] | None,
         typer.Option(
-            help="Only runs with this tag, as key=value; repeat it for runs with all of them."
+            metavar="KEY=VALUE",
+            help="Only runs with this tag; repeat it for runs with all of them.",
         ),
     ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
