@@ -756,6 +756,7 @@ def _install_journal(
                 "queue": "default",
                 "priority": 0,
                 "tenant_id": "default",
+                "tags": "{}",
             },
         )
         app.store._insert_events(tx, events)

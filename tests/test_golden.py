@@ -67,6 +67,7 @@ def _install(
                 "queue": "default",
                 "priority": 0,
                 "tenant_id": "default",
+                "tags": "{}",
             },
         )
         app.store._insert_events(tx, events)

@@ -6,6 +6,8 @@ API could not take is never registered."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from ratchet.errors import InvalidInput
@@ -41,3 +43,62 @@ def check_step_name(name: str, what: str) -> str:
             f"{MAX_STEP_NAME} for a step's name (its step id must fit in {MAX_STEP})"
         )
     return name
+
+
+# A run's tags: a flat mapping of short keys to short values, stored with the run and
+# matched exactly by the run listings' filters (``tag=k=v``).
+MAX_TAGS = 20
+MAX_TAG_KEY = 64
+MAX_TAG_VALUE = 256
+_TAG_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]*")
+_TAG_KEY_RULE = "letters, digits and _ . : / -, starting with a letter or digit"
+
+
+def _check_tag(key: Any, value: Any) -> None:
+    if not isinstance(key, str):
+        raise InvalidInput(f"invalid tag key {key!r}: expected a string")
+    if len(key) > MAX_TAG_KEY:
+        raise InvalidInput(
+            f"invalid tag key {key[:40]!r}...: {len(key)} characters, over the limit of "
+            f"{MAX_TAG_KEY}"
+        )
+    if not _TAG_KEY.fullmatch(key):
+        raise InvalidInput(f"invalid tag key {key!r}: use 1-{MAX_TAG_KEY} {_TAG_KEY_RULE}")
+    if not isinstance(value, str):
+        raise InvalidInput(
+            f"invalid tag {key!r}: its value must be a string, got {type(value).__name__}"
+        )
+    if len(value) > MAX_TAG_VALUE:
+        raise InvalidInput(
+            f"invalid tag {key!r}: its value is {len(value)} characters, over the limit of "
+            f"{MAX_TAG_VALUE}"
+        )
+    if any(c < " " or c == "\x7f" for c in value):
+        raise InvalidInput(f"invalid tag {key!r}: its value contains a control character")
+
+
+def check_tags(tags: Any) -> dict[str, str]:
+    """``tags`` as a run stores them, unless they break a rule: at most :data:`MAX_TAGS`,
+    each key 1-64 letters, digits and ``_ . : / -`` (starting with a letter or digit),
+    each value a string of at most 256 characters without control characters."""
+    if tags is None:
+        return {}
+    if not isinstance(tags, Mapping):
+        raise InvalidInput(
+            f"invalid tags: expected a mapping of names to strings, got {type(tags).__name__}"
+        )
+    if len(tags) > MAX_TAGS:
+        raise InvalidInput(f"invalid tags: {len(tags)} of them, over the limit of {MAX_TAGS}")
+    for key, value in tags.items():
+        _check_tag(key, value)
+    return dict(tags)
+
+
+def parse_tag(text: str) -> tuple[str, str]:
+    """A tag filter as the CLI and the HTTP API take it, ``key=value`` (the first ``=``
+    ends the key, which cannot hold one), checked as a run's tag is."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise InvalidInput(f"invalid tag filter {text[:80]!r}: expected key=value")
+    _check_tag(key, value)
+    return key, value

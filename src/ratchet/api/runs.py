@@ -41,7 +41,7 @@ from ratchet.app import Ratchet
 from ratchet.engine.starts import RunRequest
 from ratchet.errors import ApprovalNotPending, BatchItemInvalid, InvalidInput, RatchetError
 from ratchet.model import RunRecord, RunStatus
-from ratchet.names import MAX_RUN_PATH, MAX_SIGNAL, MAX_STEP, MAX_WORKFLOW
+from ratchet.names import MAX_RUN_PATH, MAX_SIGNAL, MAX_STEP, MAX_TAGS, MAX_WORKFLOW, parse_tag
 from ratchet.store import Store, tenants, tokens
 from ratchet.store.base import DONE
 from ratchet.store.tokens import Token
@@ -130,6 +130,7 @@ def _run(rec: RunRecord, token: Token) -> Run:
         queue=rec.queue,
         created_at=rec.created_at,
         updated_at=rec.updated_at,
+        tags=rec.tags,
     )
 
 
@@ -167,6 +168,7 @@ async def start_run(
             queue=body.queue,
             tenant=token.tenant_id,
             guards=guards,
+            tags=body.tags,
         )
     except InvalidInput as e:
         raise ApiError(422, speak(request, str(e)), details={"workflow": body.workflow}) from e
@@ -201,7 +203,7 @@ def _request(
     graph = body.workflow not in app.workflows
     args: tuple[Any, ...] = (body.input,) if graph else ()
     kwargs: dict[str, Any] = {} if graph else body.input
-    return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, guards)
+    return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, guards, body.tags)
 
 
 @router.post(
@@ -284,6 +286,33 @@ def _cursor(text: str | None) -> tuple[float, str] | None:
 UnixTime = Annotated[float | None, Query(ge=-62135596800, le=253402300799, allow_inf_nan=False)]
 
 
+def tag_filter(given: list[str] | None) -> dict[str, str] | None:
+    """``?tag=k=v`` filters as one mapping (all of them must match); 422 naming the one
+    that no run's tag could match."""
+    if not given:
+        return None
+    if len(given) > MAX_TAGS:
+        raise ApiError(
+            422,
+            f"invalid tag filter: {len(given)} tags, over the limit of {MAX_TAGS} a run can have",
+            details=[{"field": "tag"}],
+        )
+    tags: dict[str, str] = {}
+    for text in given:
+        try:
+            key, value = parse_tag(text)
+        except InvalidInput as e:
+            raise ApiError(422, str(e), details=[{"field": "tag"}]) from e
+        if tags.setdefault(key, value) != value:
+            raise ApiError(
+                422,
+                f"invalid tag filter: {key!r} given twice with different values "
+                "(a run has one value per tag)",
+                details=[{"field": "tag"}],
+            )
+    return tags
+
+
 @router.get("/runs", response_model=RunPage)
 async def list_runs(
     request: Request,
@@ -292,6 +321,12 @@ async def list_runs(
     workflow: Annotated[str | None, Query(max_length=MAX_WORKFLOW)] = None,
     parent: Annotated[
         str | None, Query(description="Children of this run.", max_length=MAX_RUN_PATH)
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        Query(
+            description="key=value: only runs with this tag; repeat it for runs with all of them.",
+        ),
     ] = None,
     created_after: Annotated[UnixTime, Query(description="Unix seconds, inclusive.")] = None,
     created_before: Annotated[UnixTime, Query(description="Unix seconds, exclusive.")] = None,
@@ -316,6 +351,7 @@ async def list_runs(
         status=str(status) if status else None,
         workflow=workflow,
         parent=parent_id,
+        tags=tag_filter(tag),
         created_after=created_after,
         created_before=created_before,
         cursor=_cursor(cursor),

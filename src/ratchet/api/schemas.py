@@ -7,7 +7,16 @@ from typing import Any
 
 from pydantic import BaseModel, Field, StrictBool
 
-from ratchet.names import MAX_COMMENT, MAX_DECIDER, MAX_QUEUE, MAX_RUN_ID, MAX_WORKFLOW
+from ratchet.names import (
+    MAX_COMMENT,
+    MAX_DECIDER,
+    MAX_QUEUE,
+    MAX_RUN_ID,
+    MAX_TAG_KEY,
+    MAX_TAG_VALUE,
+    MAX_TAGS,
+    MAX_WORKFLOW,
+)
 
 
 class Error(BaseModel):
@@ -44,6 +53,13 @@ class StartRun(BaseModel):
         'e.g. {"max_steps": 50, "budget_usd": 0.5}. Raising or '
         "switching off a guard needs the admin scope; a "
         "runs:write token may only tighten them.",
+    )
+    tags: dict[str, str] | None = Field(
+        default=None,
+        description=f'Kept with the run and its children, e.g. {{"customer": "acme"}}; '
+        f"GET /v1/runs?tag=customer=acme finds it. At most {MAX_TAGS}; each key 1-"
+        f"{MAX_TAG_KEY} letters, digits and _ . : / - (starting with a letter or digit), "
+        f"each value at most {MAX_TAG_VALUE} characters.",
     )
 
 
@@ -99,6 +115,7 @@ class Run(BaseModel):
     queue: str
     created_at: float
     updated_at: float
+    tags: dict[str, str] = Field(default_factory=dict)
 
 
 class RunDetail(Run):

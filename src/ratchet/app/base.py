@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 from ratchet.config import DatabaseURL, data_dir, database_url_from_env
@@ -13,6 +14,7 @@ from ratchet.engine.portal import Portal
 from ratchet.errors import InvalidInput, UnknownWorkflow
 from ratchet.extras import require
 from ratchet.model import RunStatus
+from ratchet.names import MAX_WORKFLOW, check_length, check_tags
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.store import Clock, Store, make_store
 
@@ -33,6 +35,20 @@ def check_status(status: str | None) -> None:
         raise InvalidInput(
             f"unknown status {status!r}: expected one of {', '.join(s.value for s in RunStatus)}"
         )
+
+
+def check_filters(workflow: str | None, tags: Mapping[str, str] | None) -> None:
+    """Refuse a workflow or tag filter no run could match, naming it."""
+    if workflow is not None:
+        if not isinstance(workflow, str) or "\x00" in workflow:
+            raise InvalidInput(f"invalid workflow filter {workflow!r}: expected a name")
+        check_length(workflow, "workflow filter", MAX_WORKFLOW)
+    if tags is not None:
+        try:
+            check_tags(tags)
+        except InvalidInput as e:
+            e.field = "tags"
+            raise
 
 
 class AppBase:

@@ -38,6 +38,7 @@ class Blocking(Starting, Client):
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        tags: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> str:
         """Blocking :meth:`start_async`."""
@@ -50,6 +51,7 @@ class Blocking(Starting, Client):
                 priority=priority,
                 guards=guards,
                 timeout_s=timeout_s,
+                tags=tags,
                 **kwargs,
             )
         )
@@ -63,10 +65,13 @@ class Blocking(Starting, Client):
         queue: str = "default",
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[str]:
         """Blocking :meth:`start_many_async`."""
         return self._portal.call(
-            self.start_many_async(wf, items, queue=queue, priority=priority, guards=guards)
+            self.start_many_async(
+                wf, items, queue=queue, priority=priority, guards=guards, tags=tags
+            )
         )
 
     def get(self, run_id: str) -> RunRecord:
@@ -126,15 +131,28 @@ class Blocking(Starting, Client):
         """Blocking :meth:`events_async`."""
         return self._portal.call(self.events_async(run_id, after))
 
-    def runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
+    def runs(
+        self,
+        status: str | None = None,
+        limit: int = 100,
+        *,
+        workflow: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> list[RunRecord]:
         """Blocking :meth:`runs_async`."""
         check_status(status)
-        return self._portal.call(self.runs_async(status, limit))
+        return self._portal.call(self.runs_async(status, limit, workflow=workflow, tags=tags))
 
-    def count_runs(self, status: str | None = None) -> int:
+    def count_runs(
+        self,
+        status: str | None = None,
+        *,
+        workflow: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> int:
         """Blocking :meth:`count_runs_async`."""
         check_status(status)
-        return self._portal.call(self.count_runs_async(status))
+        return self._portal.call(self.count_runs_async(status, workflow=workflow, tags=tags))
 
     def llm_totals(self, run_ids: list[str]) -> dict[str, LLMTotals]:
         """Blocking :meth:`llm_totals_async`."""

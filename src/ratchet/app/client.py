@@ -9,7 +9,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ratchet.app.base import UNSET, AppBase, check_status
+from ratchet.app.base import UNSET, AppBase, check_filters, check_status
 from ratchet.engine.definitions import check_name, to_json
 from ratchet.engine.guards import check_grant
 from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport, prune
@@ -229,10 +229,21 @@ class Client(AppBase):
         await self.get_async(run_id)
         return await (await self._astore()).load_events(run_id, after)
 
-    async def runs_async(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
-        """Runs, newest first, at most ``limit``, optionally only those with ``status``."""
+    async def runs_async(
+        self,
+        status: str | None = None,
+        limit: int = 100,
+        *,
+        workflow: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> list[RunRecord]:
+        """Runs, newest first, at most ``limit``; only those with ``status``, of
+        ``workflow`` (its name), with every one of ``tags`` (``{"customer": "acme"}``),
+        when given."""
         check_status(status)
-        return await (await self._astore()).list_runs(status, limit)
+        check_filters(workflow, tags)
+        store = await self._astore()
+        return await store.list_runs(status, limit, workflow=workflow, tags=tags)
 
     async def sandboxes_async(
         self, run_id: str | None = None, limit: int = 100
@@ -249,10 +260,18 @@ class Client(AppBase):
         serves."""
         return await (await self._astore()).live_workers()
 
-    async def count_runs_async(self, status: str | None = None) -> int:
-        """How many runs there are (with ``status``, if given)."""
+    async def count_runs_async(
+        self,
+        status: str | None = None,
+        *,
+        workflow: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> int:
+        """How many runs there are (with ``status``, of ``workflow``, with every one of
+        ``tags``, if given)."""
         check_status(status)
-        return await (await self._astore()).count_runs(status)
+        check_filters(workflow, tags)
+        return await (await self._astore()).count_runs(status, workflow=workflow, tags=tags)
 
     async def llm_totals_async(self, run_ids: list[str]) -> dict[str, LLMTotals]:
         """Each run's model calls, tokens and cost, summed from its journal."""

@@ -15,7 +15,7 @@ from ratchet.engine.guards import check_overrides
 from ratchet.engine.starts import RunRequest, as_start, at_item
 from ratchet.errors import InvalidInput, RunIdConflict, UnknownWorkflow
 from ratchet.model import NewRun, RunRecord, RunStatus
-from ratchet.names import MAX_QUEUE, MAX_WORKFLOW, check_length
+from ratchet.names import MAX_QUEUE, MAX_WORKFLOW, check_length, check_tags
 from ratchet.store import Store, tenants
 from ratchet.store.tenants import DEFAULT_TENANT
 
@@ -44,17 +44,28 @@ class Starting(AppBase):
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        tags: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
         explicit ``run_id`` the call is idempotent: the existing run's id comes back.
         ``guards`` overrides some of the workflow's guard fields for this run (their JSON
         form: ``{"max_steps": 5000, "actions": {"runaway_loop": "pause"}}``); ``timeout_s``
-        is the run's deadline (the guard field of that name), in seconds from its start."""
+        is the run's deadline (the guard field of that name), in seconds from its start.
+        ``tags`` (``{"customer": "acme"}``) are kept with the run, never changed, and given
+        to its child runs; :meth:`runs` finds runs by them. At most 20, each key 1-64
+        letters, digits and ``_ . : / -``, each value a string of at most 256 characters."""
         if timeout_s is not None:
             guards = {**(guards or {}), "timeout_s": timeout_s}
         rec, _ = await self.start_run_async(
-            wf, args, kwargs, run_id=run_id, queue=queue, priority=priority, guards=guards
+            wf,
+            args,
+            kwargs,
+            run_id=run_id,
+            queue=queue,
+            priority=priority,
+            guards=guards,
+            tags=tags,
         )
         return rec.run_id
 
@@ -69,6 +80,7 @@ class Starting(AppBase):
         priority: int = 0,
         tenant: str | None = None,
         guards: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> tuple[RunRecord, bool]:
         """:meth:`start_async` for callers that need the record and whether it was created,
         its arguments given as a sequence and a mapping. With ``tenant`` (the HTTP API),
@@ -76,7 +88,7 @@ class Starting(AppBase):
         carries the engine's), and a conflict with an existing run names the fields that
         differ without quoting the stored values."""
         new, graph = await self._new_run(
-            RunRequest(wf, tuple(args), kwargs, run_id, queue, priority, guards),
+            RunRequest(wf, tuple(args), kwargs, run_id, queue, priority, guards, tags),
             tenant or DEFAULT_TENANT,
         )
         store = await self._astore()
@@ -124,6 +136,8 @@ class Starting(AppBase):
         field = "guards"
         try:
             overrides = check_overrides(r.guards) if r.guards is not None else None
+            field = "tags"
+            tags = check_tags(r.tags)
             run_id, queue, priority = r.run_id, r.queue, r.priority
             field = "run_id"
             if run_id is not None and (
@@ -165,7 +179,7 @@ class Starting(AppBase):
                 except UnknownWorkflow:
                     field = "workflow"
                     raise
-                return dataclasses.replace(new, tenant_id=tenant, guards=overrides), True
+                return dataclasses.replace(new, tenant_id=tenant, guards=overrides, tags=tags), True
             field = "workflow"
             wd = self._resolve(wf)
             field = "input"
@@ -183,6 +197,7 @@ class Starting(AppBase):
             priority,
             tenant_id=tenant,
             guards=overrides,
+            tags=tags,
         ), False
 
     async def start_many_async(
@@ -194,12 +209,14 @@ class Starting(AppBase):
         queue: str = "default",
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> list[str]:
         """Queue many runs of ``wf`` at once and return their ids, in order: one
         transaction and one wake-up for the whole batch. Each item is a
         :class:`ratchet.Start` (arguments, and optionally its own ``run_id``, ``queue``,
-        ``priority``, ``guards``), a mapping of keyword arguments, or a tuple of positional
-        arguments; ``queue``, ``priority`` and ``guards`` are the defaults. Each item
+        ``priority``, ``guards``, ``tags``), a mapping of keyword arguments, or a tuple of
+        positional arguments; ``queue``, ``priority``, ``guards`` and ``tags`` are the
+        defaults (an item's own tags replace the default ones). Each item
         behaves as :meth:`start_async` would (an explicit ``run_id`` is idempotent); a bad
         item raises :class:`BatchItemInvalid` naming its index, and nothing is written."""
         requests = []
@@ -214,6 +231,7 @@ class Starting(AppBase):
                     queue if start.queue is None else start.queue,
                     priority if start.priority is None else start.priority,
                     guards if start.guards is None else start.guards,
+                    tags if start.tags is None else start.tags,
                 )
             )
         return [run_id for run_id, _, _ in await self.start_runs_async(requests)]

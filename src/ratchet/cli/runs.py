@@ -23,7 +23,9 @@ from ratchet.cli._format import (
     status_text,
     when,
 )
+from ratchet.errors import InvalidInput
 from ratchet.model import Event, LLMTotals, RunRecord, RunStatus, StepState, fold
+from ratchet.names import parse_tag
 from ratchet.store import WorkerInfo
 
 # How much of a value `show` prints unless --full is given.
@@ -37,6 +39,16 @@ def runs(
         str | None,
         typer.Option(help="Only runs with this status: " + ", ".join(s.value for s in RunStatus)),
     ] = None,
+    workflow: Annotated[
+        str | None, typer.Option(metavar="NAME", help="Only runs of this workflow (its name).")
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="Only runs with this tag; repeat it for runs with all of them.",
+        ),
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
     as_json: JsonOption = False,
     db: DbOption = None,
@@ -44,24 +56,27 @@ def runs(
     """List runs, newest first."""
     if status is not None and status not in {s.value for s in RunStatus}:
         die(f"unknown status {status!r}: expected one of {', '.join(s.value for s in RunStatus)}")
+    tags = _tag_filters(tag or [])
+    what = _described(status, workflow, tags)
     with client(ctx, db, read_only=True) as app:
         # One more than asked for tells whether there are more, without counting each time.
-        records = app.runs(status, limit + 1)
+        records = app.runs(status, limit + 1, workflow=workflow, tags=tags)
         more = len(records) > limit
         records = records[:limit]
-        total = app.count_runs(status) if more else len(records)
+        total = app.count_runs(status, workflow=workflow, tags=tags) if more else len(records)
         queued = [r for r in records if r.status == RunStatus.QUEUED]
         notes = _unserved_notes(queued, app.live_workers()) if queued else []
         totals = app.llm_totals([r.run_id for r in records]) if records else {}
-    note = more_note(len(records), total, "runs" + (f" with status {status}" if status else ""))
+    note = more_note(len(records), total, "runs" + what)
     if as_json:
         echo_json([{**r.as_dict(), "llm": _totals_dict(totals.get(r.run_id))} for r in records])
         if more:
             typer.echo(note, err=True)
         return
-    table = Table(
-        "run_id", "workflow", "status", "created", "updated", "tokens", "cost", title=None
-    )
+    # A tags column only when a run shown has tags.
+    tagged = any(r.tags for r in records)
+    columns = ["run_id", "workflow", "status", "created", "updated", "tokens", "cost"]
+    table = Table(*columns, *(["tags"] if tagged else []), title=None)
     table.columns[0].no_wrap = True
     for r in records:
         t = totals.get(r.run_id)
@@ -73,16 +88,40 @@ def runs(
             when(r.updated_at),
             f"{t.tokens:,}" if t else "-",
             _cost(t) if t else "-",
+            *([Text(" ".join(f"{k}={v}" for k, v in sorted(r.tags.items())))] if tagged else []),
         )
     console = make_console()
     if not records:
-        console.print("no runs" + (f" with status {status}" if status else ""))
+        console.print("no runs" + what)
         return
     console.print(table)
     if more:
         console.print(note)
     for line in notes:
         console.print(Text(line, style="yellow"))
+
+
+def _tag_filters(given: list[str]) -> dict[str, str]:
+    """``--tag key=value`` filters as one mapping (a run must have all of them)."""
+    tags: dict[str, str] = {}
+    for text in given:
+        try:
+            key, value = parse_tag(text)
+        except InvalidInput as e:
+            die(f"--tag: {e}")
+        if tags.setdefault(key, value) != value:
+            die(f"--tag: {key!r} given twice with different values (a run has one value per tag)")
+    return tags
+
+
+def _described(status: str | None, workflow: str | None, tags: dict[str, str]) -> str:
+    """What a listing holds, for its notes: `` with status failed of workflow x ...``."""
+    parts = [f"with status {status}"] if status else []
+    if workflow is not None:
+        parts.append(f"of workflow {workflow}")
+    if tags:
+        parts.append("tagged " + " ".join(f"{k}={v}" for k, v in tags.items()))
+    return "".join(" " + p for p in parts)
 
 
 def _unserved_notes(queued: list[RunRecord], workers: list[WorkerInfo]) -> list[str]:

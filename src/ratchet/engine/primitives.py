@@ -123,6 +123,8 @@ class Primitives(Steps):
                 priority=self.record.priority,
                 parent_run_id=self.run_id,
                 parent_step_id=step_id,
+                # A child does its parent's work: found by the same tags.
+                tags=self.record.tags,
             )
 
         if step is None or step.status == "pending":

@@ -14,10 +14,10 @@ from ratchet.errors import BatchItemInvalid, InvalidInput
 
 class Start:
     """One run of a batch start: its workflow's arguments as in ``app.start`` and,
-    optionally, its own ``run_id`` (idempotent), ``queue``, ``priority`` and ``guards``
-    (each defaulting to the batch's)."""
+    optionally, its own ``run_id`` (idempotent), ``queue``, ``priority``, ``guards`` and
+    ``tags`` (each defaulting to the batch's)."""
 
-    __slots__ = ("args", "guards", "kwargs", "priority", "queue", "run_id")
+    __slots__ = ("args", "guards", "kwargs", "priority", "queue", "run_id", "tags")
 
     def __init__(
         self,
@@ -26,6 +26,7 @@ class Start:
         queue: str | None = None,
         priority: int | None = None,
         guards: Mapping[str, Any] | None = None,
+        tags: Mapping[str, str] | None = None,
         **kwargs: Any,
     ) -> None:
         self.args = args
@@ -34,12 +35,13 @@ class Start:
         self.queue = queue
         self.priority = priority
         self.guards = guards
+        self.tags = tags
 
     def __repr__(self) -> str:
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
         parts += [
             f"{k}={getattr(self, k)!r}"
-            for k in ("run_id", "queue", "priority", "guards")
+            for k in ("run_id", "queue", "priority", "guards", "tags")
             if getattr(self, k) is not None
         ]
         return f"Start({', '.join(parts)})"
@@ -75,6 +77,7 @@ class RunRequest:
     queue: str = "default"
     priority: int = 0
     guards: Mapping[str, Any] | None = None
+    tags: Mapping[str, str] | None = None
 
 
 @contextlib.contextmanager

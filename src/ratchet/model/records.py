@@ -3,7 +3,7 @@ dead letters, approvals and decisions."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,6 +30,8 @@ class RunRecord:
     created_at: float
     updated_at: float
     tenant_id: str = "default"
+    # Set at start, never changed (a child run's are its parent's); see ratchet.names.
+    tags: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +50,7 @@ class RunRecord:
             "waiting_for": self.waiting_for,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
+            "tags": dict(self.tags),
         }
 
 
@@ -67,6 +70,8 @@ class NewRun:
     tenant_id: str = "default"
     # Guard overrides for this run (their JSON form, checked), journaled in run_queued.
     guards: dict[str, Any] | None = None
+    # Its tags (checked), journaled in run_queued; a child run is given its parent's.
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from ratchet.errors import RatchetError, StoreNotReady
 from ratchet.model import (
@@ -50,7 +50,7 @@ from ratchet.store.graphs import StoredGraph
 from ratchet.store.idempotency import check_same_run
 from ratchet.store.leases import HeldLease, LeaseState
 from ratchet.store.queries import load_migrations
-from ratchet.store.runs import insert_batch
+from ratchet.store.runs import RunFilters, insert_batch
 from ratchet.store.transaction import Clock, Tx, settled
 from ratchet.store.workers import WorkerInfo
 
@@ -218,13 +218,15 @@ class Store(ABC):
         """The run, or None."""
         return await runs.get_run(self, run_id)
 
-    async def list_runs(self, status: str | None = None, limit: int = 100) -> list[RunRecord]:
-        """The most recent runs (with ``status`` if given)."""
-        return await runs.list_runs(self, status, limit)
+    async def list_runs(
+        self, status: str | None = None, limit: int = 100, **filters: Unpack[RunFilters]
+    ) -> list[RunRecord]:
+        """The most recent runs (with ``status`` and ``filters``, if given)."""
+        return await runs.list_runs(self, status, limit, **filters)
 
-    async def count_runs(self, status: str | None = None) -> int:
-        """How many runs there are, with ``status`` if given."""
-        return await runs.count_runs(self, status)
+    async def count_runs(self, status: str | None = None, **filters: Unpack[RunFilters]) -> int:
+        """How many runs there are (with ``status`` and ``filters``, if given)."""
+        return await runs.count_runs(self, status, **filters)
 
     async def finished_among(self, run_ids: Sequence[str]) -> list[str]:
         """Those of ``run_ids`` that have reached a terminal status."""

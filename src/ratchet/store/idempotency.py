@@ -21,7 +21,7 @@ def _short(value: Any, limit: int = 60) -> str:
 
 def check_same_run(rec: RunRecord, new: NewRun, redact: bool = False) -> None:
     """An idempotent start found ``rec`` under ``new``'s id: the same request, or a
-    conflict named field by field (a different workflow, input, queue or priority).
+    conflict named field by field (a different workflow, input, queue, priority or tags).
     ``redact``: name the fields that differ but quote none of the stored values (the HTTP
     API, whose caller may not be allowed to read the run)."""
     if redact:
@@ -32,6 +32,7 @@ def check_same_run(rec: RunRecord, new: NewRun, redact: bool = False) -> None:
                 ("input", dumps(rec.input) == dumps(new.input)),
                 ("queue", rec.queue == new.queue),
                 ("priority", rec.priority == new.priority),
+                ("tags", rec.tags == new.tags),
             )
             if not same
         ]
@@ -53,6 +54,8 @@ def check_same_run(rec: RunRecord, new: NewRun, redact: bool = False) -> None:
         diffs.append(f"queue {rec.queue!r} (not {new.queue!r})")
     if rec.priority != new.priority:
         diffs.append(f"priority {rec.priority} (not {new.priority})")
+    if rec.tags != new.tags:
+        diffs.append(f"tags {_short(rec.tags)} (not {_short(new.tags)})")
     if diffs:
         raise RunIdConflict(
             f"run id {rec.run_id!r} already exists with {'; '.join(diffs)}: use another run id"
@@ -81,6 +84,7 @@ def check_repeat(earlier: NewRun, new: NewRun, j: int, i: int) -> None:
         earlier.priority,
         earlier.tenant_id,
         earlier.guards,
+        earlier.tags,
     ) == (
         new.workflow,
         new.workflow_version,
@@ -89,11 +93,12 @@ def check_repeat(earlier: NewRun, new: NewRun, j: int, i: int) -> None:
         new.priority,
         new.tenant_id,
         new.guards,
+        new.tags,
     )
     if not same:
         raise BatchItemInvalid(
             i,
             "run_id",
             f"run id {new.run_id!r} repeats item {j} with a "
-            "different workflow, input, queue, priority or guards",
+            "different workflow, input, queue, priority, guards or tags",
         )

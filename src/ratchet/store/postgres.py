@@ -42,6 +42,7 @@ from ratchet.store.base import Store
 from ratchet.store.leases import TIMER_BATCH
 from ratchet.store.queries import load_migrations, load_queries
 from ratchet.store.rows import record_from_row
+from ratchet.store.runs import queued_payload
 from ratchet.store.transaction import Clock, Tx, firm_future, settled
 
 T = TypeVar("T")
@@ -297,11 +298,15 @@ class PostgresStore(Store):
         return await self._loop_run(read)
 
     async def _create(self, new: NewRun) -> tuple[RunRecord, bool]:
-        payload: dict[str, Any] = {"workflow": new.workflow, "version": new.workflow_version}
-        if new.guards:
-            payload["guards"] = new.guards
         ev = Event.chain(
-            new.run_id, 1, EventKind.RUN_QUEUED, None, None, payload, time.time(), GENESIS_HASH
+            new.run_id,
+            1,
+            EventKind.RUN_QUEUED,
+            None,
+            None,
+            queued_payload(new),
+            time.time(),
+            GENESIS_HASH,
         )
         params = {
             "run_id": new.run_id,
@@ -313,6 +318,7 @@ class PostgresStore(Store):
             "queue": new.queue,
             "priority": new.priority,
             "tenant_id": new.tenant_id,
+            "tags": dumps(new.tags),
             "payload": ev.payload_json,
             "at": ev.at,
             "prev_hash": ev.prev_hash,
@@ -341,6 +347,7 @@ class PostgresStore(Store):
             "queues": [r["queue"] for r in runs],
             "priorities": [r["priority"] for r in runs],
             "tenants": [r["tenant_id"] for r in runs],
+            "tags": [r["tags"] for r in runs],
             "payloads": [e["payload"] for e in events],
             "ats": [e["at"] for e in events],
             "hashes": [e["hash"] for e in events],

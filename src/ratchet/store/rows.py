@@ -42,6 +42,7 @@ def record_from_row(row: Any) -> RunRecord:
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         tenant_id=row["tenant_id"],
+        tags=json.loads(row["tags"]),
     )
 
 

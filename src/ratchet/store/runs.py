@@ -9,8 +9,8 @@ wait on each other.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypedDict
 
 from ratchet.errors import BatchItemInvalid, StoreConflict, UnknownRun
 from ratchet.model import (
@@ -33,19 +33,25 @@ from ratchet.store.rows import dead_letter_from_row, event_params, record_from_r
 from ratchet.store.transaction import Tx
 
 __all__ = [
+    "RunFilters",
     "create_runs",
     "insert_batch",
     "insert_run",
     "locked_run",
     "locked_run_and_parent",
+    "queued_payload",
     "start_child",
+    "tags_param",
 ]
 
 
-def _queued_payload(new: NewRun) -> dict[str, Any]:
+def queued_payload(new: NewRun) -> dict[str, Any]:
+    """The payload of a new run's first ``run_queued``."""
     payload: dict[str, Any] = {"workflow": new.workflow, "version": new.workflow_version}
     if new.guards:
         payload["guards"] = new.guards
+    if new.tags:
+        payload["tags"] = new.tags
     return payload
 
 
@@ -60,6 +66,7 @@ def _run_params(new: NewRun) -> dict[str, Any]:
         "queue": new.queue,
         "priority": new.priority,
         "tenant_id": new.tenant_id,
+        "tags": dumps(new.tags),
     }
 
 
@@ -74,7 +81,7 @@ def insert_run(d: Dialect, tx: Tx, new: NewRun) -> tuple[RunRecord, bool]:
             EventKind.RUN_QUEUED,
             None,
             None,
-            _queued_payload(new),
+            queued_payload(new),
             time.time(),
             GENESIS_HASH,
         )
@@ -129,7 +136,7 @@ def _insert_runs(
         rows, events = [], []
         for n in fresh:
             ev = Event.chain(
-                n.run_id, 1, EventKind.RUN_QUEUED, None, None, _queued_payload(n), now, GENESIS_HASH
+                n.run_id, 1, EventKind.RUN_QUEUED, None, None, queued_payload(n), now, GENESIS_HASH
             )
             rows.append(_run_params(n) | {"parent_run_id": None, "parent_step_id": None})
             events.append(event_params(ev))
@@ -182,19 +189,59 @@ async def get_run(d: Dialect, run_id: str) -> RunRecord | None:
     return record_from_row(row) if row else None
 
 
-async def list_runs(d: Dialect, status: str | None = None, limit: int = 100) -> list[RunRecord]:
-    """The most recent runs (with ``status`` if given)."""
-    if status is None:
+def tags_param(tags: Mapping[str, str]) -> str:
+    """A tag filter as the ``*_tagged`` queries take it: a JSON object."""
+    return dumps(dict(tags))
+
+
+class RunFilters(TypedDict, total=False):
+    """What a listing of runs may be narrowed to, beside a status."""
+
+    workflow: str | None  # a workflow's name
+    tags: Mapping[str, str] | None  # every one of these tags
+
+
+async def list_runs(
+    d: Dialect,
+    status: str | None = None,
+    limit: int = 100,
+    *,
+    workflow: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> list[RunRecord]:
+    """The most recent runs (with ``status``, of ``workflow``, with all of ``tags``, if
+    given)."""
+    # A tag filter has queries of its own, which find the tagged runs along an index
+    # first (see runs_filter_tagged).
+    params = {"status": status, "workflow": workflow, "limit": limit}
+    if tags:
+        params["tags"] = tags_param(tags)
+        rows = await d._read(lambda tx: tx.all("runs_filter_tagged", params))
+    elif workflow is not None:
+        rows = await d._read(lambda tx: tx.all("runs_filter", params))
+    elif status is None:
         rows = await d._read(lambda tx: tx.all("runs_list", {"limit": limit}))
     else:
-        params = {"status": status, "limit": limit}
         rows = await d._read(lambda tx: tx.all("runs_list_status", params))
     return [record_from_row(r) for r in rows]
 
 
-async def count_runs(d: Dialect, status: str | None = None) -> int:
-    """How many runs there are, with ``status`` if given."""
-    if status is None:
+async def count_runs(
+    d: Dialect,
+    status: str | None = None,
+    *,
+    workflow: str | None = None,
+    tags: Mapping[str, str] | None = None,
+) -> int:
+    """How many runs there are (with ``status``, of ``workflow``, with all of ``tags``, if
+    given)."""
+    params: dict[str, Any] = {"status": status, "workflow": workflow}
+    if tags:
+        params["tags"] = tags_param(tags)
+        row = await d._read(lambda tx: tx.one("runs_count_tagged", params))
+    elif workflow is not None:
+        row = await d._read(lambda tx: tx.one("runs_count_filter", params))
+    elif status is None:
         row = await d._read(lambda tx: tx.one("runs_count", {}))
     else:
         row = await d._read(lambda tx: tx.one("runs_count_by_status", {"status": status}))

@@ -14,7 +14,7 @@ import hashlib
 import math
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ from ratchet.model import DeadLetter, RunRecord
 from ratchet.names import MAX_TENANT
 from ratchet.store.dialect import Dialect
 from ratchet.store.rows import record_from_row
+from ratchet.store.runs import tags_param
 
 SCOPES = ("runs:read", "runs:write", "admin")
 TOKEN_PREFIX = "rt_"
@@ -196,13 +197,14 @@ async def runs_page(
     workflow: str | None = None,
     parent: str | None = None,
     text: str | None = None,
+    tags: Mapping[str, str] | None = None,
     created_after: float | None = None,
     created_before: float | None = None,
     cursor: tuple[float, str] | None = None,
     limit: int = 50,
 ) -> list[RunRecord]:
     """A tenant's runs, newest first, after ``cursor`` (the last one's created_at, run_id);
-    ``text``: only those whose run id contains it."""
+    ``text``: only those whose run id contains it; ``tags``: only those with all of them."""
 
     params = {
         "tenant_id": tenant,
@@ -216,7 +218,12 @@ async def runs_page(
         "cursor_id": cursor[1] if cursor else None,
         "limit": limit,
     }
-    rows = await store._read(lambda tx: tx.all("runs_page", params))
+    if tags:
+        # Tagged runs are found along an index first (see runs_filter_tagged).
+        params["tags"] = tags_param(tags)
+        rows = await store._read(lambda tx: tx.all("runs_page_tagged", params))
+    else:
+        rows = await store._read(lambda tx: tx.all("runs_page", params))
     return [record_from_row(r) for r in rows]
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
@@ -33,6 +33,7 @@ from ratchet.model import RunRecord, RunStatus
 from ratchet.store import Store, dashboard, sessions, tenants, tokens
 from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
+from ratchet.ui import tag_filters
 from ratchet.web.errors import ApiError
 
 HERE = Path(__file__).parent
@@ -217,16 +218,19 @@ async def _list(
     workflow: str | None,
     q: str | None,
     cursor: str | None,
+    tag: list[str] | None = None,
 ) -> dict[str, Any]:
     store = _store(request)
     if status not in STATUSES:
         status = None
+    tags, tag_error = tag_filters.parse(tag)
     recs = await tokens.runs_page(
         store,
         token.tenant_id,
         status=status,
         workflow=workflow or None,
         text=q or None,
+        tags=tags,
         cursor=_cursor(cursor),
         limit=PAGE_SIZE + 1,
     )
@@ -238,7 +242,12 @@ async def _list(
         dashboard.status_counts(store, token.tenant_id),
         store.now(),
     )
-    filters = {k: v for k, v in {"status": status, "workflow": workflow, "q": q}.items() if v}
+    shown_tags = [f"{k}={v}" for k, v in tags.items()]
+    filters = {
+        k: v
+        for k, v in {"status": status, "workflow": workflow, "q": q, "tag": shown_tags}.items()
+        if v
+    }
     rows = []
     for r in recs:
         t = totals.get(r.run_id)
@@ -250,6 +259,7 @@ async def _list(
                 "steps": steps.get(r.run_id, 0),
                 "tokens": t.tokens if t else 0,
                 "cost": None if t is None else (None if t.unpriced_calls else t.cost_usd),
+                "tags": tag_filters.adding(filters, r.tags),
             }
         )
     next_cursor = f"{recs[-1].created_at!r}~{recs[-1].run_id}" if more else None
@@ -259,12 +269,15 @@ async def _list(
         "total": sum(counts.values()),
         "statuses": STATUSES,
         "filters": filters,
-        "next_url": f"/runs?{urlencode(filters | {'cursor': next_cursor})}"
-        if next_cursor
-        else None,
-        "first_url": f"/runs?{urlencode(filters)}" if cursor else None,
-        "query": urlencode(filters | ({"cursor": cursor} if cursor else {})),
+        "tag_chips": tag_filters.removing(filters),
+        "tag_error": tag_error,
+        "next_url": tag_filters.url(filters | {"cursor": next_cursor}) if next_cursor else None,
+        "first_url": tag_filters.url(filters) if cursor else None,
+        "query": urlencode(filters | ({"cursor": cursor} if cursor else {}), doseq=True),
     }
+
+
+TagQuery = Annotated[list[str] | None, Query()]  # ?tag=key=value, repeatable
 
 
 @router.get("/", response_class=HTMLResponse)
@@ -275,13 +288,14 @@ async def runs_page(
     workflow: str | None = None,
     q: str | None = None,
     cursor: str | None = None,
+    tag: TagQuery = None,
 ) -> Response:
     """The runs list: counts by status, filters, a page of runs, the dead letters."""
     found = await _session(request)
     if found is None:
         return _to_signin(request)
     token, secret = found
-    context = await _list(request, token, status, workflow, q, cursor)
+    context = await _list(request, token, status, workflow, q, cursor, tag)
     letters = (
         [
             dataclasses.replace(d, run_id=tenants.external_id(token.tenant_id, d.run_id))
@@ -303,9 +317,10 @@ async def runs_rows(
     workflow: str | None = None,
     q: str | None = None,
     cursor: str | None = None,
+    tag: TagQuery = None,
 ) -> Response:
     """The list's table and counts alone, for the live page to swap in."""
-    context = await _list(request, token, status, workflow, q, cursor)
+    context = await _list(request, token, status, workflow, q, cursor, tag)
     return _page(request, "_runs_table.html", context)
 
 

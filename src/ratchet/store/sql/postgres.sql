@@ -25,41 +25,79 @@ SELECT ratchet_now() AS now
 -- name: run_insert
 -- A child run belongs to its parent's tenant, whatever the caller passed.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                  parent_step_id, queue, priority, created_at, updated_at, tenant_id)
+                  parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags)
 VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
         %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
         ratchet_now(), COALESCE((SELECT tenant_id FROM runs WHERE run_id = %(parent_run_id)s),
-                                %(tenant_id)s))
+                                %(tenant_id)s), %(tags)s::jsonb)
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: run_get
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs WHERE run_id = %(run_id)s
 
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       cancel_requested
+       tags, cancel_requested
 FROM runs WHERE run_id = %(run_id)s
 FOR UPDATE
 
 -- name: runs_get_many
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
 
 -- name: runs_list
 -- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
 -- name: runs_list_status
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs WHERE status = %(status)s
 ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: runs_filter
+-- runs_list with filters, each applied when given (NULL: any).
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
+FROM runs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: runs_count_filter
+SELECT count(*) FROM runs
+WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+
+-- name: runs_filter_tagged
+-- Runs with every tag of %(tags)s (a JSON object), newest first: tags @> is matched along
+-- runs_tags (GIN), never left to a catch-all OR a generic plan could not use the index
+-- for. The other filters apply when given (NULL: any), as in runs_page.
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
+FROM runs
+WHERE tags @> %(tags)s::jsonb
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: runs_count_tagged
+SELECT count(*) FROM runs
+WHERE tags @> %(tags)s::jsonb
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
 
 -- name: runs_finished
 SELECT run_id FROM runs
@@ -422,7 +460,7 @@ UPDATE runs r SET status = 'running', waiting_for = NULL, not_before = NULL,
 FROM leased WHERE r.run_id = leased.run_id
 RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
           r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
-          r.created_at, r.updated_at, r.tenant_id, leased.epoch
+          r.created_at, r.updated_at, r.tenant_id, r.tags, leased.epoch
 
 -- name: create_run
 -- Start in one statement: the run (queued), its run_queued event and the wake-up, or, when
@@ -430,16 +468,16 @@ RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output,
 -- are invisible to its own reads, so the new row comes back from RETURNING.
 WITH new AS (
     INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                      parent_step_id, queue, priority, created_at, updated_at, tenant_id)
+                      parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags)
     VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
             %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
             ratchet_now(),
             COALESCE((SELECT tenant_id FROM runs WHERE run_id = %(parent_run_id)s),
-                     %(tenant_id)s))
+                     %(tenant_id)s), %(tags)s::jsonb)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, workflow, workflow_version, input, status, output, error,
               parent_run_id, parent_step_id, queue, priority, not_before, waiting_for,
-              created_at, updated_at, tenant_id
+              created_at, updated_at, tenant_id, tags
 ), queued AS (
     INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash,
                                 hash)
@@ -454,7 +492,7 @@ SELECT new.*, true AS created, (SELECT count(*) FROM woken) AS woken FROM new
 UNION ALL
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       false AS created, 0 AS woken
+       tags, false AS created, 0 AS woken
 FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)
 
 -- name: create_runs
@@ -467,14 +505,14 @@ WITH r AS (
     SELECT * FROM unnest(%(run_ids)s::text[], %(workflows)s::text[], %(versions)s::text[],
                          %(inputs)s::text[], %(queues)s::text[], %(priorities)s::integer[],
                          %(tenants)s::text[], %(payloads)s::text[], %(ats)s::float8[],
-                         %(hashes)s::text[])
+                         %(hashes)s::text[], %(tags)s::text[])
          AS r(run_id, workflow, workflow_version, input, queue, priority, tenant_id, payload,
-              at, hash)
+              at, hash, tags)
 ), new AS (
     INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, priority,
-                      created_at, updated_at, tenant_id)
+                      created_at, updated_at, tenant_id, tags)
     SELECT run_id, workflow, workflow_version, input::jsonb, 'queued', queue, priority,
-           ratchet_now(), ratchet_now(), tenant_id
+           ratchet_now(), ratchet_now(), tenant_id, tags::jsonb
     FROM r ORDER BY run_id
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
@@ -625,9 +663,30 @@ SELECT run_id, tenant_id FROM runs WHERE run_id IN (SELECT unnest(%(ids)s::text[
 -- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
 -- when given (NULL: any); text: a substring of the run id (strpos: no wildcards). Times travel as epoch seconds; microseconds survive the float.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs
 WHERE tenant_id = %(tenant_id)s
+  AND (%(status)s::text IS NULL OR status = %(status)s::text)
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
+  AND (%(parent)s::text IS NULL OR parent_run_id = %(parent)s::text)
+  AND (%(text)s::text IS NULL OR strpos(run_id, %(text)s::text) > 0)
+  AND (%(created_after)s::float8 IS NULL
+       OR created_at >= to_timestamp(%(created_after)s::float8))
+  AND (%(created_before)s::float8 IS NULL
+       OR created_at < to_timestamp(%(created_before)s::float8))
+  AND (%(cursor_at)s::float8 IS NULL OR created_at < to_timestamp(%(cursor_at)s::float8)
+       OR (created_at = to_timestamp(%(cursor_at)s::float8) AND run_id > %(cursor_id)s::text))
+ORDER BY created_at DESC, run_id LIMIT %(limit)s
+
+-- name: runs_page_tagged
+-- runs_page of the runs with every tag of %(tags)s, matched as in runs_filter_tagged.
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
+FROM runs
+WHERE tenant_id = %(tenant_id)s
+  AND tags @> %(tags)s::jsonb
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
   AND (%(parent)s::text IS NULL OR parent_run_id = %(parent)s::text)

@@ -13,39 +13,84 @@ SELECT ratchet_now() AS now
 -- name: run_insert
 -- A child run belongs to its parent's tenant, whatever the caller passed.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                  parent_step_id, queue, priority, created_at, updated_at, tenant_id)
+                  parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags)
 VALUES (:run_id, :workflow, :workflow_version, :input, 'queued', :parent_run_id,
         :parent_step_id, :queue, :priority, ratchet_now(), ratchet_now(),
-        COALESCE((SELECT tenant_id FROM runs WHERE run_id = :parent_run_id), :tenant_id))
+        COALESCE((SELECT tenant_id FROM runs WHERE run_id = :parent_run_id), :tenant_id),
+        :tags)
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: run_get
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs WHERE run_id = :run_id
 
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       cancel_requested
+       tags, cancel_requested
 FROM runs WHERE run_id = :run_id
 
 -- name: runs_get_many
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids))
 
 -- name: runs_list
 -- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs ORDER BY created_at DESC, run_id LIMIT :limit
 
 -- name: runs_list_status
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs WHERE status = :status
 ORDER BY created_at DESC, run_id LIMIT :limit
+
+-- name: runs_filter
+-- runs_list with filters, each applied when given (NULL: any).
+SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
+FROM runs
+WHERE (:status IS NULL OR status = :status)
+  AND (:workflow IS NULL OR workflow = :workflow)
+ORDER BY created_at DESC, run_id LIMIT :limit
+
+-- name: runs_count_filter
+SELECT count(*) FROM runs
+WHERE (:status IS NULL OR status = :status)
+  AND (:workflow IS NULL OR workflow = :workflow)
+
+-- name: runs_filter_tagged
+-- Runs with every tag of :tags (a JSON object), newest first. The tags are matched first,
+-- along run_tags_match (a tag per key of :tags, every one found), and only the runs found
+-- are read (CROSS JOIN keeps that order), then sorted: the cost follows the runs matched,
+-- not the runs stored. The other filters apply when given (NULL: any), as in runs_page.
+SELECT r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
+       r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
+       r.created_at, r.updated_at, r.tenant_id, r.tags
+FROM (SELECT t.run_id FROM json_each(:tags) AS j
+      JOIN run_tags AS t ON t.key = j.key AND t.value = j.value
+      GROUP BY t.run_id HAVING count(*) = (SELECT count(*) FROM json_each(:tags))) AS m
+CROSS JOIN runs AS r ON r.run_id = m.run_id
+WHERE (:status IS NULL OR r.status = :status)
+  AND (:workflow IS NULL OR r.workflow = :workflow)
+ORDER BY r.created_at DESC, r.run_id LIMIT :limit
+
+-- name: runs_count_tagged
+SELECT count(*)
+FROM (SELECT t.run_id FROM json_each(:tags) AS j
+      JOIN run_tags AS t ON t.key = j.key AND t.value = j.value
+      GROUP BY t.run_id HAVING count(*) = (SELECT count(*) FROM json_each(:tags))) AS m
+CROSS JOIN runs AS r ON r.run_id = m.run_id
+WHERE (:status IS NULL OR r.status = :status)
+  AND (:workflow IS NULL OR r.workflow = :workflow)
 
 -- name: runs_finished
 SELECT run_id FROM runs
@@ -444,7 +489,8 @@ SELECT run_id, tenant_id FROM runs WHERE run_id IN (SELECT value FROM json_each(
 -- A tenant's runs, newest first, after a (created_at, run_id) cursor; each filter applies
 -- when given (NULL: any); text: a substring of the run id (instr: no wildcards).
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
-       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id
+       parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
+       tags
 FROM runs
 WHERE tenant_id = :tenant_id
   AND (:status IS NULL OR status = :status)
@@ -456,6 +502,26 @@ WHERE tenant_id = :tenant_id
   AND (:cursor_at IS NULL OR created_at < :cursor_at
        OR (created_at = :cursor_at AND run_id > :cursor_id))
 ORDER BY created_at DESC, run_id LIMIT :limit
+
+-- name: runs_page_tagged
+-- runs_page of the runs with every tag of :tags, matched as in runs_filter_tagged.
+SELECT r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
+       r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
+       r.created_at, r.updated_at, r.tenant_id, r.tags
+FROM (SELECT t.run_id FROM json_each(:tags) AS j
+      JOIN run_tags AS t ON t.key = j.key AND t.value = j.value
+      GROUP BY t.run_id HAVING count(*) = (SELECT count(*) FROM json_each(:tags))) AS m
+CROSS JOIN runs AS r ON r.run_id = m.run_id
+WHERE r.tenant_id = :tenant_id
+  AND (:status IS NULL OR r.status = :status)
+  AND (:workflow IS NULL OR r.workflow = :workflow)
+  AND (:parent IS NULL OR r.parent_run_id = :parent)
+  AND (:text IS NULL OR instr(r.run_id, :text) > 0)
+  AND (:created_after IS NULL OR r.created_at >= :created_after)
+  AND (:created_before IS NULL OR r.created_at < :created_before)
+  AND (:cursor_at IS NULL OR r.created_at < :cursor_at
+       OR (r.created_at = :cursor_at AND r.run_id > :cursor_id))
+ORDER BY r.created_at DESC, r.run_id LIMIT :limit
 
 -- name: dead_letters_of_tenant
 SELECT d.run_id, r.workflow, d.reason, d.error, d.at
