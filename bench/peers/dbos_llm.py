@@ -10,6 +10,7 @@ whose recovery resumes the PENDING workflow: steps 1–3 return their recorded o
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import openai
 from dbos import DBOS, SetWorkflowID
@@ -49,7 +50,7 @@ def llm_crash(args: argparse.Namespace) -> Result:
 
 def llm_resume(args: argparse.Namespace) -> Result:
     launch(args)  # recovers the PENDING workflow
-    handle = DBOS.retrieve_workflow(_workflow_id(args))
+    handle: Any = DBOS.retrieve_workflow(_workflow_id(args))
     answer = handle.get_result(polling_interval_sec=0.01)
     return {
         "answer": answer,
