@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 from chaos import app as chaos_app
 from chaos import collect
 from chaos.check import DupStart, check_all
+from chaos.cluster import PrivateCluster
 from chaos.faults import Partition, Postgres, SqliteDisk, kill_a_sandbox
 from chaos.lanes import LANES, Lane, lane_seconds
 from chaos.plan import DUP_CALLERS, Fault, RunSpec, fault_schedule, run_specs
@@ -37,13 +38,11 @@ from chaos.recovery import Recovery, Window, by_cause, recoveries
 from chaos.report import assemble
 from ratchet.errors import InvalidInput, StorageError
 
-# The server to fault: its maintenance database; each campaign creates a database of its own.
-# The cluster restarted and stopped is the one listening on this URL's port.
-PG_ADMIN_URL = (
-    os.environ.get("CHAOS_PG_ADMIN_URL")
-    or os.environ.get("RATCHET_CHAOS_POSTGRES")
-    or "postgresql://postgres@127.0.0.1:5432/postgres"
-)
+# The server to fault: by default a cluster of the campaign's own (chaos.cluster), never a
+# server others use. Opt-in: another server's maintenance database, whose local cluster on
+# the URL's port is the one restarted and stopped. Each campaign creates a database of its
+# own in it.
+PG_ADMIN_URL = os.environ.get("CHAOS_PG_ADMIN_URL") or os.environ.get("RATCHET_CHAOS_POSTGRES")
 TTL = chaos_app.LEASE_TTL
 SWEEP = chaos_app.RECOVERY_INTERVAL
 SUPERVISE_S = 0.02
@@ -68,7 +67,7 @@ class Config:
     gap_s: tuple[float, float] = (0.3, 1.2)
     tmpfs_mb: int = 96
     skip: tuple[str, ...] = ()
-    pg_admin_url: str = PG_ADMIN_URL
+    pg_admin_url: str | None = PG_ADMIN_URL  # None: a cluster of the campaign's own
 
     @classmethod
     def long_campaign(cls, **kw: Any) -> Config:
@@ -123,6 +122,8 @@ class Campaign:
         self.lib_log.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
         logging.getLogger().addHandler(self.lib_log)
         self.pg: Postgres | None = None
+        self.private: PrivateCluster | None = None
+        self.checked = False  # the invariants were checked (a failing campaign keeps its data)
         self.partition: Partition | None = None
         self.disk: SqliteDisk | None = None
         self.receiver: subprocess.Popen[bytes] | None = None
@@ -198,6 +199,7 @@ class Campaign:
             self.fleet.stop_all()
             self.stop_receiver()
             report = self.check(began, fault_s, drain, snapshot)
+            self.checked = True
             clean = report["violations"]["count"] == 0 and not self.cfg.keep
         finally:
             self.teardown(clean)
@@ -226,10 +228,16 @@ class Campaign:
             self.not_run[kind] = "skipped on request (--skip)"
         if cfg.backend == "postgres":
             dbname = f"chaos_{cfg.seed}_{int(time.time())}"
-            self.pg = Postgres(cfg.pg_admin_url, dbname)
+            admin_url = cfg.pg_admin_url
+            if admin_url is None:
+                self.private = PrivateCluster()  # held before it starts: teardown removes it
+                self.private.start()
+                admin_url = self.private.admin_url
+            self.pg = Postgres(admin_url, dbname, self.private)
+            print(f"chaos: postgres: faulting {self.pg.target}", flush=True)
             self.pg.ensure_up()
             self.pg.create_db()
-            self.url = urlunsplit(urlsplit(cfg.pg_admin_url)._replace(path=f"/{dbname}"))
+            self.url = urlunsplit(urlsplit(admin_url)._replace(path=f"/{dbname}"))
             if self.pg.unavailable:
                 for kind in ("pg_restart", "pg_stop"):
                     self.not_run.setdefault(kind, self.pg.unavailable)
@@ -277,21 +285,22 @@ class Campaign:
 
     def start_receiver(self) -> int:
         port_file = self.workdir / "receiver.port"
-        sink = (self.workdir / "receiver.out").open("wb")
-        self.receiver = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "chaos.receiver",
-                str(self.workdir / "receiver.jsonl"),
-                str(port_file),
-            ],
-            cwd=self.workdir,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
-        )
+        # The child keeps its own copy of the log's descriptor; ours is closed at once.
+        with (self.workdir / "receiver.out").open("wb") as sink:
+            self.receiver = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "chaos.receiver",
+                    str(self.workdir / "receiver.jsonl"),
+                    str(port_file),
+                ],
+                cwd=self.workdir,
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+            )
         deadline = time.monotonic() + 15
         while not port_file.exists():
             if self.receiver.poll() is not None or time.monotonic() > deadline:
@@ -322,7 +331,18 @@ class Campaign:
                     client.shutdown()
         if self.disk is not None:
             self.disk.teardown(keep=None if clean else self.workdir / "db-copy")
-        if self.pg is not None:
+        if self.private is not None:
+            # Stopped, and removed unless the campaign ran to its checks and keeps its
+            # evidence (a violation, or --keep); an error or Ctrl-C removes it too.
+            keep = self.checked and not clean
+            self.private.remove(keep=keep)
+            if keep and self.pg is not None:
+                print(
+                    f"chaos: kept database {self.pg.dbname} in the stopped cluster "
+                    f"{self.private.root} (start it: {self.private.start_command()})",
+                    flush=True,
+                )
+        elif self.pg is not None:
             self.pg.ensure_up()
             if clean:
                 with contextlib.suppress(Exception):

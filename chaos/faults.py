@@ -2,7 +2,8 @@
 
 * :class:`Postgres`: terminate backends of the campaign's database (LISTEN connections
   included), restart the server with an immediate shutdown, stop it for a while. Whatever
-  happens, the server is started again before a method returns.
+  happens, the server is started again before a method returns. The server is the
+  campaign's own (:mod:`chaos.cluster`) unless ``--postgres`` names another.
 * :class:`Partition`: one worker slot in a network namespace, joined to this one by a veth
   pair; taking the link down partitions that worker from PostgreSQL (and the receiver).
 * :class:`SqliteDisk`: the SQLite database on a small tmpfs that can be filled up, and a
@@ -25,12 +26,15 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from random import Random
 from urllib.parse import urlsplit
 
 import psycopg
 from psycopg import sql
+
+from chaos.cluster import PrivateCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 PG_READY_TIMEOUT_S = 90.0
@@ -59,14 +63,28 @@ def cluster_on_port(port: int, listing: str | None = None) -> tuple[str, str] | 
 
 
 class Postgres:
-    """The local PostgreSQL cluster, seen as a fault target."""
+    """The PostgreSQL server of ``admin_url``, seen as a fault target: the campaign's own
+    ``cluster`` when given, else the local Debian cluster listening on the URL's port."""
 
-    def __init__(self, admin_url: str, dbname: str) -> None:
+    def __init__(self, admin_url: str, dbname: str, cluster: PrivateCluster | None = None) -> None:
         self.admin_url = admin_url
         self.dbname = dbname
         self.unavailable: str | None = None
         self.version: str | None = None
         self.cluster = "main"
+        self.control: Callable[..., subprocess.CompletedProcess[str]] | None = None
+        self.isready = "pg_isready"
+        # What the report names as the server faulted.
+        self.target = f"{admin_url} (not restarted or stopped)"
+        if cluster is not None:
+            self.version, self.cluster = cluster.version, str(cluster.root)
+            self.control = cluster.ctl
+            self.isready = cluster.tool("pg_isready")
+            self.target = (
+                f"the campaign's own cluster: PostgreSQL {cluster.version} on "
+                f"127.0.0.1:{cluster.port}, {cluster.root}"
+            )
+            return
         if _sh("which", "pg_ctlcluster").returncode != 0:
             self.unavailable = "pg_ctlcluster is not installed"
             return
@@ -78,8 +96,13 @@ class Postgres:
                 f"no local cluster listens on port "
                 f"{urlsplit(admin_url).port or 5432} (pg_lsclusters)"
             )
-        else:
-            self.version, self.cluster = found
+            return
+        self.version, self.cluster = found
+        version, name = found
+        self.target = f"the local cluster {version}/{name} of {admin_url}"
+        self.control = lambda *args: _sh(
+            "pg_ctlcluster", "--skip-systemctl-redirect", version, name, *args
+        )
 
     def create_db(self) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
@@ -123,10 +146,10 @@ class Postgres:
             return done, listen
 
     def _ctl(self, *args: str) -> None:
-        assert self.version is not None
-        res = _sh("pg_ctlcluster", "--skip-systemctl-redirect", self.version, self.cluster, *args)
+        assert self.control is not None
+        res = self.control(*args)
         if res.returncode != 0 and "is not running" not in res.stderr:
-            raise RuntimeError(f"pg_ctlcluster {' '.join(args)}: {res.stderr.strip()}")
+            raise RuntimeError(f"{self.cluster}: {' '.join(args)}: {res.stderr.strip()}")
 
     def restart(self) -> float:
         """Restart with an immediate shutdown (no checkpoint: crash recovery on start).
@@ -152,7 +175,7 @@ class Postgres:
         url = urlsplit(self.admin_url)
         return (
             _sh(
-                "pg_isready",
+                self.isready,
                 "-h",
                 url.hostname or "127.0.0.1",
                 "-p",
@@ -169,22 +192,9 @@ class Postgres:
         deadline = time.monotonic() + PG_READY_TIMEOUT_S
         started = False
         while not self.ready():
-            if not started and self.version is not None:
-                status = _sh(
-                    "pg_ctlcluster",
-                    "--skip-systemctl-redirect",
-                    self.version,
-                    self.cluster,
-                    "status",
-                )
-                if status.returncode != 0:  # 3: not running
-                    _sh(
-                        "pg_ctlcluster",
-                        "--skip-systemctl-redirect",
-                        self.version,
-                        self.cluster,
-                        "start",
-                    )
+            if not started and self.control is not None:
+                if self.control("status").returncode != 0:  # 3: not running
+                    self.control("start")
                 started = True
             if time.monotonic() > deadline:
                 raise RuntimeError(f"PostgreSQL did not come back within {PG_READY_TIMEOUT_S:g}s")

@@ -52,6 +52,7 @@ def assemble(
             "recovery_interval_s": RECOVERY_INTERVAL,
             "runs": cfg.runs,
             "scheduled_faults": cfg.faults,
+            "postgres": c.pg.target if c.pg is not None else None,
         },
         "runs": runs,
         "faults": {

@@ -16,12 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from chaos.campaign import Campaign, Config
+from chaos.campaign import PG_ADMIN_URL, Campaign, Config
 from chaos.report import render
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -54,16 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         metavar="KIND[,KIND]",
         help="fault kinds not to inject, reported as not run (e.g. "
-        "pg_restart,pg_stop on a shared server)",
+        "pg_restart,pg_stop with --postgres on a shared server)",
     )
     parser.add_argument(
         "--postgres",
         default=None,
         metavar="URL",
-        help="the PostgreSQL server to fault, as its maintenance database's "
-        "URL; the local cluster on its port is the one restarted and "
-        "stopped (default: CHAOS_PG_ADMIN_URL, RATCHET_CHAOS_POSTGRES, "
-        "else 127.0.0.1:5432)",
+        help="fault this PostgreSQL server instead of a cluster of the campaign's "
+        "own, as its maintenance database's URL; the local cluster on its port is "
+        "the one restarted and stopped (default: CHAOS_PG_ADMIN_URL, "
+        "RATCHET_CHAOS_POSTGRES, else a cluster of its own on a free port, "
+        "removed after)",
     )
     parser.add_argument(
         "--out",
@@ -91,10 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     backends = ["sqlite", "postgres"] if args.backend == "both" else [args.backend]
     if os.geteuid() != 0:
         print(
-            "note: not root; network partitions, tmpfs and server restarts will be "
-            "reported as not run",
+            "note: not root; network partitions and tmpfs will be reported as not run"
+            + (", server restarts too" if args.postgres or PG_ADMIN_URL else ""),
             file=sys.stderr,
         )
+    # Stopped by a signal (a CI timeout), still tear down: workers, the namespace, the
+    # campaign's own PostgreSQL cluster.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     RESULTS.mkdir(exist_ok=True)
     began = time.monotonic()
     status = 0

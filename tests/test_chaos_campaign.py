@@ -1,5 +1,6 @@
-"""The chaos campaign's own machinery: which PostgreSQL cluster it faults, its fault lanes,
-and the per-run recovery breakdown by cause."""
+"""The chaos campaign's own machinery: which PostgreSQL cluster it faults (by default one of
+its own, never the shared server), its fault lanes, and the per-run recovery breakdown by
+cause."""
 
 from __future__ import annotations
 
@@ -11,12 +12,16 @@ import sys
 import threading
 import time
 from random import Random
+from urllib.parse import urlsplit
 
+import psycopg
 import pytest
+from conftest import PG_URL
 from test_chaos_check import chain, good_specs
 from waiting import wait_for
 
-from chaos.campaign import Config, expected_s
+from chaos.campaign import Campaign, Config, expected_s
+from chaos.cluster import bindir
 from chaos.faults import Postgres, cluster_on_port, kill_a_sandbox, live_sandboxes
 from chaos.lanes import Lane, lane_seconds
 from chaos.plan import Fault
@@ -44,6 +49,57 @@ def test_a_url_no_local_cluster_serves_is_never_restarted() -> None:
     pg = Postgres("postgresql://postgres@127.0.0.1:5999/postgres", "chaos_nothing")
     assert pg.version is None
     assert pg.unavailable is not None and "5999" in pg.unavailable
+
+
+def _has_server_binaries() -> bool:
+    try:
+        bindir()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _started_at(url: str) -> object:
+    with psycopg.connect(url, connect_timeout=5) as conn:
+        row = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+@pytest.mark.postgres
+@pytest.mark.skipif(not _has_server_binaries(), reason="no PostgreSQL server binaries here")
+def test_a_postgres_campaign_faults_a_cluster_of_its_own_and_removes_it(pg_url: str) -> None:
+    """By default (no --postgres) the campaign's server is one it started on a free port in
+    a folder of its own, fsync on; its restarts leave the shared server alone; its teardown,
+    even after an error (Ctrl-C), stops the cluster and deletes it."""
+    shared_since = _started_at(PG_URL)
+    campaign = Campaign(Config(backend="postgres", seed=7, runs=1, faults=1, skip=("partition",)))
+    try:
+        campaign.setup()
+        own = campaign.private
+        assert own is not None and campaign.pg is not None
+        port = urlsplit(campaign.url).port
+        assert port == own.port and port != urlsplit(PG_URL).port and port != 5432
+        with psycopg.connect(campaign.url, connect_timeout=5) as conn:
+            shown = {
+                name: conn.execute(f"SHOW {name}").fetchone()
+                for name in ("data_directory", "fsync", "listen_addresses")
+            }
+        assert shown == {
+            "data_directory": (str(own.data),),
+            "fsync": ("on",),
+            "listen_addresses": ("127.0.0.1",),
+        }
+        own_since = _started_at(campaign.url)
+        campaign.pg.restart()  # the fault a campaign injects
+        assert _started_at(campaign.url) != own_since
+        assert _started_at(PG_URL) == shared_since
+    finally:
+        campaign.teardown(clean=False)  # what an error or Ctrl-C leaves to teardown
+        shutil.rmtree(campaign.workdir, ignore_errors=True)
+    assert not own.root.exists()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(own.admin_url, connect_timeout=3).close()
 
 
 # -- lanes -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from typer.testing import CliRunner, Result
@@ -650,8 +651,9 @@ def test_an_unreachable_postgresql_fails_fast_with_the_reason() -> None:
 
 
 def test_a_missing_postgresql_database_fails_fast_with_the_servers_words(pg_url: str) -> None:
-    missing = pg_url.replace("/test?", "/ratchet_no_such_db?")
-    assert missing != pg_url
+    # Whatever database RATCHET_TEST_POSTGRES_URL names: the same server, another database.
+    missing = urlunsplit(urlsplit(pg_url)._replace(path="/ratchet_no_such_db"))
+    assert urlsplit(missing).path != urlsplit(pg_url).path
     for command in (["runs"], ["cancel", "r1"]):
         started = time.monotonic()
         line = refused("--db", missing, *command)
