@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ratchet.extras import EXTRAS
+from ratchet.extras import EXTRAS, install_line
 
 EVERY_EXTRA = sorted({m for modules in EXTRAS.values() for m in modules})
 
@@ -94,24 +94,23 @@ CLI_CASES = {
     "postgres": (
         ["--db", "postgresql://postgres@127.0.0.1:1/none", "runs"],
         ["psycopg"],
-        "a postgresql:// database needs the postgres extra: pip install 'ratchet-engine[postgres]'",
+        f"a postgresql:// database needs the postgres extra: {install_line('postgres')}",
     ),
     "llm-server": (
         ["llm-server", "--port", "0"],
         ["uvicorn"],
         "the local model provider (ratchet llm-server) needs the server extra: "
-        "pip install 'ratchet-engine[server]'",
+        + install_line("server"),
     ),
     "demo-openai": (
         ["demo"],
         ["openai"],
-        "ratchet demo needs the openai extra: pip install 'ratchet-engine[openai]'",
+        f"ratchet demo needs the openai extra: {install_line('openai')}",
     ),
     "demo-both": (
         ["demo"],
         ["openai", "starlette"],
-        "ratchet demo needs the openai and server extras: "
-        "pip install 'ratchet-engine[openai,server]'",
+        f"ratchet demo needs the openai and server extras: {install_line('openai', 'server')}",
     ),
 }
 
@@ -175,7 +174,7 @@ def test_the_library_raises_missing_extra_naming_it(case: str, tmp_path: Path) -
     report = json.loads(proc.stdout)
     message = report["message"]
     assert "\n" not in message
-    assert f"pip install 'ratchet-engine[{extra}]'" in message
+    assert install_line(extra) in message
     assert report["import_error"] and not report["chained"]
 
 
@@ -183,3 +182,29 @@ def test_an_extra_that_imports_passes_the_check() -> None:
     from ratchet.extras import require
 
     require("a test", *EXTRAS)
+
+
+def test_the_install_line_installs_from_where_ratchet_came_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ratchet import extras
+
+    # From PyPI (after a release): the distribution's name.
+    monkeypatch.setattr(extras, "installed_from", lambda: None)
+    assert install_line("openai", "server") == "pip install 'ratchet-engine[openai,server]'"
+    # From a clone, editable or not, or from a wheel: the same place, which PyPI is not.
+    monkeypatch.setattr(extras, "installed_from", lambda: ("/src/ratchet", True))
+    assert install_line("openai", "server") == "pip install -e '/src/ratchet[openai,server]'"
+    wheel = "/tmp/dist/ratchet_engine-0.1.0-py3-none-any.whl"
+    monkeypatch.setattr(extras, "installed_from", lambda: (wheel, False))
+    assert install_line("server") == f"pip install '{wheel}[server]'"
+
+
+def test_this_copy_knows_it_came_from_a_clone() -> None:
+    from ratchet.extras import installed_from
+
+    # The test environment installs the checkout with pip install -e (make).
+    source = installed_from()
+    assert source is not None, "installed from an index?"
+    path, editable = source
+    assert editable and (Path(path) / "pyproject.toml").is_file()

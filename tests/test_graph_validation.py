@@ -16,6 +16,8 @@ import ratchet
 from ratchet.cli import cli
 from ratchet.graphs import GraphInvalid, validate
 
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "accounts.yaml"
+
 BAD = {
     "name": "bad",
     "nodes": [
@@ -60,6 +62,113 @@ def test_every_problem_names_its_node_and_field() -> None:
             p.node == node and p.field == field and message in p.message for p in problems
         ), (node, field, message, [str(p) for p in problems])
     assert len(problems) == len(EXPECTED)
+
+
+def _approved_then(reader: str, output: Any = None) -> dict[str, Any]:
+    """A draft a person approves; ``send`` on the yes branch, ``tell`` on the no branch, both
+    joined at ``done``, an output node rendering ``reader``."""
+    doc: dict[str, Any] = {
+        "name": "mail",
+        "nodes": [
+            {"id": "start", "type": "trigger"},
+            {"id": "draft", "type": "tool", "data": {"tool": "write", "args": {}}},
+            {"id": "ask", "type": "approval", "data": {"ask": "{{ nodes.draft.output }}"}},
+            {"id": "send", "type": "tool", "data": {"tool": "write", "args": {}}},
+            {"id": "tell", "type": "tool", "data": {"tool": "write", "args": {}}},
+            {"id": "done", "type": "output", "data": {"value": reader}},
+        ],
+        "edges": [
+            {"from": "start", "to": "draft"},
+            {"from": "draft", "to": "ask"},
+            {"from": "ask", "to": "send", "when": "output.approved"},
+            {"from": "ask", "to": "tell", "when": "not output.approved"},
+            {"from": "send", "to": "done"},
+            {"from": "tell", "to": "done"},
+        ],
+    }
+    if output is not None:
+        doc["output"] = output
+    return doc
+
+
+def test_a_template_reading_a_node_of_another_branch_is_refused_naming_both(
+    make_app: Any,
+) -> None:
+    graph, problems = validate(_approved_then("{{ nodes.send.output }}"))
+    assert graph is None
+    [p] = problems
+    assert (p.node, p.field) == ("done", "nodes[5].data.value")
+    assert "reads nodes.send, and node 'send' may not have run when 'done' runs" in p.message
+    # The graph's output, rendered when the walk ends, whichever branch it took.
+    _, problems = validate(_approved_then("{{ nodes.ask.output }}", "{{ nodes.tell.output }}"))
+    [p] = problems
+    assert (p.node, p.field) == (None, "output")
+    assert "node 'tell' is not on every way through the graph" in p.message
+    # At registration: refused before anything is written, the reader and the node named.
+    app = make_app()
+
+    @app.tool
+    def write() -> str:
+        return "text"
+
+    with pytest.raises(GraphInvalid, match=r"node 'done': nodes\[5\].data.value: .*'send'"):
+        app.graph(_approved_then("{{ nodes.send.output }}"))
+    assert app.portal.call(app.store.list_graphs()) == []
+
+
+def test_reads_of_nodes_that_surely_ran_pass() -> None:
+    for reader in [
+        "{{ nodes.ask.output.approved }}",  # before the branches
+        "{{ nodes.draft.output }}",
+        "{{ nodes.send.output if nodes.send is defined else nodes.tell.output }}",  # tests
+        "{{ nodes.send.output if 'send' in nodes else 'no' }}",
+    ]:
+        assert validate(_approved_then(reader, "{{ nodes.done.output }}"))[1] == [], reader
+    # Both sides of a parallel node run: a node after them reads either.
+    doc = {
+        "name": "fan",
+        "nodes": [
+            {"id": "start", "type": "trigger"},
+            {"id": "fan", "type": "parallel"},
+            {"id": "left", "type": "tool", "data": {"tool": "write"}},
+            {"id": "right", "type": "tool", "data": {"tool": "write"}},
+            {"id": "both", "type": "join"},
+            {"id": "after", "type": "output", "data": {"value": "{{ nodes.left.output }}"}},
+        ],
+        "edges": [
+            {"from": "start", "to": "fan"},
+            {"from": "fan", "to": "left"},
+            {"from": "fan", "to": "right"},
+            {"from": "left", "to": "both"},
+            {"from": "right", "to": "both"},
+            {"from": "both", "to": "after"},
+        ],
+        "output": "{{ nodes.right.output }}",
+    }
+    assert validate(doc)[1] == []
+    # ...but not each other: they run together.
+    doc["nodes"][3]["data"]["args"] = {"x": "{{ nodes.left.output }}"}  # type: ignore[index]
+    [p] = validate(doc)[1]
+    assert (p.node, p.field) == ("right", "nodes[3].data.args.x")
+    # The graphs the tests and the examples run.
+    from graph_app import ROUTES
+
+    assert validate(ROUTES)[1] == []
+    assert validate(yaml.safe_load(EXAMPLE.read_text()))[1] == []
+
+
+def test_each_branch_read_is_its_own_nodes_problem() -> None:
+    doc = _approved_then("{{ nodes.tell.output }}", "{{ nodes.send.output }}")
+    doc["nodes"][4]["data"]["args"] = {"s": "{{ nodes.send.output }}"}  # tell reads send
+    doc["edges"][2]["when"] = "nodes.tell.output"  # ask's edge reads what comes after it
+    _, problems = validate(doc)
+    assert sorted((str(p.node), p.field) for p in problems) == [
+        ("None", "output"),
+        ("ask", "edges[2].when"),
+        ("done", "nodes[5].data.value"),
+        ("tell", "nodes[4].data.args.s"),
+    ]
+    assert all(f"'{p.node}' runs" in p.message for p in problems if p.node is not None)
 
 
 def _isolated(*nodes: dict[str, Any], **top: object) -> dict[str, Any]:

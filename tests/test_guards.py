@@ -55,7 +55,8 @@ def looping_app(make_app: Callable[..., ratchet.Ratchet], **guards: Any) -> ratc
 def test_runaway_loop_is_recorded_once_and_the_run_goes_on(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
-    app = looping_app(make_app)
+    # record is no longer the default (fail is): asked for here, with 4 repeats.
+    app = looping_app(make_app, runaway_repeats=4, actions={"runaway_loop": "record"})
     app.launch()
     before = STATS.anomalies["runaway_loop"]
     run_id = app.start("waiter", 9)
@@ -161,6 +162,56 @@ def test_runaway_loop_fail_ends_the_run_before_the_next_step(
     assert steps == {"1:poll", "2:poll", "3:poll"}
     with pytest.raises(ratchet.RunFailed, match="ran 3 times in a row"):
         app.result(run_id)
+
+
+def test_a_batch_loop_of_1200_distinct_steps_passes_the_default_guards(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    app = make_app()
+
+    @app.step
+    async def handle(item: int) -> int:
+        return item % 7  # answers repeat; the calls (their arguments) do not
+
+    @app.workflow  # the default Guards
+    async def batch(n: int) -> int:
+        return sum([await handle(i) for i in range(n)])
+
+    app.launch()
+    run_id = app.start(batch, 1200)
+    assert app.result(run_id, timeout_s=120) == sum(i % 7 for i in range(1200))
+    assert anomalies(app, run_id) == []
+    completed = [e for e in app.events(run_id) if e.kind == EventKind.STEP_COMPLETED]
+    assert len(completed) == 1200
+
+
+def test_a_runaway_agent_repeating_the_same_call_fails_by_default(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    app = make_app()
+
+    @app.tool
+    async def search(query: str) -> str:
+        """The same answer, whatever the agent does with it."""
+        return "no results"
+
+    @app.workflow  # the default Guards
+    async def stuck(query: str) -> str:
+        while True:  # an agent that keeps asking the same thing
+            await search(query)
+
+    app.launch()
+    run_id = app.start(stuck, "ratchet")
+    end = failed(app, run_id)
+    assert end["reason"] == "runaway_loop"
+    [found] = anomalies(app, run_id)
+    assert (found["key"], found["repeats"], found["action"]) == (
+        "runaway_loop:1:search",
+        10,
+        "fail",
+    )
+    started = [e.step_id for e in app.events(run_id) if e.kind == EventKind.STEP_STARTED]
+    assert started == [f"{i}:search" for i in range(1, 11)]  # stopped at the tenth, not 10,000
 
 
 def test_excessive_steps_fails_by_default_and_records_when_told(
@@ -360,7 +411,8 @@ def test_a_short_history_is_read_once_a_run_not_at_every_llm_call(
 def test_overrides_at_start_are_journaled_and_bad_ones_write_nothing(
     make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
-    app = looping_app(make_app)
+    # record: the run goes on past the override's anomaly (the default action is fail).
+    app = looping_app(make_app, actions={"runaway_loop": "record"})
     app.launch()
     run_id = app.start("waiter", 6, guards={"runaway_repeats": 2})
     assert app.result(run_id, timeout_s=30) == 6
@@ -393,7 +445,8 @@ def test_graph_guards_and_a_loop_past_its_max_iterations(
 
     graph = {
         "name": "spinner",
-        "guards": {"runaway_repeats": 3},
+        # record (the default is fail): the streak's anomaly, then the loop's own.
+        "guards": {"runaway_repeats": 3, "actions": {"runaway_loop": "record"}},
         "nodes": [
             {"id": "start", "type": "trigger"},
             {

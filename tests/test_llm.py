@@ -4,6 +4,7 @@ loop, and crashes that must not bill twice."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import signal
@@ -392,6 +393,82 @@ def test_the_agent_loop_calls_tools_as_steps(
     assert called.payload["arguments"] == {"city": "Paris"}
 
 
+TWO_CALLS = {
+    "rules": [
+        {
+            "match": {"last_role": "user"},
+            "reply": {
+                "tool_calls": [
+                    {"name": "ping", "arguments": {"n": 1}},
+                    {"name": "pong", "arguments": {"n": 2}},
+                ]
+            },
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "both answered"}},
+    ]
+}
+
+
+@pytest.mark.parametrize("which", ["openai", "anthropic"])
+def test_the_tool_calls_of_one_reply_run_together_each_its_own_step(
+    make_app: Callable[..., ratchet.Ratchet], which: str
+) -> None:
+    # Each tool waits until the other has started: run one after the other, the first
+    # would wait for ever (its 10 s bound fails it, and the answers say so).
+    started = {"ping": asyncio.Event(), "pong": asyncio.Event()}
+
+    async def meet(me: str, other: str, n: int) -> str:
+        started[me].set()
+        await asyncio.wait_for(started[other].wait(), 10)
+        return f"{me} {n}"
+
+    with serve(LocalProvider(script=TWO_CALLS)) as base:
+        oai, claude = clients(base)
+        app = make_app()
+
+        @app.tool
+        async def ping(n: int) -> str:
+            """Ping."""
+            return await meet("ping", "pong", n)
+
+        @app.tool
+        async def pong(n: int) -> str:
+            """Pong."""
+            return await meet("pong", "ping", n)
+
+        @app.workflow()
+        async def ask(text: str) -> list[Any]:
+            agent = ratchet.Agent(
+                model=MODEL if which == "openai" else "claude-sonnet-4-6",
+                tools=[ping, pong],
+                client=oai if which == "openai" else claude,
+            )
+            result = await agent.run(text)
+            answers: list[Any] = []
+            for m in result.messages[2:-1]:  # the tools' answers, as the model got them
+                if m["role"] == "tool":
+                    answers.append(m["content"])
+                else:
+                    answers += [b["content"] for b in m["content"] if b["type"] == "tool_result"]
+            return [result.output, answers]
+
+        app.launch()
+        run_id = app.start(ask, "go")
+        assert app.result(run_id, timeout_s=30) == ["both answered", ["ping 1", "pong 2"]]
+    name = "openai.chat.completions.create" if which == "openai" else "anthropic.messages.create"
+    events = app.events(run_id)
+    # Numbered in the reply's order, and started in it, before either finished.
+    assert [e.step_id for e in events if e.kind == "step_started"] == [
+        f"1:{name}",
+        "2:ping",
+        "3:pong",
+        f"4:{name}",
+    ]
+    assert [e.step_id for e in events if e.kind == "tool_called"] == ["2:ping", "3:pong"]
+    kinds = [(e.kind, e.step_id) for e in events if e.step_id in ("2:ping", "3:pong")]
+    assert kinds.index(("step_started", "3:pong")) < kinds.index(("step_completed", "2:ping"))
+
+
 def test_the_agent_fails_clearly_past_max_turns(make_app: Callable[..., ratchet.Ratchet]) -> None:
     loop = {
         "rules": [
@@ -475,6 +552,61 @@ def test_the_agent_killed_in_turn_two_resumes_at_turn_two(h: Harness) -> None:
     assert keys == [idempotency_key(run_id, "1:openai.chat.completions.create", 1), turn2, turn2]
     assert server.stats()["billed_calls"] == 2
     assert h.calls() == {"2:lookup": 1}
+
+
+PAIR_SCRIPT = {
+    "rules": [
+        {
+            "match": {"last_role": "user"},
+            "reply": {
+                "tool_calls": [
+                    {"name": "lookup", "arguments": {"city": "Paris"}},
+                    {"name": "forecast", "arguments": {"city": "Paris"}},
+                ]
+            },
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "Sunny, then rain."}},
+    ]
+}
+
+
+@pytest.mark.crash
+def test_the_agent_killed_between_its_parallel_tools_runs_only_the_unfinished_one(
+    h: Harness,
+) -> None:
+    with serve(LocalProvider(script=PAIR_SCRIPT)) as base:
+        run_id = h.app.start("agent_pair", "weather in Paris?")
+        env = {"CRASH_LLM_URL": base}
+        a = h.spawn("a", worker_id="w-pair", env_extra=env)
+        # Both tools of the reply are running at once, in one worker.
+        h.wait_invoked("2:lookup")
+        h.wait_invoked("3:forecast")
+        h.open_gate("lookup")
+        wait_for(
+            lambda: any(
+                e.kind == "step_completed" and e.step_id == "2:lookup" for e in h.app.events(run_id)
+            ),
+            what="lookup completed",
+        )
+        a.kill()  # forecast still waiting on its gate
+        h.open_gate("forecast")
+        b = h.spawn("b", worker_id="w-pair", env_extra=env)
+        out = h.app.result(run_id, timeout_s=60)
+        b.terminate()
+    assert out == [
+        "Sunny, then rain.",
+        ['{"city": "Paris", "sky": "sunny"}', '{"city": "Paris", "tomorrow": "rain"}'],
+    ]
+    # The finished call came from the journal; only the one in flight ran again, under
+    # the same step id.
+    assert h.calls() == {"2:lookup": 1, "3:forecast": 2}
+    completed = [e.step_id for e in h.app.events(run_id) if e.kind == "step_completed"]
+    assert completed == [
+        "1:openai.chat.completions.create",
+        "2:lookup",
+        "3:forecast",
+        "4:openai.chat.completions.create",
+    ]
 
 
 def test_no_secret_reaches_the_journal(

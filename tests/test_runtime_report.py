@@ -460,7 +460,9 @@ async def test_the_host_journals_what_its_guards_record(
         store,
         claimed,
         guards=ratchet.Guards(
-            max_steps=1, runaway_repeats=3, actions={"excessive_steps": "record"}
+            max_steps=1,
+            runaway_repeats=3,
+            actions={"excessive_steps": "record", "runaway_loop": "record"},
         ),
     )
 

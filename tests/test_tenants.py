@@ -219,7 +219,7 @@ def test_guards_may_be_tightened_by_a_writer_and_loosened_by_an_admin_only(api: 
         r = writer.post("/v1/runs", json=start | {"guards": tighter})
         assert r.status_code == 202, (tighter, r.text)
     for looser, field in [
-        ({"max_steps": 5000}, "max_steps"),
+        ({"max_steps": 50_000}, "max_steps"),
         ({"max_steps": None}, "max_steps"),
         ({"runaway_repeats": None}, "runaway_repeats"),
         ({"actions": {"excessive_steps": "record"}}, "actions.excessive_steps"),

@@ -4,12 +4,16 @@ which extra to install when a feature needs one that is missing.
 The core (SQLite, the CLI, workflows and steps) imports none of these modules; each
 feature that needs one calls :func:`require` where it is first used, so a missing extra is
 reported as ``<feature> needs ... pip install 'ratchet-engine[<extra>]'`` instead of an
-ImportError traceback from deep inside the package.
+ImportError traceback from deep inside the package (with the clone's folder or the wheel
+instead of the name when the package was installed from one).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import json
+import urllib.parse
 
 from ratchet.errors import MissingExtra
 
@@ -27,8 +31,30 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 
 
 def install_line(*extras: str) -> str:
-    """``pip install 'ratchet-engine[a,b]'``."""
-    return f"pip install '{DISTRIBUTION}[{','.join(extras)}]'"
+    """``pip install 'ratchet-engine[a,b]'``; for a copy installed from a clone or a wheel
+    file (until a release is on PyPI, the only ways to install it), the line that installs
+    the extras from the same place: ``pip install -e '/src/ratchet[a,b]'``."""
+    wanted = f"[{','.join(extras)}]"
+    source = installed_from()
+    if source is None:
+        return f"pip install '{DISTRIBUTION}{wanted}'"
+    path, editable = source
+    return f"pip install {'-e ' if editable else ''}'{path}{wanted}'"
+
+
+def installed_from() -> tuple[str, bool] | None:
+    """Where this copy was installed from, when it was a local folder or file (PEP 610's
+    ``direct_url.json``): (its path, whether editable); None for an index (PyPI)."""
+    try:
+        text = importlib.metadata.distribution(DISTRIBUTION).read_text("direct_url.json")
+        info = json.loads(text or "null")
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+    url = info.get("url") if isinstance(info, dict) else None
+    if not isinstance(url, str) or not url.startswith("file://"):
+        return None
+    path = urllib.parse.unquote(urllib.parse.urlsplit(url).path)
+    return path, bool((info.get("dir_info") or {}).get("editable"))
 
 
 def _failure(module: str) -> str | None:

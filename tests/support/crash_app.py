@@ -185,6 +185,13 @@ def build(
         await gate("lookup")
         return {"city": city, "sky": "sunny"}
 
+    @app.tool
+    async def forecast(city: str) -> dict[str, Any]:
+        """Tomorrow's weather in a city."""
+        record("invoke")
+        await gate("forecast")
+        return {"city": city, "tomorrow": "rain"}
+
     @app.workflow()
     async def asker(n: int = 3) -> list[str]:
         oai = llm_client()
@@ -207,6 +214,15 @@ def build(
         )
         result = await agent.run(text)
         return [result.output, result.turns]
+
+    @app.workflow()
+    async def agent_pair(text: str) -> list[Any]:
+        agent = ratchet.Agent(
+            model="gpt-4.1-mini", tools=[lookup, forecast], client=llm_client(), max_turns=3
+        )
+        result = await agent.run(text)
+        tools = [m["content"] for m in result.messages if m["role"] == "tool"]
+        return [result.output, tools]
 
     return app
 

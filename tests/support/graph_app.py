@@ -52,6 +52,8 @@ PARENT = {
 
 ROUTES = {
     "name": "routes",
+    # The streak of the first loop is recorded, and the run goes on (the default: 10, fail).
+    "guards": {"runaway_repeats": 4, "actions": {"runaway_loop": "record"}},
     "nodes": [
         {"id": "start", "type": "trigger"},
         {

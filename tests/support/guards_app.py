@@ -24,7 +24,8 @@ def build(
         record("invoke")
         return "pending"
 
-    @app.workflow(guards=ratchet.Guards(runaway_repeats=3))
+    # record: the run goes on past its anomaly (the default action is fail).
+    @app.workflow(guards=ratchet.Guards(runaway_repeats=3, actions={"runaway_loop": "record"}))
     async def watcher(n: int) -> int:
         for _ in range(n):
             await poll("job-1")

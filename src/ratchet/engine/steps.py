@@ -4,9 +4,10 @@ A new step journals ``step_started`` durably before its code runs (invariant 1 o
 ``docs/concepts/invariants.md``); its ``step_completed`` is buffered and committed with
 whatever the run writes next (the next step's ``step_started``, a park, the terminal
 event), so a step boundary costs one commit and the output is still durable before the next
-step begins. The attempt and the idempotency key come from the journal, so crashes neither
-reset nor skip attempts. Also here: steps held open while the workflow reads them
-(streams).
+step begins; a step that finishes while other branches are still in their step code is
+committed at once, so a crash before they finish does not run it again. The attempt and
+the idempotency key come from the journal, so crashes neither reset nor skip attempts.
+Also here: steps held open while the workflow reads them (streams).
 """
 
 from __future__ import annotations
@@ -303,6 +304,12 @@ class Steps(Replay):
             await guards.after_step(
                 sd, step_id, args, kwargs, output, extra.get("llm") if extra else None, True
             )
+            if self._stepping:
+                # Branches beside it are still in their step code (a gather, an agent's
+                # tool calls): commit this outcome now rather than with whatever the run
+                # writes next, which may be minutes away, so a crash meanwhile does not
+                # run a finished step again. Alone, it waits for the next write as usual.
+                await self.flush()
             return value if sd.decode is None else sd.decode(output)
 
     def _own_key(self, sd: StepDef, step_id: str, attempt: int) -> str:

@@ -4,9 +4,11 @@
 :class:`Problem` s; nothing is written either way. The checks: the file's shape and each
 node's data (by its type's model: a missing or misspelt field is named), unknown node
 types, duplicate ids, one trigger, dangling edges, templates that do not parse or read a
-node or name that does not exist, retry policies, unknown tools (when the app's tools are
-given), cycles outside a loop, loop bodies that leak, nodes the trigger cannot reach, and
-for ``tier: isolated`` the sandbox's fields and every node a sandbox cannot run.
+node or name that does not exist, templates that read a node that may not have run by then
+(on another branch: :mod:`ratchet.graphs.reads`), retry policies, unknown tools (when the
+app's tools are given), cycles outside a loop, loop bodies that leak, nodes the trigger
+cannot reach, and for ``tier: isolated`` the sandbox's fields and every node a sandbox
+cannot run.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ratchet.engine.guards import Guards
 from ratchet.engine.retry import NO_RETRY, Retry, as_policy
 from ratchet.engine.waits import PARK_MIN_S
 from ratchet.errors import InvalidInput, RatchetError
+from ratchet.graphs import reads as branch_reads
 from ratchet.graphs import templates
 from ratchet.graphs.spec import DATA_MODELS, NODE_TYPES, Edge, NodeData, RawGraph, RawNode
 from ratchet.model import dumps
@@ -176,6 +179,7 @@ def validate(
         if node is not None:
             nodes[rn.id] = node
     known = {n.id for n in raw.nodes}
+    reads: list[branch_reads.Read] = []  # which nodes each template reads
     for j, edge in enumerate(raw.edges):
         for end, name in (("from", edge.source), ("to", edge.target)):
             if name not in known:
@@ -183,12 +187,12 @@ def validate(
                     Problem(
                         f"edges[{j}].{end}",
                         f"dangling edge: no node {name!r} ({edge.source} -> {edge.target})",
-                        edge.source if end == "to" else None,
+                        _other_end(edge, end, known),
                     )
                 )
         if edge.when is not None:
-            _templates(edge.when, f"edges[{j}].when", edge.source, known, problems, expression=True)
-    _templates(raw.output, "output", None, known, problems)
+            _templates(edge.when, f"edges[{j}].when", edge.source, known, problems, True, (), reads)
+    _templates(raw.output, "output", None, known, problems, reads=reads)
     graph = Graph(
         raw.name,
         "",
@@ -203,7 +207,9 @@ def validate(
             graph.guards = Guards.from_json(raw.guards)
         except InvalidInput as e:
             problems.append(Problem("guards", str(e).removeprefix("invalid guards: ")))
-    _structure(graph, raw, known, problems, workflows)
+    _structure(graph, raw, known, problems, workflows, reads)
+    for read in branch_reads.unsure(graph, reads):
+        problems.append(Problem(read.where, branch_reads.message(read), read.reader))
     if raw.tier == "isolated":
         graph.sandbox = _isolated(raw, nodes, tools, problems)
     elif raw.sandbox is not None:
@@ -213,6 +219,12 @@ def validate(
     graph.definition = json.loads(dumps(dict(doc)))
     graph.version = content_version(graph.definition)
     return graph, []
+
+
+def _other_end(edge: Edge, end: str, known: Collection[str]) -> str | None:
+    """The node a dangling edge belongs to: its end that exists, if one does."""
+    other = edge.source if end == "to" else edge.target
+    return other if other in known else None
 
 
 def _node(
@@ -325,15 +337,23 @@ def _templates(
     problems: list[Problem],
     expression: bool = False,
     extra: Collection[str] = (),
+    reads: list[branch_reads.Read] | None = None,
 ) -> None:
+    """Check the templates in ``value``, rendered by ``node`` (None: the graph's output);
+    the nodes they read go to ``reads``, for :mod:`ratchet.graphs.reads`."""
     try:
         trees = list(templates.check(value, expression))
     except templates.TemplateError as e:
         problems.append(Problem(where, str(e), node))
         return
     for path, tree in trees:
+        # A template that tests whether a node ran handles the branches itself.
+        checked = reads is not None and not branch_reads.guarded(tree)
         for name, attr in templates.references(tree):
-            if name == "nodes" and attr is not None and attr not in known:
+            if name == "nodes" and attr is not None and attr in known:
+                if reads is not None and checked:
+                    reads.append(branch_reads.Read(where + path, node, attr))
+            elif name == "nodes" and attr is not None:
                 problems.append(
                     Problem(
                         where + path,
@@ -370,20 +390,22 @@ def _structure(
     known: Collection[str],
     problems: list[Problem],
     workflows: Collection[str] | None,
+    reads: list[branch_reads.Read],
 ) -> None:
-    index = {n.id: i for i, n in enumerate(raw.nodes)}
+    index: dict[str, int] = {}
+    for i, n in enumerate(raw.nodes):  # a duplicate id's problems name the first node
+        index.setdefault(n.id, i)
     items = {getattr(n.data, "item", None) for n in graph.nodes.values() if n.type == "loop"}
     extra = {i for i in items if i}
     for node in graph.nodes.values():
         where = f"nodes[{index[node.id]}].data"
         for name in _TEMPLATED.get(node.type, ()):
-            _templates(
-                getattr(node.data, name), f"{where}.{name}", node.id, known, problems, extra=extra
-            )
+            value = getattr(node.data, name)
+            _templates(value, f"{where}.{name}", node.id, known, problems, False, extra, reads)
         for name in _EXPRESSIONS.get(node.type, ()):
             value = getattr(node.data, name)
             if value is not None:
-                _templates(value, f"{where}.{name}", node.id, known, problems, True, extra)
+                _templates(value, f"{where}.{name}", node.id, known, problems, True, extra, reads)
         if node.type == "subagent":
             d = node.data
             if (d.graph is None) == (d.workflow is None):

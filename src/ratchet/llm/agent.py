@@ -3,15 +3,20 @@
 ``await ratchet.Agent(model="gpt-4.1-mini", instructions=..., tools=[...]).run(text)`` in a
 workflow: each model turn is an LLM step (through a wrapped client) and each tool call a
 tool step, so a crash mid-loop resumes at the last completed turn, and the model is never
-asked a completed turn's question again. Tools run one after another, in the order the model
-asked for them, so every replay numbers the steps the same way.
+asked a completed turn's question again. The tool calls of one reply run concurrently, each
+its own step: their steps are numbered in the order the model asked for them before any of
+them starts (a step's position is taken when it is called, not when it runs), so every
+replay numbers them the same way, and a replay after a crash takes the calls that finished
+from the journal and runs only the others. Their answers go back to the model in the
+reply's order.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import json
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,8 +128,10 @@ class Agent:
             messages.append(said)
             if not calls:
                 return AgentResult(message.content, turn, messages)
-            for c in calls:
-                content, _ = await self._call_tool(c.function.name, c.function.arguments)
+            answers = await self._call_tools(
+                [(c.function.name, c.function.arguments) for c in calls]
+            )
+            for c, (content, _) in zip(calls, answers, strict=True):
                 messages.append({"role": "tool", "tool_call_id": c.id, "content": content})
         raise self._exhausted()
 
@@ -146,8 +153,8 @@ class Agent:
                 answer = "".join(b.get("text", "") for b in blocks if b.get("type") == "text")
                 return AgentResult(answer, turn, messages)
             results = []
-            for use in uses:
-                content, failed = await self._call_tool(use["name"], use.get("input") or {})
+            answers = await self._call_tools([(u["name"], u.get("input") or {}) for u in uses])
+            for use, (content, failed) in zip(uses, answers, strict=True):
                 results.append(
                     {
                         "type": "tool_result",
@@ -159,10 +166,28 @@ class Agent:
             messages.append({"role": "user", "content": results})
         raise self._exhausted()
 
-    async def _call_tool(self, name: str, arguments: Any) -> tuple[str, bool]:
-        """The tool's answer for the model, and whether it is an error. A model's mistake
-        (an unknown tool, arguments that do not fit) and a tool's failure go back to the
-        model as an error it can act on, rather than ending the run."""
+    async def _call_tools(self, calls: list[tuple[str, Any]]) -> list[tuple[str, bool]]:
+        """The answers of one reply's tool calls, in the reply's order. Every call is made
+        (its step's position taken) here, in the reply's order, before any of them runs;
+        then they run together."""
+        pending: list[tuple[str, bool] | Awaitable[Any]] = []
+        try:
+            for name, arguments in calls:
+                pending.append(self._call_tool(name, arguments))
+        except BaseException:
+            for p in pending:  # made but never to be awaited: no "never awaited" warning
+                if inspect.iscoroutine(p):
+                    p.close()
+            raise
+        if len(pending) == 1:
+            return [await _answer(pending[0])]
+        return list(await asyncio.gather(*(_answer(p) for p in pending)))
+
+    def _call_tool(self, name: str, arguments: Any) -> tuple[str, bool] | Awaitable[Any]:
+        """The tool called with the model's arguments: its result, or an awaitable of it
+        (a step in a workflow, its position taken now, or an async tool). A model's mistake
+        (an unknown tool, arguments that do not fit) is the answer at once, an error the
+        model can act on rather than the end of the run."""
         entry = self.tools.get(name)
         if entry is None:
             return f"error: there is no tool named {name!r}", True
@@ -177,16 +202,32 @@ class Agent:
             return f"error: {e}", True
         try:
             result = call(**kwargs)
-            if inspect.isawaitable(result):  # a step in a workflow, or an async tool
-                result = await result
-        except StepFailed as e:
+        except StepFailed as e:  # a plain tool outside a workflow, failing at once
             return f"error: {e.error}", True
-        if isinstance(result, str):
-            return result, False
-        return json.dumps(result, default=str), False
+        if inspect.isawaitable(result):
+            return result
+        return _text(result), False
 
     def _exhausted(self) -> AgentMaxTurns:
         return AgentMaxTurns(
             f"agent {self.name}: no final answer after {self.max_turns} turns "
             f"(max_turns={self.max_turns})"
         )
+
+
+async def _answer(pending: tuple[str, bool] | Awaitable[Any]) -> tuple[str, bool]:
+    """A tool call's answer for the model, and whether it is an error: a tool's failure
+    goes back to the model as an error it can act on."""
+    if isinstance(pending, tuple):
+        return pending
+    try:
+        result = await pending
+    except StepFailed as e:
+        return f"error: {e.error}", True
+    return _text(result), False
+
+
+def _text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, default=str)

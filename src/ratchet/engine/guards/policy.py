@@ -24,9 +24,13 @@ from ratchet.model import AnomalyKind, GuardAction
 BUDGET = AnomalyKind.BUDGET_EXCEEDED
 ANOMALIES = tuple(k for k in AnomalyKind if k != BUDGET)
 ACTIONS = tuple(GuardAction)
-# A run past its step limit is failed: such a run is a loop nobody will stop otherwise.
-# Everything else is journaled and the run goes on, unless a workflow says otherwise.
+# A run is judged by what it repeats, not by how long it is: a run that makes the same call
+# with the same arguments and gets the same answer ``runaway_repeats`` times in a row is a
+# loop nobody will stop otherwise, and fails; a batch loop of distinct steps runs on, up to
+# ``max_steps``, the hard cap for what repetition cannot see (it fails too). Everything
+# else is journaled and the run goes on, unless a workflow says otherwise.
 DEFAULT_ACTIONS: Mapping[str, str] = {
+    AnomalyKind.RUNAWAY_LOOP: GuardAction.FAIL,
     AnomalyKind.EXCESSIVE_STEPS: GuardAction.FAIL,
     BUDGET: GuardAction.FAIL,
 }
@@ -66,8 +70,10 @@ class Guards:
 
     * ``runaway_repeats``: the same step or tool, with the same arguments and the same
       result, this many times in a row is a ``runaway_loop`` (a graph loop that reaches its
-      ``max_iterations`` is one too);
-    * ``max_steps``: a run with more steps is ``excessive_steps``;
+      ``max_iterations`` is one too): default 10, and the run fails;
+    * ``max_steps``: a run with more steps is ``excessive_steps``: default 10,000, a hard
+      cap well above a batch loop's length (a loop over 1,200 items is no anomaly; a loop
+      that repeats itself is caught by ``runaway_repeats`` long before);
     * ``retry_storm_run``: more retries than this in one run within ``retry_window_s``, or
       ``retry_storm_workflow``: more than this a minute across all runs of the workflow
       (counted in the database, across workers), is a ``retry_storm``;
@@ -88,8 +94,8 @@ class Guards:
       ``app.start(..., timeout_s=...)`` set it;
     * ``actions``: what each kind does when it trips: ``record`` (journal it and go on),
       ``pause`` (park on an approval "continue?"), ``fail`` (the run fails with the kind as
-      its code). Defaults: ``fail`` for ``excessive_steps`` and ``budget_exceeded``,
-      ``record`` for the others;
+      its code). Defaults: ``fail`` for ``runaway_loop``, ``excessive_steps`` and
+      ``budget_exceeded``, ``record`` for the others;
     * ``pause_timeout_s``: how long a ``pause`` waits for its decision (``None``: for
       ever); past it the guard falls back to ``fail``;
     * ``gate``: ``False`` runs the workflow's confidence gates as passed, journaling
@@ -98,8 +104,8 @@ class Guards:
       token's name, and a name the client gave is kept as this note).
     """
 
-    runaway_repeats: int | None = 4
-    max_steps: int | None = 1000
+    runaway_repeats: int | None = 10
+    max_steps: int | None = 10_000
     retry_storm_run: int | None = 10
     retry_window_s: float = 60.0
     retry_storm_workflow: int | None = 100
