@@ -288,6 +288,7 @@ def test_a_graph_input_is_checked_before_anything_is_written(app: ratchet.Ratche
         app.start("typed", {"n": "x"})
     with pytest.raises(ratchet.InvalidInput, match=r"input\.n is required"):
         app.start("typed", {})
-    with pytest.raises(ratchet.UnknownWorkflow, match="no graph of that name"):
+    # The refusal lists what could have started: code workflows and registered graphs.
+    with pytest.raises(ratchet.UnknownWorkflow, match="no registered graph.*graphs: .*typed"):
         app.start("nothing", {})
     assert app.runs() == []

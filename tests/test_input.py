@@ -174,7 +174,7 @@ def test_arguments_are_validated_against_the_annotations(
     with pytest.raises(
         ratchet.InvalidInput,
         match=r"invalid argument 'y' of workflow add: "
-        r"expected <class 'int'>, got 'notint'",
+        r'expected int, got "notint"',
     ):
         app.start(add, 1, y="notint")
     with pytest.raises(ratchet.InvalidInput, match=r"invalid argument 'user' of workflow add"):

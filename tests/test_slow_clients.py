@@ -6,6 +6,7 @@ the docs start it) with 300 such connections at once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import statistics
@@ -186,6 +187,12 @@ def test_a_kept_alive_connection_is_bounded_per_request_and_a_bad_bound_refused(
             rest += chunk
         assert rest.startswith(b"HTTP/1.1 408 "), rest
         assert BOUND_S <= time.monotonic() - t0 < BOUND_S + 2.0
+        # In the one error shape, as every other refusal.
+        assert json.loads(rest.partition(b"\r\n\r\n")[2]) == {
+            "error": "timeout",
+            "message": "the request took too long to arrive",
+            "details": None,
+        }, rest
     bad = invoke(
         "server",
         "--app",

@@ -2,10 +2,12 @@
 signal, a step. Checked where each is taken (``app.start``, the HTTP API, the CLI), so an
 oversized name is refused with a message that names it, before anything is written; a
 step's name where code declares it (``@app.step``, ``@app.tool``), so a step whose id the
-API could not take is never registered."""
+API could not take is never registered. And how long a value an error message quotes
+may be (:func:`quote`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +26,19 @@ MAX_STEP = 1000  # a step id (a graph's carries its loop iterations) or an appro
 MAX_STEP_NAME = 200
 MAX_DECIDER = 200  # who decided an approval
 MAX_COMMENT = 4000  # an approval's comment
+# The most of a caller's value an error message repeats: a refused megabyte is not echoed.
+MAX_QUOTE = 80
+
+
+def quote(value: Any, limit: int = MAX_QUOTE) -> str:
+    """``value`` as an error message shows it: its JSON (``"text"``, ``true``, ``null``:
+    what an HTTP client sent), else its repr (a Python caller's object), cut to ``limit``
+    characters ending in …"""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def check_length(value: Any, what: str, limit: int) -> Any:

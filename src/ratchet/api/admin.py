@@ -56,7 +56,8 @@ async def retry(
 
 @v1.get("/workflows", response_model=list[WorkflowOut])
 async def workflows(request: Request, token: Reader) -> list[WorkflowOut]:
-    """What this server can start: its code workflows and registered graphs."""
+    """What this server can start: its code workflows and every registered graph (the
+    app's own and those of ``ratchet graph register``), at the version a start takes."""
     app: Ratchet = request.app.state.ratchet
     out = [
         WorkflowOut(
@@ -66,11 +67,15 @@ async def workflows(request: Request, token: Reader) -> list[WorkflowOut]:
             parameters=list(inspect.signature(w.fn).parameters),
         )
         for w in app.workflows.values()
-        if w.name not in app.graphs
     ]
+    # Newest first within a name: the first of each is the version a start of it takes.
+    latest: dict[str, str] = {}
+    for g in await request.app.state.store.list_graphs():
+        latest.setdefault(g.name, g.version)
     out += [
         WorkflowOut(name=name, kind="graph", version=version, parameters=["input"])
-        for name, version in sorted(app.graphs.items())
+        for name, version in latest.items()
+        if name not in app.workflows  # a code workflow of the same name is what starts
     ]
     return sorted(out, key=lambda w: w.name)
 

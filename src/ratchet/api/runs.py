@@ -48,7 +48,7 @@ from ratchet.store.tokens import Token
 from ratchet.web.errors import ApiError, not_found, speak
 
 ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": Error} for code in (401, 403, 404, 409, 413, 422)
+    code: {"model": Error} for code in (400, 401, 403, 404, 409, 413, 422)
 }
 router = APIRouter(prefix="/v1", tags=["runs"], responses=ERRORS)
 # A child run's id holds "/" (parent/step), so run ids are matched as paths; the bare
@@ -158,8 +158,8 @@ async def start_run(
     if run_id is None and idempotency_key is not None:
         run_id = _keyed_run_id(token.tenant_id, idempotency_key)
     guards = await authorised(app, store_of(request), token, body.workflow, body.guards)
-    r = _request(app, body, run_id, guards)
     try:
+        r = _request(app, body, run_id, guards)
         rec, created = await app.start_run_async(
             r.workflow,
             r.args,
@@ -199,8 +199,12 @@ def _request(
     app: Ratchet, body: StartRun, run_id: str | None, guards: dict[str, Any] | None
 ) -> RunRequest:
     """A start's body as the app takes it: a graph's input is its one argument, a code
-    workflow's its arguments by name."""
-    graph = body.workflow not in app.workflows
+    workflow's its arguments by name, checked strictly here (JSON input: ``true`` is no
+    ``int``), where a Python caller's values would be coerced."""
+    workflow = app.workflows.get(body.workflow)
+    graph = workflow is None
+    if workflow is not None:
+        workflow.check_json(body.input)
     args: tuple[Any, ...] = (body.input,) if graph else ()
     kwargs: dict[str, Any] = {} if graph else body.input
     return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, guards, body.tags)
@@ -244,7 +248,13 @@ async def start_runs(
                 app, store, token, item.workflow, item.guards, f"runs[{i}].guards"
             )
         )
-        requests.append(_request(app, item, run_id, guards))
+        try:
+            requests.append(_request(app, item, run_id, guards))
+        except InvalidInput as e:
+            field, problem = f"runs[{i}].input", speak(request, str(e))
+            raise ApiError(
+                422, f"{field}: {problem}", details=[{"field": field, "message": problem}]
+            ) from e
     try:
         started = await app.start_runs_async(requests, tenant=token.tenant_id)
     except BatchItemInvalid as e:
@@ -444,10 +454,14 @@ async def send_signal(
     token: Writer,
     body: SignalBody | None = None,
 ) -> StatusAfter:
-    """Deliver a signal; a run waiting for it wakes. 409 once the run has finished."""
+    """Deliver a signal; a run waiting for it wakes (answered with its status after the
+    signal: ``queued`` when it woke). 409 once the run has finished."""
     rec = await owned(request, run_id, token)
     await app_of(request).signal_async(rec.run_id, name, body.data if body else None)
-    return StatusAfter(run_id=shown(token, rec.run_id), status=str(rec.status))
+    # The status after the signal: queued when it woke a run that waited for it.
+    after = await store_of(request).get_run(rec.run_id)
+    status = rec.status if after is None else after.status
+    return StatusAfter(run_id=shown(token, rec.run_id), status=str(status))
 
 
 @router.post("/runs/{run_id:path}/cancel", response_model=StatusAfter, status_code=202)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from ratchet.names import (
     MAX_COMMENT,
@@ -23,15 +23,22 @@ class Error(BaseModel):
     """Every refusal, whatever the status."""
 
     error: str = Field(
-        description="A stable code: unauthorized, forbidden, not_found, "
-        "conflict, payload_too_large, invalid_input, internal, "
+        description="A stable code: bad_request, unauthorized, forbidden, not_found, "
+        "method_not_allowed, timeout, conflict, payload_too_large, invalid_input, internal, "
         "unavailable."
     )
     message: str
     details: Any = None
 
 
-class StartRun(BaseModel):
+class Body(BaseModel):
+    """A request body: validated in pydantic's strict mode, so a JSON value is taken only
+    as what the field names (``"30"`` is no number, ``1`` no boolean)."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class StartRun(Body):
     workflow: str = Field(
         min_length=1, max_length=MAX_WORKFLOW, description="A workflow's or a graph's name."
     )
@@ -71,7 +78,7 @@ class RunAccepted(BaseModel):
 MAX_BATCH = 10_000  # runs in one POST /v1/runs:batch
 
 
-class StartRuns(BaseModel):
+class StartRuns(Body):
     runs: list[StartRun] = Field(
         min_length=1,
         max_length=MAX_BATCH,
@@ -154,7 +161,7 @@ class EventPage(BaseModel):
     done: bool = Field(description="The run's terminal event is in this page.")
 
 
-class SignalBody(BaseModel):
+class SignalBody(Body):
     data: Any = None
 
 
@@ -165,7 +172,7 @@ _GRANT = (
 )
 
 
-class Decision(BaseModel):
+class Decision(Body):
     approved: StrictBool = Field(description="true or false; nothing else is a decision.")
     by: str | None = Field(
         default=None,
@@ -188,7 +195,7 @@ class DecisionMade(BaseModel):
     grant: dict[str, Any] | None = None
 
 
-class RetryBody(BaseModel):
+class RetryBody(Body):
     grant: dict[str, Any] | None = Field(
         None,
         description="Limits the retried run may go over to (else it keeps its limits: "
@@ -348,7 +355,7 @@ class RunReceipt(BaseModel):
     signatures: list[ReceiptSignature]
 
 
-class NewToken(BaseModel):
+class NewToken(Body):
     scopes: list[str] = Field(min_length=1, description="runs:read, runs:write, admin.")
     name: str | None = Field(
         default=None,

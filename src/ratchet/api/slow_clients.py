@@ -23,11 +23,14 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from ratchet.web.limits import error_body
+
 log = logging.getLogger("ratchet.api")
 REQUEST_TIMEOUT_S = 10.0
-_SAID = b"the request took too long to arrive\n"
+# In the one error shape, as every other refusal.
+_SAID = error_body("timeout", "the request took too long to arrive")
 _TIMEOUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
     b"connection: close\r\ncontent-length: %d\r\n\r\n%s" % (len(_SAID), _SAID)
 )
 

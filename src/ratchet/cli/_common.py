@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from typer.core import TyperArgument, TyperGroup
 
 from ratchet.app import Ratchet
 from ratchet.config import DEFAULT_DATABASE_URL
@@ -29,7 +31,7 @@ DbOption = Annotated[
     ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
-RunArg = Annotated[str, typer.Argument(metavar="RUN", help="A run id.")]
+RunArg = Annotated[str, typer.Argument(metavar="RUN_ID", help="A run id.")]
 GrantOption = Annotated[
     str | None,
     typer.Option(
@@ -40,6 +42,36 @@ GrantOption = Annotated[
         "max_steps, timeout_s; null for off). Journaled with who granted it.",
     ),
 ]
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+def readable(params: list[Any]) -> list[Any]:
+    """``params`` (a command's, its ``--help`` included), their help naming each value by
+    its metavar alone: typer prints the Python type beside an argument's name
+    (``RUN_ID <str>``) and beside a flag, which takes no value (``--json <bool>``). An
+    option's metavar already replaces its type."""
+    for param in params:
+        if isinstance(param, TyperArgument) or getattr(param, "is_flag", False):
+            # On the instance: typer has no setting for it, and the classes are its own.
+            setattr(param, "display_type_rich", _no_type)  # noqa: B010
+    return params
+
+
+class ReadableGroup(TyperGroup):
+    """The class of every ``ratchet`` command group: its own parameters and its
+    commands' are :func:`readable`."""
+
+    def get_params(self, ctx: Any) -> list[Any]:  # ctx: a click Context
+        return readable(super().get_params(ctx))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            readable(command.get_params(ctx))
+        return command
 
 
 class Fail(Exception):
@@ -54,6 +86,25 @@ def die(message: str, code: int = 2) -> NoReturn:
     """Print ``error: <message>`` on one line of stderr and exit with ``code``."""
     typer.echo(f"error: {' '.join(message.split())}", err=True)
     raise typer.Exit(code)
+
+
+LOG_FORMAT = "%(asctime)s level=%(levelname)s logger=%(name)s %(message)s"
+# Loggers of the HTTP clients that log every request at INFO: httpx, and httpx2, which
+# the OpenAI and Anthropic SDKs send their requests through since their 2.x releases.
+# Shown at DEBUG only.
+CHATTY_LOGGERS = ("httpx", "httpx2")
+
+
+def configure_logging(log_level: str) -> int:
+    """Log to stderr at ``log_level`` (DEBUG, INFO, WARNING or ERROR) in the house format;
+    a per-request INFO line of an HTTP client only at DEBUG. Exits 2 on an unknown level."""
+    level = logging.getLevelName(log_level.upper())
+    if not isinstance(level, int):
+        die(f"invalid --log-level {log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
+    logging.basicConfig(level=level, stream=sys.stderr, format=LOG_FORMAT)
+    for name in CHATTY_LOGGERS:
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
+    return level
 
 
 def make_console() -> Console:

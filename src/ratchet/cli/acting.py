@@ -8,19 +8,21 @@ from typing import Annotated, Any
 import typer
 
 from ratchet.cli._common import DbOption, GrantOption, RunArg, client, die, grant_option
+from ratchet.cli._format import waiting_text
 from ratchet.model import RunRecord, RunStatus, dumps
 
 
 def signal_(
     ctx: typer.Context,
     run_id: RunArg,
-    name: Annotated[str, typer.Argument(help="The signal's name.")],
+    name: Annotated[str, typer.Argument(metavar="NAME", help="The signal's name.")],
     data: Annotated[
         str | None, typer.Option("--data", metavar="JSON", help="The signal's data, as JSON.")
     ] = None,
     db: DbOption = None,
 ) -> None:
-    """Send a signal to a run; a run waiting for it wakes up."""
+    """Send a signal to a run and print its status after it: a run waiting for it wakes
+    up (queued again); otherwise the run gets it when it asks for it."""
     payload: Any = None
     if data is not None:
         try:
@@ -28,9 +30,17 @@ def signal_(
         except json.JSONDecodeError as e:
             die(f"--data is not valid JSON ({e}); nothing was sent")
     with client(ctx, db) as app:
+        before = app.get(run_id)
         app.signal(run_id, name, payload)
-        status = app.get(run_id).status
-    typer.echo(f"signal {name!r} sent to run {run_id} (status: {status})")
+        after = app.get(run_id)
+    if before.status == RunStatus.WAITING and after.status != RunStatus.WAITING:
+        why = "it waited for it and woke"
+    elif after.status == RunStatus.WAITING:
+        waits = waiting_text(after) or "waiting"
+        why = f"{waits}; the signal is kept until the run asks for it"
+    else:
+        why = "the signal is kept until the run asks for it"
+    typer.echo(f"signal {name!r} sent to run {run_id}; status now {after.status} ({why})")
 
 
 def cancel(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:

@@ -53,10 +53,12 @@ def approvals(
     run_id: Annotated[
         str | None,
         typer.Option(
-            "--run", metavar="RUN", help="Only this run's, and those of the runs under it."
+            "--run", metavar="RUN_ID", help="Only this run's, and those of the runs under it."
         ),
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many, oldest first.")] = 100,
+    limit: Annotated[
+        int, typer.Option(min=1, metavar="N", help="At most this many, oldest first.")
+    ] = 100,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:

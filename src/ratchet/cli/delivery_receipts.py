@@ -10,14 +10,21 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 from rich.text import Text
-from typer.core import TyperGroup
 
-from ratchet.cli._common import DbOption, JsonOption, RunArg, client, die, make_console
+from ratchet.cli._common import (
+    DbOption,
+    JsonOption,
+    ReadableGroup,
+    RunArg,
+    client,
+    die,
+    make_console,
+)
 from ratchet.cli._format import STATUS_STYLE, compact, echo_json, when
 from ratchet.model import RunStatus
 
 
-class _ReceiptsGroup(TyperGroup):
+class _ReceiptsGroup(ReadableGroup):
     """``ratchet receipts RUN`` lists (the ``list`` command); ``ratchet receipts settle
     KEY`` settles. A first word that names no command is a run id."""
 

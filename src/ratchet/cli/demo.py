@@ -31,13 +31,14 @@ def demo(
         ),
     ] = False,
     host: Annotated[
-        str, typer.Option(help="With --serve: the interface to listen on.")
+        str, typer.Option(metavar="HOST", help="With --serve: the interface to listen on.")
     ] = "127.0.0.1",
     port: Annotated[
         int,
         typer.Option(
             min=0,
             max=65535,
+            metavar="PORT",
             envvar="RATCHET_PORT",
             help="With --serve: the port (0: any free one).",
         ),

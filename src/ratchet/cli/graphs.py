@@ -1,5 +1,5 @@
-"""``ratchet graph validate|schema|register|list`` and ``ratchet start GRAPH``: graph
-workflows from the command line."""
+"""``ratchet graph validate|schema|register|list``: graph workflows from the command line
+(``ratchet start`` starts them, see :mod:`ratchet.cli.start`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ratchet.cli._common import (
     DbOption,
     Fail,
     JsonOption,
+    ReadableGroup,
     client,
     die,
     errors,
@@ -24,7 +25,9 @@ from ratchet.errors import InvalidInput
 from ratchet.graphs import json_schema, load_document, validate
 
 graph_cli = typer.Typer(
-    help="Graph workflows: validate, register and list them.", no_args_is_help=True
+    cls=ReadableGroup,
+    help="Graph workflows: validate, register and list them.",
+    no_args_is_help=True,
 )
 
 FileArg = Annotated[str, typer.Argument(metavar="FILE", help="A graph file (YAML or JSON).")]
@@ -128,38 +131,3 @@ def list_cmd(ctx: typer.Context, as_json: JsonOption = False, db: DbOption = Non
             g.name, g.version, when(g.registered_at), str(len(g.definition.get("nodes", [])))
         )
     make_console().print(table)
-
-
-def start_cmd(
-    ctx: typer.Context,
-    name: Annotated[str, typer.Argument(metavar="GRAPH", help="A registered graph's name.")],
-    input: Annotated[
-        str, typer.Option("--input", metavar="JSON", help="The run's input, as JSON.")
-    ] = "null",
-    run_id: Annotated[
-        str | None, typer.Option("--run-id", metavar="RUN", help="Choose the run's id.")
-    ] = None,
-    queue: Annotated[str, typer.Option(help="The queue to run it on.")] = "default",
-    guards: Annotated[
-        str | None,
-        typer.Option(
-            "--guards",
-            metavar="JSON",
-            help="Guard overrides for this run, e.g. "
-            '\'{"max_steps": 50, "actions": {"runaway_loop": "pause"}}\'.',
-        ),
-    ] = None,
-    db: DbOption = None,
-) -> None:
-    """Start a run of the graph's latest version; print its id. A worker of any app
-    drives it."""
-    try:
-        value = json.loads(input)
-    except ValueError as e:
-        die(f"--input is not JSON: {e}")
-    try:
-        overrides = json.loads(guards) if guards is not None else None
-    except ValueError as e:
-        die(f"--guards is not JSON: {e}")
-    with client(ctx, db) as app:
-        typer.echo(app.start(name, value, run_id=run_id, queue=queue, guards=overrides))

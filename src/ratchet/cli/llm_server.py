@@ -11,9 +11,11 @@ from ratchet.cli._common import Fail, errors
 
 
 def llm_server(
-    host: Annotated[str, typer.Option(help="The interface to listen on.")] = "127.0.0.1",
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="The interface to listen on.")
+    ] = "127.0.0.1",
     port: Annotated[
-        int, typer.Option(min=0, max=65535, help="The port; 0 picks a free one.")
+        int, typer.Option(min=0, max=65535, metavar="PORT", help="The port; 0 picks a free one.")
     ] = 8089,
     script: Annotated[
         Path | None,

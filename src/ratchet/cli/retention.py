@@ -29,7 +29,8 @@ def prune_cmd(
         ),
     ] = ",".join(DEFAULT_STATUSES),
     dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Count what would be pruned; change nothing.")
+        bool,
+        typer.Option("--dry-run", help="Count what would be pruned; change nothing."),
     ] = False,
     db: DbOption = None,
 ) -> None:

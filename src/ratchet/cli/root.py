@@ -10,22 +10,24 @@ from typing import Annotated
 
 import typer
 
-from ratchet.cli._common import DbOption
+from ratchet.cli._common import DbOption, ReadableGroup
 from ratchet.cli.acting import cancel, retry, signal_
 from ratchet.cli.approvals import approvals, approve, reject
 from ratchet.cli.delivery_receipts import receipts_cli
 from ratchet.cli.demo import demo
-from ratchet.cli.graphs import graph_cli, start_cmd
+from ratchet.cli.graphs import graph_cli
 from ratchet.cli.llm_server import llm_server
 from ratchet.cli.retention import prune_cmd
 from ratchet.cli.run_receipts import export, keys_cli, receipt, verify_cmd
 from ratchet.cli.runs import dlq, events, runs, show
 from ratchet.cli.sandboxes import sandboxes
 from ratchet.cli.server import server
+from ratchet.cli.start import start_cmd
 from ratchet.cli.tokens import tokens_cli
 from ratchet.cli.worker import worker
 
 cli = typer.Typer(
+    cls=ReadableGroup,
     name="ratchet",
     help="Ratchet: a durable execution engine for AI-agent workflows.",
     no_args_is_help=True,
@@ -50,7 +52,10 @@ def _root(
     version: Annotated[
         bool,
         typer.Option(
-            "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+            "--version",
+            is_eager=True,
+            callback=_print_version,
+            help="Print the version and exit.",
         ),
     ] = False,
 ) -> None:

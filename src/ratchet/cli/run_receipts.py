@@ -15,7 +15,7 @@ from typing import IO, Annotated
 
 import typer
 
-from ratchet.cli._common import DbOption, Fail, RunArg, client, db_url, errors
+from ratchet.cli._common import DbOption, Fail, ReadableGroup, RunArg, client, db_url, errors
 from ratchet.config import data_dir
 from ratchet.errors import JournalPruned
 from ratchet.model import dumps
@@ -24,7 +24,9 @@ from ratchet.store import retention
 
 EXPORT_PAGE = 1000
 
-keys_cli = typer.Typer(help="The key that signs run receipts.", no_args_is_help=True)
+keys_cli = typer.Typer(
+    cls=ReadableGroup, help="The key that signs run receipts.", no_args_is_help=True
+)
 
 
 @contextlib.contextmanager

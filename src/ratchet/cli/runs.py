@@ -16,11 +16,13 @@ from rich.text import Text
 from ratchet.cli._common import DbOption, JsonOption, RunArg, client, die, make_console
 from ratchet.cli._format import (
     compact,
+    cost_text,
     duration_text,
     echo_json,
     more_note,
     shorten,
     status_text,
+    waiting_text,
     when,
 )
 from ratchet.errors import InvalidInput
@@ -37,7 +39,10 @@ def runs(
     ctx: typer.Context,
     status: Annotated[
         str | None,
-        typer.Option(help="Only runs with this status: " + ", ".join(s.value for s in RunStatus)),
+        typer.Option(
+            metavar="STATUS",
+            help="Only runs with this status: " + ", ".join(s.value for s in RunStatus),
+        ),
     ] = None,
     workflow: Annotated[
         str | None, typer.Option(metavar="NAME", help="Only runs of this workflow (its name).")
@@ -49,7 +54,9 @@ def runs(
             help="Only runs with this tag; repeat it for runs with all of them.",
         ),
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 50,
+    limit: Annotated[
+        int, typer.Option(min=1, metavar="N", help="At most this many, newest first.")
+    ] = 50,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
@@ -83,7 +90,7 @@ def runs(
         table.add_row(
             Text(r.run_id),
             Text(f"{r.workflow} v{r.workflow_version}"),
-            status_text(r.status),
+            status_text(r.status, waiting_text(r)),
             when(r.created_at),
             when(r.updated_at),
             f"{t.tokens:,}" if t else "-",
@@ -158,13 +165,14 @@ def _totals_dict(t: LLMTotals | None) -> dict[str, Any] | None:
 
 
 def _cost_value(t: LLMTotals) -> float | None:
-    """The run's cost; None when none of its calls has a price."""
-    return None if t.unpriced_calls == t.calls else round(t.cost_usd, 6)
+    """The run's cost, exact (rounded only for display); None when none of its calls has
+    a price."""
+    return None if t.unpriced_calls == t.calls else t.cost_usd
 
 
 def _cost(t: LLMTotals) -> str:
     value = _cost_value(t)
-    text = "unpriced" if value is None else f"${value:.6f}"
+    text = "unpriced" if value is None else cost_text(value)
     if value is not None and t.unpriced_calls:
         text += f" (+{t.unpriced_calls} unpriced)"
     return text
@@ -190,7 +198,8 @@ def show(
     ctx: typer.Context,
     run_id: RunArg,
     full: Annotated[
-        bool, typer.Option("--full", help="Print inputs, outputs and errors whole, not shortened.")
+        bool,
+        typer.Option("--full", help="Print inputs, outputs and errors whole, not shortened."),
     ] = False,
     as_json: JsonOption = False,
     db: DbOption = None,
@@ -230,7 +239,7 @@ def show(
     if rec.error:
         rows.append(("error", Text(shorten(rec.error, head_limit), style="red")))
     if rec.waiting_for:
-        rows.append(("waiting for", Text(rec.waiting_for)))
+        rows.append(("waiting", Text(waiting_text(rec) or rec.waiting_for)))
     # Every run journals run_queued: a finished run with no events was pruned.
     pruned = state.last_seq == 0 and rec.status.terminal
     rows += [
@@ -331,10 +340,11 @@ def events(
     run_id: RunArg,
     follow: Annotated[
         bool,
-        typer.Option("--follow", "-f", help=("Keep printing new events until the run finishes.")),
+        typer.Option("--follow", "-f", help="Keep printing new events until the run finishes."),
     ] = False,
     interval: Annotated[
-        float, typer.Option(min=0.01, help=("Seconds between polls with --follow."))
+        float,
+        typer.Option(min=0.01, metavar="SECONDS", help="Seconds between polls with --follow."),
     ] = 0.2,
     as_json: JsonOption = False,
     db: DbOption = None,
@@ -370,7 +380,9 @@ def events(
 
 def dlq(
     ctx: typer.Context,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 100,
+    limit: Annotated[
+        int, typer.Option(min=1, metavar="N", help="At most this many, newest first.")
+    ] = 100,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:

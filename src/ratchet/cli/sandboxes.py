@@ -19,9 +19,12 @@ def _memory(n: int | None) -> str:
 def sandboxes(
     ctx: typer.Context,
     run_id: Annotated[
-        str | None, typer.Argument(metavar="[RUN]", help="Only this run's sandboxes, by attempt.")
+        str | None,
+        typer.Argument(metavar="[RUN_ID]", help="Only this run's sandboxes, by attempt."),
     ] = None,
-    limit: Annotated[int, typer.Option(min=1, help="At most this many, newest first.")] = 100,
+    limit: Annotated[
+        int, typer.Option(min=1, metavar="N", help="At most this many, newest first.")
+    ] = 100,
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:

@@ -3,15 +3,15 @@ uvicorn until SIGTERM or Ctrl-C."""
 
 from __future__ import annotations
 
-import logging
+import errno
 import signal
-import sys
+import socket
 from types import FrameType
 from typing import Annotated
 
 import typer
 
-from ratchet.cli._common import DbOption, Fail, errors, given_db, load_app
+from ratchet.cli._common import DbOption, Fail, configure_logging, errors, given_db, load_app
 from ratchet.config import DatabaseURL, parse_age, parse_duration
 
 
@@ -20,15 +20,23 @@ def server(
     app_spec: Annotated[
         str, typer.Option("--app", metavar="APP", help="The app, as module:attribute.")
     ],
-    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: any free one).")] = 8000,
+    host: Annotated[
+        str, typer.Option(metavar="HOST", help="Interface to listen on.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, metavar="PORT", help="Port (0: any free one).")
+    ] = 8000,
     workers: Annotated[
         int,
         typer.Option(
-            min=0, help="Embedded workers driving runs in this process; 0 for an API-only node."
+            min=0,
+            metavar="N",
+            help="Embedded workers driving runs in this process; 0 for an API-only node.",
         ),
     ] = 1,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: Annotated[
+        str, typer.Option(metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = "INFO",
     prune_finished_before: Annotated[
         str | None,
         typer.Option(
@@ -64,14 +72,7 @@ def server(
 
     SIGTERM or Ctrl-C stops taking requests, lets open ones finish, and hands the embedded
     workers' runs back to the queue."""
-    level = logging.getLevelName(log_level.upper())
-    if not isinstance(level, int):
-        raise typer.BadParameter(f"invalid --log-level {log_level!r}")
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    configure_logging(log_level)
     with errors():
         from ratchet.extras import require
 
@@ -86,36 +87,59 @@ def server(
         prune_every = parse_duration(prune_interval)
         request_timeout_s = parse_duration(request_timeout)
         app = load_app(app_spec)
-        url = given_db(ctx, db)
-        if url is not None:
-            DatabaseURL.parse(url)
-            app.database_url = url
-        api = create_app(
-            app, workers=workers, prune_finished_before=prune_age, prune_interval=prune_every
-        )
-        # Access logs are off: they would print query strings, and tokens never belong in
-        # a log (they travel in headers, but a client may misplace one).
-        # The h11 protocol, bounded: a client that sends its request slowly, or never
-        # finishes it, cannot hold a connection (see ratchet.api.slow_clients).
-        config = uvicorn.Config(
-            api,
-            host=host,
-            port=port,
-            log_level=log_level.lower(),
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=30,
-            http=bounded_protocol(request_timeout_s),
-        )
-        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the
-        # handler it found: with this one, a graceful stop ends the command with status 0.
-        signal.signal(signal.SIGTERM, _stopped)
         try:
-            Server(config, on_shutdown=lambda: drain(api)).run()
-        except OSError as e:
-            raise Fail(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+            url = given_db(ctx, db)
+            if url is not None:
+                DatabaseURL.parse(url)
+                app.database_url = url
+            # The port is taken before anything starts: uvicorn binds it only after the
+            # app's startup, by when the embedded workers would have claimed and driven runs.
+            sock = _listen(host, port)
+            try:
+                api = create_app(
+                    app,
+                    workers=workers,
+                    prune_finished_before=prune_age,
+                    prune_interval=prune_every,
+                )
+                # Access logs are off: they would print query strings, and tokens never
+                # belong in a log (they travel in headers, but a client may misplace one).
+                # The h11 protocol, bounded: a client that sends its request slowly, or
+                # never finishes it, cannot hold a connection (see ratchet.api.slow_clients).
+                config = uvicorn.Config(
+                    api,
+                    host=host,
+                    port=sock.getsockname()[1],
+                    log_level=log_level.lower(),
+                    access_log=False,
+                    lifespan="on",
+                    timeout_graceful_shutdown=30,
+                    http=bounded_protocol(request_timeout_s),
+                )
+                # uvicorn shuts down gracefully on SIGTERM, then raises the signal again
+                # under the handler it found: with this one, a graceful stop ends the
+                # command with status 0.
+                signal.signal(signal.SIGTERM, _stopped)
+                Server(config, on_shutdown=lambda: drain(api), announce=True).run(sockets=[sock])
+            finally:
+                sock.close()
         finally:
             app.shutdown()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's listening socket, or a one-line failure (exit 1) saying why not."""
+    from ratchet.llm.server.asgi import listen  # the server extra, checked by the caller
+
+    try:
+        return listen(host, port)
+    except OSError as e:
+        reason = (
+            "the port is taken; choose another with --port"
+            if e.errno == errno.EADDRINUSE
+            else e.strerror or str(e)
+        )
+        raise Fail(f"cannot listen on {host}:{port}: {reason}", code=1) from e
 
 
 def _stopped(signum: int, frame: FrameType | None) -> None:

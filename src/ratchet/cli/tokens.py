@@ -8,27 +8,35 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ratchet.cli._common import DbOption, JsonOption, client, make_console
+from ratchet.cli._common import DbOption, JsonOption, ReadableGroup, client, make_console
 from ratchet.cli._format import echo_json, when
 from ratchet.config import parse_age
 from ratchet.store import tokens as store_tokens
 
 tokens_cli = typer.Typer(
-    help="API tokens for ratchet server: create, list, revoke.", no_args_is_help=True
+    cls=ReadableGroup,
+    help="API tokens for ratchet server: create, list, revoke.",
+    no_args_is_help=True,
 )
 
 
 @tokens_cli.command("create")
 def create(
     ctx: typer.Context,
-    tenant: Annotated[str, typer.Option("--tenant", help="The tenant the token acts for.")],
+    tenant: Annotated[
+        str, typer.Option("--tenant", metavar="TENANT", help="The tenant the token acts for.")
+    ],
     scopes: Annotated[
-        str, typer.Option("--scopes", help="Comma-separated: runs:read, runs:write, admin.")
+        str,
+        typer.Option(
+            "--scopes", metavar="SCOPES", help="Comma-separated: runs:read, runs:write, admin."
+        ),
     ] = "runs:read",
     name: Annotated[
         str | None,
         typer.Option(
             "--name",
+            metavar="NAME",
             help="Who the token is, e.g. ana or ci: the decisions made with it "
             "(approvals, a gate turned off) are journaled under this name.",
         ),

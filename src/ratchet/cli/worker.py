@@ -6,14 +6,13 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from typing import Annotated, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import typer
 
 from ratchet.app import Ratchet
-from ratchet.cli._common import DbOption, Fail, die, errors, given_db, load_app
+from ratchet.cli._common import DbOption, Fail, configure_logging, errors, given_db, load_app
 from ratchet.config import DatabaseURL, parse_duration
 from ratchet.engine import faults
 from ratchet.errors import ConfigError
@@ -60,11 +59,12 @@ async def _work(app: Ratchet, options: dict[str, Any]) -> None:
 def worker(
     ctx: typer.Context,
     app_spec: Annotated[str, typer.Argument(metavar="APP", help="The app, as module:attribute.")],
-    concurrency: Annotated[int, typer.Option(min=1, help="Runs driven at once.")] = 16,
+    concurrency: Annotated[int, typer.Option(min=1, metavar="N", help="Runs driven at once.")] = 16,
     worker_id: Annotated[
         str | None,
         typer.Option(
             "--worker-id",
+            metavar="ID",
             help="Keep it stable across restarts (e.g. a pod name) so a restarted "
             "worker reclaims its runs at once; default $RATCHET_WORKER_ID, "
             "else unique.",
@@ -73,7 +73,10 @@ def worker(
     queue: Annotated[
         list[str] | None,
         typer.Option(
-            "--queue", "-q", help="A queue to take runs from (repeatable); default: default."
+            "--queue",
+            "-q",
+            metavar="QUEUE",
+            help="A queue to take runs from (repeatable); default: default.",
         ),
     ] = None,
     grace: Annotated[
@@ -85,7 +88,9 @@ def worker(
             "(e.g. 10s, 500ms, 2m).",
         ),
     ] = "10s",
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING or ERROR.")] = "INFO",
+    log_level: Annotated[
+        str, typer.Option(metavar="LEVEL", help="DEBUG, INFO, WARNING or ERROR.")
+    ] = "INFO",
     db: DbOption = None,
 ) -> None:
     """Run a worker for APP's workflows until SIGTERM or Ctrl-C.
@@ -94,14 +99,7 @@ def worker(
     flight get --grace to finish (then async steps are interrupted), and each run is handed
     back to the queue once its step has stopped. A second signal stops it at once.
     """
-    level = logging.getLevelName(log_level.upper())
-    if not isinstance(level, int):
-        die(f"invalid --log-level {log_level!r}: expected DEBUG, INFO, WARNING or ERROR")
-    logging.basicConfig(
-        level=level,
-        stream=sys.stderr,
-        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
-    )
+    configure_logging(log_level)
     with errors():
         faults.check()
         app = load_app(app_spec)

@@ -22,6 +22,7 @@ from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.engine.values import Codec, Invalid, opaque_name
 from ratchet.engine.values import to_json as to_json  # where the features import it from
 from ratchet.errors import InvalidInput, NotSerializable
+from ratchet.names import quote
 
 _EMPTY = inspect.Parameter.empty
 
@@ -148,7 +149,7 @@ class StepDef:
         except Invalid as e:
             raise NotSerializable(
                 f"the output of step {self.name} does not fit its return "
-                f"annotation {codec.annotation!r}: {e}"
+                f"annotation {codec.name}: {e}"
             ) from None
 
 
@@ -205,19 +206,41 @@ class WorkflowDef:
 
     def bind(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The run's stored input, after checking the arguments fit the signature and the
-        annotations, and serialise; raises before anything is written."""
-        try:
-            self.signature.bind(*args, **kwargs)
-        except TypeError as e:
-            raise InvalidInput(
-                f"arguments do not fit workflow {self.name}{self.signature}: {e}"
-            ) from e
+        annotations, and serialise; raises before anything is written. A Python caller's
+        values go through pydantic's lax mode (``"3"`` for an ``int`` becomes 3); input
+        that came as JSON is checked strictly first (:meth:`check_json`)."""
+        self._fit(args, kwargs)
         value = {
             "args": [self._check(self._param_for(i, None), v) for i, v in enumerate(args)],
             "kwargs": {k: self._check(self._param_for(None, k), v) for k, v in kwargs.items()},
         }
         stored: dict[str, Any] = json.loads(to_json(value, f"the input of workflow {self.name}"))
         return stored
+
+    def check_json(self, kwargs: dict[str, Any]) -> None:
+        """Check arguments by name that came as JSON (the HTTP API, ``ratchet start``)
+        against the signature and, strictly, the annotations: pydantic's strict mode for
+        JSON, so ``true`` is no ``int`` and ``"3"`` none either (see
+        :meth:`~ratchet.engine.values.Codec.check_json`). :class:`InvalidInput` as
+        :meth:`bind` raises it; nothing is converted."""
+        self._fit((), kwargs)
+        for k, v in kwargs.items():
+            param = self._param_for(None, k)
+            codec = self._codec(param)
+            if codec is None or param is None:
+                continue
+            try:
+                codec.check_json(v)
+            except Invalid as e:
+                raise InvalidInput(self._unfit(param, codec, v, e)) from None
+
+    def _fit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise InvalidInput(
+                f"arguments do not fit workflow {self.name}{self.signature}: {e}"
+            ) from e
 
     def _check(self, param: inspect.Parameter | None, value: Any) -> Any:
         codec = self._codec(param)
@@ -226,11 +249,15 @@ class WorkflowDef:
         try:
             return codec.check(value)
         except Invalid as e:
-            raise InvalidInput(
-                f"invalid argument {param.name!r} of workflow {self.name}: "
-                f"expected {codec.annotation!r}, got {value!r}: "
-                f"{e}"
-            ) from None
+            raise InvalidInput(self._unfit(param, codec, value, e)) from None
+
+    def _unfit(self, param: inspect.Parameter, codec: Codec, value: Any, e: Invalid) -> str:
+        # The annotation as a person reads it, and the value cut short: a refused
+        # megabyte is not echoed back.
+        return (
+            f"invalid argument {param.name!r} of workflow {self.name}: "
+            f"expected {codec.name}, got {quote(value)}: {e}"
+        )
 
     def call_args(self, stored: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """The arguments to call the workflow with, revived from its stored input through
@@ -254,7 +281,7 @@ class WorkflowDef:
             raise NotSerializable(
                 f"the stored argument {param.name!r} of workflow "
                 f"{self.name} does not fit its annotation "
-                f"{codec.annotation!r}: {e}"
+                f"{codec.name}: {e}"
             ) from None
 
     def _result_codec(self) -> Codec:
@@ -279,6 +306,5 @@ class WorkflowDef:
         except Invalid as e:
             raise NotSerializable(
                 f"the result of workflow {self.name} does not fit its "
-                f"return annotation {codec.annotation!r}: "
-                f"{e}"
+                f"return annotation {codec.name}: {e}"
             ) from None

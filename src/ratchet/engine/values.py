@@ -205,8 +205,7 @@ class Codec:
     @property
     def name(self) -> str:
         """The annotation as a person reads it: ``datetime``, ``list[User]``."""
-        a = self.annotation
-        return a.__name__ if isinstance(a, type) else repr(a).replace("typing.", "")
+        return type_name(self.annotation)
 
     @property
     def adapter(self) -> TypeAdapter[Any] | None:
@@ -284,6 +283,26 @@ class Codec:
             raise Invalid(f"its JSON form cannot be written: {e}") from None
         return data[0] if boxed else data
 
+    def check_json(self, value: Any) -> None:
+        """Validate a value that came as JSON (the HTTP API, ``ratchet start``) in
+        pydantic's strict mode for JSON: only what the annotation names is taken (``true``
+        is no ``int``, nor is ``"3"`` or ``3.5``), though text still stands for the types
+        JSON writes as text (a datetime, a UUID, an Enum's value, base64 bytes)."""
+        if self._adapter is None or (type(value) is self.native and self.native in _SCALARS):
+            return
+        adapter = self.adapter
+        if adapter is None:
+            return
+        try:
+            text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        except (TypeError, ValueError) as e:
+            raise Invalid(f"not a JSON value: {e}") from None
+        boxed = self._boxed
+        try:
+            adapter.validate_json(f"[{text}]" if boxed else text, strict=True)
+        except _validation_error() as e:
+            raise Invalid(_message(e, boxed)) from None
+
     def revive(self, value: Any, text: str | None = None) -> Any:
         """The annotated type from a JSON value (``text``: its JSON, if at hand), read
         through the adapter in JSON mode: the inverse of :meth:`encode` (a strict model's
@@ -349,6 +368,35 @@ def _message(e: ValidationError, boxed: bool = False) -> str:
     where = ".".join(str(p) for p in loc)
     more = f" (and {e.error_count() - 1} more)" if e.error_count() > 1 else ""
     return f"{first['msg']}{f' at {where}' if where else ''}{more}"
+
+
+def type_name(annotation: Any) -> str:
+    """An annotation as a person reads it, never a Python repr: ``int``, ``list[User]``,
+    ``str | None``, ``"a" | "b"`` (a Literal's values as JSON), ``any`` for none."""
+    a = annotation
+    if a is EMPTY or a is Any or a is object:
+        return "any"
+    if a is None or a is type(None):
+        return "None"
+    if a is Ellipsis:
+        return "..."
+    origin, args = typing.get_origin(a), typing.get_args(a)
+    if origin is Annotated:
+        return type_name(args[0])
+    if origin is Union or origin is types.UnionType:
+        return " | ".join(type_name(x) for x in args)
+    if origin is Literal:
+        return " | ".join(
+            json.dumps(x) if isinstance(x, str | int | None) else str(x) for x in args
+        )
+    if origin is not None:
+        head = getattr(origin, "__name__", None) or str(origin).replace("typing.", "")
+        return f"{head}[{', '.join(type_name(x) for x in args)}]" if args else head
+    if isinstance(a, type):
+        return a.__name__
+    if isinstance(a, typing.ForwardRef):
+        return a.__forward_arg__
+    return str(a).replace("typing.", "")
 
 
 def _hashable(value: Any) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratchet.names import quote
+
 _TYPES: dict[str, Any] = {
     "object": dict,
     "array": list,
@@ -25,6 +27,20 @@ def _is(value: Any, kind: str) -> bool:
     return isinstance(value, _TYPES.get(kind, object))
 
 
+def json_type(value: Any) -> str:
+    """A value's JSON type as the schema names it (``object``, ``string``, ``null``)."""
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    for kind in ("object", "array", "string", "null"):
+        if isinstance(value, _TYPES[kind]):
+            return kind
+    return type(value).__name__
+
+
 def schema_errors(schema: Any, value: Any, at: str = "input") -> list[str]:
     """Every way ``value`` breaks ``schema``, each naming where (``input.accounts[2]``)."""
     if not isinstance(schema, dict):
@@ -34,9 +50,9 @@ def schema_errors(schema: Any, value: Any, at: str = "input") -> list[str]:
     if kind is not None:
         kinds = kind if isinstance(kind, list) else [kind]
         if not any(_is(value, k) for k in kinds):
-            return [f"{at} must be {' or '.join(kinds)}, got {type(value).__name__}"]
+            return [f"{at} must be {' or '.join(kinds)}, got {json_type(value)}"]
     if "enum" in schema and value not in schema["enum"]:
-        errors.append(f"{at} must be one of {schema['enum']!r}")
+        errors.append(f"{at} must be one of {quote(schema['enum'])}, got {quote(value)}")
     if isinstance(value, dict):
         for name in schema.get("required", []):
             if name not in value:

@@ -14,6 +14,17 @@ from ratchet.model import NewRun
 from ratchet.store.base import Store
 
 
+def unknown_workflow(name: str, code: Collection[str], graphs: Collection[str]) -> str:
+    """What a start of ``name`` says when neither a code workflow (``code``) nor a
+    registered graph (``graphs``) has that name: everything it could have started."""
+    listed = ", ".join(sorted(code)) or "none"
+    registered = ", ".join(sorted(graphs)) or "none"
+    return (
+        f"unknown workflow {name!r}: no code workflow and no registered graph has that "
+        f"name; code workflows: {listed}; registered graphs: {registered}"
+    )
+
+
 async def new_graph_run(
     store: Store,
     name: str,
@@ -27,11 +38,8 @@ async def new_graph_run(
     """The run to create for ``app.start(GRAPH, input)`` (or ``input=...`` as keywords)."""
     stored = await store.get_graph(name)
     if stored is None:
-        names = ", ".join(sorted(known)) or "none"
-        raise UnknownWorkflow(
-            f"unknown workflow {name!r}; registered workflows: {names}; "
-            "and no graph of that name is registered"
-        )
+        graphs, _ = await store.graph_versions_tiers()
+        raise UnknownWorkflow(unknown_workflow(name, known, {g for g, _ in graphs}))
     if len(args) > 1 or (args and kwargs):
         raise InvalidInput(
             f"graph {name}: pass its input as one value (app.start({name!r}, "

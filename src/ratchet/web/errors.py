@@ -35,6 +35,7 @@ _CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "timeout",
     409: "conflict",
     413: "payload_too_large",
     422: "invalid_input",
@@ -101,19 +102,25 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, e: HTTPException) -> JSONResponse:
+        message = str(e.detail)
+        if e.status_code == 400 and e.__cause__ is not None:
+            message = _unreadable(e.__cause__)
         return error_response(
             e.status_code,
             _CODES.get(e.status_code, "error"),
-            str(e.detail),
-            None,
+            message,
+            getattr(e, "details", None),
             getattr(e, "headers", None),
         )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        errors = e.errors()
+        if errors and errors[0].get("type") == "json_invalid":
+            return _not_json(errors[0], e.body)
         details = [
             {"field": _field(err.get("loc", ())[1:]) or "body", "message": err.get("msg", "")}
-            for err in e.errors()
+            for err in errors
         ]
         fields = ", ".join(d["field"] for d in details)
         return error_response(422, "invalid_input", f"invalid request: {fields}", details)
@@ -135,6 +142,26 @@ def speak(request: Request, text: str) -> str:
     calling tenant's own run ids."""
     tenant = getattr(request.state, "tenant", None)
     return text if tenant is None else external_text(tenant, text)
+
+
+def _not_json(err: Any, doc: Any) -> JSONResponse:
+    """422 for a body that is not JSON, saying where (line and column, from 1) and why."""
+    loc = err.get("loc", ())
+    pos = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else 0
+    text = doc if isinstance(doc, str) else ""
+    line = text.count("\n", 0, pos) + 1
+    column = pos - (text.rfind("\n", 0, pos) + 1) + 1
+    why = (err.get("ctx") or {}).get("error") or "not JSON"
+    message = f"invalid JSON at line {line}, column {column}: {why}"
+    details = [{"field": "body", "message": message, "line": line, "column": column}]
+    return error_response(422, "invalid_input", message, details)
+
+
+def _unreadable(cause: BaseException) -> str:
+    """Why a body could not be read (FastAPI answers 400 and keeps the cause)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8 text: byte {cause.start} cannot be decoded"
+    return f"the body could not be read ({type(cause).__name__})"
 
 
 def _field(loc: Any) -> str:

@@ -15,9 +15,25 @@ BATCH_PATH = "/v1/runs:batch"
 MAX_BATCH_BODY = 64 << 20
 
 
+def error_body(code: str, message: str, details: Any = None) -> bytes:
+    """The one error shape (see :mod:`ratchet.web.errors`), written as the error handler's
+    responses are, for the answers given here before any route runs."""
+    body = {"error": code, "message": message, "details": details}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _too_large(limit: int) -> tuple[str, dict[str, int]]:
+    return f"request body over {limit} bytes", {"limit": limit}
+
+
 class _TooLarge(HTTPException):
     """Raised from ``receive`` mid-body: an HTTPException, so the framework passes it on
-    as it is (rather than as a body it could not parse) to the one error handler."""
+    as it is (rather than as a body it could not parse) to the one error handler, which
+    answers with its ``details``, as the refusal of a Content-Length over the limit does."""
+
+    def __init__(self, limit: int) -> None:
+        message, self.details = _too_large(limit)
+        super().__init__(413, message)
 
 
 class BodyLimit:
@@ -47,7 +63,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise _TooLarge(413, f"request body over {limit} bytes")
+                    raise _TooLarge(limit)
             return message
 
         async def tracked(message: Message) -> None:
@@ -62,12 +78,7 @@ class BodyLimit:
                 await self._refuse(send, limit)
 
     async def _refuse(self, send: Send, limit: int) -> None:
-        body: dict[str, Any] = {
-            "error": "payload_too_large",
-            "message": f"request body over {limit} bytes",
-            "details": {"limit": limit},
-        }
-        data = json.dumps(body).encode()
+        data = error_body("payload_too_large", *_too_large(limit))
         await send(
             {
                 "type": "http.response.start",
@@ -95,14 +106,11 @@ class PlainTarget:
             or b"%00" in scope.get("query_string", b"")
             or b"\x00" in scope.get("query_string", b"")
         ):
-            body = json.dumps(
-                {
-                    "error": "invalid_input",
-                    "message": "invalid request: the path or the query string "
-                    "contains a NUL character",
-                    "details": [{"field": "path"}],
-                }
-            ).encode()
+            body = error_body(
+                "invalid_input",
+                "invalid request: the path or the query string contains a NUL character",
+                [{"field": "path"}],
+            )
             await send(
                 {
                     "type": "http.response.start",

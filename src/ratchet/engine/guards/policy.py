@@ -19,6 +19,7 @@ from typing import Any
 
 from ratchet.errors import InvalidInput
 from ratchet.model import AnomalyKind, GuardAction
+from ratchet.names import quote
 
 # The anomalies a guard journals (``anomaly_detected {kind, ...}``), and the budget kind.
 BUDGET = AnomalyKind.BUDGET_EXCEEDED
@@ -171,11 +172,11 @@ def check_overrides(data: Any, what: str = "guards") -> dict[str, Any]:
     """``data`` if it is a valid JSON form of (some) guard fields, else :class:`InvalidInput`
     naming every problem. Nothing is applied here."""
     if not isinstance(data, Mapping):
-        raise InvalidInput(f"invalid {what}: expected an object of guard fields, got {data!r}")
+        raise InvalidInput(f"invalid {what}: expected an object of guard fields, got {quote(data)}")
     unknown = sorted(set(data) - _FIELDS)
     problems = [f"unknown field {k!r} (known: {', '.join(sorted(_FIELDS))})" for k in unknown]
     if not isinstance(data.get("actions", {}), Mapping):
-        problems.append(f"actions must be an object of kind: action, got {data['actions']!r}")
+        problems.append(f"actions must be an object of kind: action, got {quote(data['actions'])}")
     elif not unknown:
         try:
             merged = dataclasses.replace(
@@ -194,20 +195,20 @@ def _problems(g: Guards, actions: Any = None) -> list[str]:
     for name in _INTS:
         v = getattr(g, name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            problems.append(f"{name} must be an integer >= 1 or null, got {v!r}")
+            problems.append(f"{name} must be an integer >= 1 or null, got {quote(v)}")
     for name in _FLOATS:
         v = getattr(g, name)
         if v is not None and (
             isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0
         ):
-            problems.append(f"{name} must be a positive number or null, got {v!r}")
+            problems.append(f"{name} must be a positive number or null, got {quote(v)}")
     if g.retry_window_s is None:
-        problems.append("retry_window_s must be a positive number, got None")
+        problems.append("retry_window_s must be a positive number, got null")
     if g.spike_history is None:
-        problems.append("spike_history must be an integer >= 1, got None")
+        problems.append("spike_history must be an integer >= 1, got null")
     actions = g.actions if actions is None else actions
     if not isinstance(actions, Mapping):
-        problems.append(f"actions must be an object of kind: action, got {actions!r}")
+        problems.append(f"actions must be an object of kind: action, got {quote(actions)}")
     else:
         for kind, action in actions.items():
             if kind not in (*ANOMALIES, BUDGET):
@@ -216,14 +217,14 @@ def _problems(g: Guards, actions: Any = None) -> list[str]:
                 )
             elif action not in ACTIONS:
                 problems.append(
-                    f"actions.{kind} must be one of {', '.join(ACTIONS)}, got {action!r}"
+                    f"actions.{kind} must be one of {', '.join(ACTIONS)}, got {quote(action)}"
                 )
     if not isinstance(g.gate, bool):
-        problems.append(f"gate must be true or false, got {g.gate!r}")
+        problems.append(f"gate must be true or false, got {quote(g.gate)}")
     for name in ("gate_bypass_by", "gate_bypass_reason", "gate_bypass_note"):
         v = getattr(g, name)
         if v is not None and (not isinstance(v, str) or not v or "\x00" in v):
-            problems.append(f"{name} must be a non-empty string or null, got {v!r}")
+            problems.append(f"{name} must be a non-empty string or null, got {quote(v)}")
     if g.gate is False and g.gate_bypass_by is None:
         problems.append("gate: false needs gate_bypass_by (who switched the gate off)")
     return problems

@@ -9,6 +9,7 @@ and the CLI import it downward. It imports nothing else of Ratchet's."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -22,17 +23,28 @@ STARTUP_TIMEOUT_S = 30.0
 class Server(uvicorn.Server):
     """uvicorn's server, telling another thread when it is ready or has failed, and
     calling ``on_shutdown`` on its loop as it starts to stop, before it waits for the
-    requests still open (so that streams can end instead of being cut at the timeout)."""
+    requests still open (so that streams can end instead of being cut at the timeout).
+    With ``announce``, it logs where it listens as uvicorn does (``Uvicorn running on
+    URL``) on a socket bound beforehand too."""
 
     def __init__(
-        self, config: uvicorn.Config, on_shutdown: Callable[[], None] | None = None
+        self,
+        config: uvicorn.Config,
+        on_shutdown: Callable[[], None] | None = None,
+        announce: bool = False,
     ) -> None:
         super().__init__(config)
         self.ready = threading.Event()
         self.on_shutdown = on_shutdown
+        self.announce = announce
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
+        if self.announce and sockets and self.started:
+            # uvicorn says where it listens only on a socket it bound itself.
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on %s (Press CTRL+C to quit)", url_of(sockets[0])
+            )
         self.ready.set()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:

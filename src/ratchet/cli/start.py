@@ -1,0 +1,193 @@
+"""``ratchet start NAME``: a run of a code workflow or of a registered graph, started in
+the database (a graph needs nothing more; a code workflow needs its app, ``--app``) or
+through a running ``ratchet server`` (``--server``), which knows its own workflows."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import httpx
+import typer
+
+from ratchet.app import Ratchet
+from ratchet.cli._common import DbOption, Fail, client, die, errors, given_db, load_app
+from ratchet.config import DatabaseURL
+from ratchet.errors import InvalidInput, UnknownWorkflow
+
+SERVER_TIMEOUT_S = 30.0
+
+
+def start_cmd(
+    ctx: typer.Context,
+    name: Annotated[
+        str,
+        typer.Argument(metavar="NAME", help="A code workflow's or a registered graph's name."),
+    ],
+    input: Annotated[
+        str | None,
+        typer.Option(
+            "--input",
+            metavar="JSON",
+            help="The run's input: a code workflow's arguments by name "
+            '(\'{"sku": "a-1"}\'), a graph\'s input. Default: {}.',
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None,
+        typer.Option("--run-id", metavar="RUN_ID", help="Choose the run's id (idempotent)."),
+    ] = None,
+    queue: Annotated[
+        str, typer.Option("--queue", metavar="QUEUE", help="The queue to run it on.")
+    ] = "default",
+    guards: Annotated[
+        str | None,
+        typer.Option(
+            "--guards",
+            metavar="JSON",
+            help="Guard overrides for this run, e.g. "
+            '\'{"max_steps": 50, "actions": {"runaway_loop": "pause"}}\'.',
+        ),
+    ] = None,
+    app_spec: Annotated[
+        str | None,
+        typer.Option(
+            "--app",
+            metavar="APP",
+            help="module:attribute of the Ratchet app whose code workflow NAME is; its "
+            "arguments are checked against the workflow's signature before anything is "
+            "written.",
+        ),
+    ] = None,
+    server: Annotated[
+        str | None,
+        typer.Option(
+            "--server",
+            metavar="URL",
+            help="Start it through this `ratchet server` (POST /v1/runs), which checks it "
+            "against its own workflows, e.g. http://127.0.0.1:8000.",
+        ),
+    ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            "--token",
+            metavar="TOKEN",
+            envvar="RATCHET_TOKEN",
+            show_envvar=False,
+            help="With --server: a runs:write token (default: $RATCHET_TOKEN).",
+        ),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Start a run of a code workflow or of a registered graph's latest version; print
+    its id. A worker serving the workflow drives it (any app's worker, for a graph).
+
+    Input is JSON and is taken as it is written: `true` is no integer, `"3"` no number."""
+    value = _json_option("--input", input, {})
+    overrides = _json_option("--guards", guards, None)
+    if server is not None:
+        if app_spec is not None or given_db(ctx, db) is not None:
+            die("--server starts the run through the server: give no --app and no --db with it")
+        run = _through_server(server, token, name, value, run_id, queue, overrides)
+    elif app_spec is not None:
+        with errors():
+            app = load_app(app_spec)
+            try:
+                url = given_db(ctx, db)
+                if url is not None:
+                    DatabaseURL.parse(url)
+                    app.database_url = url
+                run = _start(app, name, value, run_id, queue, overrides)
+            finally:
+                app.shutdown()
+    else:
+        with client(ctx, db) as app:
+            try:
+                run = _start(app, name, value, run_id, queue, overrides)
+            except UnknownWorkflow as e:
+                raise Fail(
+                    f"{e} (a code workflow starts with --app APP, or through a server with "
+                    "--server URL)"
+                ) from e
+    typer.echo(run)
+
+
+def _json_option(flag: str, text: str | None, default: Any) -> Any:
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        die(f"{flag} is not JSON: {e}")
+
+
+def _start(
+    app: Ratchet,
+    name: str,
+    value: Any,
+    run_id: str | None,
+    queue: str,
+    guards: dict[str, Any] | None,
+) -> str:
+    """Start ``name`` with ``app``: a code workflow's arguments by name, checked strictly
+    as the API checks them (they came as JSON); anything else as a graph's input."""
+    workflow = app.workflows.get(name)
+    args: tuple[Any, ...] = (value,)
+    kwargs: dict[str, Any] = {}
+    if workflow is not None:
+        if not isinstance(value, dict):
+            raise InvalidInput(
+                f"--input for workflow {name} is its arguments by name, a JSON object "
+                f"such as {json.dumps({p: '...' for p in workflow.signature.parameters})}"
+            )
+        workflow.check_json(value)
+        args, kwargs = (), value
+    rec, _ = app.portal.call(
+        app.start_run_async(name, args, kwargs, run_id=run_id, queue=queue, guards=guards)
+    )
+    return rec.run_id
+
+
+def _through_server(
+    server: str,
+    token: str | None,
+    name: str,
+    value: Any,
+    run_id: str | None,
+    queue: str,
+    guards: dict[str, Any] | None,
+) -> str:
+    """``POST /v1/runs`` on ``server``; the run's id, or one line saying why not (the
+    server's own message when it refused)."""
+    if not token:
+        die("--server needs a token with the runs:write scope: --token TOKEN or $RATCHET_TOKEN")
+    if not isinstance(value, dict):
+        die("--input through a server is a JSON object (a workflow's arguments by name)")
+    body: dict[str, Any] = {"workflow": name, "input": value, "queue": queue}
+    if run_id is not None:
+        body["run_id"] = run_id
+    if guards is not None:
+        body["guards"] = guards
+    url = server.rstrip("/") + "/v1/runs"
+    try:
+        answer = httpx.post(
+            url,
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=SERVER_TIMEOUT_S,
+        )
+    except httpx.HTTPError as e:
+        die(f"cannot reach the server at {server}: {e}", 1)
+    try:
+        said = answer.json()
+    except ValueError:
+        said = None
+    if answer.status_code in (200, 202) and isinstance(said, dict) and "run_id" in said:
+        return str(said["run_id"])
+    message = said.get("message") if isinstance(said, dict) else None
+    die(
+        f"the server refused the start ({answer.status_code}): "
+        f"{message or answer.text[:200] or answer.reason_phrase}",
+        2 if answer.status_code < 500 else 1,
+    )
