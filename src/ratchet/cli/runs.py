@@ -50,8 +50,8 @@ def runs(
     tag: Annotated[
         list[str] | None,
         typer.Option(
-            metavar="KEY=VALUE",
-            help="Only runs with this tag; repeat it for runs with all of them.",
+            metavar="TAG",
+            help="Only runs with this tag, as KEY=VALUE; repeat it for runs with all of them.",
         ),
     ] = None,
     limit: Annotated[
