@@ -38,7 +38,7 @@ class Recovery:
     seconds: float  # until the run's next drive
     fault: str  # the outage's kind
     run_id: str
-    reason: str  # of the next drive: "sweep" or "reclaim"
+    reason: str  # of the next drive: "sweep", "takeover" or "reclaim"
     by: str  # the worker id of the next drive
 
 
@@ -87,7 +87,7 @@ def recoveries(
                 for e in body
             )
             reason = str(following.payload.get("reason"))
-            if not ended and reason in ("sweep", "reclaim"):
+            if not ended and reason in ("sweep", "takeover", "reclaim"):
                 out.append(
                     Recovery(
                         t,
