@@ -16,12 +16,16 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from proc import Harness, WorkerProc
+from waiting import wait_for
 
+import ratchet
 from ratchet.config import DEFAULT_LEASE_TTL, DEFAULT_RECOVERY_INTERVAL
 from ratchet.errors import LeaseLost, WorkerIdInUse
 from ratchet.model import Event, EventKind, NewRun
@@ -218,3 +222,59 @@ def test_a_worker_restarted_under_the_id_of_a_dead_one_starts_and_reclaims(h: Ha
     again.wait_started()
     h.wait_status(run_id, "succeeded")
     assert _resumed(h, run_id).payload["reason"] == "reclaim"
+
+
+def test_a_servers_embedded_workers_get_an_id_each_from_the_one_given(
+    make_app: Callable[..., ratchet.Ratchet], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from serving import serving
+
+    monkeypatch.setenv("RATCHET_WORKER_ID", "web")
+    app = make_app()
+
+    def ids() -> set[str]:
+        return {w.worker_id for w in app.live_workers()}
+
+    with serving(app, workers=2):
+        wait_for(
+            lambda: ids() == {"web-0", "web-1"},
+            what="both embedded workers",
+            detail=lambda: str(ids()),
+        )
+
+
+async def test_a_live_worker_whose_session_ends_takes_its_lock_again_at_its_next_look(
+    db_url: str,
+) -> None:
+    if not db_url.startswith("postgresql"):
+        pytest.skip("a PostgreSQL session; SQLite's locks are the process's own")
+    a, b = make_store(db_url, Clock()), make_store(db_url, Clock())
+    await a.open()
+    await b.open()
+    try:
+        await a.create_run(NewRun("r1", "wf", "1", {"args": [], "kwargs": {}}))
+        await _register(a, "a")
+        await _register(b, "b")
+        assert len(await a.claim("a", TTL, 1, ["default"], SERVED)) == 1
+        key = "hashtextextended('workers'::regclass::oid::text || ':a', 0)"
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            [(pid,)] = admin.execute(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND "
+                f"classid::bigint = ({key} >> 32) & 4294967295 AND "
+                f"objid::bigint = {key} & 4294967295"
+            ).fetchall()
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            wait_for(
+                lambda: (
+                    not admin.execute(
+                        "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)
+                    ).fetchall()
+                ),
+                what="a's session to end",
+            )
+        # a's next look finds its session gone and takes its lock again: b sees it alive.
+        assert await a.take_over("a", TTL, 5, ["default"], SERVED) == ([], False)
+        assert await b.take_over("b", TTL, 5, ["default"], SERVED) == ([], False)
+    finally:
+        await a.close()
+        await b.close()
