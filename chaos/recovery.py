@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from ratchet.model import TERMINAL_EVENTS, Event, EventKind
 
 DRIVE_MARKERS = (EventKind.RUN_STARTED, EventKind.RUN_RESUMED)
-CAUSES = ("lease_expiry", "reclaim", "v2_only", "isolated", "db_outage", "partition")
+CAUSES = (
+    "death_seen",
+    "lease_expiry",
+    "reclaim",
+    "v2_only",
+    "isolated",
+    "db_outage",
+    "partition",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +127,8 @@ def cause(
         return "v2_only"
     if workflow in set(isolated):
         return "isolated"
+    if r.reason == "takeover":
+        return "death_seen"
     return "reclaim" if r.reason == "reclaim" else "lease_expiry"
 
 

@@ -354,7 +354,10 @@ class SqliteStore(Store):
         return self._locks.dead(r["worker_id"] for r in rows)
 
     async def _hold(self, worker_id: str) -> bool:
-        return await asyncio.to_thread(self._locks.hold, worker_id)
+        try:
+            return await asyncio.to_thread(self._locks.hold, worker_id)
+        except OSError as e:
+            raise StorageError(f"cannot lock the workers' file {self._locks.path!r}: {e}") from e
 
     async def _release(self, worker_id: str) -> None:
         await asyncio.to_thread(self._locks.release, worker_id)
