@@ -200,7 +200,8 @@ class Worker:
             await self._work(stop)
         finally:
             if not self._kept:
-                await self.store.drop_worker_id(self.worker_id)
+                with contextlib.suppress(Exception):
+                    await self.store.drop_worker_id(self.worker_id)
 
     async def _work(self, stop: asyncio.Event) -> None:
         sent_at = time.monotonic()

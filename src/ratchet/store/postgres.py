@@ -517,7 +517,8 @@ class PostgresStore(Store):
         return await self._on_liveness(self._liveness.hold, worker_id)
 
     async def _release(self, worker_id: str) -> None:
-        await self._on_liveness(self._liveness.release, worker_id)
+        with contextlib.suppress(RuntimeError):  # closed: the session, and its locks, went
+            await self._on_liveness(self._liveness.release, worker_id)
 
     async def _look(self, fn: Callable[..., T], *args: Any) -> T | None:
         lost = await self._on_liveness(self._liveness.check)
