@@ -377,7 +377,7 @@ SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
 SELECT host, pid FROM workers WHERE worker_id = %(worker_id)s
 
 -- name: worker_lock
--- A worker's liveness lock (migration 018): a session-level advisory lock on a connection
+-- A worker's liveness lock (migration 019): a session-level advisory lock on a connection
 -- of its own, held while the worker runs and released by the server when the session ends
 -- (the process died, its socket closed). The key is a 64-bit hash of the worker id and of
 -- this schema's workers table: advisory locks are per database, and installations in other
