@@ -27,7 +27,15 @@ from dataclasses import dataclass
 from ratchet.model import TERMINAL_EVENTS, Event, EventKind
 
 DRIVE_MARKERS = (EventKind.RUN_STARTED, EventKind.RUN_RESUMED)
-CAUSES = ("lease_expiry", "reclaim", "v2_only", "isolated", "db_outage", "partition")
+CAUSES = (
+    "death_seen",
+    "lease_expiry",
+    "reclaim",
+    "v2_only",
+    "isolated",
+    "db_outage",
+    "partition",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +46,7 @@ class Recovery:
     seconds: float  # until the run's next drive
     fault: str  # the outage's kind
     run_id: str
-    reason: str  # of the next drive: "sweep" or "reclaim"
+    reason: str  # of the next drive: "sweep", "takeover" or "reclaim"
     by: str  # the worker id of the next drive
 
 
@@ -87,7 +95,7 @@ def recoveries(
                 for e in body
             )
             reason = str(following.payload.get("reason"))
-            if not ended and reason in ("sweep", "reclaim"):
+            if not ended and reason in ("sweep", "takeover", "reclaim"):
                 out.append(
                     Recovery(
                         t,
@@ -119,6 +127,8 @@ def cause(
         return "v2_only"
     if workflow in set(isolated):
         return "isolated"
+    if r.reason == "takeover":
+        return "death_seen"
     return "reclaim" if r.reason == "reclaim" else "lease_expiry"
 
 

@@ -209,9 +209,19 @@ def test_a_recovery_is_put_down_to_what_bounded_it(
 
 
 def test_recoveries_are_grouped_by_cause() -> None:
-    recs = [rec(seconds=2.5), rec(reason="reclaim", seconds=1.0), rec(seconds=9.0)]
+    recs = [
+        rec(seconds=2.5),
+        rec(reason="reclaim", seconds=1.0),
+        rec(seconds=9.0),
+        rec(reason="takeover", seconds=0.5),
+    ]
     grouped = by_cause(recs, {"r": "flow"}, [Window(105.0, 106.0, "pg_restart")])
-    assert grouped == {"lease_expiry": [2.5], "reclaim": [1.0], "db_outage": [9.0]}
+    assert grouped == {
+        "lease_expiry": [2.5],
+        "reclaim": [1.0],
+        "db_outage": [9.0],
+        "death_seen": [0.5],
+    }
 
 
 def test_a_database_outage_long_after_the_fault_is_not_its_cause() -> None:

@@ -217,9 +217,12 @@ def test_restarted_worker_reclaims_its_runs_before_the_lease_expires(h: Harness)
 
 
 def test_other_worker_sweeps_up_a_dead_workers_run_after_its_lease_expires(h: Harness) -> None:
+    # The sweep is the backstop for a death no worker sees (tests/test_takeover.py has the
+    # deaths they see): a's is hidden.
     run_id = h.app.start("chain", n=5, block_at=[3])
     a = h.spawn("a", lease_ttl=2.0, recovery_interval=60.0)
     h.wait_invoked("3:work")
+    h.unseen("a")
     b = h.spawn("b", lease_ttl=2.0, recovery_interval=0.3)
     b.wait_started()  # b sweeps every 0.3 s while a is alive and renewing: no steal
     a.kill()
@@ -614,28 +617,29 @@ def test_sigterm_past_the_grace_interrupts_the_step_and_hands_the_run_back(h: Ha
     assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "claim")
 
 
-def test_sigterm_past_the_grace_keeps_a_def_steps_run_until_its_lease_expires(h: Harness) -> None:
+def test_sigterm_past_the_grace_keeps_a_def_steps_run_while_its_process_lives(h: Harness) -> None:
     # Python cannot stop the step's thread: handing the run back would let another worker
-    # run the step beside it. The run stays leased to a until the lease runs out.
+    # run the step beside it. The run stays leased to a, and a's liveness lock held, until
+    # a's process exits (and its thread with it); then b takes it over at once.
     run_id = h.app.start("cruncher")
-    a = h.spawn("a", grace=0.3, lease_ttl=1.5)
+    a = h.spawn("a", grace=0.3, lease_ttl=15.0)
     h.wait_invoked("1:crunch")
-    b = h.spawn("b", recovery_interval=0.3)
+    b = h.spawn("b", recovery_interval=30.0)
     b.wait_started()
     a.terminate()
     a.wait_log(f"action=hand_back_skipped run_id={run_id} threads=1")
-    assert a.wait_exit() == 0
     holder, epoch, expires_at = h.lease(run_id)
     assert holder == a.worker_id
+    assert a.wait_exit() == 0
     h.open_gate("sync-1")
 
     h.wait_status(run_id, "succeeded")
     events = h.app.events(run_id)
     check_journal(events)
     resumed = one(events, EventKind.RUN_RESUMED)
-    assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "sweep")
+    assert (resumed.payload["worker_id"], resumed.payload["reason"]) == (b.worker_id, "takeover")
     assert resumed.payload["epoch"] == epoch + 1
-    assert resumed.at >= expires_at - 0.05  # not before a's lease ran out
+    assert resumed.at < expires_at  # a's death, not its lease's end
     first, second = [r for r in h.invocations() if r["step_id"] == "1:crunch"]
     assert (first["pid"], second["pid"]) == (a.pid, b.pid)
     assert first["idempotency_key"] == second["idempotency_key"]

@@ -1,9 +1,10 @@
 """A dead worker's runs go ahead of fresh ones on a worker kept full by a queue.
 
 Real worker processes (tests/support/crash_app.py) on SQLite and PostgreSQL: worker ``a`` dies
-holding a run; worker ``b``, its only slot busy, has ready runs queued behind it. Once the
-dead worker's lease has run out, the slot ``b`` frees must go to the orphan, not to the
-queue: otherwise the orphan waits for every queued run, however long the queue.
+holding a run; worker ``b``, its only slot busy, has ready runs queued behind it. Once ``b``
+has seen the death (or, when it cannot, once the dead worker's lease has run out), the slot
+``b`` frees must go to the orphan, not to the queue: otherwise the orphan waits for every
+queued run, however long the queue.
 """
 
 from __future__ import annotations
@@ -30,10 +31,23 @@ def first_drive_at(h: Harness, run_id: str, kind: str) -> float:
     return next(e.at for e in h.app.events(run_id) if e.kind == kind)
 
 
-def test_a_full_worker_takes_a_dead_workers_run_before_queued_ones(h: Harness) -> None:
+@pytest.mark.parametrize(
+    ("seen", "reason"),
+    [
+        pytest.param(True, "takeover", id="death-seen"),
+        # A death no worker sees (an earlier version's worker): the sweep, once the lease
+        # has run out.
+        pytest.param(False, "sweep", id="death-unseen"),
+    ],
+)
+def test_a_full_worker_takes_a_dead_workers_run_before_queued_ones(
+    h: Harness, seen: bool, reason: str
+) -> None:
     orphan = h.app.start("chain", n=3, block_at=[2])
     a = h.spawn("a", lease_ttl=2.0, concurrency=1)
     wait_for(lambda: invoked(h, orphan, "2:work"), what="the orphan's step 2 running on a")
+    if not seen:
+        h.unseen("a")
     a.kill()
     a.wait_exit()
 
@@ -56,7 +70,7 @@ def test_a_full_worker_takes_a_dead_workers_run_before_queued_ones(h: Harness) -
     for run_id in [orphan, busy, *queued]:
         h.wait_status(run_id, "succeeded")
     resumed = [e for e in h.app.events(orphan) if e.kind == EventKind.RUN_RESUMED]
-    assert [(e.payload["reason"], e.payload["worker_id"]) for e in resumed] == [("sweep", "b")]
+    assert [(e.payload["reason"], e.payload["worker_id"]) for e in resumed] == [(reason, "b")]
     first_fresh = min(first_drive_at(h, r, EventKind.RUN_STARTED) for r in queued)
     assert resumed[0].at < first_fresh, "a queued run went ahead of the dead worker's run"
     assert b.alive()

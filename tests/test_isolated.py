@@ -499,7 +499,8 @@ def test_owner_worker_killed_the_sweep_takes_over_without_a_second_live_sandbox(
     ]
     assert rows[0].sandbox_id == first
     events = app.events(run_id)
-    assert [e.payload["reason"] for e in events if e.kind == "run_resumed"] == ["sweep"]
+    # The owner's death is seen: the heir takes the run over at once.
+    assert [e.payload["reason"] for e in events if e.kind == "run_resumed"] == ["takeover"]
     assert len(_started(events, "1:first")) == 1 and len(_started(events, "2:slow")) == 2
     assert app.result(run_id)["n"] == 30
 

@@ -4,8 +4,8 @@ Ratchet runs with its defaults: SQLite in WAL mode with ``synchronous=FULL``, Po
 with the server's ``fsync=on``/``synchronous_commit=on``; the worker runs in the measuring
 process (as DBOS's does), concurrency 64 for the concurrent measure. Recovery uses a
 stable worker id, so a restarted worker reclaims its run at once; ``takeover`` measures a
-second, already-running worker taking the run after the first is killed (lease TTL 2 s,
-recovery sweep every 500 ms).
+second, already-running worker taking the run after the first is killed, with the default
+settings (it sees the death; the lease TTL and the sweep do not come into it).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from bench.peers.common import (
     stable_id,
     write_marker,
 )
+from ratchet.config import DEFAULT_LEASE_TTL, DEFAULT_RECOVERY_INTERVAL
 from ratchet.model import NewRun
 
 WORKER_ID = "bench-worker"
@@ -51,12 +52,14 @@ def _app(
     probe: Probe | None = None,
     *,
     lease_ttl: float | None = None,
+    recovery_interval: float | None = 0.5,
     block: bool = False,
 ) -> tuple[ratchet.Ratchet, ratchet.WorkflowDef]:
     """An app with one workflow of ``--steps`` no-op steps. With ``block``, step
     ``--kill-at`` writes the marker and blocks the first time it runs (no marker yet).
-    The lease TTL is ``lease_ttl``, else ``RATCHET_LEASE_TTL``, else the default."""
-    app = ratchet.Ratchet(_url(args), lease_ttl=lease_ttl, recovery_interval=0.5)
+    The lease TTL is ``lease_ttl``, else ``RATCHET_LEASE_TTL``, else the default; the
+    recovery interval ``recovery_interval`` (None: the default)."""
+    app = ratchet.Ratchet(_url(args), lease_ttl=lease_ttl, recovery_interval=recovery_interval)
     steps, kill_at, marker = args.steps, args.kill_at, args.marker
 
     @app.step()
@@ -158,7 +161,8 @@ def recovery_resume(args: argparse.Namespace) -> Result:
 
 def takeover(args: argparse.Namespace) -> Result:
     """Worker A (a child process) is killed in step --kill-at; this process's worker B,
-    already running, takes the run once A's lease expires (TTL 2 s, sweep 500 ms)."""
+    already running with the default settings (lease TTL 15 s, sweep 30 s), sees A die and
+    takes its run over."""
     workdir = Path(tempfile.mkdtemp(prefix="bench-takeover-"))
     marker = str(workdir / "takeover.marker")
     argv = [
@@ -177,7 +181,7 @@ def takeover(args: argparse.Namespace) -> Result:
         "--marker",
         marker,
     ]
-    env = {**os.environ, "RATCHET_LEASE_TTL": "2s"}
+    env = {k: v for k, v in os.environ.items() if k not in ("RATCHET_LEASE_TTL",)}
     child = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         while not os.path.exists(marker):
@@ -186,7 +190,7 @@ def takeover(args: argparse.Namespace) -> Result:
             time.sleep(0.005)
         probe = Probe()
         args.marker = marker
-        app, _ = _app(args, probe, lease_ttl=2.0, block=True)
+        app, _ = _app(args, probe, recovery_interval=None, block=True)
         run_id = stable_id("ratchet", marker)
 
         async def body() -> float:
@@ -199,8 +203,8 @@ def takeover(args: argparse.Namespace) -> Result:
         killed = asyncio.run(_with_worker(app, body, worker_id="bench-worker-b"))
         return {
             "takeover_ms": ms(probe.wait(f"step{args.kill_at}", 0) - killed),
-            "lease_ttl_s": 2.0,
-            "sweep_s": 0.5,
+            "lease_ttl_s": DEFAULT_LEASE_TTL,
+            "sweep_s": DEFAULT_RECOVERY_INTERVAL,
         }
     finally:
         if child.poll() is None:

@@ -131,12 +131,13 @@ def data_dir(database_url: str) -> Path:
 def private_paths(database_url: str) -> list[str]:
     """Ratchet's own files for ``database_url``, which no sandbox may see: the data
     directory (the signing key, the demo's logs) and, for SQLite, the database with its
-    ``-wal``, ``-shm`` and ``-journal`` files. Absolute paths."""
+    ``-wal``, ``-shm`` and ``-journal`` files and its workers' liveness locks
+    (``-workers``). Absolute paths."""
     paths = [os.path.abspath(data_dir(database_url))]
     parsed = DatabaseURL.parse(database_url)
     if parsed.scheme == "sqlite":
         db = os.path.abspath(parsed.path)
-        paths += [db, f"{db}-wal", f"{db}-shm", f"{db}-journal"]
+        paths += [db, f"{db}-wal", f"{db}-shm", f"{db}-journal", f"{db}-workers"]
     return paths
 
 

@@ -114,6 +114,12 @@ class StoreNotReady(StorageError):
     behind this code's migrations."""
 
 
+class WorkerIdInUse(RatchetError):
+    """A live worker already runs under this worker id."""
+
+    retry_class = RetryClass.NEVER
+
+
 class StoreConflict(RatchetError):
     """The database's state contradicts what a store operation expected (a broken
     invariant, not a failing database); retrying will not help."""

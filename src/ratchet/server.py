@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,6 +50,18 @@ async def _prune_every(
             await asyncio.wait_for(stop.wait(), interval)
 
 
+def _embedded(
+    i: int, workers: int, concurrency: int, options: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The options of embedded worker ``i`` of ``workers``: each its own worker id, since
+    two live workers under one id are refused (a stable id given gets ``-<i>`` suffixes)."""
+    options = {"concurrency": concurrency, **(options or {})}
+    given = options.get("worker_id") or os.environ.get("RATCHET_WORKER_ID")
+    if given and workers > 1:
+        options["worker_id"] = f"{given}-{i}"
+    return options
+
+
 def create_app(
     ratchet: Ratchet,
     *,
@@ -81,7 +94,7 @@ def create_app(
         stop = asyncio.Event()
         tasks = [
             asyncio.create_task(
-                ratchet.worker(concurrency=concurrency, **(worker_options or {})).run(stop),
+                ratchet.worker(**_embedded(i, workers, concurrency, worker_options)).run(stop),
                 name=f"ratchet-embedded-worker-{i}",
             )
             for i in range(workers)

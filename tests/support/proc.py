@@ -271,6 +271,20 @@ class Harness:
             detail=self.worker_logs,
         )
 
+    def unseen(self, worker_id: str) -> None:
+        """Make the worker's death invisible to the others (its row says it holds no
+        liveness lock, as an earlier version's would): only its leases' expiry tells."""
+        sql = "UPDATE workers SET liveness_lock = {} WHERE worker_id = {}"
+        if self.db_url.startswith("sqlite:///"):
+            path = self.db_url[len("sqlite:///") :]
+            with sqlite3.connect(path, timeout=30) as conn:
+                changed = conn.execute(sql.format("0", "?"), (worker_id,)).rowcount
+            conn.close()
+        else:
+            with psycopg.connect(self.db_url) as pg:
+                changed = pg.execute(sql.format("false", "%s"), (worker_id,)).rowcount
+        assert changed == 1, f"no workers row for {worker_id}"
+
     def lease(self, run_id: str) -> tuple[str | None, int, float]:
         """The run's ``run_locks`` row: ``(worker_id, epoch, expires_at)``; for a finished
         run, whose row is gone, ``(None, its last epoch, 0)``."""

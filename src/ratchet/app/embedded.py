@@ -45,7 +45,11 @@ class Embedded(Definitions):
     async def _begin(self, worker: Worker) -> tuple[asyncio.Event, asyncio.Task[None]]:
         stop = asyncio.Event()
         task = asyncio.ensure_future(worker.run(stop))
-        await worker.started.wait()
+        started = asyncio.ensure_future(worker.started.wait())
+        await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+        if not worker.started.is_set():  # it failed to start (its worker id in use, say)
+            started.cancel()
+            task.result()
         return stop, task
 
     def launch(self, **options: Any) -> Worker:

@@ -8,10 +8,16 @@ Loops, all on one event loop:
   a run missing from the answer was stolen, so its drive is stopped before it can write;
   while renewals fail, each drive is stopped at its lease's local deadline, since another
   worker may take the run from then on;
+* liveness: every :data:`LIVENESS_S`, look for workers that died (their liveness lock,
+  held while their process lives, is gone: see ratchet.store.workers) and take their runs
+  at once, leases live or not, under a new epoch;
 * sweep: every recovery interval, steal up to 20 running runs whose lease expired (and at
-  once again while passes come back full). A sweep that found no free slot is owed: the
-  next slot freed sweeps before it claims, so orphans go ahead of fresh runs.
-On start a worker first reclaims the runs still under its own id, at once. A drive that a
+  once again while passes come back full): the backstop for a holder whose death cannot
+  be seen (one cut off, a worker of an earlier version). A sweep or a look that found no
+  free slot is owed: the next slot freed sweeps before it claims, so orphans go ahead of
+  fresh runs.
+On start a worker takes its worker id's liveness lock (refused when a live worker holds
+it), then reclaims the runs still under its own id, at once. A drive that a
 storage failure abandoned is driven again on this worker after a short backoff while its
 lease holds. On shutdown the worker stops claiming, lets steps in flight finish within a
 grace period (then interrupts them), and hands each run back once its step has stopped.
@@ -38,6 +44,7 @@ from ratchet.engine.faults import crash_point
 from ratchet.engine.gcpace import GcPacer
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
+from ratchet.errors import WorkerIdInUse
 from ratchet.model import ClaimedRun, ClaimReason, RunRecord
 from ratchet.receipts import Signer
 from ratchet.store.base import CANCEL, READY, Store
@@ -45,6 +52,9 @@ from ratchet.store.base import CANCEL, READY, Store
 log = logging.getLogger("ratchet.worker")
 
 SWEEP_LIMIT = 20
+# How often a worker looks for workers that died: a lookup of the workers table and a test
+# of their locks, no write unless one died.
+LIVENESS_S = 0.5
 DEFAULT_GRACE_S = 10.0
 # Backoffs before driving again a run whose drive a storage failure abandoned.
 RETRY_DRIVE_S = (0.1, 0.3, 1.0, 2.0, 4.0)
@@ -160,6 +170,10 @@ class Worker:
         # Held while a claim or a sweep counts the free slots and fills them, so the two
         # loops never both fill the same slot (the sweep's orphan and a fresh run at once).
         self._taking = asyncio.Lock()
+        # Set when this worker's runs are not to be handed back at stop, nor its liveness
+        # lock let go of: steps that could not be stopped hold them, or another live
+        # worker took its id.
+        self._kept = False
 
     @property
     def started(self) -> asyncio.Event:
@@ -181,6 +195,15 @@ class Worker:
             self.code_served -= isolated
             self.served = self.code_served
         await self._refresh_graphs()
+        await self.store.hold_worker_id(self.worker_id)
+        try:
+            await self._work(stop)
+        finally:
+            if not self._kept:
+                with contextlib.suppress(Exception):
+                    await self.store.drop_worker_id(self.worker_id)
+
+    async def _work(self, stop: asyncio.Event) -> None:
         sent_at = time.monotonic()
         reclaimed = await self.store.start_worker(
             self.worker_id,
@@ -206,6 +229,7 @@ class Worker:
         claiming = [
             asyncio.create_task(self._claim_loop()),
             asyncio.create_task(self._sweep_loop()),
+            asyncio.create_task(self._liveness_loop()),
         ]
         renewing = asyncio.create_task(self._renew_loop())
         waiter = asyncio.create_task(stop.wait())
@@ -224,7 +248,11 @@ class Worker:
                 held = await self._stop_runs()  # leases are still renewed meanwhile
             finally:
                 renewing.cancel()
-            if not held:
+            # Runs whose step could not be stopped stay this worker's until their leases
+            # expire: so does its liveness lock, lest another worker take them at once.
+            if held:
+                self._kept = True
+            if not self._kept:
                 with contextlib.suppress(Exception):
                     await self.store.release_worker(self.worker_id)
             if self.isolation is not None:
@@ -512,8 +540,34 @@ class Worker:
             while len(await self.sweep()) == SWEEP_LIMIT:
                 await asyncio.sleep(0)
 
+    async def _liveness_loop(self) -> None:
+        while True:
+            await asyncio.sleep(LIVENESS_S)
+            async with self._taking:
+                await self._take_over()
+
+    async def _take_over(self) -> list[ClaimedRun]:
+        """Take the runs of workers that died, up to the free slots (none free: owe a sweep
+        if some wait). A worker whose own id was taken meanwhile stops (WorkerIdInUse)."""
+        free = max(0, min(SWEEP_LIMIT, self.concurrency - len(self.active)))
+        sent_at = time.monotonic()
+        try:
+            runs, left = await self.store.take_over(
+                self.worker_id, self.lease_ttl, free, self.queues, self.served
+            )
+        except WorkerIdInUse:
+            self._kept = True  # the id's runs are the other worker's now
+            raise
+        except Exception as e:
+            log.warning("action=takeover_failed error=%s", e)
+            return []
+        self._sweep_owed = self._sweep_owed or left
+        self._adopt(runs, sent_at, "run_taken_over")
+        return runs
+
     async def sweep(self) -> list[ClaimedRun]:
-        """One pass of the recovery sweep: steal up to 20 runs whose lease expired."""
+        """One pass of the recovery sweep: take the runs of workers that died, then steal
+        up to 20 runs whose lease expired."""
         async with self._taking:
             return await self._sweep()
 
@@ -523,6 +577,10 @@ class Worker:
             self._sweep_owed = True
             return []
         self._sweep_owed = False
+        taken = await self._take_over()
+        free -= len(taken)
+        if free <= 0:
+            return taken
         sent_at = time.monotonic()
         try:
             runs = await self.store.steal_expired(
@@ -530,16 +588,20 @@ class Worker:
             )
         except Exception as e:
             log.warning("action=sweep_failed error=%s", e)
-            return []
+            return taken
         # Every free slot filled: more orphans may wait for the next one (a full pass of
         # SWEEP_LIMIT goes on at once in the sweep loop).
-        self._sweep_owed = len(runs) == free < SWEEP_LIMIT
+        self._sweep_owed = self._sweep_owed or len(runs) == free < SWEEP_LIMIT
         STATS.swept(len(runs))
+        self._adopt(runs, sent_at, "run_stolen")
+        return taken + runs
+
+    def _adopt(self, runs: list[ClaimedRun], sent_at: float, action: str) -> None:
+        """Drive runs taken from another worker."""
         for claimed in runs:
             log.info(
-                "action=run_stolen run_id=%s epoch=%s", claimed.record.run_id, claimed.lease.epoch
+                "action=%s run_id=%s epoch=%s", action, claimed.record.run_id, claimed.lease.epoch
             )
         self._spawn(runs, sent_at)
         if runs:
             self._renew_now.set()
-        return runs

@@ -75,14 +75,18 @@ class ClaimReason(StrEnum):
 
     CLAIM = "claim"  # it was queued, or its timer came
     SWEEP = "sweep"  # the recovery sweep stole an expired lease
+    # A live worker saw the holder die (its liveness lock gone) and took the lease at once,
+    # live or not
+    TAKEOVER = "takeover"
     RECLAIM = "reclaim"  # a restarted worker took back the runs it held
     RETRY = "retry"  # the worker took its own lease again to drive the run once more
     SANDBOX = "sandbox"  # an isolated run's harness, driving under its host's lease
 
 
 # Why a drive took a run whose last holder never handed it back (it died, hung, or was cut
-# off): the recovery sweep stole its lease, or its restarted worker reclaimed it.
-TAKEOVERS = frozenset({ClaimReason.SWEEP, ClaimReason.RECLAIM})
+# off): the recovery sweep stole its lease, a live worker saw it die and took it, or its
+# restarted worker reclaimed it.
+TAKEOVERS = frozenset({ClaimReason.SWEEP, ClaimReason.TAKEOVER, ClaimReason.RECLAIM})
 
 
 class QueueReason(StrEnum):

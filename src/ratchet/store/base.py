@@ -86,6 +86,7 @@ class Store(ABC):
         self.bus = Bus(self._on_watch)
         # Each worker's row as registered, to write it again should it be pruned while alive.
         self._registrations: dict[str, dict[str, Any]] = {}
+        self._held: set[str] = set()  # worker ids whose liveness lock this store holds
 
     # -- dialect hooks (see ratchet.store.dialect) -----------------------------------------
 
@@ -96,6 +97,22 @@ class Store(ABC):
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a read-only ``fn(tx, *args)``; dialects may serve it beside the writes."""
         return await self._run(fn, *args)
+
+    async def _look(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """:meth:`_read`, for a worker's look at who died (see ratchet.store.dialect)."""
+        return await self._read(fn, *args)
+
+    @abstractmethod
+    def _dead(self, tx: Tx, worker_id: str) -> list[str]:
+        """Within ``tx``: the workers (not ``worker_id``) whose liveness lock is gone."""
+
+    @abstractmethod
+    async def _hold(self, worker_id: str) -> bool:
+        """Take ``worker_id``'s liveness lock; False when a live worker holds it."""
+
+    @abstractmethod
+    async def _release(self, worker_id: str) -> None:
+        """Let go of ``worker_id``'s liveness lock."""
 
     @abstractmethod
     def _ids(self, ids: Sequence[str]) -> Any:
@@ -265,6 +282,17 @@ class Store(ABC):
 
     # -- workers and leases (ratchet.store.workers, ratchet.store.leases) -------------------
 
+    async def hold_worker_id(self, worker_id: str) -> None:
+        """Take the worker id's liveness lock, held until :meth:`drop_worker_id` or until
+        the process dies; :class:`WorkerIdInUse` when a live worker holds it."""
+        await workers.hold(self, worker_id)
+        self._held.add(worker_id)
+
+    async def drop_worker_id(self, worker_id: str) -> None:
+        """Let go of the worker id's liveness lock (a clean stop)."""
+        self._held.discard(worker_id)
+        await self._release(worker_id)
+
     async def register_worker(
         self,
         worker_id: str,
@@ -289,7 +317,9 @@ class Store(ABC):
         queues: Sequence[str],
         lease_ttl: float,
     ) -> dict[str, Any]:
-        params = workers.registration(worker_id, host, pid, serves, queues, lease_ttl)
+        params = workers.registration(
+            worker_id, host, pid, serves, queues, lease_ttl, worker_id in self._held
+        )
         self._registrations[worker_id] = params
         return params
 
@@ -326,6 +356,19 @@ class Store(ABC):
         """The recovery sweep: take running runs (of the pairs in ``served``) whose lease
         is missing or expired; and forget workers long gone."""
         return await leases.steal_expired(self, worker_id, ttl, limit, queues, served)
+
+    async def take_over(
+        self,
+        worker_id: str,
+        ttl: float,
+        limit: int,
+        queues: Sequence[str],
+        served: Collection[tuple[str, str]],
+    ) -> tuple[list[ClaimedRun], bool]:
+        """Take up to ``limit`` running runs (of the pairs in ``served``) whose holder
+        died, its lease live or not, and whether more wait; forget the dead workers left
+        with no run."""
+        return await leases.take_over(self, worker_id, ttl, limit, queues, served)
 
     async def reclaim_own(
         self, worker_id: str, ttl: float, served: Collection[tuple[str, str]]

@@ -4,9 +4,10 @@ The verbs (``runs``, ``leases``, ``journal``, ...) are written once, as transact
 over named queries; they reach the database only through these hooks, which
 :class:`ratchet.store.base.Store` declares and each dialect (``sqlite.py``,
 ``postgres.py``) implements: how and where a transaction runs, how a list of ids or of
-served ``(workflow, version)`` pairs is passed, and how waiters are woken once a
-transaction commits. The hooks keep their underscore: they are the store package's own
-plumbing, not something for the engine or the API to call.
+served ``(workflow, version)`` pairs is passed, how waiters are woken once a
+transaction commits, and how a worker's liveness is held and tested. The hooks keep their
+underscore: they are the store package's own plumbing, not something for the engine or
+the API to call.
 """
 
 from __future__ import annotations
@@ -35,6 +36,21 @@ class Dialect(Protocol):
 
     async def _read(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a read-only ``fn(tx, *args)``; dialects may serve it beside the writes."""
+        ...
+
+    async def _look(self, fn: Callable[..., T], *args: Any) -> T | None:
+        """:meth:`_read`, for a worker's look at who died; dialects make sure first that
+        this process's own liveness locks are still held, and answer None (no look) while
+        the others may be taking theirs again."""
+        ...
+
+    def _dead(self, tx: Tx, worker_id: str) -> list[str]:
+        """Within ``tx``: the workers (other than ``worker_id``) that took a liveness lock
+        and no longer hold it."""
+        ...
+
+    async def _hold(self, worker_id: str) -> bool:
+        """Take ``worker_id``'s liveness lock; False when a live worker holds it."""
         ...
 
     def _ids(self, ids: Sequence[str]) -> Any:

@@ -2,9 +2,11 @@
 
 A run is driven by the worker that holds its lease (``run_locks``: the holder, an epoch
 that grows with each take, and an expiry the holder keeps renewing). A claim takes ready
-runs; the recovery sweep takes running runs whose lease expired; a restarted worker takes
-its own back at once. Every write a holder makes checks the lease, holder and epoch, in
-its own transaction (:func:`check_lease`), so a holder that lost its lease writes nothing.
+runs; a live worker takes the runs of a worker it saw die (its liveness lock gone, see
+``liveness.py`` and ``pg_liveness.py``) at once; the recovery sweep takes running runs
+whose lease expired; a restarted worker takes its own back at once. Every write a holder
+makes checks the lease, holder and epoch, in its own transaction (:func:`check_lease`), so
+a holder that lost its lease writes nothing.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratchet.errors import LeaseLost
-from ratchet.model import ClaimedRun, Lease
+from ratchet.model import ClaimedRun, ClaimReason, Lease
 from ratchet.store.bus import READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.rows import record_from_row
@@ -52,15 +54,24 @@ def check_lease(tx: Tx, lease: Lease) -> None:
 
 
 def take(
-    d: Dialect, tx: Tx, ids: list[str], worker_id: str, ttl: float, reason: str
+    d: Dialect,
+    tx: Tx,
+    ids: list[str],
+    worker_id: str,
+    ttl: float,
+    reason: str,
+    dead: list[str] | None = None,
 ) -> list[ClaimedRun]:
-    """Lease the runs ``ids`` to ``worker_id`` and set them running; those taken."""
+    """Lease the runs ``ids`` to ``worker_id`` and set them running; those taken. With
+    ``dead``, the runs' leases are taken from those dead workers, live or not."""
     if not ids:
         return []
-    epochs = {
-        r["run_id"]: r["epoch"]
-        for r in tx.all("leases_take", {"ids": d._ids(ids), "worker_id": worker_id, "ttl": ttl})
-    }
+    params = {"ids": d._ids(ids), "worker_id": worker_id, "ttl": ttl}
+    if dead is None:
+        rows = tx.all("leases_take", params)
+    else:
+        rows = tx.all("leases_take_over", params | {"dead": d._ids(dead)})
+    epochs = {r["run_id"]: r["epoch"] for r in rows}
     if not epochs:
         return []
     taken = d._ids(list(epochs))
@@ -111,6 +122,34 @@ async def steal_expired(
             "steal_pick", {"queues": d._ids(queues), "limit": limit, **d._served(served)}
         )
         return take(d, tx, [r["run_id"] for r in picked], worker_id, ttl, "sweep")
+
+    return await d._run(body)
+
+
+async def take_over(
+    d: Dialect,
+    worker_id: str,
+    ttl: float,
+    limit: int,
+    queues: Sequence[str],
+    served: Collection[tuple[str, str]],
+) -> tuple[list[ClaimedRun], bool]:
+    """Take up to ``limit`` runs whose holder died (see ``Store.take_over``); and whether
+    more of them wait."""
+    # A look first, without writing: a write transaction every tick would contend with
+    # every worker's steps (SQLite's single writer), and almost always nobody has died.
+    if not await d._look(lambda tx: d._dead(tx, worker_id)):
+        return [], False
+
+    def body(tx: Tx) -> tuple[list[ClaimedRun], bool]:
+        dead = d._dead(tx, worker_id)  # again, now that nothing can start meanwhile
+        if not dead:
+            return [], False
+        params = {"dead": d._ids(dead), "queues": d._ids(queues), "limit": limit + 1}
+        picked = [r["run_id"] for r in tx.all("takeover_pick", params | d._served(served))]
+        taken = take(d, tx, picked[:limit], worker_id, ttl, ClaimReason.TAKEOVER, dead)
+        tx.send("workers_forget", {"dead": d._ids(dead)})
+        return taken, len(picked) > limit
 
     return await d._run(body)
 

@@ -26,7 +26,7 @@ from psycopg.adapt import AdaptersMap, Loader
 from psycopg.pq import Format
 from psycopg.types.string import TextLoader
 
-from ratchet.errors import LeaseLost, StorageError, StoreConflict, ValueRefused
+from ratchet.errors import LeaseLost, StorageError, StoreConflict, ValueRefused, WorkerIdInUse
 from ratchet.model import (
     GENESIS_HASH,
     ClaimedRun,
@@ -40,6 +40,7 @@ from ratchet.model import (
 )
 from ratchet.store.base import Store
 from ratchet.store.leases import TIMER_BATCH
+from ratchet.store.pg_liveness import SERVER_SETTLE_S, LivenessSession
 from ratchet.store.queries import load_migrations, load_queries
 from ratchet.store.rows import record_from_row
 from ratchet.store.runs import queued_payload
@@ -142,6 +143,7 @@ class PostgresStore(Store):
         self._appends: dict[asyncio.AbstractEventLoop, _AppendQueue] = {}
         self._append_executor = ThreadPoolExecutor(1, thread_name_prefix="ratchet-pg-append")
         self._append_conn: psycopg.Connection[Any] | None = None
+        self._liveness = LivenessSession(url, self.queries)
 
     def _probe(self) -> None:
         """One plain connection first, so that an unreachable server or a missing database
@@ -208,6 +210,9 @@ class PostgresStore(Store):
             self._executor.shutdown(wait=True)
             self._executor = None
         self._append_executor.shutdown(wait=True)
+        with contextlib.suppress(RuntimeError):  # closed before
+            await asyncio.wrap_future(self._liveness.executor.submit(self._liveness.close))
+        self._liveness.executor.shutdown(wait=True)
         if self._append_conn is not None:
             self._append_conn.close()
             self._append_conn = None
@@ -496,6 +501,35 @@ class PostgresStore(Store):
                 fut.set_exception(LeaseLost(lease.run_id))
 
     # -- dialect hooks ---------------------------------------------------------------------
+
+    def _dead(self, tx: Tx, worker_id: str) -> list[str]:
+        params = {"worker_id": worker_id, "settle": SERVER_SETTLE_S}
+        return [r["worker_id"] for r in tx.all("workers_dead", params)]
+
+    async def _on_liveness(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._liveness.executor, fn, *args)
+        except psycopg.Error as e:
+            raise _translate(e) from e
+
+    async def _hold(self, worker_id: str) -> bool:
+        return await self._on_liveness(self._liveness.hold, worker_id)
+
+    async def _release(self, worker_id: str) -> None:
+        with contextlib.suppress(RuntimeError):  # closed: the session, and its locks, went
+            await self._on_liveness(self._liveness.release, worker_id)
+
+    async def _look(self, fn: Callable[..., T], *args: Any) -> T | None:
+        lost = await self._on_liveness(self._liveness.check)
+        if lost:
+            raise WorkerIdInUse(
+                f"worker id {lost[0]!r} was taken by another live worker while this "
+                "one's database session was lost"
+            )
+        if time.monotonic() < self._liveness.settle_until:
+            return None
+        return await self._read(fn, *args)
 
     def _ids(self, ids: Sequence[str]) -> Any:
         return list(ids)

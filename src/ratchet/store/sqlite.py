@@ -42,6 +42,7 @@ from ratchet.errors import (
 from ratchet.model import dumps
 from ratchet.store.base import Store
 from ratchet.store.bus import DONE, EVENTS
+from ratchet.store.liveness import LockFile, lock_path
 from ratchet.store.queries import load_migrations, load_queries
 from ratchet.store.transaction import Clock, Tx, firm_future, settled
 
@@ -89,6 +90,8 @@ class SqliteStore(Store):
         self._journal_poller: asyncio.Task[None] | None = None
         # The file the connections opened, (device, inode): see check_ready.
         self._identity: tuple[int, int] | None = None
+        # The workers' liveness locks, beside the database file (store/liveness.py).
+        self._locks = LockFile(lock_path(path))
 
     # -- connection ------------------------------------------------------------------------
 
@@ -345,6 +348,19 @@ class SqliteStore(Store):
                 raise _translate(e, self.path) from e
 
     # -- dialect hooks ---------------------------------------------------------------------
+
+    def _dead(self, tx: Tx, worker_id: str) -> list[str]:
+        rows = tx.all("workers_locking", {"worker_id": worker_id})
+        return self._locks.dead(r["worker_id"] for r in rows)
+
+    async def _hold(self, worker_id: str) -> bool:
+        try:
+            return await asyncio.to_thread(self._locks.hold, worker_id)
+        except OSError as e:
+            raise StorageError(f"cannot lock the workers' file {self._locks.path!r}: {e}") from e
+
+    async def _release(self, worker_id: str) -> None:
+        await asyncio.to_thread(self._locks.release, worker_id)
 
     def _ids(self, ids: Sequence[str]) -> Any:
         return dumps(list(ids))

@@ -364,13 +364,67 @@ SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_a
 FROM side_effect_receipts WHERE run_id = %(run_id)s ORDER BY claimed_at, step_id, delivery
 
 -- name: worker_upsert
-INSERT INTO workers (worker_id, host, pid, started_at, seen_at, serves, queues, lease_ttl)
+INSERT INTO workers (worker_id, host, pid, started_at, seen_at, serves, queues, lease_ttl,
+                     liveness_lock)
 VALUES (%(worker_id)s, %(host)s, %(pid)s, ratchet_now(), ratchet_now(), %(serves)s,
-        %(queues)s, %(lease_ttl)s)
+        %(queues)s, %(lease_ttl)s, %(liveness_lock)s)
 ON CONFLICT (worker_id) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
     seen_at = excluded.seen_at, serves = excluded.serves, queues = excluded.queues,
-    lease_ttl = excluded.lease_ttl
+    lease_ttl = excluded.lease_ttl, liveness_lock = excluded.liveness_lock
+
+-- name: worker_get
+SELECT host, pid FROM workers WHERE worker_id = %(worker_id)s
+
+-- name: worker_lock
+-- A worker's liveness lock (migration 019): a session-level advisory lock on a connection
+-- of its own, held while the worker runs and released by the server when the session ends
+-- (the process died, its socket closed). The key is a 64-bit hash of the worker id and of
+-- this schema's workers table: advisory locks are per database, and installations in other
+-- schemas of it have workers of their own.
+SELECT pg_try_advisory_lock(
+    hashtextextended('workers'::regclass::oid::text || ':' || %(worker_id)s, 0)) AS held
+
+-- name: worker_unlock
+SELECT pg_advisory_unlock(
+    hashtextextended('workers'::regclass::oid::text || ':' || %(worker_id)s, 0)) AS held
+
+-- name: workers_dead
+-- The workers that took a liveness lock and whose session no longer holds it: a shared try
+-- succeeds only while no session holds the key. The shared lock is kept to the end of the
+-- transaction, so the worker id cannot start again before this one has taken its runs.
+-- Never in the first seconds of the server's life: a restart ended every session, and the
+-- live workers are taking their locks again on new ones.
+WITH locking AS MATERIALIZED (
+    SELECT worker_id FROM workers WHERE liveness_lock AND worker_id <> %(worker_id)s
+      AND pg_postmaster_start_time() < clock_timestamp() - make_interval(secs => %(settle)s))
+SELECT worker_id FROM locking
+WHERE pg_try_advisory_xact_lock_shared(
+    hashtextextended('workers'::regclass::oid::text || ':' || worker_id, 0))
+
+-- name: takeover_pick
+SELECT r.run_id FROM run_locks l JOIN runs r ON r.run_id = l.run_id
+WHERE l.worker_id = ANY(%(dead)s::text[]) AND r.status = 'running'
+  AND r.queue IN (SELECT unnest(%(queues)s::text[]))
+  AND (r.workflow, r.workflow_version) IN (
+      SELECT * FROM unnest(%(served_workflows)s::text[], %(served_versions)s::text[]))
+LIMIT %(limit)s
+FOR UPDATE OF r SKIP LOCKED
+
+-- name: leases_take_over
+-- The dead holder's lease, live or not, one epoch up: whatever it might still write is
+-- fenced off.
+UPDATE run_locks
+SET worker_id = %(worker_id)s, epoch = epoch + 1,
+    expires_at = ratchet_now() + make_interval(secs => %(ttl)s)
+WHERE run_id = ANY(%(ids)s::text[]) AND worker_id = ANY(%(dead)s::text[])
+RETURNING run_id, epoch
+
+-- name: workers_forget
+-- Dead workers left with no lease: their rows go (a restart writes its own again).
+DELETE FROM workers w
+WHERE w.worker_id = ANY(%(dead)s::text[])
+  AND NOT EXISTS (SELECT 1 FROM run_locks l WHERE l.worker_id = w.worker_id)
 
 -- name: worker_seen
 UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = %(worker_id)s

@@ -332,12 +332,43 @@ SELECT idempotency_key, run_id, step_id, status, response, claimed_at, settled_a
 FROM side_effect_receipts WHERE run_id = :run_id ORDER BY claimed_at, step_id, delivery
 
 -- name: worker_upsert
-INSERT INTO workers (worker_id, host, pid, started_at, seen_at, serves, queues, lease_ttl)
-VALUES (:worker_id, :host, :pid, ratchet_now(), ratchet_now(), :serves, :queues, :lease_ttl)
+INSERT INTO workers (worker_id, host, pid, started_at, seen_at, serves, queues, lease_ttl,
+                     liveness_lock)
+VALUES (:worker_id, :host, :pid, ratchet_now(), ratchet_now(), :serves, :queues, :lease_ttl,
+        :liveness_lock)
 ON CONFLICT (worker_id) DO UPDATE
 SET host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,
     seen_at = excluded.seen_at, serves = excluded.serves, queues = excluded.queues,
-    lease_ttl = excluded.lease_ttl
+    lease_ttl = excluded.lease_ttl, liveness_lock = excluded.liveness_lock
+
+-- name: worker_get
+SELECT host, pid FROM workers WHERE worker_id = :worker_id
+
+-- name: workers_locking
+-- The workers that took a liveness lock (migration 017), whose locks store/liveness.py tests.
+SELECT worker_id FROM workers WHERE liveness_lock AND worker_id <> :worker_id
+
+-- name: takeover_pick
+SELECT r.run_id FROM run_locks l JOIN runs r ON r.run_id = l.run_id
+WHERE l.worker_id IN (SELECT value FROM json_each(:dead)) AND r.status = 'running'
+  AND r.queue IN (SELECT value FROM json_each(:queues))
+  AND (r.workflow, r.workflow_version) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:served))
+LIMIT :limit
+
+-- name: leases_take_over
+-- The dead holder's lease, live or not, one epoch up: whatever it might still write is
+-- fenced off.
+UPDATE run_locks
+SET worker_id = :worker_id, epoch = epoch + 1, expires_at = ratchet_now() + :ttl
+WHERE run_id IN (SELECT value FROM json_each(:ids))
+  AND worker_id IN (SELECT value FROM json_each(:dead))
+RETURNING run_id, epoch
+
+-- name: workers_forget
+-- Dead workers left with no lease: their rows go (a restart writes its own again).
+DELETE FROM workers
+WHERE worker_id IN (SELECT value FROM json_each(:dead))
+  AND NOT EXISTS (SELECT 1 FROM run_locks l WHERE l.worker_id = workers.worker_id)
 
 -- name: worker_seen
 UPDATE workers SET seen_at = ratchet_now() WHERE worker_id = :worker_id
