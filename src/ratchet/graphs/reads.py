@@ -28,14 +28,40 @@ nodes.tell.output``), and its reads are left alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from jinja2 import nodes as jn
 
-if TYPE_CHECKING:
-    from ratchet.graphs.validate import Graph
+from ratchet.graphs.spec import Edge
+
+
+class ShapeNode(Protocol):
+    """What the check reads of a node: its type, and a loop's body in its data."""
+
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def data(self) -> Any: ...
+
+
+class Graph(Protocol):
+    """What the check reads of a graph being validated
+    (:class:`ratchet.graphs.validate.Graph` is one)."""
+
+    @property
+    def nodes(self) -> Mapping[str, ShapeNode]: ...
+
+    @property
+    def trigger(self) -> str: ...
+
+    @property
+    def out_edges(self) -> Mapping[str, list[Edge]]: ...
+
+    @property
+    def loop_of(self) -> Mapping[str, str]: ...
 
 # The walk's end, as a node of each scope (the top level, or a loop's body).
 END = "\x00end"
