@@ -189,6 +189,7 @@ class Ratchet:
         name: str | None = None,
         retry: Retry | Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        journal_args: bool = True,
     ) -> Callable[[F], F]: ...
 
     def step(  # type: ignore[misc]
@@ -199,17 +200,20 @@ class Ratchet:
         name: str | None = None,
         retry: Retry | Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        journal_args: bool = True,
     ) -> Any:
         """Declare a step (``async def`` or plain ``def``, which runs in a thread). Inside a
         workflow each call is journaled and, once completed, never runs again for that run.
-        Outside a workflow (or inside another step) it is a plain call."""
+        Outside a workflow (or inside another step) it is a plain call. Its arguments are
+        journaled with each attempt's ``step_started`` (bounded), unless
+        ``journal_args=False``: for arguments that must not be stored."""
         policy = as_policy(retry)
 
         def decorate(fn: F) -> F:
             step_name = name or fn.__name__
             if isinstance(step_name, str):
                 check_step_name(step_name, "step")
-            sd = StepDef(fn, step_name, policy, timeout_s)
+            sd = StepDef(fn, step_name, policy, timeout_s, journal_args=journal_args)
 
             @functools.wraps(fn)
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -235,6 +239,7 @@ class Ratchet:
         idempotency_key: Callable[[StepKey], str] | None = None,
         description: str | None = None,
         requires_approval: bool = False,
+        journal_args: bool = True,
     ) -> Any:
         """Declare a tool: a step a model may call (``ratchet.Agent``), with a JSON schema
         from its type hints and a ``tool_called`` event (name, arguments, ``risk``: low,
@@ -242,7 +247,9 @@ class Ratchet:
         ``c.run_id``, ``c.step_id``, ``c.attempt``) replaces the step's default key. A
         ``critical`` tool, or one with ``requires_approval=True``, parks for a person's
         approval (named after the tool, its data the arguments) before it runs in a
-        workflow; a rejection fails the call with :class:`ApprovalRejected`."""
+        workflow; a rejection fails the call with :class:`ApprovalRejected`.
+        ``journal_args=False`` keeps its arguments out of ``tool_called`` and
+        ``step_started`` (an approval's data still shows them to the approver)."""
         from ratchet.llm.tools import make_tool
 
         policy = as_policy(retry)
@@ -257,6 +264,7 @@ class Ratchet:
                 idempotency_key=idempotency_key,
                 description=description,
                 requires_approval=requires_approval,
+                journal_args=journal_args,
             )
             self.tools[call.tool.name] = call
             return cast(F, call)
@@ -651,10 +659,13 @@ class Ratchet:
             check_name(run_id, "run id")
         return await (await self._astore()).pending_approvals(run_id, limit)
 
-    async def cancel_async(self, run_id: str) -> RunStatus:
+    async def cancel_async(self, run_id: str, *, by: str | None = None) -> RunStatus:
         """Cancel a run; returns its status after the request (a running run is cancelled
-        by its worker at its next lease renewal)."""
-        return await (await self._astore()).cancel(run_id)
+        by its worker at its next lease renewal). ``by``, who asked, is journaled when the
+        run is cancelled here and now (queued or waiting)."""
+        if by is not None:
+            check_name(by, "cancelled by (by)")
+        return await (await self._astore()).cancel(run_id, by)
 
     async def retry_async(
         self, run_id: str, *, grant: Mapping[str, Any] | None = None, by: str | None = None
@@ -859,9 +870,9 @@ class Ratchet:
         """Blocking :meth:`approvals_async`."""
         return self._portal.call(self.approvals_async(run_id, limit))
 
-    def cancel(self, run_id: str) -> RunStatus:
+    def cancel(self, run_id: str, *, by: str | None = None) -> RunStatus:
         """Blocking :meth:`cancel_async`."""
-        return self._portal.call(self.cancel_async(run_id))
+        return self._portal.call(self.cancel_async(run_id, by=by))
 
     def retry(
         self, run_id: str, *, grant: Mapping[str, Any] | None = None, by: str | None = None
