@@ -131,7 +131,7 @@ def test_runs_show_and_events_describe_a_finished_run(app: ratchet.Ratchet, db_u
 
     shown = json.loads(ok("--db", db_url, "show", run_id, "--json").stdout)
     assert shown["status"] == "succeeded" and shown["output"] == {"a": 6, "b": 7}
-    assert shown["input"] == {"args": [3], "kwargs": {}}
+    assert shown["input"] == 3  # as it was given: app.start("compute", 3)
     assert [(s["step_id"], s["status"], s["attempts"], s["output"]) for s in shown["steps"]] == [
         ("1:double", "completed", 1, 6),
         ("2:flaky", "completed", 1, 7),
@@ -150,6 +150,35 @@ def test_runs_show_and_events_describe_a_finished_run(app: ratchet.Ratchet, db_u
     # --follow on a finished run prints the journal and returns at once.
     followed = json_lines(ok("--db", db_url, "events", run_id, "--follow", "--json").stdout)
     assert followed == events
+
+
+def test_show_tells_the_story_of_a_failed_run_retried_by_a_person(
+    app: ratchet.Ratchet, db_url: str
+) -> None:
+    FLAKY["armed"] = True
+    run_id = app.start("compute", x=2)
+    with pytest.raises(ratchet.RunFailed):
+        app.result(run_id, timeout_s=30)
+    shown = json.loads(ok("--db", db_url, "show", run_id, "--json").stdout)
+    assert shown["input"] == {"x": 2}
+    assert shown["failed_step"] == "2:flaky" and "in flaky" in shown["traceback"]
+    assert shown["duration_s"] > 0 and shown["drives"] == 1
+    [drive] = shown["drive_log"]
+    assert drive["ended"] == "failed, dead-lettered (step_failed)"
+    [flaky] = [s for s in shown["steps"] if s["step_id"] == "2:flaky"]
+    assert flaky["traceback"] == shown["traceback"]
+    text = ok("--db", db_url, "show", run_id).stdout
+    assert '{"x":2}' in text
+    assert "duration" in text
+    assert f"drive 1 by {drive['worker_id']}: failed, dead-lettered (step_failed)" in text
+    assert "traceback of step 2:flaky:" in text
+    assert "RuntimeError: the pricing tool is down" in text and "in flaky" in text
+
+    ok("--db", db_url, "retry", run_id, "--by", "ana")
+    assert app.result(run_id, timeout_s=30) == {"a": 4, "b": 5}
+    text = ok("--db", db_url, "show", run_id, "--full").stdout
+    assert "failed, dead-lettered (step_failed), retried by ana" in text
+    assert ": succeeded" in text and "traceback" not in text
 
 
 def test_the_database_comes_from_the_command_option_or_the_environment(
@@ -567,7 +596,7 @@ def test_show_shortens_long_values_and_full_prints_them_whole(
     assert long_ticket not in short and "y" * 500 not in short and "…" in short
     assert "--full prints them whole" in short
     full = ok("--db", db_url, "show", run_id, "--full").stdout.splitlines()
-    assert f'input       {{"args":["{long_ticket}"],"kwargs":{{}}}}' in full
+    assert f'input       "{long_ticket}"' in full
     assert 'output      {"decision":{"by":"' + "y" * 500 + f'"}},"ticket":"{long_ticket}"}}' in full
     assert '  output  {"by":"' + "y" * 500 + '"}' in full
 

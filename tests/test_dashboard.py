@@ -277,9 +277,19 @@ def test_a_six_step_run_killed_mid_step_has_six_rows_and_a_drive_marker(dash: Da
     expect(rows(page)).to_have_count(6)
     for i in range(1, 7):
         expect(row(page, f"{i}:work")).to_have_attribute("data-status", "completed")
-    # The takeover is a vertical drive marker; step 4's first try was cut short by it.
-    drive = page.get_by_role("img", name=re.compile(r"^drive 2: (sweep|reclaim) by b"))
+    # The takeover is a vertical drive marker saying why the drive before it ended; step
+    # 4's first try was cut short by it.
+    took_over = (
+        r"worker (lost \(killed or hung\), lease expired, taken over|restarted, run reclaimed)"
+    )
+    drive = page.get_by_role("img", name=re.compile(rf"^drive 1 by a: {took_over} by b after"))
     expect(drive).to_have_count(1)
+    # The story at the top tells the same: who drove each drive, and why each ended.
+    drives = page.locator("#story-drives li")
+    expect(drives).to_have_count(2)
+    expect(drives.nth(0)).to_have_text(re.compile(rf"^a: {took_over} by b after [0-9.]+ (s|ms)$"))
+    expect(drives.nth(1)).to_have_text(re.compile(r"^b \((sweep|reclaim)\): succeeded$"))
+    expect(page.locator("#story-input")).to_contain_text('"block_at"')
     step4 = row(page, "4:work")
     expect(step4.get_by_role("img", name=re.compile(r"^attempt 1 interrupted"))).to_have_count(1)
     expect(step4.get_by_role("img", name=re.compile(r"^attempt 1 completed"))).to_have_count(1)
@@ -487,6 +497,27 @@ def test_cancel_signal_and_dead_letter_retry_from_the_pages(dash: Dash) -> None:
     page.get_by_role("button", name="Cancel run").click()
     expect(page.locator("#run-status")).to_have_text("cancelled")
     assert h.app.get(eid(parked)).status == "cancelled"
+    # Who cancelled it is the drive's end, in the story at the top.
+    expect(page.locator("#story-drives li").last).to_have_text(
+        re.compile(r"parked \(signal\), cancelled by ana$")
+    )
+
+    # A failed run: its error with the failing step's traceback; the step's input.
+    page.goto(f"/runs/{doomed}")
+    story = page.get_by_role("region", name="Story")
+    expect(story.locator("#story-traceback")).to_be_visible()
+    expect(story.locator("#story-traceback summary")).to_have_text("Traceback of step 1:flaky")
+    expect(story.locator("#story-traceback pre")).to_contain_text("in flaky")
+    expect(story.locator("#story-traceback pre")).to_contain_text("ToolError: attempt 3 failed")
+    expect(story.locator("#story-drives li")).to_have_text(
+        re.compile(r"^w: failed, dead-lettered \(step_failed\)$")
+    )
+    row(page, "1:flaky").get_by_role("button", name="1:flaky").click()
+    expect(page.locator("#detail-input")).to_have_text(
+        json.dumps({"block_on": 0, "succeed_on": 9}, indent=2)
+    )
+    expect(page.locator("#detail-tb")).to_be_visible()
+    expect(page.locator("#detail-traceback")).to_contain_text("ToolError: attempt 3 failed")
 
     page.goto("/runs")
     letters = page.get_by_role("region", name="Dead letters")
@@ -584,6 +615,57 @@ def test_another_tenants_run_page_is_404_and_a_csrf_less_post_is_refused(dash: D
     # The run page follows the session's reads with the cookie over EventSource too.
     page.goto(f"/runs/{run_id}")
     expect(page.locator("#run-status")).to_have_text("cancelled")
+
+
+# -- a model call's answer ------------------------------------------------------------------
+
+
+def test_a_run_page_tells_the_story_and_shows_a_models_answer_as_text(dash: Dash) -> None:
+    from ratchet.llm.server import LocalProvider, serve
+
+    h = dash.h
+    with serve(LocalProvider()) as base:
+        run_id = dash.start("asker", {"n": 1})
+        h.spawn("w", env_extra={"CRASH_LLM_URL": base})
+        h.wait_status(eid(run_id), "succeeded")
+    page = dash.signed_in()
+    page.goto(f"/runs/{run_id}")
+    story = page.get_by_role("region", name="Story")
+    expect(story.locator("#story-input")).to_have_text(json.dumps({"n": 1}, indent=2))
+    expect(story.locator("#story-output")).to_contain_text("echo: question 1")
+    expect(story.locator("#story-drives li")).to_have_text("w: succeeded")
+    tokens = int(story.locator("#story-tokens").inner_text().replace(",", ""))
+    assert tokens > 0
+    expect(story.locator("#story-cost")).to_have_text(re.compile(r"^\$0\.\d{6}"))
+    expect(story.locator("#story-duration")).to_have_text(re.compile(r"^\d+(\.\d)? (ms|s)$"))
+
+    step = "1:openai.chat.completions.create"
+    row(page, step).get_by_role("button", name=step).click()
+    # The answer as text; the raw response one click away.
+    expect(page.locator("#detail-answer")).to_have_text("echo: question 1")
+    raw = page.locator("#detail-raw")
+    expect(page.locator("#detail-output")).not_to_be_visible()
+    raw.locator("summary").click()
+    expect(page.locator("#detail-output")).to_be_visible()
+    expect(page.locator("#detail-output")).to_contain_text('"choices"')
+    # What the call was sent with.
+    expect(page.locator("#detail-input")).to_contain_text('"content": "question 1"')
+
+
+def test_a_long_step_name_is_shown_whole(dash: Dash) -> None:
+    h = dash.h
+    run_id = dash.start("long_names", {})
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_status(eid(run_id), "succeeded")
+    page = dash.signed_in(viewport={"width": 900, "height": 700})
+    page.goto(f"/runs/{run_id}")
+    step = f"1:{crash_app.LONG_STEP}"
+    label = row(page, step).locator(".wf-label")
+    expect(label).to_have_attribute("title", step)
+    expect(label.get_by_role("button", name=step)).to_be_visible()
+    # A label never hides what does not fit: it wraps instead of cutting the name short.
+    assert label.evaluate("e => getComputedStyle(e).textOverflow") != "ellipsis"
+    assert label.evaluate("e => e.scrollWidth <= e.clientWidth + 1")
 
 
 # -- an isolated run -------------------------------------------------------------------------

@@ -111,3 +111,67 @@ async def test_sessions_expire_end_with_their_token_and_on_sign_out(store: Store
     assert sessions.csrf_matches(third, sessions.csrf_token(third))
     assert not sessions.csrf_matches(third, None)
     assert not sessions.csrf_matches(third, sessions.csrf_token(secret))
+
+
+# -- a run's story ---------------------------------------------------------------------------
+
+
+def test_a_run_tells_its_story_input_drives_duration_and_the_steps_arguments(
+    h: Harness, client: httpx.Client
+) -> None:
+    given = {"succeed_on": 2, "block_on": 0}
+    run_id = client.post("/v1/runs", json={"workflow": "retrier", "input": given}).json()["run_id"]
+    engine_id = f"acme~{run_id}"
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_status(engine_id, "succeeded")
+    run = client.get(f"/v1/runs/{run_id}").json()
+    assert run["input"] == given  # as it was given, not the stored {"args", "kwargs"}
+    assert run["output"] == "ok on attempt 2" and run["traceback"] is None
+    assert run["duration_s"] > 0 and run["llm"]["calls"] == 0
+    [drive] = run["drives"]
+    assert (drive["drive"], drive["worker_id"], drive["reason"], drive["ended"]) == (
+        1,
+        "w",
+        "claim",
+        "succeeded",
+    )
+    assert drive["label"] == "drive 1 by w: succeeded"
+    # The step's input: what it was called with, by parameter name.
+    detail = client.get(f"/v1/runs/{run_id}/step", params={"step_id": "1:flaky"}).json()
+    assert detail["args"] == given and detail["args_journaled"] is True
+    assert detail["input"]["args"] == given  # the step_started payload, as before
+    retrying = [e for e in detail["events"] if e["kind"] == "step_retrying"]
+    assert "ToolError: attempt 1 failed" in retrying[0]["payload"]["traceback"]
+    assert "in flaky" in retrying[0]["payload"]["traceback"]
+    wf = client.get(f"/v1/runs/{run_id}/waterfall").json()
+    assert [d["label"] for d in wf["drives"]] == ["drive 1 by w: succeeded"]
+
+
+def test_a_failed_run_gives_its_traceback_and_a_cancel_names_who_asked(
+    h: Harness, client: httpx.Client
+) -> None:
+    failing = {"succeed_on": 9, "block_on": 0}
+    run_id = client.post("/v1/runs", json={"workflow": "retrier", "input": failing}).json()[
+        "run_id"
+    ]
+    parked = client.post("/v1/runs", json={"workflow": "listener"}).json()["run_id"]
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_status(f"acme~{run_id}", "failed")
+    run = client.get(f"/v1/runs/{run_id}").json()
+    assert run["failed_step"] == "1:flaky"
+    assert "in flaky" in run["traceback"]
+    assert run["traceback"].rstrip().endswith("ToolError: attempt 3 failed")
+    assert run["drives"][0]["ended"] == "failed, dead-lettered (step_failed)"
+    step = client.get(f"/v1/runs/{run_id}/step", params={"step_id": "1:flaky"}).json()
+    assert step["state"]["traceback"] == run["traceback"]
+
+    h.wait_status(f"acme~{parked}", "waiting")
+    _, ana = h.app.portal.call(
+        tokens.create_token(h.app.store, "acme", ("runs:read", "runs:write"), "ana")
+    )
+    r = client.post(f"/v1/runs/{parked}/cancel", headers={"Authorization": f"Bearer {ana}"})
+    assert r.status_code == 202 and r.json()["status"] == "cancelled"
+    [ended] = [e for e in h.app.events(f"acme~{parked}") if e.kind == "run_cancelled"]
+    assert ended.payload == {"by": "ana"}
+    drives = client.get(f"/v1/runs/{parked}").json()["drives"]
+    assert drives[-1]["ended"] == "parked (signal), cancelled by ana"

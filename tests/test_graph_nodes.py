@@ -281,6 +281,11 @@ def test_an_http_connector_is_a_step_retried_on_5xx_and_refused_on_4xx(
         retrying = events(app, run_id, EventKind.STEP_RETRYING)
         assert [e.step_id for e in retrying] == ["2:post"]
         assert "answered 503" in retrying[0].payload["error"]
+        # A graph node's step journals what it was called with: the rendered request.
+        started = events(app, run_id, EventKind.STEP_STARTED)
+        sent = [e.payload["args"]["request"] for e in started if e.step_id == "2:post"]
+        assert [r["headers"] for r in sent] == [{"X-Who": "ana"}] * 2
+        assert sent[0]["body"] == {"item": 7, "got": {"received": 1, "path": "/items/7"}}
 
         receiver.fail_next(404)
         app.graph(

@@ -526,3 +526,6 @@ def test_an_isolated_run_fails_at_its_deadline_and_its_sandbox_is_killed(
     assert [e.kind for e in events][-1] == "run_failed"
     assert events[-1].payload == {"error": dead.error, "reason": "timeout"}
     assert _started(events, "1:quick") and _started(events, "2:hang")
+    # The sandbox journals a step's arguments as a worker does (what it was called with).
+    assert [e.payload["args"] for e in _started(events, "1:quick")] == [{"n": 1}]
+    assert _started(events, "2:hang")[0].payload["args"] == {}

@@ -71,10 +71,20 @@ def test_a_takeover_interrupts_the_attempt_in_flight_and_is_a_marker() -> None:
     }
     w = waterfall("r", events)
     assert [(m.kind, m.label) for m in w.markers] == [
-        ("run_resumed", "drive 2: sweep by b"),
+        # The drive line says why the drive before it ended, and who drove on.
+        (
+            "run_resumed",
+            "drive 1 by a: worker lost (killed or hung), lease expired, "
+            "taken over by b after 4.0 s",
+        ),
         ("anomaly_detected", "anomaly_detected: retry_storm"),
     ]
     assert w.rows[0].attempts == 1 and not w.terminal
+    assert [(d.drive, d.worker_id, d.ended) for d in w.drives] == [
+        (1, "a", "worker lost (killed or hung), lease expired, taken over by b after 4.0 s"),
+        (2, "b", None),
+    ]
+    assert as_dict(w)["drives"][1]["label"] == "drive 2 by b (sweep): running"
 
 
 def test_parked_stretches_children_and_a_journal_cut_short() -> None:

@@ -91,6 +91,10 @@ async def post(url: str, key: str) -> Any:
     return await asyncio.to_thread(call)
 
 
+# A step name longer than the run page's label column.
+LONG_STEP = "summarize_the_quarterly_report_for_the_board_of_directors_in_three_short_paragraphs"
+
+
 def build(
     url: str, *, lease_ttl: float | None = None, recovery_interval: float | None = None
 ) -> ratchet.Ratchet:
@@ -177,6 +181,14 @@ def build(
     @app.workflow()
     async def retrier(succeed_on: int, block_on: int) -> str:
         return await flaky(succeed_on, block_on)
+
+    @app.step(name=LONG_STEP)
+    async def long_named() -> str:
+        return "ok"
+
+    @app.workflow()
+    async def long_names() -> str:
+        return await long_named()
 
     @app.tool
     async def lookup(city: str) -> dict[str, Any]:

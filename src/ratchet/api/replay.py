@@ -19,7 +19,7 @@ from ratchet.api.schemas import (
     WaterfallOut,
 )
 from ratchet.api.timeline import SandboxSpan, as_compact, as_dict, waterfall
-from ratchet.model import EventKind, RunRecord, StepState, fold
+from ratchet.model import EventKind, RunRecord, StepState, answer_text, fold
 from ratchet.names import MAX_STEP
 from ratchet.store import Store, dashboard, tenants
 from ratchet.web.errors import ApiError
@@ -48,6 +48,7 @@ def _step(s: StepState, tenant: str) -> StepStateOut:
         output=s.output,
         error=None if s.error is None else tenants.external_text(tenant, s.error),
         error_type=s.error_type,
+        traceback=None if s.traceback is None else tenants.external_text(tenant, s.traceback),
         waiting=waiting,
         started_at=s.started_at,
         finished_at=s.finished_at,
@@ -125,6 +126,8 @@ async def waterfall_out(
     for row in view.rows:
         if row.child_run_id is not None:
             row.child_run_id = tenants.external_id(rec.tenant_id, row.child_run_id)
+    if view.traceback is not None:
+        view.traceback = tenants.external_text(rec.tenant_id, view.traceback)
     return form(view) | {"now": await store.now()}
 
 
@@ -160,6 +163,11 @@ async def step_detail(
         idempotency_key=str(key) if key else None,
         lease_epoch=started_epoch,
         input=started,
+        args=started.get("args") if started else None,
+        args_journaled=bool(started and "args" in started),
+        answer=(
+            answer_text(step.output) if step.kind == "llm" and step.status == "completed" else None
+        ),
         tokens=(
             int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
             if step.llm

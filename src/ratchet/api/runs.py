@@ -24,6 +24,7 @@ from ratchet.api.schemas import (
     ChildRun,
     Decision,
     DecisionMade,
+    DriveOut,
     Error,
     LLMUsage,
     Run,
@@ -40,9 +41,9 @@ from ratchet.api.schemas import (
 from ratchet.app import Ratchet
 from ratchet.engine.starts import RunRequest
 from ratchet.errors import ApprovalNotPending, BatchItemInvalid, InvalidInput, RatchetError
-from ratchet.model import RunRecord, RunStatus
+from ratchet.model import RunRecord, RunStatus, drives, duration, failure, given_input
 from ratchet.names import MAX_RUN_PATH, MAX_SIGNAL, MAX_STEP, MAX_TAGS, MAX_WORKFLOW, parse_tag
-from ratchet.store import Store, tenants, tokens
+from ratchet.store import Store, dashboard, tenants, tokens
 from ratchet.store.base import DONE
 from ratchet.store.tokens import Token
 from ratchet.web.errors import ApiError, not_found, speak
@@ -105,25 +106,13 @@ def shown_or_none(token: Token, run_id: str | None) -> str | None:
     return None if run_id is None else tenants.external_id(token.tenant_id, run_id)
 
 
-def _input(stored: Any) -> Any:
-    """A run's input as the API takes it: arguments by name (a code workflow), the input
-    object (a graph); the stored ``{args, kwargs}`` when it was started otherwise."""
-    if isinstance(stored, dict) and set(stored) == {"args", "kwargs"}:
-        args, kwargs = stored["args"], stored["kwargs"]
-        if not args:
-            return kwargs
-        if len(args) == 1 and not kwargs:
-            return args[0]
-    return stored
-
-
 def _run(rec: RunRecord, token: Token) -> Run:
     return Run(
         run_id=shown(token, rec.run_id),
         workflow=rec.workflow,
         workflow_version=rec.workflow_version,
         status=str(rec.status),
-        input=_input(rec.input),
+        input=given_input(rec.input),
         output=rec.output,
         error=None if rec.error is None else tenants.external_text(token.tenant_id, rec.error),
         parent_run_id=shown_or_none(token, rec.parent_run_id),
@@ -380,11 +369,15 @@ async def list_runs(
 
 @last.get("/runs/{run_id:path}", response_model=RunDetail)
 async def get_run(run_id: str, request: Request, token: Reader) -> RunDetail:
-    """A run: status, input, output, error, its model calls' tokens and cost, its children."""
+    """A run: status, input (as it was given), output, error and the failure's traceback,
+    its duration, its model calls' tokens and cost, its drives (who drove it and why each
+    ended), its children."""
     rec = await owned(request, run_id, token)
     store = store_of(request)
     totals = (await store.llm_totals([rec.run_id])).get(rec.run_id)
     children = await tokens.runs_page(store, token.tenant_id, parent=rec.run_id, limit=500)
+    events = await dashboard.timeline_events(store, rec.run_id)
+    failed_step, trace = failure(events)
     llm = LLMUsage(
         calls=totals.calls if totals else 0,
         input_tokens=totals.input_tokens if totals else 0,
@@ -400,6 +393,10 @@ async def get_run(run_id: str, request: Request, token: Reader) -> RunDetail:
             ChildRun(run_id=shown(token, c.run_id), workflow=c.workflow, status=str(c.status))
             for c in children
         ],
+        duration_s=duration(events),
+        drives=[DriveOut(**d.as_dict()) for d in drives(events)],
+        failed_step=failed_step,
+        traceback=None if trace is None else tenants.external_text(token.tenant_id, trace),
     )
 
 
@@ -468,7 +465,7 @@ async def send_signal(
 async def cancel_run(run_id: str, request: Request, token: Writer) -> StatusAfter:
     """Cancel the run and its children (a running one at its worker's next renewal)."""
     rec = await owned(request, run_id, token)
-    status = await app_of(request).cancel_async(rec.run_id)
+    status = await app_of(request).cancel_async(rec.run_id, by=decider(token))
     return StatusAfter(run_id=shown(token, rec.run_id), status=str(status))
 
 

@@ -125,9 +125,40 @@ class Run(BaseModel):
     tags: dict[str, str] = Field(default_factory=dict)
 
 
+class DriveOut(BaseModel):
+    """One drive of a run: who drove it, and why it ended (``ratchet.model.story``)."""
+
+    drive: int
+    worker_id: str | None
+    reason: str | None = Field(
+        description="How it took the run (a ClaimReason: claim, sweep, reclaim, retry, ...)"
+    )
+    start: float
+    start_seq: int
+    end: float = Field(description="Its last event's time")
+    end_seq: int
+    ended: str | None = Field(
+        description="Why it ended, e.g. 'worker lost (killed or hung), lease expired, taken "
+        "over by w2 after 2.1 s', 'cancelled by ana'; null while it goes on"
+    )
+    label: str = Field(description="'drive N by WORKER: why it ended', as the run page shows it")
+
+
 class RunDetail(Run):
     llm: LLMUsage
     children: list[ChildRun]
+    duration_s: float | None = Field(
+        default=None, description="From its first drive's start to its end (or its last event)."
+    )
+    drives: list[DriveOut] = Field(default_factory=list)
+    failed_step: str | None = Field(
+        default=None, description="The step whose failure failed the run, if one did."
+    )
+    traceback: str | None = Field(
+        default=None,
+        description="The failure's traceback as journaled (the failed step's, else the "
+        "workflow code's); null for journals written before tracebacks were.",
+    )
 
 
 class RunPage(BaseModel):
@@ -239,6 +270,7 @@ class StepStateOut(BaseModel):
     output: Any = None
     error: str | None = None
     error_type: str | None = None
+    traceback: str | None = None
     waiting: dict[str, Any] | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -325,6 +357,9 @@ class WaterfallOut(BaseModel):
     sandboxes: list[SandboxSpanOut] = Field(
         default_factory=list, description="An isolated run's sandboxes, by attempt."
     )
+    drives: list[DriveOut] = Field(default_factory=list)
+    failed_step: str | None = None
+    traceback: str | None = None
 
 
 class StepDetail(BaseModel):
@@ -337,6 +372,19 @@ class StepDetail(BaseModel):
         description="The fencing epoch of the drive that started the latest attempt."
     )
     input: dict[str, Any] | None = Field(description="The latest step_started payload.")
+    args: Any = Field(
+        default=None,
+        description="What the latest attempt was called with: its arguments by parameter "
+        "name, as journaled (bounded; see docs/concepts/journal.md); null when not journaled.",
+    )
+    args_journaled: bool = Field(
+        default=False, description="Whether the latest step_started holds the arguments."
+    )
+    answer: str | None = Field(
+        default=None,
+        description="A completed model call's answer as text (its tool calls as "
+        "name(arguments)); the raw response is state.output.",
+    )
     tokens: int | None
     cost_usd: float | None
     events: list[JournalEvent]

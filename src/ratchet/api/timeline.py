@@ -11,11 +11,12 @@ model, it imports nothing else of Ratchet's.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ratchet.model import TAKEOVERS, TERMINAL_EVENTS, Event, EventKind
+from ratchet.model import TAKEOVERS, TERMINAL_EVENTS, Drive, Event, EventKind, drives, failure
 
 # Event kinds drawn as markers on the time axis (the guards' kinds exist once the guards
 # journal them; a journal without them simply has none).
@@ -95,6 +96,11 @@ class Waterfall:
     markers: list[Marker]
     parked: list[tuple[float, float | None]]
     sandboxes: list[SandboxSpan] = field(default_factory=list)
+    # Who drove the run and why each drive ended; the step whose failure failed it and
+    # its traceback (see ratchet.model.story).
+    drives: list[Drive] = field(default_factory=list)
+    failed_step: str | None = None
+    traceback: str | None = None
 
 
 def _label(ev: Event) -> str:
@@ -145,10 +151,14 @@ def waterfall(
     open_seg: dict[str, Segment] = {}  # each step's segment still going on
     markers: list[Marker] = []
     terminal = False
+    told = drives(events)
+    # A drive line says why the drive before it ended, and who drove on.
+    ended_at = {d.start_seq: prev.label for prev, d in itertools.pairwise(told)}
     for ev in events:
         kind = ev.kind
         if kind in MARKER_KINDS:
-            markers.append(Marker(ev.seq, ev.at, kind, ev.step_id, _label(ev)))
+            label = ended_at.get(ev.seq) or _label(ev)
+            markers.append(Marker(ev.seq, ev.at, kind, ev.step_id, label))
         if kind == EventKind.RUN_RESUMED and ev.payload.get("reason") in TAKEOVERS:
             # The worker that ran these attempts is gone; the new drive starts them again.
             for step_id, seg in list(open_seg.items()):
@@ -223,6 +233,8 @@ def waterfall(
         # A journal cut at its end is the whole run: its last sandbox may
         # outlive the run's end event.
         _sandboxes_until(sorted(sandboxes, key=lambda s: s.attempt), None if terminal else until),
+        told,
+        *failure(events),
     )
 
 
@@ -260,6 +272,9 @@ def _head(w: Waterfall) -> dict[str, Any]:
             for m in w.markers
         ],
         "parked": [[start, end] for start, end in w.parked],
+        "drives": [d.as_dict() for d in w.drives],
+        "failed_step": w.failed_step,
+        "traceback": w.traceback,
         "sandboxes": [
             {
                 "sandbox_id": s.sandbox_id,

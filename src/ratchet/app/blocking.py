@@ -117,9 +117,9 @@ class Blocking(Starting, Client):
         """Blocking :meth:`approvals_async`."""
         return self._portal.call(self.approvals_async(run_id, limit))
 
-    def cancel(self, run_id: str) -> RunStatus:
+    def cancel(self, run_id: str, *, by: str | None = None) -> RunStatus:
         """Blocking :meth:`cancel_async`."""
-        return self._portal.call(self.cancel_async(run_id))
+        return self._portal.call(self.cancel_async(run_id, by=by))
 
     def retry(
         self, run_id: str, *, grant: Mapping[str, Any] | None = None, by: str | None = None

@@ -152,10 +152,13 @@ class Client(AppBase):
             check_name(run_id, "run id")
         return await (await self._astore()).pending_approvals(run_id, limit)
 
-    async def cancel_async(self, run_id: str) -> RunStatus:
+    async def cancel_async(self, run_id: str, *, by: str | None = None) -> RunStatus:
         """Cancel a run; returns its status after the request (a running run is cancelled
-        by its worker at its next lease renewal)."""
-        return await (await self._astore()).cancel(run_id)
+        by its worker at its next lease renewal). ``by``, who asked, is journaled when the
+        run is cancelled here and now (queued or waiting)."""
+        if by is not None:
+            check_name(by, "cancelled by (by)")
+        return await (await self._astore()).cancel(run_id, by)
 
     async def retry_async(
         self, run_id: str, *, grant: Mapping[str, Any] | None = None, by: str | None = None

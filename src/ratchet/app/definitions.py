@@ -82,6 +82,7 @@ class Definitions(AppBase):
         name: str | None = None,
         retry: Retry | Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        journal_args: bool = True,
     ) -> Callable[[F], F]: ...
 
     def step(  # type: ignore[misc]
@@ -92,17 +93,20 @@ class Definitions(AppBase):
         name: str | None = None,
         retry: Retry | Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
+        journal_args: bool = True,
     ) -> Any:
         """Declare a step (``async def`` or plain ``def``, which runs in a thread). Inside a
         workflow each call is journaled and, once completed, never runs again for that run.
-        Outside a workflow (or inside another step) it is a plain call."""
+        Outside a workflow (or inside another step) it is a plain call. Its arguments are
+        journaled with each attempt's ``step_started`` (bounded), unless
+        ``journal_args=False``: for arguments that must not be stored."""
         policy = as_policy(retry)
 
         def decorate(fn: F) -> F:
             step_name = name or fn.__name__
             if isinstance(step_name, str):
                 check_step_name(step_name, "step")
-            sd = StepDef(fn, step_name, policy, timeout_s)
+            sd = StepDef(fn, step_name, policy, timeout_s, journal_args=journal_args)
 
             @functools.wraps(fn)
             def call(*args: Any, **kwargs: Any) -> Any:
@@ -128,6 +132,7 @@ class Definitions(AppBase):
         idempotency_key: Callable[[StepKey], str] | None = None,
         description: str | None = None,
         requires_approval: bool = False,
+        journal_args: bool = True,
     ) -> Any:
         """Declare a tool: a step a model may call (``ratchet.Agent``), with a JSON schema
         from its type hints and a ``tool_called`` event (name, arguments, ``risk``: low,
@@ -135,7 +140,9 @@ class Definitions(AppBase):
         ``c.run_id``, ``c.step_id``, ``c.attempt``) replaces the step's default key. A
         ``critical`` tool, or one with ``requires_approval=True``, parks for a person's
         approval (named after the tool, its data the arguments) before it runs in a
-        workflow; a rejection fails the call with :class:`ApprovalRejected`."""
+        workflow; a rejection fails the call with :class:`ApprovalRejected`.
+        ``journal_args=False`` keeps its arguments out of ``tool_called`` and
+        ``step_started`` (an approval's data still shows them to the approver)."""
         from ratchet.llm.tools import make_tool
 
         policy = as_policy(retry)
@@ -150,6 +157,7 @@ class Definitions(AppBase):
                 idempotency_key=idempotency_key,
                 description=description,
                 requires_approval=requires_approval,
+                journal_args=journal_args,
             )
             self.tools[call.tool.name] = call
             return cast(F, call)

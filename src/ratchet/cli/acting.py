@@ -43,11 +43,19 @@ def signal_(
     typer.echo(f"signal {name!r} sent to run {run_id}; status now {after.status} ({why})")
 
 
-def cancel(ctx: typer.Context, run_id: RunArg, db: DbOption = None) -> None:
+def cancel(
+    ctx: typer.Context,
+    run_id: RunArg,
+    by: Annotated[
+        str | None,
+        typer.Option("--by", metavar="NAME", help="Who cancels it, for the journal."),
+    ] = None,
+    db: DbOption = None,
+) -> None:
     """Cancel a run and print its status after the request."""
     with client(ctx, db) as app:
         before = app.get(run_id).status
-        status = before if before.terminal else app.cancel(run_id)
+        status = before if before.terminal else app.cancel(run_id, by=by)
     if before.terminal:
         typer.echo(f"run {run_id}: already {status}; nothing to cancel")
     elif status == RunStatus.CANCELLED:

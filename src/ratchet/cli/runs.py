@@ -26,7 +26,19 @@ from ratchet.cli._format import (
     when,
 )
 from ratchet.errors import InvalidInput
-from ratchet.model import Event, LLMTotals, RunRecord, RunStatus, StepState, fold
+from ratchet.model import (
+    Event,
+    LLMTotals,
+    RunRecord,
+    RunStatus,
+    StepState,
+    answer_text,
+    drives,
+    duration,
+    failure,
+    fold,
+    given_input,
+)
 from ratchet.names import parse_tag
 from ratchet.store import WorkerInfo
 
@@ -188,7 +200,9 @@ def _step_dict(step: StepState) -> dict[str, Any]:
         "attempts": step.attempt,
         "duration_s": duration,
         "output": step.output,
+        "answer": answer_text(step.output) if step.kind == "llm" and step.finished_at else None,
         "error": step.error,
+        "traceback": step.traceback,
         "kind": step.kind,
         "llm": step.llm,
     }
@@ -204,20 +218,32 @@ def show(
     as_json: JsonOption = False,
     db: DbOption = None,
 ) -> None:
-    """A run: its status, input, output or error, and each step from its journal.
+    """A run's story: its status, input as it was given, output or error with the
+    failure's traceback, duration, tokens and cost, each drive (who drove it and why it
+    ended), and each step from its journal (a model call's answer as text).
 
     Long inputs and outputs are shortened (ending in …); --full prints them whole.
     """
     head_limit = None if full else SHOW_LIMIT
     with client(ctx, db, read_only=True) as app:
         rec = app.get(run_id)
-        state = fold(run_id, app.events(run_id))
+        journal = app.events(run_id)
+    state = fold(run_id, journal)
+    told = drives(journal)
+    failed_step, trace = failure(journal)
+    took = duration(journal)
+    given = given_input(rec.input)
     steps = [_step_dict(s) for s in sorted(state.steps.values(), key=lambda s: s.ordinal)]
     if as_json:
         echo_json(
             {
                 **rec.as_dict(),
+                "input": given,
                 "drives": state.drives,
+                "drive_log": [d.as_dict() for d in told],
+                "duration_s": took,
+                "failed_step": failed_step,
+                "traceback": trace,
                 "events": state.last_seq,
                 "llm": _totals_dict(state.llm if state.llm.calls else None),
                 "steps": steps,
@@ -232,18 +258,21 @@ def show(
         ("status", status_text(rec.status)),
         ("created", Text(when(rec.created_at))),
         ("updated", Text(when(rec.updated_at))),
-        ("input", Text(compact(rec.input, head_limit))),
+        ("input", Text(compact(given, head_limit))),
     ]
     if rec.status == RunStatus.SUCCEEDED:
         rows.append(("output", Text(compact(rec.output, head_limit))))
     if rec.error:
         rows.append(("error", Text(shorten(rec.error, head_limit), style="red")))
+    if took is not None:
+        rows.append(("duration", Text(duration_text(took))))
     if rec.waiting_for:
         rows.append(("waiting", Text(waiting_text(rec) or rec.waiting_for)))
     # Every run journals run_queued: a finished run with no events was pruned.
     pruned = state.last_seq == 0 and rec.status.terminal
+    rows.append(("drives", Text(str(state.drives))))
+    rows += [("", Text(d.label)) for d in told]  # who drove it, and why each drive ended
     rows += [
-        ("drives", Text(str(state.drives))),
         (
             "events",
             Text("0 (journal pruned; signed receipt kept)" if pruned else str(state.last_seq)),
@@ -265,6 +294,7 @@ def show(
         ]
     if full:
         _show_full(console, rows, steps)
+        _show_traceback(console, failed_step, trace)
         return
     head = Table.grid(padding=(0, 2))
     head.add_column(style="bold")
@@ -272,6 +302,7 @@ def show(
     for key, value in rows:
         head.add_row(key, value)
     console.print(head)
+    _show_traceback(console, failed_step, trace)
     if not steps:
         console.print("no steps: the journal was pruned" if pruned else "no steps yet")
         return
@@ -282,6 +313,9 @@ def show(
         if s["error"]:
             text = shorten(s["error"], STEP_LIMIT)
             detail = Text(text, style="red")
+        elif s["answer"] is not None:  # a model call: its answer, not its raw response
+            text = shorten(s["answer"], STEP_LIMIT)
+            detail = Text(text)
         elif s["status"] == "completed":
             text = compact(s["output"], STEP_LIMIT)
             detail = Text(text)
@@ -313,8 +347,20 @@ def _show_full(console: Console, rows: list[tuple[str, Text]], steps: list[dict[
         console.print(line, soft_wrap=True)
         if s["error"]:
             console.print(Text("  error   ") + Text(s["error"], style="red"), soft_wrap=True)
+        elif s["answer"] is not None:
+            console.print(Text(f"  answer  {s['answer']}"), soft_wrap=True)
+            console.print(Text(f"  output  {compact(s['output'], None)}"), soft_wrap=True)
         elif s["status"] == "completed":
             console.print(Text(f"  output  {compact(s['output'], None)}"), soft_wrap=True)
+
+
+def _show_traceback(console: Console, step_id: str | None, trace: str | None) -> None:
+    """The failure's traceback as journaled, whole (it is bounded when journaled)."""
+    if trace is None:
+        return
+    where = f" of step {step_id}" if step_id else ""
+    console.print(Text(f"traceback{where}:", style="bold"))
+    console.print(Text(trace.rstrip("\n"), style="red"), soft_wrap=True)
 
 
 def _event_line(ev: Event) -> Text:

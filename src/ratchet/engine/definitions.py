@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ratchet.engine import evidence
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import NO_RETRY, Retry
 from ratchet.engine.values import Codec, Invalid, opaque_name
@@ -106,10 +107,18 @@ class StepDef:
     # The most a call may spend, from its arguments: (tokens, USD or None when unpriced),
     # which the budgets check before it is sent; None: the step spends nothing they count.
     worst_case: Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float | None]] | None = None
+    # Whether step_started journals the arguments (see ratchet.engine.evidence); False for
+    # a step whose arguments must not be stored.
+    journal_args: bool = True
     _returns: Codec | None = None
+    _params: tuple[tuple[str, ...], str] | None = None
 
     def __post_init__(self) -> None:
         check_name(self.name, "step name")
+        if not isinstance(self.journal_args, bool):
+            raise InvalidInput(
+                f"step {self.name}: journal_args must be True or False, got {self.journal_args!r}"
+            )
         self.is_async = inspect.iscoroutinefunction(self.fn)
         if self.timeout_s is not None and (
             isinstance(self.timeout_s, bool)
@@ -128,6 +137,16 @@ class StepDef:
             annotation = _annotation(self.fn, "return", f"step {self.name}", NotSerializable)
             codec = self._returns = Codec(annotation)
         return codec
+
+    def args_json(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """The JSON of the call's arguments for its ``step_started``, or None when the
+        step keeps them out of the journal."""
+        if not self.journal_args:
+            return None
+        params = self._params
+        if params is None:
+            params = self._params = evidence.parameters(self.fn)
+        return evidence.args_json(evidence.named(params, args, kwargs))
 
     def output_json(self, result: Any, step_id: str) -> str:
         """The canonical JSON of what the step returned (after :attr:`encode`, which

@@ -26,6 +26,7 @@ from ratchet.engine.context import current_run
 from ratchet.engine.control import Control, DriveOutcome, Stopped, StopReason
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.drive import Drive
+from ratchet.engine.evidence import traceback_text
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.guards import Guards
 from ratchet.engine.guards.host_judged import HostJudgedGuards
@@ -177,7 +178,11 @@ class RunContext(Primitives):
                 await self._close_branches()
                 reason = _dead_letter_reason(e)
                 error = error_text(e) if not isinstance(e, StepFailed) else str(e)
-                await self.finish(RunStatus.FAILED, error=error, dead_letter=reason)
+                # A failed step journaled its own traceback; the workflow's code, here.
+                trace = None if isinstance(e, StepFailed) else traceback_text(e)
+                await self.finish(
+                    RunStatus.FAILED, error=error, dead_letter=reason, traceback=trace
+                )
                 log.info(
                     "action=run_failed run_id=%s reason=%s error=%s", rec.run_id, reason, error
                 )

@@ -234,6 +234,7 @@ class JournalWriter:
         output: Any = None,
         error: str | None = None,
         dead_letter: str | None = None,
+        traceback: str | None = None,
     ) -> None:
         kind = {
             RunStatus.SUCCEEDED: EventKind.RUN_SUCCEEDED,
@@ -245,6 +246,8 @@ class JournalWriter:
         )
         if dead_letter:
             payload["reason"] = dead_letter
+        if traceback:
+            payload["traceback"] = traceback
 
         async def op(events: list[Event]) -> None:
             crash_point("before_terminal")

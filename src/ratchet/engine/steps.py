@@ -16,6 +16,7 @@ import asyncio
 import contextvars
 import functools
 import json
+import logging
 import time
 from collections.abc import Coroutine
 from typing import Any
@@ -25,6 +26,7 @@ from ratchet.engine.context import StepInfo, current_step_info, held_here
 from ratchet.engine.control import Stopped
 from ratchet.engine.definitions import StepDef, StepKey
 from ratchet.engine.drive import HeldStep
+from ratchet.engine.evidence import traceback_text
 from ratchet.engine.faults import crash_point
 from ratchet.engine.guards.host_judged import call_digest
 from ratchet.engine.journal_writer import error_text
@@ -51,6 +53,8 @@ from ratchet.model import (
     idempotency_key,
     output_payload,
 )
+
+log = logging.getLogger("ratchet.engine")
 
 # Backoffs at least this long park the run and free the worker instead of sleeping.
 PARK_BACKOFF_S = PARK_MIN_S
@@ -143,6 +147,10 @@ class Steps(Replay):
             digest = call_digest(args, kwargs)
             if digest is not None:
                 started = {**(started or {}), "call_sha256": digest}
+        # What the step is called with, for people (replay never reads it): once per call,
+        # not per attempt, as every attempt gets the same arguments.
+        args_text = sd.args_json(args, kwargs)
+        args_value = json.loads(args_text) if args_text is not None else None
         while True:
             self.check_stop()
             reserve = await guards.before_attempt(sd, step_id, args, kwargs)
@@ -161,12 +169,16 @@ class Steps(Replay):
                 payload["resumed"] = True
             if key_attempt != attempt:
                 payload["key_attempt"] = key_attempt
+            if args_text is not None:
+                payload["args"] = args_value
             if sd.kind is None and started is None and key_attempt == attempt and reserve is None:
-                # The key is hex: its canonical JSON is written out rather than encoded.
+                # The key is hex and the arguments are canonical JSON already: the
+                # payload's canonical JSON (keys sorted) is written out, not encoded again.
+                head = "{" if args_text is None else f'{{"args":{args_text},'
                 text = (
-                    f'{{"idempotency_key":"{key}","resumed":true}}'
+                    f'{head}"idempotency_key":"{key}","resumed":true}}'
                     if resumed
-                    else f'{{"idempotency_key":"{key}"}}'
+                    else f'{head}"idempotency_key":"{key}"}}'
                 )
                 self.emit(EventKind.STEP_STARTED, step_id, attempt, payload, text)
             else:
@@ -232,13 +244,28 @@ class Steps(Replay):
                 STATS.step("failed", time.monotonic() - began)
                 tracing.end_step(span, "failed", str(e))
                 tripped = with_nested_spend(
-                    self, step_id, {"error": error_text(e), "error_type": type(e).__name__}
+                    self,
+                    step_id,
+                    {
+                        "error": error_text(e),
+                        "error_type": type(e).__name__,
+                        "traceback": traceback_text(e),
+                    },
                 )
                 self.emit(EventKind.STEP_FAILED, step_id, attempt, tripped)
                 raise
             except BaseException as e:  # SystemExit from step code is the step's failure too
                 STATS.step("failed", time.monotonic() - began)
                 error = error_text(e)
+                trace = traceback_text(e)
+                log.warning(
+                    "action=step_failed run_id=%s step_id=%s attempt=%s error=%s\n%s",
+                    self.run_id,
+                    step_id,
+                    attempt,
+                    error,
+                    trace,
+                )
                 used = attempt - base
                 unknown = bool(getattr(e, "outcome_unknown", False))
                 if sd.retry.retryable(e) and used < sd.retry.max_attempts:
@@ -249,6 +276,7 @@ class Steps(Replay):
                         "attempt": attempt,
                         "of": base + sd.retry.max_attempts,
                         "error": error,
+                        "traceback": trace,
                         "delay_s": delay,
                     }
                     if unknown:
@@ -278,7 +306,11 @@ class Steps(Replay):
                         key_attempt = attempt
                     continue
                 tracing.end_step(span, "failed", error)
-                failed: dict[str, Any] = {"error": error, "error_type": type(e).__name__}
+                failed: dict[str, Any] = {
+                    "error": error,
+                    "error_type": type(e).__name__,
+                    "traceback": trace,
+                }
                 if unknown:  # a retry of the run sends this attempt's key again
                     failed["outcome_unknown"] = True
                 with_nested_spend(self, step_id, failed)

@@ -44,6 +44,7 @@ class ToolDef:
         idempotency_key: Callable[[StepKey], str] | None = None,
         description: str | None = None,
         requires_approval: bool = False,
+        journal_args: bool = True,
     ) -> None:
         if isinstance(name, str):
             check_step_name(name, "tool")
@@ -66,7 +67,14 @@ class ToolDef:
         self.description = (description or inspect.getdoc(fn) or name).strip()
         self.signature = inspect.signature(fn)
         self.step = StepDef(
-            fn, name, retry, timeout_s, kind="tool", key=idempotency_key, announce=self._announce
+            fn,
+            name,
+            retry,
+            timeout_s,
+            kind="tool",
+            key=idempotency_key,
+            announce=self._announce,
+            journal_args=journal_args,
         )
         self._model: type[BaseModel] | None = None
 
@@ -136,11 +144,10 @@ class ToolDef:
     def _announce(
         self, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[str, dict[str, Any]]:
-        return EventKind.TOOL_CALLED, {
-            "name": self.name,
-            "arguments": self.arguments(args, kwargs),
-            "risk": self.risk,
-        }
+        called: dict[str, Any] = {"name": self.name, "risk": self.risk}
+        if self.step.journal_args:
+            called["arguments"] = self.arguments(args, kwargs)
+        return EventKind.TOOL_CALLED, called
 
 
 def make_tool(fn: Callable[..., Any], name: str | None, **options: Any) -> Any:

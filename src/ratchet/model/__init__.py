@@ -11,6 +11,7 @@ of Ratchet's, so every layer may import it; its names are imported from here
 - :mod:`~ratchet.model.events`: the event, its hash chain and canonical JSON
 - :mod:`~ratchet.model.fold`: a run's state folded from its journal
 - :mod:`~ratchet.model.records`: the records the store returns
+- :mod:`~ratchet.model.story`: a run's story for people (its input as given, its drives)
 """
 
 from ratchet.model.events import (
@@ -70,6 +71,7 @@ from ratchet.model.states import (
     StepStatus,
     WaitKind,
 )
+from ratchet.model.story import Drive, answer_text, drives, duration, failure, given_input
 from ratchet.model.waits import (
     WaitKey,
 )
@@ -92,6 +94,7 @@ __all__ = [
     "Decision",
     "DeliveryReceipt",
     "DeliveryStatus",
+    "Drive",
     "Event",
     "EventKind",
     "GatePayload",
@@ -116,10 +119,15 @@ __all__ = [
     "StepWaitingPayload",
     "WaitKey",
     "WaitKind",
+    "answer_text",
     "apply",
     "chain_next",
+    "drives",
     "dumps",
+    "duration",
+    "failure",
     "fold",
+    "given_input",
     "idempotency_key",
     "output_payload",
     "split_step_id",

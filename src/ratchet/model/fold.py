@@ -43,6 +43,7 @@ class StepState:
     output: Any = None
     error: str | None = None
     error_type: str | None = None
+    traceback: str | None = None  # the failed attempt's (absent from older journals)
     waiting: dict[str, Any] | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -217,6 +218,7 @@ def apply(state: RunState, ev: Event) -> None:
             if step.first_started_at is None:
                 step.first_started_at = ev.at
             step.error = None
+            step.traceback = None
         elif kind == EventKind.STEP_COMPLETED:
             completed = cast(StepCompletedPayload, ev.payload)
             step.status = StepStatus.COMPLETED
@@ -235,6 +237,7 @@ def apply(state: RunState, ev: Event) -> None:
             step.status = StepStatus.FAILED
             step.error = failed.get("error")
             step.error_type = failed.get("error_type")
+            step.traceback = failed.get("traceback")
             step.finished_at = ev.at
             step.finished_seq = ev.seq
             _settle(state, step, failed)
@@ -247,6 +250,7 @@ def apply(state: RunState, ev: Event) -> None:
                 state.llm.add(ev.payload["llm"])
             step.status = StepStatus.RETRYING
             step.error = retrying.get("error")
+            step.traceback = retrying.get("traceback")
             step.waiting = ev.payload
             _settle(state, step, retrying)
         elif kind == EventKind.STEP_WAITING:

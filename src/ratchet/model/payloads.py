@@ -30,6 +30,9 @@ class StepStartedPayload(TypedDict, total=False):
     child_run_id: str
     kind: str  # "llm", "tool"
     reserve: dict[str, Any]  # a model call's worst-case spend, held while it is in flight
+    # The arguments by parameter name, bounded (see ratchet.engine.evidence); absent when
+    # the step keeps them out of the journal (journal_args=False), and in older journals.
+    args: Any
 
 
 class StepCompletedPayload(TypedDict, total=False):
@@ -42,6 +45,7 @@ class StepFailedPayload(TypedDict, total=False):
 
     error: str
     error_type: str
+    traceback: str  # the exception chain, bounded and without locals (older journals: none)
     outcome_unknown: bool  # the provider may have billed it: the next attempt keeps its key
 
 
@@ -77,6 +81,8 @@ class RunEndedPayload(TypedDict, total=False):
     output: Any
     error: str | None
     reason: str  # run_failed: a DeadLetterReason or an AnomalyKind
+    traceback: str  # run_failed by the workflow's own code (not a step's failure)
+    by: str  # run_cancelled while no worker held it: who cancelled it
 
 
 # The error_type of a step its own workflow stopped waiting for (asyncio.wait_for, timeout).

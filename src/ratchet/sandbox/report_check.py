@@ -9,6 +9,7 @@ from collections.abc import Mapping, Set
 from dataclasses import dataclass
 from typing import Any
 
+from ratchet.engine.evidence import MAX_ARGS_BYTES, MAX_TRACEBACK_CHARS
 from ratchet.errors import ValueRefused
 from ratchet.llm.endpoints import BY_PROVIDER
 from ratchet.model import (
@@ -18,6 +19,7 @@ from ratchet.model import (
     RunStatus,
     StepStatus,
     WaitKind,
+    dumps,
     idempotency_key,
 )
 
@@ -49,15 +51,20 @@ SANDBOX_REASONS = frozenset(
 # The fields of each proposal's payload (None: any; the tool's call is its own record).
 _FIELDS: dict[str, frozenset[str] | None] = {
     EventKind.STEP_STARTED: frozenset(
-        {"idempotency_key", "resumed", "kind", "provider", "model", "call_sha256"}
+        {"idempotency_key", "resumed", "kind", "provider", "model", "call_sha256", "args"}
     ),
     EventKind.STEP_COMPLETED: frozenset({"output"}),
-    EventKind.STEP_FAILED: frozenset({"error", "error_type"}),
-    EventKind.STEP_RETRYING: frozenset({"attempt", "of", "error", "delay_s", "retry_at"}),
+    EventKind.STEP_FAILED: frozenset({"error", "error_type", "traceback"}),
+    EventKind.STEP_RETRYING: frozenset(
+        {"attempt", "of", "error", "delay_s", "retry_at", "traceback"}
+    ),
     EventKind.TOOL_CALLED: frozenset({"name", "arguments", "risk"}),
     EventKind.RUN_SUCCEEDED: frozenset({"output"}),
-    EventKind.RUN_FAILED: frozenset({"error", "reason"}),
+    EventKind.RUN_FAILED: frozenset({"error", "reason", "traceback"}),
 }
+# What a sandbox may journal of a step's arguments and of a traceback: what its own engine
+# writes (ratchet.engine.evidence), with room for the marker.
+_EVIDENCE_LIMITS = {"args": MAX_ARGS_BYTES + 256, "traceback": MAX_TRACEBACK_CHARS + 256}
 _WAITING_FIELDS = {
     "sleep": frozenset({"reason", "seconds", "until"}),
     "backoff": frozenset({"reason", "retry_at"}),
@@ -308,6 +315,9 @@ def check_fields(p: Proposal) -> None:
     allowed = _FIELDS.get(p.kind)
     if allowed is None:
         return
+    for name, limit in _EVIDENCE_LIMITS.items():
+        if name in p.payload and len(dumps(p.payload[name])) > limit:
+            raise ValueRefused(f"{p.kind}: its {name} is longer than {limit} characters")
     extra = sorted(set(p.payload) - allowed)
     if extra:
         raise ValueRefused(

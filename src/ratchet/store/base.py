@@ -340,11 +340,11 @@ class Store(StoreHooks):
         receipt, stored in the same commit, so a run never ends without one."""
         await endings.finish(self, lease, events, status, output, error, dead_letter, receipt)
 
-    async def cancel(self, run_id: str) -> RunStatus:
+    async def cancel(self, run_id: str, by: str | None = None) -> RunStatus:
         """Cancel a run and its unfinished children. Unowned (queued, waiting): cancelled
-        here and now, fencing any expired holder. Owned by a live worker: flagged, and that
-        worker finishes it."""
-        return await endings.cancel(self, run_id)
+        here and now, fencing any expired holder (``by``, who asked, is journaled in its
+        ``run_cancelled``). Owned by a live worker: flagged, and that worker finishes it."""
+        return await endings.cancel(self, run_id, by)
 
     async def retry_dead(
         self, run_id: str, grant: dict[str, Any] | None = None, by: str | None = None

@@ -37,8 +37,9 @@ async def step_counts(store: Dialect, run_ids: Sequence[str]) -> dict[str, int]:
 
 async def timeline_events(store: Dialect, run_id: str, upto: int | None = None) -> list[Event]:
     """A run's events up to seq ``upto`` (all when None) in one query, with the payloads
-    :func:`ratchet.api.timeline.waterfall` reads (of a ``step_started``, only its ``kind`` and
-    ``child_run_id``) and ``{}`` for the others; unhashed (a view, never a journal to verify
+    :func:`ratchet.api.timeline.waterfall` and the run's story (:mod:`ratchet.model.story`)
+    read (of a ``step_started``, only its ``kind`` and ``child_run_id``) and ``{}`` for the
+    others; unhashed (a view, never a journal to verify
     or replay)."""
     params = {"run_id": run_id, "upto": 2**62 if upto is None else upto}
     rows = await store._read(lambda tx: tx.all("ui_timeline_events", params))

@@ -81,17 +81,17 @@ def _ended(d: Dialect, tx: Tx, run_id: str) -> None:
     d._announce(tx, DONE, run_id)
 
 
-async def cancel(d: Dialect, run_id: str) -> RunStatus:
+async def cancel(d: Dialect, run_id: str, by: str | None = None) -> RunStatus:
     """Cancel a run and its unfinished children (see ``Store.cancel``)."""
 
     def body(tx: Tx) -> RunStatus:
         rec = locked_run_and_parent(tx, run_id)
-        return _cancel_locked(d, tx, rec)
+        return _cancel_locked(d, tx, rec, by)
 
     return await d._run(body)
 
 
-def _cancel_locked(d: Dialect, tx: Tx, rec: RunRecord) -> RunStatus:
+def _cancel_locked(d: Dialect, tx: Tx, rec: RunRecord, by: str | None = None) -> RunStatus:
     """Cancel ``rec`` (its row locked, after its parent's) and then its children."""
     run_id = rec.run_id
     if rec.status.terminal:
@@ -104,7 +104,8 @@ def _cancel_locked(d: Dialect, tx: Tx, rec: RunRecord) -> RunStatus:
         return rec.status
     # The lease row (locked above, so in-flight appends have landed) goes with the
     # run's end: an expired holder finds no lease to write under.
-    append_unowned(d, tx, run_id, EventKind.RUN_CANCELLED, {"by": "request"})
+    # ``by``: who asked, where the caller knows ("request" where it does not, as before).
+    append_unowned(d, tx, run_id, EventKind.RUN_CANCELLED, {"by": by or "request"})
     tx.send(
         "run_finish",
         {"run_id": run_id, "status": "cancelled", "output": None, "error": "cancelled"},

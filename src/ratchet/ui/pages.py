@@ -29,7 +29,7 @@ from ratchet.api.events import ENDED
 from ratchet.api.replay import waterfall_out
 from ratchet.api.runs import owned
 from ratchet.app import Ratchet
-from ratchet.model import RunRecord, RunStatus
+from ratchet.model import LLMTotals, RunRecord, RunStatus, given_input
 from ratchet.store import Store, dashboard, sessions, tenants, tokens
 from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
@@ -427,11 +427,12 @@ async def run_page(request: Request, run_id: str) -> Response:
     # retry route re-queues nothing else), to a token that may retry. Only such a run costs
     # the extra read.
     may_retry = rec.status == RunStatus.FAILED and allows(token, "admin")
-    wf, approvals, children, dead_lettered = await asyncio.gather(
+    wf, approvals, children, dead_lettered, totals = await asyncio.gather(
         waterfall_out(store, rec, None, compact=True),
         app.approvals_async(rec.run_id),
         tokens.runs_page(store, token.tenant_id, parent=rec.run_id, limit=500),
         dashboard.dead_lettered(store, rec.run_id) if may_retry else asyncio.sleep(0, False),
+        store.llm_totals([rec.run_id]),
     )
     # The page speaks the tenant's run ids, as the API does.
     ext = functools.partial(tenants.external_id, token.tenant_id)
@@ -454,8 +455,32 @@ async def run_page(request: Request, run_id: str) -> Response:
             "approvals": approvals,
             "children": [_shown(token, c) for c in children],
             "dead_lettered": dead_lettered,
+            "story": _story(rec, wf, totals.get(rec.run_id)),
         },
     )
+
+
+def _story(rec: RunRecord, wf: dict[str, Any], llm: LLMTotals | None) -> dict[str, Any]:
+    """The top of a run's page: what it was given, what came of it, how long it took,
+    what it spent, and who drove it (the drives, with why each ended)."""
+    drives = wf["drives"]
+    took = wf["end"] - drives[0]["start"] if drives and wf["end"] is not None else None
+    if llm is None or not llm.calls:
+        cost = "$0"
+    elif llm.unpriced_calls == llm.calls:
+        cost = "unpriced"
+    else:
+        more = f" (+{llm.unpriced_calls} unpriced)" if llm.unpriced_calls else ""
+        cost = f"${llm.cost_usd:.6f}{more}"
+    return {
+        "input": given_input(rec.input),
+        "duration": took,
+        "tokens": llm.tokens if llm is not None else 0,
+        "cost": cost,
+        "drives": drives,
+        "failed_step": wf["failed_step"],
+        "traceback": wf["traceback"],
+    }
 
 
 def _shown(token: Token, rec: RunRecord) -> RunRecord:

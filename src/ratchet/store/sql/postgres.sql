@@ -804,10 +804,11 @@ GROUP BY run_id
 -- A journal as the waterfall reads it: every event's time, kind and step; of a step_started
 -- only the two fields the waterfall reads (its kind, a child's run id), extracted here so a
 -- long journal's thousands of starts are not parsed in Python; the whole payload only of
--- the rare kinds whose payload the waterfall reads (not the outputs of completed steps,
--- most of a long journal's bytes).
+-- the rare kinds whose payload the waterfall and the run's story read (not the outputs of
+-- completed steps, most of a long journal's bytes).
 SELECT seq, kind, step_id, attempt, extract(epoch FROM at)::float8 AS at,
-       CASE WHEN kind IN ('step_waiting', 'run_resumed', 'anomaly_detected',
+       CASE WHEN kind IN ('step_waiting', 'run_started', 'run_resumed', 'run_queued',
+                          'run_failed', 'run_cancelled', 'step_failed', 'anomaly_detected',
                           'confidence_evaluated', 'confidence_gate_bypassed')
             THEN payload::text END AS payload,
        CASE WHEN kind = 'step_started' THEN payload->>'kind' END AS step_kind,

@@ -103,7 +103,7 @@ function rowHtml(r, x, end, now) {
   const child = r.child_run_id
     ? ` <a class="child" href="/runs/${esc(runPath(r.child_run_id))}">child run</a>` : "";
   const tries = r.attempts > 1 ? ` <small>${r.attempts} attempts</small>` : "";
-  return `<li class="wf-row st-${esc(r.status)}" data-step="${id}" data-status="${esc(r.status)}" data-since="${since.get(key)}"><span class="wf-label"><button type="button" class="step" title="${id}">${id}</button>${tries}${child}</span><span class="wf-track">${r.segments.map((s) => segment(s, x, end)).join("")}</span></li>`;
+  return `<li class="wf-row st-${esc(r.status)}" data-step="${id}" data-status="${esc(r.status)}" data-since="${since.get(key)}"><span class="wf-label" title="${id}"><button type="button" class="step">${id}</button>${tries}${child}</span><span class="wf-track">${r.segments.map((s) => segment(s, x, end)).join("")}</span></li>`;
 }
 
 // An isolated run's sandboxes, one row each above its steps: when each lived, and how it
@@ -196,6 +196,7 @@ const refresh = coalesced(async () => {
   badge.className = `badge st-${run.status}`;
   $("run-error").hidden = !run.error;
   $("run-error").textContent = run.error ?? "";
+  story(run);
   if (scrubbed === null) {
     draw(latest);
     if ($("state-box").open) scrubTo(latest.last_seq);
@@ -222,6 +223,22 @@ if (!latest.terminal) {
   setInterval(() => { if (scrubbed === null && !latest.terminal && latest.rows.length < 800) draw(latest); }, 1000);
 }
 
+// The story at the top: drives (who drove, why each ended), the failure's traceback, the
+// output, the duration, as GET /v1/runs/{id} tells them once the run moves on.
+function story(run) {
+  $("story-drives").innerHTML = run.drives.length ? run.drives.map((d) =>
+    `<li data-drive="${esc(d.drive)}"><strong>${esc(d.worker_id ?? "?")}</strong>${d.reason && d.reason !== "claim" ? ` <small>(${esc(d.reason)})</small>` : ""}: ${esc(d.ended ?? "running")}</li>`).join("")
+    : "<li>not driven yet</li>";
+  const tb = $("story-traceback");
+  tb.hidden = !run.traceback;
+  tb.querySelector("pre").textContent = run.traceback ?? "";
+  const out = $("story-output");
+  out.hidden = run.status !== "succeeded";
+  out.querySelector("pre").textContent = JSON.stringify(run.output, null, 2);
+  if (run.duration_s != null) $("story-duration").textContent = secs(run.duration_s);
+  $("story-tokens").textContent = (run.llm.input_tokens + run.llm.output_tokens).toLocaleString("en-US");
+}
+
 // -- a step's detail ---------------------------------------------------------------------
 list.addEventListener("click", async (e) => {
   const button = e.target.closest("button.step");
@@ -236,9 +253,18 @@ list.addEventListener("click", async (e) => {
   if (s.child_run_id) facts.push(["Child run", s.child_run_id]);
   $("detail-facts").innerHTML = facts.map(([k, v]) =>
     `<div><dt>${esc(k)}</dt><dd>${esc(v)}</dd></div>`).join("");
-  $("detail-input").textContent = JSON.stringify(d.input, null, 2);
+  // What the step was called with (journal_args=False, or an older journal: nothing).
+  $("detail-input").textContent = d.args_journaled ? JSON.stringify(d.args, null, 2)
+    : "(arguments not journaled)";
+  // A model call's answer as text, its raw response one click away; other steps' output.
+  const answer = $("detail-answer");
+  answer.hidden = d.answer == null;
+  answer.textContent = d.answer ?? "";
+  $("detail-raw").open = d.answer == null;
   $("detail-output").textContent = JSON.stringify(s.output, null, 2);
   $("detail-error").textContent = s.error ?? "–";
+  $("detail-tb").hidden = !s.traceback;
+  $("detail-traceback").textContent = s.traceback ?? "";
   $("detail-events").textContent = d.events.map((ev) =>
     JSON.stringify({ seq: ev.seq, kind: ev.kind, attempt: ev.attempt, at: ev.at, payload: ev.payload })).join("\n");
   const panel = $("detail");
