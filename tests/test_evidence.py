@@ -237,14 +237,16 @@ def test_a_journal_older_than_args_and_tracebacks_folds_and_tells_its_story() ->
 
 def test_a_sandbox_may_journal_args_and_tracebacks_no_larger_than_a_worker_writes() -> None:
     from ratchet.errors import ValueRefused
-    from ratchet.sandbox.host import Proposal, _fields
+    from ratchet.sandbox.report_check import Proposal, check_fields
 
     def started(args: Any) -> Proposal:
         return Proposal("step_started", "1:a", 1, {"idempotency_key": "k", "args": args}, "")
 
-    _fields(started({"x": 1}))  # what its own engine writes passes
-    _fields(Proposal("step_failed", "1:a", 1, {"error": "e", "traceback": "t" * 8000}, ""))
+    check_fields(started({"x": 1}))  # what its own engine writes passes
+    check_fields(Proposal("step_failed", "1:a", 1, {"error": "e", "traceback": "t" * 8000}, ""))
     with pytest.raises(ValueRefused, match="step_started: its args is longer than"):
-        _fields(started({"x": "y" * (MAX_ARGS_BYTES * 2)}))
+        check_fields(started({"x": "y" * (MAX_ARGS_BYTES * 2)}))
     with pytest.raises(ValueRefused, match="run_failed: its traceback is longer than"):
-        _fields(Proposal("run_failed", None, None, {"error": "e", "traceback": "t" * 20_000}, ""))
+        check_fields(
+            Proposal("run_failed", None, None, {"error": "e", "traceback": "t" * 20_000}, "")
+        )

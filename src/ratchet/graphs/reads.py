@@ -63,6 +63,7 @@ class Graph(Protocol):
     @property
     def loop_of(self) -> Mapping[str, str]: ...
 
+
 # The walk's end, as a node of each scope (the top level, or a loop's body).
 END = "\x00end"
 _ROOT = "\x00root"
