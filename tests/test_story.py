@@ -52,6 +52,19 @@ def test_a_killed_workers_drive_is_taken_over_and_the_next_succeeds() -> None:
     assert duration(events) == pytest.approx(2.9)
 
 
+def test_a_killed_workers_drive_seen_dead_is_taken_over_before_its_lease_expires() -> None:
+    events = journal(
+        (1.0, "run_started", drive("w1", 1)),
+        (1.5, "step_started", {}),
+        (2.1, "run_resumed", drive("w2", 2, "takeover")),
+        (2.2, "run_succeeded", {"output": 1}),
+    )
+    assert told(events) == [
+        ("w1", "worker killed, taken over by w2 after 600 ms"),
+        ("w2", "succeeded"),
+    ]
+
+
 def test_a_parked_run_resumed_then_cancelled_by_a_person() -> None:
     events = journal(
         (1.0, "run_started", drive("w1", 1)),

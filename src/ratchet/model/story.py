@@ -18,6 +18,7 @@ from ratchet.model.states import TERMINAL_EVENTS, ClaimReason, EventKind
 _EXTERNAL = frozenset({EventKind.SIGNAL_RECEIVED, EventKind.APPROVAL_DECIDED, EventKind.RUN_QUEUED})
 # How a drive took its run, in the words of the drive before it (see _ended_by).
 _TAKEN_OVER: dict[str, str] = {
+    ClaimReason.TAKEOVER: "worker killed, taken over by {w} after {s}",
     ClaimReason.SWEEP: "worker lost (killed or hung), lease expired, taken over by {w} after {s}",
     ClaimReason.RECLAIM: "worker restarted, run reclaimed by {w} after {s}",
 }
