@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ratchet.model import TAKEOVERS, TERMINAL_EVENTS, Drive, Event, EventKind, drives, failure
+from ratchet.model import TAKEOVERS, TERMINAL_EVENTS, DriveStory, Event, EventKind, drives, failure
 
 # Event kinds drawn as markers on the time axis (the guards' kinds exist once the guards
 # journal them; a journal without them simply has none).
@@ -98,7 +98,7 @@ class Waterfall:
     sandboxes: list[SandboxSpan] = field(default_factory=list)
     # Who drove the run and why each drive ended; the step whose failure failed it and
     # its traceback (see ratchet.model.story).
-    drives: list[Drive] = field(default_factory=list)
+    drives: list[DriveStory] = field(default_factory=list)
     failed_step: str | None = None
     traceback: str | None = None
 

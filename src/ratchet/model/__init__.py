@@ -71,7 +71,7 @@ from ratchet.model.states import (
     StepStatus,
     WaitKind,
 )
-from ratchet.model.story import Drive, answer_text, drives, duration, failure, given_input
+from ratchet.model.story import DriveStory, answer_text, drives, duration, failure, given_input
 from ratchet.model.waits import (
     WaitKey,
 )
@@ -94,7 +94,7 @@ __all__ = [
     "Decision",
     "DeliveryReceipt",
     "DeliveryStatus",
-    "Drive",
+    "DriveStory",
     "Event",
     "EventKind",
     "GatePayload",

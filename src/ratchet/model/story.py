@@ -41,7 +41,7 @@ def given_input(stored: Any) -> Any:
 
 
 @dataclass(slots=True)
-class Drive:
+class DriveStory:
     """One drive of a run: from its ``run_started``/``run_resumed`` to its last event."""
 
     drive: int
@@ -77,7 +77,7 @@ def _secs(s: float) -> str:
     return f"{s * 1000:.0f} ms" if s < 1 else f"{s:.1f} s" if s < 120 else f"{s / 60:.0f} min"
 
 
-def _ended_by(prev: Drive, nxt: Drive, parked: str | None) -> str:
+def _ended_by(prev: DriveStory, nxt: DriveStory, parked: str | None) -> str:
     """Why ``prev`` ended, as the drive after it tells."""
     gap = _secs(max(nxt.start - prev.end, 0.0))
     who = nxt.worker_id or "?"
@@ -104,17 +104,17 @@ def _terminal(ev: Event) -> str:
     return f"failed, dead-lettered ({reason})" if reason else "failed"
 
 
-def drives(events: list[Event]) -> list[Drive]:
+def drives(events: list[Event]) -> list[DriveStory]:
     """The drives of a journal (in seq order), each with why it ended."""
-    out: list[Drive] = []
-    current: Drive | None = None
+    out: list[DriveStory] = []
+    current: DriveStory | None = None
     parked: str | None = None  # what the current drive's run waits for, once parked
     for ev in events:
         kind = ev.kind
         if kind in (EventKind.RUN_STARTED, EventKind.RUN_RESUMED):
             p = ev.payload
             number = p.get("drive")
-            nxt = Drive(
+            nxt = DriveStory(
                 number if isinstance(number, int) else len(out) + 1,
                 p.get("worker_id"),
                 p.get("reason") or (ClaimReason.CLAIM if kind == EventKind.RUN_STARTED else None),
