@@ -140,8 +140,10 @@ def test_golden_journal_against_reordered_code_is_non_deterministic(db_url: str)
     app = _research_app(db_url, calls, reorder=True)
     try:
         run_id = _install(app, data, events)
-        app.launch()
+        # Sent before a worker is there: the reordered code fails the run at its first
+        # replayed step, and a signal to a finished run is refused.
         app.signal(run_id, "approve", {"by": "ana"})
+        app.launch()
         with pytest.raises(ratchet.RunFailed) as err:
             app.result(run_id, timeout_s=15)
         message = str(err.value)
