@@ -280,7 +280,9 @@ def test_a_six_step_run_killed_mid_step_has_six_rows_and_a_drive_marker(dash: Da
     # The takeover is a vertical drive marker saying why the drive before it ended; step
     # 4's first try was cut short by it.
     took_over = (
-        r"worker (lost \(killed or hung\), lease expired, taken over|restarted, run reclaimed)"
+        r"worker (killed, taken over"
+        r"|lost \(killed or hung\), lease expired, taken over"
+        r"|restarted, run reclaimed)"
     )
     drive = page.get_by_role("img", name=re.compile(rf"^drive 1 by a: {took_over} by b after"))
     expect(drive).to_have_count(1)
@@ -288,7 +290,7 @@ def test_a_six_step_run_killed_mid_step_has_six_rows_and_a_drive_marker(dash: Da
     drives = page.locator("#story-drives li")
     expect(drives).to_have_count(2)
     expect(drives.nth(0)).to_have_text(re.compile(rf"^a: {took_over} by b after [0-9.]+ (s|ms)$"))
-    expect(drives.nth(1)).to_have_text(re.compile(r"^b \((sweep|reclaim)\): succeeded$"))
+    expect(drives.nth(1)).to_have_text(re.compile(r"^b \((takeover|sweep|reclaim)\): succeeded$"))
     expect(page.locator("#story-input")).to_contain_text('"block_at"')
     step4 = row(page, "4:work")
     expect(step4.get_by_role("img", name=re.compile(r"^attempt 1 interrupted"))).to_have_count(1)
