@@ -7,10 +7,19 @@ from ratchet.store.queries import load_queries
 
 # Queries one dialect has and the other does without.
 DIALECT_ONLY = {
-    "sqlite": set(),
+    "sqlite": {
+        # The workers whose liveness lock is to be tested: SQLite tests a file's byte locks
+        # in Python, PostgreSQL tests advisory locks in SQL (worker_lock, workers_dead).
+        "workers_locking",
+    },
     "postgres": {
         "notify",  # LISTEN/NOTIFY; SQLite wakes its own process and polls for others
         "migrations_lock",  # an advisory lock; SQLite's BEGIN IMMEDIATE already serialises
+        # A worker's liveness: a session advisory lock, taken, let go, and tested for the
+        # workers that died (SQLite locks a byte of a file beside the database).
+        "worker_lock",
+        "worker_unlock",
+        "workers_dead",
         # Single-statement forms of the hot path (SQLite has no data-modifying CTEs).
         "append_events",
         "claim_ready",
