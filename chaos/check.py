@@ -483,7 +483,11 @@ def check_fencing(
         e
         for e in segs[0][1]
         if e.kind != EventKind.RUN_QUEUED
-        and not (e.kind == EventKind.RUN_CANCELLED and e.payload.get("by") == "request")
+        # A cancel of a run no worker held: written by the store, naming who asked (or
+        # "request") and carrying no error, which a worker's own cancel does.
+        and not (
+            e.kind == EventKind.RUN_CANCELLED and "by" in e.payload and "error" not in e.payload
+        )
     ]
     if stray:
         bad(

@@ -92,7 +92,8 @@ def test_cancel_of_a_run_looping_over_quick_steps_stops_it_at_a_step_boundary(
 
     events = app.events(run_id)
     check_ends_once(events)
-    assert of_kind(events, EventKind.RUN_CANCELLED)[0].payload == {"error": "cancelled"}
+    ended = of_kind(events, EventKind.RUN_CANCELLED)[0].payload
+    assert ended == {"error": "cancelled", "by": "request"}  # nobody was named
     # The cancel reaches the drive by its wake-up and again by any lease renewal that
     # lands before the drive has ended (a stop is idempotent): the first one counts.
     cancels = [at for reason, at in stops if reason is StopReason.CANCEL]
@@ -917,12 +918,13 @@ def test_cancelling_a_parent_cancels_its_waiting_child_at_once(
     wait_for(lambda: app.get(run_id).status == RunStatus.WAITING, what="the parent parked")
     child_id = child_of(app, run_id)
     assert app.get(child_id).status == RunStatus.WAITING
-    assert app.cancel(run_id) == RunStatus.CANCELLED
+    assert app.cancel(run_id, by="ana") == RunStatus.CANCELLED
     assert app.get(child_id).status == RunStatus.CANCELLED  # in the same transaction
     for rid in (run_id, child_id):
         events = app.events(rid)
         check_ends_once(events)
-        assert len(of_kind(events, EventKind.RUN_CANCELLED)) == 1
+        [ended] = of_kind(events, EventKind.RUN_CANCELLED)
+        assert ended.payload == {"by": "ana"}  # the child too: cancelled by the same person
 
 
 def test_cancelling_a_parent_stops_a_child_a_worker_is_running(

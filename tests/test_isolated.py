@@ -236,13 +236,14 @@ def test_a_cancel_kills_the_sandbox_and_the_cli_lists_it(
     app.launch()
     run_id = app.start(iso.pipeline, 3)
     wait_for(lambda: _started(app.events(run_id), "2:slow"), timeout=60, what="step 2 to start")
-    app.cancel(run_id)
+    app.cancel(run_id, by="ana")
     with pytest.raises(ratchet.RunCancelled):
         app.result(run_id, timeout_s=RESULT_S)
     [row] = _ended(app, run_id, 1)
     assert row.end_reason == "killed" and row.signal == 9
     assert not live_sandboxes(run_id)
-    assert [e.kind for e in app.events(run_id)][-1] == "run_cancelled"
+    ended = app.events(run_id)[-1]
+    assert ended.kind == "run_cancelled" and ended.payload["by"] == "ana"
     listed = CliRunner().invoke(cli, ["--db", db_url, "sandboxes", run_id, "--json"])
     assert listed.exit_code == 0, listed.output
     assert [(r["sandbox_id"], r["end_reason"]) for r in json.loads(listed.output)] == [

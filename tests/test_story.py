@@ -86,6 +86,27 @@ def test_a_parked_run_resumed_then_cancelled_by_a_person() -> None:
     assert told(old) == [("w1", "cancelled")]
 
 
+def test_a_run_its_worker_cancelled_names_who_asked_and_the_drive_ends_with_it() -> None:
+    events = journal(
+        (1.0, "run_started", drive("w1", 1)),
+        (1.1, "step_waiting", {"reason": "signal", "name": "go"}),
+        (5.0, "run_cancelled", {"error": "cancelled", "by": "ana"}),
+    )
+    # Its worker held it (waiting in memory, not parked): the drive ended with the cancel.
+    assert told(events) == [("w1", "cancelled by ana")]
+    assert drives(events)[0].end == 5.0
+    nobody = journal(
+        (1.0, "run_started", drive("w1", 1)),
+        (2.0, "run_cancelled", {"error": "cancelled", "by": "request"}),
+    )
+    assert told(nobody) == [("w1", "cancelled")] and drives(nobody)[0].end == 2.0
+    # A worker's cancel from before cancels named anyone.
+    old = journal(
+        (1.0, "run_started", drive("w1", 1)), (2.0, "run_cancelled", {"error": "cancelled"})
+    )
+    assert told(old) == [("w1", "cancelled")]
+
+
 def test_a_dead_lettered_run_retried_by_a_person_and_a_reason_this_version_does_not_know() -> None:
     events = journal(
         (1.0, "run_started", drive("w1", 1)),

@@ -153,9 +153,11 @@ class Client(AppBase):
         return await (await self._astore()).pending_approvals(run_id, limit)
 
     async def cancel_async(self, run_id: str, *, by: str | None = None) -> RunStatus:
-        """Cancel a run; returns its status after the request (a running run is cancelled
-        by its worker at its next lease renewal). ``by``, who asked, is journaled when the
-        run is cancelled here and now (queued or waiting)."""
+        """Cancel a run and its unfinished children; returns its status after the request
+        (a running run is cancelled by its worker as soon as the request reaches it). ``by``,
+        who asked, is journaled in the ``run_cancelled`` of the run and of its children,
+        whether cancelled here and now (queued or waiting) or by the worker that held it
+        ("request" where nobody was named)."""
         if by is not None:
             check_name(by, "cancelled by (by)")
         return await (await self._astore()).cancel(run_id, by)

@@ -49,9 +49,10 @@ class Stopped(BaseException):
 class Control:
     """The worker's handle on one drive (and the drive's own, for its deadline). ``stop``
     may be called at any time, more than once; a lost lease overrides any other reason, a
-    cancel a deadline, and a deadline a shutdown."""
+    cancel a deadline, and a deadline a shutdown. ``cancel_by``: who asked for a cancel,
+    where the request named them, for the run's ``run_cancelled``."""
 
-    __slots__ = ("_listener", "interrupt_steps", "reason")
+    __slots__ = ("_listener", "cancel_by", "interrupt_steps", "reason")
 
     # A deadline outranks a shutdown (the run ends rather than being handed on), and a
     # person's cancel outranks a deadline.
@@ -65,13 +66,19 @@ class Control:
     def __init__(self) -> None:
         self.reason: StopReason | None = None
         self.interrupt_steps = False
+        self.cancel_by: str | None = None
         self._listener: Callable[[], None] | None = None
 
-    def stop(self, reason: StopReason, *, interrupt_steps: bool | None = None) -> None:
+    def stop(
+        self, reason: StopReason, *, interrupt_steps: bool | None = None, by: str | None = None
+    ) -> None:
         """Ask the drive to stop. Running step code is interrupted for a cancel or a lost
-        lease, and for a shutdown only when ``interrupt_steps`` (its grace period is over)."""
+        lease, and for a shutdown only when ``interrupt_steps`` (its grace period is over).
+        ``by``: who asked for a cancel, where named (the first name given stays)."""
         if self.reason is None or self._RANK[reason] >= self._RANK[self.reason]:
             self.reason = reason
+        if reason is StopReason.CANCEL and self.cancel_by is None:
+            self.cancel_by = by
         if interrupt_steps is None:
             interrupt_steps = reason is not StopReason.SHUTDOWN
         self.interrupt_steps = self.interrupt_steps or interrupt_steps

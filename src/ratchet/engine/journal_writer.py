@@ -23,7 +23,15 @@ from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import Waits
 from ratchet.errors import DriveAborted
-from ratchet.model import ClaimedRun, Event, EventKind, RunState, RunStatus, chain_next
+from ratchet.model import (
+    UNNAMED_CANCEL,
+    ClaimedRun,
+    Event,
+    EventKind,
+    RunState,
+    RunStatus,
+    chain_next,
+)
 from ratchet.receipts.keys import Signer
 from ratchet.receipts.service import receipt_for
 from ratchet.store.base import Store
@@ -72,7 +80,9 @@ class JournalWriter:
         self.state = state
         self.threads = threads
         self.store = DriveStore(store, self.run_id, self._busy, self._idle)
-        self.waits = Waits(self.store, self._park, lambda: self.control.stop(StopReason.CANCEL))
+        self.waits = Waits(
+            self.store, self._park, lambda by: self.control.stop(StopReason.CANCEL, by=by)
+        )
         self.pending: list[Event] = []
         self.ordinal = 0
         self.journal_ordinals = max(state.by_ordinal, default=0)
@@ -248,6 +258,8 @@ class JournalWriter:
             payload["reason"] = dead_letter
         if traceback:
             payload["traceback"] = traceback
+        if status == RunStatus.CANCELLED:  # who asked, as the cancel request named them
+            payload["by"] = self.control.cancel_by or UNNAMED_CANCEL
 
         async def op(events: list[Event]) -> None:
             crash_point("before_terminal")

@@ -76,7 +76,9 @@ class Wait:
 class Waits:
     """The waits of one drive and the settler that parks it."""
 
-    def __init__(self, store: DriveStore, park: ParkFn, on_cancel: Callable[[], None]) -> None:
+    def __init__(
+        self, store: DriveStore, park: ParkFn, on_cancel: Callable[[str | None], None]
+    ) -> None:
         self._store = store
         self._park = park
         self._on_cancel = on_cancel
@@ -194,8 +196,8 @@ class Waits:
             for w in waits:
                 w.wake(Parked(w.waiting_for))
             return False
-        if outcome == "cancel":
-            self._on_cancel()
+        if outcome == "cancel":  # ready: who asked, if named
+            self._on_cancel(ready[0] if ready else None)
             return False
         for w in waits:
             if w.waiting_for in ready:

@@ -489,41 +489,46 @@ class Worker:
     async def _renew_loop(self) -> None:
         every = self.lease_ttl / 3
         wait = every
-        while True:
-            # A cancel request announced for a run renews early, so it is seen at once; so
-            # do runs just taken over, whose cancel may have been requested meanwhile.
-            with self.store.watching(CANCEL) as cancel:
+        # A cancel request announced for a run renews early, so it is seen at once; so do
+        # runs just taken over, whose cancel may have been requested meanwhile. Watched for
+        # the loop's life: one announced while a renewal is under way renews again at once.
+        with self.store.watching(CANCEL) as cancel:
+            while True:
                 waiters = [asyncio.ensure_future(e.wait()) for e in (cancel, self._renew_now)]
                 try:
                     await asyncio.wait(waiters, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     for task in waiters:
                         task.cancel()
-            self._renew_now.clear()
-            snapshot = {run_id: (a, a.claimed.lease.epoch) for run_id, a in self.active.items()}
-            sent_at = time.monotonic()
-            try:
-                held = await self.store.renew(self.worker_id, self.lease_ttl, list(snapshot))
-            except Exception as e:
-                log.warning("action=renew_failed error=%s", e)
-                self._stop_expired(time.monotonic())
-                wait = min(every, max(0.05, self.lease_ttl / 10))  # try again sooner
+                cancel.clear()
+                self._renew_now.clear()
+                wait = await self._renew(every)
+
+    async def _renew(self, every: float) -> float:
+        """Renew the leases of the drives under way; how long to wait for the next renewal."""
+        snapshot = {run_id: (a, a.claimed.lease.epoch) for run_id, a in self.active.items()}
+        sent_at = time.monotonic()
+        try:
+            held = await self.store.renew(self.worker_id, self.lease_ttl, list(snapshot))
+        except Exception as e:
+            log.warning("action=renew_failed error=%s", e)
+            self._stop_expired(time.monotonic())
+            return min(every, max(0.05, self.lease_ttl / 10))  # try again sooner
+        crash_point("after_renew")
+        by_run = {h.run_id: h for h in held}
+        for run_id, (active, epoch) in snapshot.items():
+            if self.active.get(run_id) is not active or active.task.done():
                 continue
-            wait = every
-            crash_point("after_renew")
-            by_run = {h.run_id: h for h in held}
-            for run_id, (active, epoch) in snapshot.items():
-                if self.active.get(run_id) is not active or active.task.done():
-                    continue
-                lease = by_run.get(run_id)
-                # Either epoch is ours: a retake may have moved it while this renewal ran.
-                if lease is None or lease.epoch not in (epoch, active.claimed.lease.epoch):
-                    active.control.stop(StopReason.LEASE_LOST)
-                    log.warning("action=lease_lost run_id=%s", run_id)
-                    continue
-                active.deadline = sent_at + self.lease_ttl
-                if lease.cancel_requested:
-                    active.control.stop(StopReason.CANCEL)
+            lease = by_run.get(run_id)
+            # Either epoch is ours: a retake may have moved it while this renewal ran.
+            if lease is None or lease.epoch not in (epoch, active.claimed.lease.epoch):
+                active.control.stop(StopReason.LEASE_LOST)
+                log.warning("action=lease_lost run_id=%s", run_id)
+                continue
+            active.deadline = sent_at + self.lease_ttl
+            if lease.cancel_requested:
+                active.control.stop(StopReason.CANCEL, by=lease.cancel_by)
+        return every
 
     def _stop_expired(self, now: float) -> None:
         """Renewals are failing: a drive whose lease has run out by now stops, because

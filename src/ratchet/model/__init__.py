@@ -32,6 +32,7 @@ from ratchet.model.fold import (
 )
 from ratchet.model.payloads import (
     ABANDONED,
+    UNNAMED_CANCEL,
     AnomalyPayload,
     ApprovalDecidedPayload,
     GatePayload,
@@ -82,6 +83,7 @@ __all__ = [
     "TAKEOVERS",
     "TERMINAL_EVENTS",
     "TERMINAL_STATUSES",
+    "UNNAMED_CANCEL",
     "AnomalyKind",
     "AnomalyPayload",
     "Approval",

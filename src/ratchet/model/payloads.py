@@ -82,8 +82,12 @@ class RunEndedPayload(TypedDict, total=False):
     error: str | None
     reason: str  # run_failed: a DeadLetterReason or an AnomalyKind
     traceback: str  # run_failed by the workflow's own code (not a step's failure)
-    by: str  # run_cancelled while no worker held it: who cancelled it
+    by: str  # run_cancelled: who cancelled it (UNNAMED_CANCEL where nobody was named)
 
+
+# A run_cancelled's ``by`` where the cancel named nobody (and every cancel a worker
+# finished before cancels carried a name).
+UNNAMED_CANCEL = "request"
 
 # The error_type of a step its own workflow stopped waiting for (asyncio.wait_for, timeout).
 ABANDONED = "StepAbandoned"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ratchet.model.events import Event, dumps
+from ratchet.model.payloads import UNNAMED_CANCEL
 from ratchet.model.states import TERMINAL_EVENTS, ClaimReason, EventKind
 
 # Written by others than the drive (the API, a person), while it runs or parks.
@@ -99,9 +100,17 @@ def _terminal(ev: Event) -> str:
         return "succeeded"
     if ev.kind == EventKind.RUN_CANCELLED:
         by = p.get("by")
-        return f"cancelled by {by}" if by and by != "request" else "cancelled"
+        return f"cancelled by {by}" if by and by != UNNAMED_CANCEL else "cancelled"
     reason = p.get("reason")
     return f"failed, dead-lettered ({reason})" if reason else "failed"
+
+
+def _unowned(ev: Event) -> bool:
+    """A cancel of a run no worker held: the store wrote it, naming who asked and no
+    more; the drive had ended before it (parked, or handed back). A worker's own cancel
+    carries its ``error`` beside ``by``."""
+    p = ev.payload
+    return ev.kind == EventKind.RUN_CANCELLED and bool(p.get("by")) and "error" not in p
 
 
 def drives(events: list[Event]) -> list[DriveStory]:
@@ -135,7 +144,7 @@ def drives(events: list[Event]) -> list[DriveStory]:
             current.ended = f"{current.ended or 'failed'}, retried by {by or 'a person'}"
         elif kind in TERMINAL_EVENTS:
             ended = _terminal(ev)
-            if ev.payload.get("by") and current.ended is None:  # no worker held it
+            if _unowned(ev) and current.ended is None:
                 current.ended = f"parked ({parked}), {ended}" if parked else ended
             else:
                 current.ended, current.end, current.end_seq = ended, ev.at, ev.seq

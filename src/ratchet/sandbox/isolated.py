@@ -46,6 +46,7 @@ from ratchet.errors import (
 from ratchet.extras import require
 from ratchet.graphs.walk import GraphWorkflow
 from ratchet.model import (
+    UNNAMED_CANCEL,
     ClaimedRun,
     Event,
     EventKind,
@@ -164,15 +165,14 @@ class IsolatedRunner:
             if state.status.terminal:
                 return await self._settled(lease, events)
             if control.reason is not None:
-                return await self._stopped(lease, events, reason, control.reason)
+                return await self._stopped(lease, events, reason, control.reason, control.cancel_by)
             if reason == RESPAWN:
                 # Each sandbox writes under an epoch of its own: one the run has moved on
                 # from is refused by the store's fence, whatever it still tries.
                 again = await relet()
                 if again is None:
-                    return await self._stopped(
-                        lease, events, reason, control.reason or StopReason.LEASE_LOST
-                    )
+                    stop = control.reason or StopReason.LEASE_LOST
+                    return await self._stopped(lease, events, reason, stop, control.cancel_by)
                 lease = again.lease
             if ready is None:
                 # Ready before a sandbox's row is written, so that between the row (the
@@ -482,14 +482,14 @@ class IsolatedRunner:
         return DriveOutcome.FAILED
 
     async def _stopped(
-        self, lease: Lease, events: list[Event], reason: str, stop: StopReason
+        self, lease: Lease, events: list[Event], reason: str, stop: StopReason, by: str | None
     ) -> DriveOutcome:
+        """A cancel ends the run as cancelled ``by`` whoever asked (None: nobody named)."""
         if stop is StopReason.LEASE_LOST:
             return DriveOutcome.LEASE_LOST
         if stop is StopReason.CANCEL:
-            await self._finish(
-                lease, events, reason, RunStatus.CANCELLED, {"error": "cancelled"}, "cancelled"
-            )
+            ended = {"error": "cancelled", "by": by or UNNAMED_CANCEL}
+            await self._finish(lease, events, reason, RunStatus.CANCELLED, ended, "cancelled")
             return DriveOutcome.CANCELLED
         await self.store.hand_back(lease, [])
         return DriveOutcome.HANDED_BACK

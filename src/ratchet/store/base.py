@@ -299,8 +299,9 @@ class Store(StoreHooks):
         """Append ``events``, set the run ``waiting`` and release the lease, unless some of
         ``waits`` (``signal:NAME``, ``child:RUN``, ``approval:STEP``, or timers) is already
         satisfied. Returns ``("parked", [])``, ``("ready", satisfied)`` (keep driving;
-        events still appended) or ``("cancel", [])`` (a cancel is pending). Several waits
-        park the run as ``any:[...]``: whichever arrives first wakes it."""
+        events still appended) or ``("cancel", [who])`` (a cancel is pending; who asked
+        for it, an empty list where nobody was named). Several waits park the run as
+        ``any:[...]``: whichever arrives first wakes it."""
         return await run_waits.park(self, lease, events, waits, not_before)
 
     async def hand_back(self, lease: Lease, events: Sequence[Event]) -> None:
@@ -342,8 +343,9 @@ class Store(StoreHooks):
 
     async def cancel(self, run_id: str, by: str | None = None) -> RunStatus:
         """Cancel a run and its unfinished children. Unowned (queued, waiting): cancelled
-        here and now, fencing any expired holder (``by``, who asked, is journaled in its
-        ``run_cancelled``). Owned by a live worker: flagged, and that worker finishes it."""
+        here and now, fencing any expired holder. Owned by a live worker: flagged with
+        ``by``, and that worker finishes it. Either way ``by``, who asked, is journaled in
+        the ``run_cancelled`` of the run and of its children ("request" where None)."""
         return await endings.cancel(self, run_id, by)
 
     async def retry_dead(

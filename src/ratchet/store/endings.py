@@ -13,7 +13,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from ratchet.errors import NotDeadLettered, RunFinished
-from ratchet.model import Event, EventKind, Lease, RunRecord, RunStatus, WaitKey, dumps
+from ratchet.model import (
+    UNNAMED_CANCEL,
+    Event,
+    EventKind,
+    Lease,
+    RunRecord,
+    RunStatus,
+    WaitKey,
+    dumps,
+)
 from ratchet.store.bus import CANCEL, DONE, READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.journal import append_unowned, insert_events
@@ -67,9 +76,19 @@ async def finish(
             "run_wake", {"run_id": rec.parent_run_id, "waiting_for": str(WaitKey.child(rec.run_id))}
         ):
             d._announce(tx, READY)
-        _cancel_children(d, tx, lease.run_id)
+        _cancel_children(d, tx, lease.run_id, _cancelled_by(events))
 
     await d._run(body)
+
+
+def _cancelled_by(events: Sequence[Event]) -> str | None:
+    """Who cancelled the run these terminal events end, as its ``run_cancelled`` names
+    them: its children are cancelled by the same person. None for any other end."""
+    for e in events:
+        if e.kind == EventKind.RUN_CANCELLED:
+            by = e.payload.get("by")
+            return by if isinstance(by, str) and by != UNNAMED_CANCEL else None
+    return None
 
 
 def _ended(d: Dialect, tx: Tx, run_id: str) -> None:
@@ -98,14 +117,14 @@ def _cancel_locked(d: Dialect, tx: Tx, rec: RunRecord, by: str | None = None) ->
         return rec.status
     lock = tx.one("lease_row_locked", {"run_id": run_id})
     if lock is not None and lock["worker_id"] is not None and bool(lock["live"]):
-        # Its worker finishes it, and its children with it (see finish).
-        tx.send("run_cancel_request", {"run_id": run_id})
+        # Its worker finishes it, and its children with it (see finish), naming ``by``.
+        tx.send("run_cancel_request", {"run_id": run_id, "by": by})
         d._announce(tx, CANCEL, run_id)
         return rec.status
     # The lease row (locked above, so in-flight appends have landed) goes with the
     # run's end: an expired holder finds no lease to write under.
     # ``by``: who asked, where the caller knows ("request" where it does not, as before).
-    append_unowned(d, tx, run_id, EventKind.RUN_CANCELLED, {"by": by or "request"})
+    append_unowned(d, tx, run_id, EventKind.RUN_CANCELLED, {"by": by or UNNAMED_CANCEL})
     tx.send(
         "run_finish",
         {"run_id": run_id, "status": "cancelled", "output": None, "error": "cancelled"},
@@ -115,15 +134,16 @@ def _cancel_locked(d: Dialect, tx: Tx, rec: RunRecord, by: str | None = None) ->
         "run_wake", {"run_id": rec.parent_run_id, "waiting_for": str(WaitKey.child(run_id))}
     ):
         d._announce(tx, READY)
-    _cancel_children(d, tx, run_id)
+    _cancel_children(d, tx, run_id, by)
     return RunStatus.CANCELLED
 
 
-def _cancel_children(d: Dialect, tx: Tx, run_id: str) -> None:
-    """A run ended: its unfinished children (and theirs) are cancelled with it. Their
-    rows are locked after the parent's, the order every transaction follows."""
+def _cancel_children(d: Dialect, tx: Tx, run_id: str, by: str | None = None) -> None:
+    """A run ended: its unfinished children (and theirs) are cancelled with it, by whoever
+    cancelled it (``by``). Their rows are locked after the parent's, the order every
+    transaction follows."""
     for row in tx.all("runs_children_active", {"run_id": run_id}):
-        _cancel_locked(d, tx, locked_run(tx, row["run_id"]))
+        _cancel_locked(d, tx, locked_run(tx, row["run_id"]), by)
 
 
 async def retry_dead(

@@ -30,11 +30,13 @@ TIMER_BATCH = 100  # due timers promoted to queued per claim
 
 @dataclass(frozen=True, slots=True)
 class HeldLease:
-    """A lease as renewal found it: still this worker's, at this epoch."""
+    """A lease as renewal found it: still this worker's, at this epoch; whether a cancel
+    is pending, and who asked for it (None: nobody was named)."""
 
     run_id: str
     epoch: int
     cancel_requested: bool
+    cancel_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +206,10 @@ async def renew(
             return []
         tx.send("leases_renew", {"worker_id": worker_id, "ttl": ttl, "ids": ids})
         rows = tx.all("leases_held", {"worker_id": worker_id, "ids": ids})
-        return [HeldLease(r["run_id"], int(r["epoch"]), bool(r["cancel_requested"])) for r in rows]
+        return [
+            HeldLease(r["run_id"], int(r["epoch"]), bool(r["cancel_requested"]), r["cancel_by"])
+            for r in rows
+        ]
 
     return await d._run(body)
 

@@ -53,7 +53,7 @@ async def park(
         check_lease(tx, lease)
         insert_events(d, tx, events)
         if row["cancel_requested"]:
-            return "cancel", []
+            return "cancel", [row["cancel_by"]] if row["cancel_by"] else []
         ready = [w for w in waits if _wait_satisfied(tx, lease.run_id, w)]
         if ready:
             return "ready", ready

@@ -41,7 +41,7 @@ FROM runs WHERE run_id = %(run_id)s
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, cancel_requested
+       tags, cancel_requested, cancel_by
 FROM runs WHERE run_id = %(run_id)s
 FOR UPDATE
 
@@ -233,7 +233,9 @@ UPDATE run_locks SET expires_at = ratchet_now() + make_interval(secs => %(ttl)s)
 WHERE worker_id = %(worker_id)s AND run_id = ANY(%(ids)s::text[])
 
 -- name: leases_held
-SELECT l.run_id, l.epoch, r.cancel_requested FROM run_locks l JOIN runs r ON r.run_id = l.run_id
+-- With who asked for a pending cancel: the renewal that finds it tells the drive.
+SELECT l.run_id, l.epoch, r.cancel_requested, r.cancel_by
+FROM run_locks l JOIN runs r ON r.run_id = l.run_id
 WHERE l.worker_id = %(worker_id)s AND l.run_id = ANY(%(ids)s::text[])
 
 -- name: runs_requeue_worker
@@ -259,14 +261,16 @@ WHERE run_id = %(run_id)s AND status = 'waiting'
 
 -- name: run_requeue
 UPDATE runs SET status = 'queued', output = NULL, error = NULL, waiting_for = NULL,
-                not_before = NULL, cancel_requested = false, updated_at = ratchet_now()
+                not_before = NULL, cancel_requested = false, cancel_by = NULL,
+                updated_at = ratchet_now()
 WHERE run_id = %(run_id)s AND status = 'failed'
 
 -- name: run_finish
 -- Keeps the lease's epoch (the row goes with lease_drop in the same transaction).
 UPDATE runs SET status = %(status)s, output = %(output)s::jsonb, error = %(error)s,
                 waiting_for = NULL,
-                not_before = NULL, cancel_requested = false, updated_at = ratchet_now(),
+                not_before = NULL, cancel_requested = false, cancel_by = NULL,
+                updated_at = ratchet_now(),
                 lease_epoch = coalesce(
                     (SELECT epoch FROM run_locks WHERE run_id = %(run_id)s), lease_epoch)
 WHERE run_id = %(run_id)s AND status NOT IN ('succeeded', 'failed', 'cancelled')
@@ -278,7 +282,10 @@ DELETE FROM run_locks WHERE run_id = %(run_id)s
 DELETE FROM signals WHERE run_id = %(run_id)s AND consumed_seq IS NOT NULL
 
 -- name: run_cancel_request
-UPDATE runs SET cancel_requested = true, updated_at = ratchet_now() WHERE run_id = %(run_id)s
+-- The first name given stays: who asked first cancelled it.
+UPDATE runs SET cancel_requested = true, cancel_by = COALESCE(cancel_by, %(by)s),
+                updated_at = ratchet_now()
+WHERE run_id = %(run_id)s
 
 -- name: signal_insert
 INSERT INTO signals (run_id, name, payload, sent_at)
