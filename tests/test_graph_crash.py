@@ -173,9 +173,10 @@ ROUTES_INPUT = {"same": [7] * 8, "items": [1, 2, 3, 4]}
 
 
 def decided(h: Harness, run_id: str) -> list[tuple[str, str | None, Any]]:
-    """What the drives of a run decided, in journal order: each step completed with its
-    output, each anomaly by its key."""
-    return [
+    """What the drives of a run decided, in step order: each step completed with its
+    output, each anomaly by its key after its step. Step order, not journal order: the
+    fan-out's branches run side by side and may complete in either order in any run."""
+    events = [
         (
             e.kind,
             e.step_id,
@@ -184,6 +185,8 @@ def decided(h: Harness, run_id: str) -> list[tuple[str, str | None, Any]]:
         for e in h.app.events(run_id)
         if e.kind in (EventKind.STEP_COMPLETED, EventKind.ANOMALY_DETECTED)
     ]
+    # A stable sort by ordinal keeps an anomaly after the step it was detected at.
+    return sorted(events, key=lambda d: int((d[1] or "0").split(":", 1)[0]))
 
 
 def test_a_graph_killed_again_and_again_takes_the_route_of_an_uncrashed_run(h: Harness) -> None:
