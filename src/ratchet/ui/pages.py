@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -33,7 +33,7 @@ from ratchet.model import LLMTotals, RunRecord, RunStatus, given_input
 from ratchet.store import Store, dashboard, sessions, tenants, tokens
 from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
-from ratchet.ui import tag_filters
+from ratchet.ui import run_diff, tag_filters
 from ratchet.web.errors import ApiError
 
 HERE = Path(__file__).parent
@@ -406,6 +406,45 @@ async def runs_live(
     )
 
 
+# -- two runs side by side ------------------------------------------------------------------
+# Before a run's page: its route takes any path under /runs/, these included.
+
+
+def _run_url(run_id: str, *rest: str) -> str:
+    return "/".join(["/runs", quote(run_id), *(quote(r) for r in rest)])
+
+
+@router.get("/runs/{run_a:path}/diff/{run_b:path}", response_class=HTMLResponse)
+async def diff_page(request: Request, run_a: str, run_b: str) -> Response:
+    """Two runs of the tenant's step by step: same, changed, or only in one, with each
+    side's output, tokens, cost and duration."""
+    found = await _session(request)
+    if found is None:
+        return _to_signin(request)
+    token, secret = found
+    user = _user(token, secret)
+    try:
+        a = await owned(request, run_a, token)
+        b = await owned(request, run_b, token)
+    except ApiError as e:
+        return _page(request, "missing.html", {"user": user, "message": e.message}, e.status)
+    app: Ratchet = request.app.state.ratchet
+    diff = await app.diff_async(a.run_id, b.run_id)
+    return _page(
+        request,
+        "diff.html",
+        {"user": user, "a": _shown(token, a), "b": _shown(token, b), "diff": run_diff.view(diff)},
+    )
+
+
+@router.get("/runs/{run_id:path}/diff", response_class=HTMLResponse)
+async def diff_with(
+    request: Request, run_id: str, with_: Annotated[str, Query(alias="with")]
+) -> Response:
+    """The run page's "diff with run" form: to the diff of this run and the one named."""
+    return RedirectResponse(_run_url(run_id, "diff", with_.strip()), status_code=303)
+
+
 # -- a run -----------------------------------------------------------------------------------
 
 
@@ -490,4 +529,5 @@ def _shown(token: Token, rec: RunRecord) -> RunRecord:
         rec,
         run_id=ext(rec.run_id),
         parent_run_id=None if rec.parent_run_id is None else ext(rec.parent_run_id),
+        forked_from=None if rec.forked_from is None else ext(rec.forked_from),
     )

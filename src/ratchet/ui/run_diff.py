@@ -1,0 +1,81 @@
+"""The diff page's rows: two runs step by step, as :class:`ratchet.model.diff.RunDiff`
+tells them, with each side's output (a model call's answer as text, its body as JSON),
+tokens, cost and duration put in words for a table. What a journal holds is only ever
+data here; the template escapes it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+from ratchet.model import answer_text
+from ratchet.model.diff import RunDiff, StepDiff, StepSide
+
+LABELS = {"same": "same", "changed": "changed", "only_a": "only in A", "only_b": "only in B"}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str, ensure_ascii=False)
+
+
+def _cost(usd: float | None) -> str:
+    return "–" if usd is None else f"${usd:.6f}"
+
+
+def _ms(ms: float | None) -> str:
+    if ms is None:
+        return "–"
+    return f"{ms:.0f} ms" if ms < 1000 else f"{ms / 1000:.1f} s"
+
+
+def _side(side: StepSide | None) -> dict[str, Any] | None:
+    if side is None:
+        return None
+    # A model's response body reads as its answer; any other output as its JSON.
+    answer = answer_text(side.output) if isinstance(side.output, dict) else None
+    tokens = (side.input_tokens or 0) + (side.output_tokens or 0)
+    return {
+        "status": side.status,
+        "answer": answer,
+        "output": _json(side.output),
+        "tokens": (
+            f"{tokens:,} ({side.input_tokens or 0:,} in, {side.output_tokens or 0:,} out)"
+            if tokens
+            else "–"
+        ),
+        "cost": _cost(side.cost_usd),
+        "duration": _ms(side.duration_ms),
+    }
+
+
+def _row(step: StepDiff) -> dict[str, Any]:
+    return {
+        "step_id": step.step_id,
+        "status": step.status,
+        "label": LABELS.get(step.status, step.status),
+        "a": _side(step.a),
+        "b": _side(step.b),
+    }
+
+
+def _total(sides: list[StepSide]) -> dict[str, str]:
+    costs = [s.cost_usd for s in sides if s.cost_usd is not None]
+    tokens = sum((s.input_tokens or 0) + (s.output_tokens or 0) for s in sides)
+    took = sum(s.duration_ms or 0 for s in sides)
+    return {
+        "tokens": f"{tokens:,}",
+        "cost": _cost(sum(costs)) if costs else "–",
+        "duration": _ms(took),
+    }
+
+
+def view(diff: RunDiff) -> dict[str, Any]:
+    """The page's rows, the count of each kind of row, and each run's totals."""
+    counts = Counter(s.status for s in diff.steps)
+    return {
+        "rows": [_row(s) for s in diff.steps],
+        "counts": {label: counts.get(status, 0) for status, label in LABELS.items()},
+        "total_a": _total([s.a for s in diff.steps if s.a is not None]),
+        "total_b": _total([s.b for s in diff.steps if s.b is not None]),
+    }
