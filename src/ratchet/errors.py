@@ -242,6 +242,10 @@ class UnknownApproval(InvalidInput, LookupError):
     """The run has no such approval."""
 
 
+class UnknownStep(InvalidInput, LookupError):
+    """The run has no such step."""
+
+
 class UnknownToken(InvalidInput, LookupError):
     """Unknown API token id."""
 
@@ -305,6 +309,10 @@ class ResultTimeout(RatchetError):
 
 class NotDeadLettered(RatchetError):
     """The run is not in the dead-letter queue."""
+
+
+class NotCancelled(RatchetError):
+    """The run is not cancelled: only a cancelled run resumes."""
 
 
 class RunFinished(RatchetError):
