@@ -37,12 +37,13 @@ def _side(side: StepSide | None) -> dict[str, Any] | None:
     tokens = (side.input_tokens or 0) + (side.output_tokens or 0)
     return {
         "status": side.status,
+        "error": side.error,
         "answer": answer,
         "output": _json(side.output),
         "tokens": (
-            f"{tokens:,} ({side.input_tokens or 0:,} in, {side.output_tokens or 0:,} out)"
+            f"{tokens:,} tokens ({side.input_tokens or 0:,} in, {side.output_tokens or 0:,} out)"
             if tokens
-            else "–"
+            else "no tokens"
         ),
         "cost": _cost(side.cost_usd),
         "duration": _ms(side.duration_ms),
@@ -50,13 +51,14 @@ def _side(side: StepSide | None) -> dict[str, Any] | None:
 
 
 def _row(step: StepDiff) -> dict[str, Any]:
-    return {
-        "step_id": step.step_id,
-        "status": step.status,
-        "label": LABELS.get(step.status, step.status),
-        "a": _side(step.a),
-        "b": _side(step.b),
-    }
+    a, b = _side(step.a), _side(step.b)
+    label = LABELS.get(step.status, step.status)
+    # Two model responses differ in their ids and timestamps whatever they answered: say
+    # when the answers themselves are the same.
+    if step.status == "changed" and a and b and a["answer"] is not None:
+        if (a["status"], a["answer"]) == (b["status"], b["answer"]):
+            label = "changed, same answer"
+    return {"step_id": step.step_id, "status": step.status, "label": label, "a": a, "b": b}
 
 
 def _total(sides: list[StepSide]) -> dict[str, str]:
@@ -72,10 +74,10 @@ def _total(sides: list[StepSide]) -> dict[str, str]:
 
 def view(diff: RunDiff) -> dict[str, Any]:
     """The page's rows, the count of each kind of row, and each run's totals."""
-    counts = Counter(s.status for s in diff.steps)
+    counts = Counter[str](s.status for s in diff.steps)
     return {
         "rows": [_row(s) for s in diff.steps],
-        "counts": {label: counts.get(status, 0) for status, label in LABELS.items()},
+        "counts": {label: counts[status] for status, label in LABELS.items()},
         "total_a": _total([s.a for s in diff.steps if s.a is not None]),
         "total_b": _total([s.b for s in diff.steps if s.b is not None]),
     }
