@@ -96,12 +96,13 @@ def test_a_models_answer_edited_forks_the_run_shows_its_lineage_and_the_diff(
     # What a journal holds is text on the page, never markup.
     expect(first.locator("pre.answer").nth(1)).to_have_text(edited)
     expect(page.locator("main b, main script")).to_have_count(0)
-    expect(first.locator(".tokens").nth(0)).to_have_text(re.compile(r"^[1-9][\d,]* \(\d+ in"))
+    expect(first.locator(".tokens").nth(0)).to_have_text(
+        re.compile(r"^[1-9][\d,]* tokens \(\d+ in, \d+ out\)$")
+    )
+    expect(first.locator(".tokens").nth(1)).to_have_text("no tokens")  # the edit called no model
     expect(first.locator(".cost").nth(0)).to_have_text(re.compile(r"^\$0\.\d{6}$"))
     # The next call ran again: another response (its id, its time), the same answer.
-    expect(steps.locator(f'tr[data-step="{ASK_2}"] .verdict')).to_have_text(
-        "changed, same answer"
-    )
+    expect(steps.locator(f'tr[data-step="{ASK_2}"] .verdict')).to_have_text("changed, same answer")
     expect(page.locator("#diff-counts")).to_have_text(
         "0 same · 2 changed · 0 only in A · 0 only in B"
     )
@@ -143,6 +144,34 @@ def test_a_steps_output_edited_as_json_is_checked_before_the_fork(dash: Dash) ->
     expect(steps.locator('tr[data-step="3:work"]')).to_have_attribute("data-diff", "only_a")
     expect(steps.locator('tr[data-step="3:work"] td.none')).to_have_text("not run")
     expect(steps.locator('tr[data-step="1:work"]')).to_have_attribute("data-diff", "same")
+
+
+def test_a_failed_step_runs_again_in_a_fork_given_other_input(dash: Dash) -> None:
+    h = dash.h
+    doomed = dash.start("retrier", {"succeed_on": 9, "block_on": 0})
+    h.spawn("w", lease_ttl=3.0)
+    h.wait_status(eid(doomed), "failed")
+    page = dash.signed_in()
+    page.goto(f"/runs/{doomed}")
+    open_step(page, "1:flaky").get_by_role("button", name="Fork from here").click()
+    form = page.get_by_role("form", name="Fork from step 1:flaky")
+    # A failed step has no output to keep: by default it runs again.
+    expect(form.get_by_label("Replace this step's output")).not_to_be_checked()
+    form.get_by_label("Change the run's input").check()
+    given = form.get_by_label("The run's input (JSON)")
+    expect(given).to_have_value(re.compile(r'"succeed_on": 9'))
+    given.fill("{succeed_on: 1}")
+    form.get_by_role("button", name="Fork", exact=True).click()
+    expect(form.get_by_role("status")).to_contain_text("the run's input is not valid JSON")
+    given.fill('{"succeed_on": 1, "block_on": 0}')
+    form.get_by_role("button", name="Fork", exact=True).click()
+    fork = new_run_id(page, doomed)
+    assert h.wait_status(eid(fork), "succeeded").output == "ok on attempt 1"
+    expect(page.locator("#lineage")).to_contain_text(f"{doomed} at step 1:flaky")
+    page.locator("#lineage").get_by_role("link", name="diff against source").click()
+    flaky = page.get_by_role("table", name="Steps compared").locator('tr[data-step="1:flaky"]')
+    expect(flaky).to_have_attribute("data-diff", "changed")
+    expect(flaky.locator("pre.error")).to_contain_text("attempt 3 failed")
 
 
 def test_a_cancelled_run_resumes_from_its_page(dash: Dash) -> None:

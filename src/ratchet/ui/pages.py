@@ -439,10 +439,14 @@ async def diff_page(request: Request, run_a: str, run_b: str) -> Response:
 
 @router.get("/runs/{run_id:path}/diff", response_class=HTMLResponse)
 async def diff_with(
-    request: Request, run_id: str, with_: Annotated[str, Query(alias="with")]
+    request: Request, run_id: str, with_: Annotated[str | None, Query(alias="with")] = None
 ) -> Response:
-    """The run page's "diff with run" form: to the diff of this run and the one named."""
-    return RedirectResponse(_run_url(run_id, "diff", with_.strip()), status_code=303)
+    """The run page's "diff with run" form: to the diff of this run and the one named
+    (no run named: back to this run's page). No run id holds "/diff": a user's cannot
+    hold "/", a child's ends in its step's number."""
+    other = (with_ or "").strip()
+    target = _run_url(run_id, "diff", other) if other else _run_url(run_id)
+    return RedirectResponse(target, status_code=303)
 
 
 # -- a run -----------------------------------------------------------------------------------
