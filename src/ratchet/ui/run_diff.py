@@ -55,9 +55,14 @@ def _row(step: StepDiff) -> dict[str, Any]:
     label = LABELS.get(step.status, step.status)
     # Two model responses differ in their ids and timestamps whatever they answered: say
     # when the answers themselves are the same.
-    if step.status == "changed" and a and b and a["answer"] is not None:
-        if (a["status"], a["answer"]) == (b["status"], b["answer"]):
-            label = "changed, same answer"
+    if (
+        step.status == "changed"
+        and a is not None
+        and b is not None
+        and a["answer"] is not None
+        and (a["status"], a["answer"]) == (b["status"], b["answer"])
+    ):
+        label = "changed, same answer"
     return {"step_id": step.step_id, "status": step.status, "label": label, "a": a, "b": b}
 
 
