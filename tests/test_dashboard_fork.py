@@ -60,8 +60,9 @@ def test_a_models_answer_edited_forks_the_run_shows_its_lineage_and_the_diff(
         answer = form.get_by_label("The model's answer")
         expect(answer).to_have_value("echo: question 1")
         expect(form.get_by_label("Replace this step's output")).to_be_checked()
-        edited = "<b>forty-two</b> & <script>alert(1)</script>"
+        edited = "The answer is <b>42</b> & <script>nothing</script> else"
         answer.fill(edited)
+        screenshot(dash, page, "dashboard-fork.png")
         form.get_by_role("button", name="Fork", exact=True).click()
 
         fork = new_run_id(page, source)
@@ -157,8 +158,10 @@ def test_a_failed_step_runs_again_in_a_fork_given_other_input(dash: Dash) -> Non
     form = page.get_by_role("form", name="Fork from step 1:flaky")
     # A failed step has no output to keep: by default it runs again.
     expect(form.get_by_label("Replace this step's output")).not_to_be_checked()
-    form.get_by_label("Change the run's input").check()
+    expect(form.get_by_label("The step's output (JSON)")).to_be_disabled()
     given = form.get_by_label("The run's input (JSON)")
+    expect(given).to_be_disabled()
+    form.get_by_label("Change the run's input").check()
     expect(given).to_have_value(re.compile(r'"succeed_on": 9'))
     given.fill("{succeed_on: 1}")
     form.get_by_role("button", name="Fork", exact=True).click()

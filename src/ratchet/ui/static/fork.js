@@ -101,11 +101,23 @@ open?.addEventListener("click", () => {
   form.elements.namedItem("change_input").checked = false;
   $("fork-input").value = $("story-input").textContent;
   say("");
+  editable();
   form.hidden = false;
-  (answer === null ? $("fork-output") : $("fork-answer")).focus();
+  const first = answer === null ? $("fork-output") : $("fork-answer");
+  (first.disabled ? form.elements.namedItem("edit") : first).focus();
 });
 
 $("fork-cancel")?.addEventListener("click", () => { form.hidden = true; });
+
+// What is not sent is not editable: the output unless it replaces the step's, the input
+// unless it changes the run's.
+function editable() {
+  const edit = form.elements.namedItem("edit").checked;
+  $("fork-answer").disabled = !edit;
+  $("fork-output").disabled = !edit;
+  $("fork-input").disabled = !form.elements.namedItem("change_input").checked;
+}
+form?.addEventListener("change", editable);
 
 form?.addEventListener("submit", async (e) => {
   e.preventDefault();
