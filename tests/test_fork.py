@@ -7,6 +7,8 @@ step; two runs diff step by step. The HTTP API answers the same, tenant by tenan
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,9 +25,10 @@ import ratchet
 from ratchet.errors import InvalidInput, NotCancelled, UnknownRun, UnknownStep, UnknownWorkflow
 from ratchet.llm.server import LocalProvider
 from ratchet.llm.worst_case import worst_case
-from ratchet.model import EventKind, fold, idempotency_key
+from ratchet.model import EventKind, NewRun, fold, idempotency_key
 from ratchet.receipts.verify import verify
 from ratchet.store import tokens
+from ratchet.store.forks import fork_journal
 
 pytestmark = pytest.mark.usefixtures("collect_clients", "data_dir")
 MODEL = "gpt-4.1-mini"
@@ -208,6 +211,111 @@ def test_a_refused_fork_writes_nothing(
     with pytest.raises(UnknownWorkflow, match="neither a code workflow"):
         stranger.fork(source, "1:prepare")
     assert count_all(app) == before
+
+
+def test_a_fork_is_written_whole_or_not_at_all(
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
+    _, base = provider
+    app, _ = brief_app(make_app, base)
+    app.launch()
+    source = app.start("brief", "otters")
+    app.result(source, timeout_s=30)
+    events = app.events(source)
+    state = fold(source, events)
+    rec = app.get(source)
+    new = NewRun(
+        "half-a-fork", rec.workflow, rec.workflow_version, rec.input,
+        forked_from=source, forked_at="3:summarize",
+    )  # fmt: skip
+    copied = {k: v for k, v in state.steps.items() if v.ordinal < 3}
+    journal = fork_journal(new, events, copied, {})
+    assert [e.seq for e in journal] == list(range(1, len(journal) + 1))
+    # The last event written twice: the database refuses it, and the whole fork with it.
+    with pytest.raises(ratchet.RatchetError):
+        app.portal.call(app.store.create_fork(new, [*journal, journal[-1]]))
+    assert app.portal.call(app.store.get_run("half-a-fork")) is None
+    assert app.portal.call(app.store.load_events("half-a-fork")) == []
+    # Written whole, it is a run like any other.
+    assert app.portal.call(app.store.create_fork(new, journal)).forked_from == source
+    assert app.result("half-a-fork", timeout_s=30)["summary"] == app.result(source)["summary"]
+
+
+def test_steps_in_flight_before_the_fork_point_are_not_copied(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    app = make_app()
+    ran: Counter[str] = Counter()
+    release = threading.Event()
+
+    @app.step()
+    async def slow() -> str:
+        ran["slow"] += 1
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return "slow"
+
+    @app.step()
+    async def fast() -> str:
+        ran["fast"] += 1
+        return "fast"
+
+    @app.workflow()
+    async def pair() -> list[str]:
+        return list(await asyncio.gather(slow(), fast()))
+
+    app.launch()
+    source = app.start(pair)
+    wait_for(
+        lambda: (
+            "2:fast" in fold(source, app.events(source)).steps
+            and fold(source, app.events(source)).steps["2:fast"].status == "completed"
+        ),
+        what="the fast branch to complete",
+    )
+    # Step 1 is still running: a fork at step 2 does not copy it, and runs it itself.
+    fork = app.fork(source, "2:fast", edit={"2:fast": "edited"})
+    assert [e.step_id for e in app.events(fork) if e.step_id] == ["2:fast", "2:fast"]
+    release.set()
+    assert app.result(source, timeout_s=30) == ["slow", "fast"]
+    assert app.result(fork, timeout_s=30) == ["slow", "edited"]
+    assert ran == {"slow": 2, "fast": 1}
+
+
+def test_a_graph_run_forks_with_other_input(make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    calls: Counter[str] = Counter()
+
+    @app.tool
+    async def score(account: str) -> dict[str, Any]:
+        calls[account] += 1
+        return {"score": len(account)}
+
+    first = {"tool": "score", "args": {"account": "{{ input.account }}"}}
+    second = {"tool": "score", "args": {"account": "{{ input.account }}!"}}
+    app.graph(
+        {
+            "name": "scores",
+            "nodes": [
+                {"id": "start", "type": "trigger"},
+                {"id": "first", "type": "tool", "data": first},
+                {"id": "second", "type": "tool", "data": second},
+            ],
+            "edges": [{"from": "start", "to": "first"}, {"from": "first", "to": "second"}],
+            "output": {
+                "a": "{{ nodes.first.output.score }}",
+                "b": "{{ nodes.second.output.score }}",
+            },
+        }
+    )
+    app.launch()
+    source = app.start("scores", {"account": "abc"})
+    assert app.result(source, timeout_s=30) == {"a": 3, "b": 4}
+    fork = app.fork(source, "2:second", input={"account": "z"})
+    assert app.result(fork, timeout_s=30) == {"a": 3, "b": 2}
+    assert calls == {"abc": 1, "abc!": 1, "z!": 1}
+    with pytest.raises(InvalidInput, match="invalid input for graph scores|input"):
+        app.fork(source, "2:second", input=["not", "an", "object"])
 
 
 def test_a_fork_of_a_failed_run_at_its_failed_step_with_other_input_succeeds(
@@ -400,6 +508,9 @@ def test_the_api_forks_resumes_and_diffs_the_callers_runs_only(
     shown = acme.get(f"/v1/runs/{fork}").json()
     assert (shown["forked_from"], shown["forked_at"]) == ("b-1", "3:summarize")
     assert acme.get("/v1/runs/b-1").json()["forked_from"] is None
+    # The fork's journal reads like any run's: its state and its waterfall.
+    for view in ("state", "waterfall", "events"):
+        assert acme.get(f"/v1/runs/{fork}/{view}").status_code == 200, view
 
     diff = acme.get(f"/v1/runs/b-1/diff/{fork}")
     assert diff.status_code == 200, diff.text
