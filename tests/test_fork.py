@@ -210,6 +210,13 @@ def test_a_refused_fork_writes_nothing(
     stranger = make_app()
     with pytest.raises(UnknownWorkflow, match="neither a code workflow"):
         stranger.fork(source, "1:prepare")
+
+    @stranger.workflow(name="brief", version="2")
+    async def brief_v2(topic: str) -> str:
+        return topic
+
+    with pytest.raises(UnknownWorkflow, match="version 1, and this app has version 2"):
+        stranger.fork(source, "1:prepare")
     assert count_all(app) == before
 
 
