@@ -50,15 +50,21 @@ def ask_with(base: str) -> Callable[[str], Any]:
 def brief_app(
     make_app: Callable[..., ratchet.Ratchet], base: str
 ) -> tuple[ratchet.Ratchet, Counter[str]]:
-    """A workflow of four steps: plain step, model call, plain step, model call. Each plain
-    step counts its invocations; the provider logs each model call."""
+    """A workflow of four steps: a step with a delivery, a model call, a plain step, a
+    model call. Each plain step and the delivery count their invocations; the provider
+    logs each model call."""
     app = make_app()
     ran: Counter[str] = Counter()
     ask = ask_with(base)
 
+    def dispatch(key: str) -> dict[str, str]:
+        ran["delivery"] += 1
+        return {"key": key}
+
     @app.step()
     async def prepare(topic: str) -> str:
         ran["prepare"] += 1
+        await ratchet.deliver(dispatch)  # a side effect, sent once
         return f"notes on {topic}"
 
     @app.step()
@@ -98,7 +104,7 @@ def test_a_fork_replays_the_steps_before_its_fork_point_at_no_cost_and_runs_the_
     app.launch()
     source = app.start("brief", "otters")
     out = app.result(source, timeout_s=30)
-    assert len(server.requests()) == 2 and ran == {"prepare": 1, "summarize": 1}
+    assert len(server.requests()) == 2 and ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     before = app.events(source)
 
     # At the third step, its output edited: steps 1 and 2 are copies, step 3 is journaled
@@ -106,7 +112,7 @@ def test_a_fork_replays_the_steps_before_its_fork_point_at_no_cost_and_runs_the_
     fork = app.fork(source, "3:summarize", edit={"3:summarize": "EDITED"}, by="ana")
     forked = app.result(fork, timeout_s=30)
     assert forked["notes"] == out["notes"] and forked["summary"] == "EDITED"
-    assert ran == {"prepare": 1, "summarize": 1}
+    assert ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     # One model call: the fork's fourth step, under the fork's own key, on the edit (the
     # provider's answer quotes its prompt).
     assert keys(server)[2:] == [idempotency_key(fork, f"4:{CALL}", 1)]
@@ -126,11 +132,12 @@ def test_a_fork_replays_the_steps_before_its_fork_point_at_no_cost_and_runs_the_
     # The copied model call keeps its usage: the fork's totals count it.
     assert fold(fork, events).llm.calls == 2
     assert app.events(source) == before  # the source is never changed
+    assert app.receipts(fork) == [] and len(app.receipts(source)) == 1
 
     # Without an edit, the fork point runs again, and everything after it.
     again = app.fork(source, "3:summarize")
     assert app.result(again, timeout_s=30) == out
-    assert ran == {"prepare": 1, "summarize": 2}
+    assert ran == {"prepare": 1, "delivery": 1, "summarize": 2}
     assert keys(server)[3:] == [idempotency_key(again, f"4:{CALL}", 1)]
 
 
@@ -169,7 +176,7 @@ def test_a_fork_of_a_fork_works_and_its_receipt_verifies(
     second = app.fork(first, "4:" + CALL)
     assert app.result(second, timeout_s=30)["summary"] == "one"
     assert (app.get(second).forked_from, app.get(second).forked_at) == (first, f"4:{CALL}")
-    assert len(server.requests()) == 4 and ran == {"prepare": 1, "summarize": 1}
+    assert len(server.requests()) == 4 and ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     # The copy of a copy still names the run it was copied from.
     assert {e.payload.get("copied_from") for e in app.events(second) if e.step_id} >= {first}
     for run_id in (first, second):
@@ -336,13 +343,13 @@ def test_a_fork_of_a_failed_run_at_its_failed_step_with_other_input_succeeds(
         app.result(source, timeout_s=30)
     failed = next(s for s in fold(source, app.events(source)).steps.values() if s.error)
     assert failed.step_id == "3:summarize"
-    assert len(server.requests()) == 1 and ran == {"prepare": 1, "summarize": 1}
+    assert len(server.requests()) == 1 and ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     # The failed step is the fork point: it runs again, on the edited input. The steps
     # before it are copies (the model is not asked for a draft again).
     fork = app.fork(source, failed.step_id, input={"topic": "otters"})
     out = app.result(fork, timeout_s=30)
     assert out["notes"] == "notes on fail" and out["summary"].startswith("summary of")
-    assert ran == {"prepare": 1, "summarize": 2}
+    assert ran == {"prepare": 1, "delivery": 1, "summarize": 2}
     assert keys(server)[1:] == [idempotency_key(fork, f"4:{CALL}", 1)]
     assert app.get(source).status == "failed"
 
