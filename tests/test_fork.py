@@ -7,6 +7,8 @@ step; two runs diff step by step. The HTTP API answers the same, tenant by tenan
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -23,9 +25,10 @@ import ratchet
 from ratchet.errors import InvalidInput, NotCancelled, UnknownRun, UnknownStep, UnknownWorkflow
 from ratchet.llm.server import LocalProvider
 from ratchet.llm.worst_case import worst_case
-from ratchet.model import EventKind, fold, idempotency_key
+from ratchet.model import EventKind, NewRun, fold, idempotency_key
 from ratchet.receipts.verify import verify
 from ratchet.store import tokens
+from ratchet.store.forks import fork_journal
 
 pytestmark = pytest.mark.usefixtures("collect_clients", "data_dir")
 MODEL = "gpt-4.1-mini"
@@ -47,15 +50,21 @@ def ask_with(base: str) -> Callable[[str], Any]:
 def brief_app(
     make_app: Callable[..., ratchet.Ratchet], base: str
 ) -> tuple[ratchet.Ratchet, Counter[str]]:
-    """A workflow of four steps: plain step, model call, plain step, model call. Each plain
-    step counts its invocations; the provider logs each model call."""
+    """A workflow of four steps: a step with a delivery, a model call, a plain step, a
+    model call. Each plain step and the delivery count their invocations; the provider
+    logs each model call."""
     app = make_app()
     ran: Counter[str] = Counter()
     ask = ask_with(base)
 
+    def dispatch(key: str) -> dict[str, str]:
+        ran["delivery"] += 1
+        return {"key": key}
+
     @app.step()
     async def prepare(topic: str) -> str:
         ran["prepare"] += 1
+        await ratchet.deliver(dispatch)  # a side effect, sent once
         return f"notes on {topic}"
 
     @app.step()
@@ -95,7 +104,7 @@ def test_a_fork_replays_the_steps_before_its_fork_point_at_no_cost_and_runs_the_
     app.launch()
     source = app.start("brief", "otters")
     out = app.result(source, timeout_s=30)
-    assert len(server.requests()) == 2 and ran == {"prepare": 1, "summarize": 1}
+    assert len(server.requests()) == 2 and ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     before = app.events(source)
 
     # At the third step, its output edited: steps 1 and 2 are copies, step 3 is journaled
@@ -103,7 +112,7 @@ def test_a_fork_replays_the_steps_before_its_fork_point_at_no_cost_and_runs_the_
     fork = app.fork(source, "3:summarize", edit={"3:summarize": "EDITED"}, by="ana")
     forked = app.result(fork, timeout_s=30)
     assert forked["notes"] == out["notes"] and forked["summary"] == "EDITED"
-    assert ran == {"prepare": 1, "summarize": 1}
+    assert ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     # One model call: the fork's fourth step, under the fork's own key, on the edit (the
     # provider's answer quotes its prompt).
     assert keys(server)[2:] == [idempotency_key(fork, f"4:{CALL}", 1)]
@@ -123,11 +132,12 @@ def test_a_fork_replays_the_steps_before_its_fork_point_at_no_cost_and_runs_the_
     # The copied model call keeps its usage: the fork's totals count it.
     assert fold(fork, events).llm.calls == 2
     assert app.events(source) == before  # the source is never changed
+    assert app.receipts(fork) == [] and len(app.receipts(source)) == 1
 
     # Without an edit, the fork point runs again, and everything after it.
     again = app.fork(source, "3:summarize")
     assert app.result(again, timeout_s=30) == out
-    assert ran == {"prepare": 1, "summarize": 2}
+    assert ran == {"prepare": 1, "delivery": 1, "summarize": 2}
     assert keys(server)[3:] == [idempotency_key(again, f"4:{CALL}", 1)]
 
 
@@ -166,7 +176,7 @@ def test_a_fork_of_a_fork_works_and_its_receipt_verifies(
     second = app.fork(first, "4:" + CALL)
     assert app.result(second, timeout_s=30)["summary"] == "one"
     assert (app.get(second).forked_from, app.get(second).forked_at) == (first, f"4:{CALL}")
-    assert len(server.requests()) == 4 and ran == {"prepare": 1, "summarize": 1}
+    assert len(server.requests()) == 4 and ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     # The copy of a copy still names the run it was copied from.
     assert {e.payload.get("copied_from") for e in app.events(second) if e.step_id} >= {first}
     for run_id in (first, second):
@@ -207,7 +217,119 @@ def test_a_refused_fork_writes_nothing(
     stranger = make_app()
     with pytest.raises(UnknownWorkflow, match="neither a code workflow"):
         stranger.fork(source, "1:prepare")
+
+    @stranger.workflow(name="brief", version="2")
+    async def brief_v2(topic: str) -> str:
+        return topic
+
+    with pytest.raises(UnknownWorkflow, match="version 1, and this app has version 2"):
+        stranger.fork(source, "1:prepare")
     assert count_all(app) == before
+
+
+def test_a_fork_is_written_whole_or_not_at_all(
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
+    _, base = provider
+    app, _ = brief_app(make_app, base)
+    app.launch()
+    source = app.start("brief", "otters")
+    app.result(source, timeout_s=30)
+    events = app.events(source)
+    state = fold(source, events)
+    rec = app.get(source)
+    new = NewRun(
+        "half-a-fork", rec.workflow, rec.workflow_version, rec.input,
+        forked_from=source, forked_at="3:summarize",
+    )  # fmt: skip
+    copied = {k: v for k, v in state.steps.items() if v.ordinal < 3}
+    journal = fork_journal(new, events, copied, {})
+    assert [e.seq for e in journal] == list(range(1, len(journal) + 1))
+    # The last event written twice: the database refuses it, and the whole fork with it.
+    with pytest.raises(ratchet.RatchetError):
+        app.portal.call(app.store.create_fork(new, [*journal, journal[-1]]))
+    assert app.portal.call(app.store.get_run("half-a-fork")) is None
+    assert app.portal.call(app.store.load_events("half-a-fork")) == []
+    # Written whole, it is a run like any other.
+    assert app.portal.call(app.store.create_fork(new, journal)).forked_from == source
+    assert app.result("half-a-fork", timeout_s=30)["summary"] == app.result(source)["summary"]
+
+
+def test_steps_in_flight_before_the_fork_point_are_not_copied(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    app = make_app()
+    ran: Counter[str] = Counter()
+    release = threading.Event()
+
+    @app.step()
+    async def slow() -> str:
+        ran["slow"] += 1
+        while not release.is_set():
+            await asyncio.sleep(0.01)
+        return "slow"
+
+    @app.step()
+    async def fast() -> str:
+        ran["fast"] += 1
+        return "fast"
+
+    @app.workflow()
+    async def pair() -> list[str]:
+        return list(await asyncio.gather(slow(), fast()))
+
+    app.launch()
+    source = app.start(pair)
+    wait_for(
+        lambda: (
+            "2:fast" in fold(source, app.events(source)).steps
+            and fold(source, app.events(source)).steps["2:fast"].status == "completed"
+        ),
+        what="the fast branch to complete",
+    )
+    # Step 1 is still running: a fork at step 2 does not copy it, and runs it itself.
+    fork = app.fork(source, "2:fast", edit={"2:fast": "edited"})
+    assert [e.step_id for e in app.events(fork) if e.step_id] == ["2:fast", "2:fast"]
+    release.set()
+    assert app.result(source, timeout_s=30) == ["slow", "fast"]
+    assert app.result(fork, timeout_s=30) == ["slow", "edited"]
+    assert ran == {"slow": 2, "fast": 1}
+
+
+def test_a_graph_run_forks_with_other_input(make_app: Callable[..., ratchet.Ratchet]) -> None:
+    app = make_app()
+    calls: Counter[str] = Counter()
+
+    @app.tool
+    async def score(account: str) -> dict[str, Any]:
+        calls[account] += 1
+        return {"score": len(account)}
+
+    first = {"tool": "score", "args": {"account": "{{ input.account }}"}}
+    second = {"tool": "score", "args": {"account": "{{ input.account }}!"}}
+    app.graph(
+        {
+            "name": "scores",
+            "nodes": [
+                {"id": "start", "type": "trigger"},
+                {"id": "first", "type": "tool", "data": first},
+                {"id": "second", "type": "tool", "data": second},
+            ],
+            "edges": [{"from": "start", "to": "first"}, {"from": "first", "to": "second"}],
+            "output": {
+                "a": "{{ nodes.first.output.score }}",
+                "b": "{{ nodes.second.output.score }}",
+            },
+        }
+    )
+    app.launch()
+    source = app.start("scores", {"account": "abc"})
+    assert app.result(source, timeout_s=30) == {"a": 3, "b": 4}
+    fork = app.fork(source, "2:second", input={"account": "z"})
+    assert app.result(fork, timeout_s=30) == {"a": 3, "b": 2}
+    assert calls == {"abc": 1, "abc!": 1, "z!": 1}
+    with pytest.raises(InvalidInput, match="invalid input for graph scores|input"):
+        app.fork(source, "2:second", input=["not", "an", "object"])
 
 
 def test_a_fork_of_a_failed_run_at_its_failed_step_with_other_input_succeeds(
@@ -221,13 +343,13 @@ def test_a_fork_of_a_failed_run_at_its_failed_step_with_other_input_succeeds(
         app.result(source, timeout_s=30)
     failed = next(s for s in fold(source, app.events(source)).steps.values() if s.error)
     assert failed.step_id == "3:summarize"
-    assert len(server.requests()) == 1 and ran == {"prepare": 1, "summarize": 1}
+    assert len(server.requests()) == 1 and ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     # The failed step is the fork point: it runs again, on the edited input. The steps
     # before it are copies (the model is not asked for a draft again).
     fork = app.fork(source, failed.step_id, input={"topic": "otters"})
     out = app.result(fork, timeout_s=30)
     assert out["notes"] == "notes on fail" and out["summary"].startswith("summary of")
-    assert ran == {"prepare": 1, "summarize": 2}
+    assert ran == {"prepare": 1, "delivery": 1, "summarize": 2}
     assert keys(server)[1:] == [idempotency_key(fork, f"4:{CALL}", 1)]
     assert app.get(source).status == "failed"
 
@@ -400,6 +522,9 @@ def test_the_api_forks_resumes_and_diffs_the_callers_runs_only(
     shown = acme.get(f"/v1/runs/{fork}").json()
     assert (shown["forked_from"], shown["forked_at"]) == ("b-1", "3:summarize")
     assert acme.get("/v1/runs/b-1").json()["forked_from"] is None
+    # The fork's journal reads like any run's: its state and its waterfall.
+    for view in ("state", "waterfall", "events"):
+        assert acme.get(f"/v1/runs/{fork}/{view}").status_code == 200, view
 
     diff = acme.get(f"/v1/runs/b-1/diff/{fork}")
     assert diff.status_code == 200, diff.text

@@ -100,25 +100,24 @@ def fork(
                 if url is not None:
                     DatabaseURL.parse(url)
                     app.database_url = url
-                new = app.fork(run_id, at, input=given, edit=edit, by=by)
+                new = _fork(app, run_id, at, given, edit, by)
             finally:
                 app.shutdown()
     else:
         with client(ctx, db) as app:
-            new = _fork_without_app(app, run_id, at, given, edit, by)
+            try:
+                new = _fork(app, run_id, at, given, edit, by)
+            except UnknownWorkflow as e:
+                raise Fail(f"{e} (a code workflow's run forks with --app APP)") from e
     typer.echo(new)
 
 
-def _fork_without_app(
+def _fork(
     app: Ratchet, run_id: str, at: str, given: Any, edit: dict[str, Any] | None, by: str | None
 ) -> str:
-    try:
-        rec = app.portal.call(
-            app.fork_run_async(run_id, at, input=given, edit=edit, by=by, strict=True)
-        )
-    except UnknownWorkflow as e:
-        raise Fail(f"{e} (a code workflow's run forks with --app APP)") from e
-    return rec.run_id
+    """The fork, its input checked as it came (JSON, as ``ratchet start`` checks it)."""
+    call = app.fork_run_async(run_id, at, input=given, edit=edit, by=by, strict=True)
+    return app.portal.call(call).run_id
 
 
 def resume(ctx: typer.Context, run_id: RunArg, by: ByOption = None, db: DbOption = None) -> None:
