@@ -93,6 +93,8 @@ def test_a_models_answer_edited_forks_the_run_shows_its_lineage_and_the_diff(
     first = steps.locator(f'tr[data-step="{ASK}"]')
     expect(first).to_have_attribute("data-diff", "changed")
     expect(first.locator(".verdict")).to_have_text("changed")
+    expect(first.locator(".step")).to_have_text(f"{ASK} fork point")
+    expect(steps.locator(".fork-point")).to_have_count(1)
     expect(first.locator("pre.answer").nth(0)).to_have_text("echo: question 1")
     # What a journal holds is text on the page, never markup.
     expect(first.locator("pre.answer").nth(1)).to_have_text(edited)

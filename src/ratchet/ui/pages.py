@@ -430,10 +430,23 @@ async def diff_page(request: Request, run_a: str, run_b: str) -> Response:
         return _page(request, "missing.html", {"user": user, "message": e.message}, e.status)
     app: Ratchet = request.app.state.ratchet
     diff = await app.diff_async(a.run_id, b.run_id)
+    # Where one of the two was forked from the other, that step is marked.
+    fork_point = (
+        b.forked_at
+        if b.forked_from == a.run_id
+        else a.forked_at
+        if a.forked_from == b.run_id
+        else None
+    )
     return _page(
         request,
         "diff.html",
-        {"user": user, "a": _shown(token, a), "b": _shown(token, b), "diff": run_diff.view(diff)},
+        {
+            "user": user,
+            "a": _shown(token, a),
+            "b": _shown(token, b),
+            "diff": run_diff.view(diff, fork_point),
+        },
     )
 
 

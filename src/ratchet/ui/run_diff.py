@@ -77,11 +77,15 @@ def _total(sides: list[StepSide]) -> dict[str, str]:
     }
 
 
-def view(diff: RunDiff) -> dict[str, Any]:
-    """The page's rows, the count of each kind of row, and each run's totals."""
+def view(diff: RunDiff, fork_point: str | None = None) -> dict[str, Any]:
+    """The page's rows, the count of each kind of row, and each run's totals;
+    ``fork_point``, the step where one run was forked from the other, is marked."""
     counts = Counter[str](s.status for s in diff.steps)
+    rows = [_row(s) for s in diff.steps]
+    for row in rows:
+        row["fork_point"] = row["step_id"] == fork_point
     return {
-        "rows": [_row(s) for s in diff.steps],
+        "rows": rows,
         "counts": {label: counts[status] for status, label in LABELS.items()},
         "total_a": _total([s.a for s in diff.steps if s.a is not None]),
         "total_b": _total([s.b for s in diff.steps if s.b is not None]),
