@@ -6,6 +6,7 @@ none of it, another tenant reaches none of it, and a cross-site POST changes not
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -62,6 +63,15 @@ def test_a_models_answer_edited_forks_the_run_shows_its_lineage_and_the_diff(
         expect(form.get_by_label("Replace this step's output")).to_be_checked()
         edited = "The answer is <b>42</b> & <script>nothing</script> else"
         answer.fill(edited)
+        # The whole response is one click away, as JSON, with the answer as edited.
+        form.get_by_label("Edit the whole response as JSON").check()
+        whole = form.get_by_label("The step's output (JSON)")
+        expect(whole).to_be_visible()
+        expect(answer).to_be_hidden()
+        body = json.loads(whole.input_value())
+        assert body["choices"][0]["message"]["content"] == edited
+        form.get_by_label("Edit the whole response as JSON").uncheck()
+        expect(answer).to_have_value(edited)
         screenshot(dash, page, "dashboard-fork.png")
         form.get_by_role("button", name="Fork", exact=True).click()
 

@@ -94,6 +94,8 @@ open?.addEventListener("click", () => {
   // A completed step is forked with its output edited; a failed one runs again unless
   // an output is given for it.
   form.elements.namedItem("edit").checked = s.status === "completed";
+  form.elements.namedItem("raw").checked = false;
+  $("fork-raw-box").hidden = answer === null;
   $("fork-answer-box").hidden = answer === null;
   $("fork-output-box").hidden = answer !== null;
   $("fork-answer").value = answer ?? "";
@@ -118,6 +120,26 @@ function editable() {
   $("fork-input").disabled = !form.elements.namedItem("change_input").checked;
 }
 form?.addEventListener("change", editable);
+
+// A model call's answer as text, or its whole response body as JSON (from the answer as
+// edited so far, and back).
+form?.elements.namedItem("raw")?.addEventListener("change", (e) => {
+  const raw = e.target.checked;
+  if (raw) {
+    $("fork-output").value = JSON.stringify(withAnswer(step.state.output, $("fork-answer").value), null, 2);
+  } else {
+    const got = parsed($("fork-output").value, "the response");
+    const answer = got.error ? null : answerOf(got.value);
+    if (answer === null) {
+      e.target.checked = true;
+      say(got.error ?? "the response has no answer to edit as text");
+      return;
+    }
+    $("fork-answer").value = answer;
+  }
+  $("fork-answer-box").hidden = raw;
+  $("fork-output-box").hidden = !raw;
+});
 
 form?.addEventListener("submit", async (e) => {
   e.preventDefault();
