@@ -22,17 +22,23 @@ from ratchet.errors import InvalidInput, UnknownWorkflow
 # What separates a workflow's name from a version in a start: ``checkout@2``.
 AT = "@"
 
-_PARTS = re.compile(r"\d+|\D+")
+# A version's parts: runs of digits, and runs of anything else but the separators . - _ +
+_PARTS = re.compile(r"\d+|[^\d.\-_+]+")
+
+VersionKey = tuple[tuple[tuple[int, int, str], ...], str]
 
 
-def version_key(version: str) -> tuple[tuple[int, int, str], ...]:
+def version_key(version: str) -> VersionKey:
     """The sort key of a version, natural order: runs of digits compare as numbers, the rest
-    as text, part by part (``"2" < "9" < "10"``, ``"1.9" < "1.10"``, ``"1" < "1.1"``). A
-    number sorts after text at the same place (``"1.rc" < "1.0"``), and leading zeros
-    break ties only (``"01"`` before ``"1"``), so distinct versions never compare equal."""
-    return tuple(
-        (1, int(part), part) if part.isdigit() else (0, 0, part) for part in _PARTS.findall(version)
+    as text, part by part (``"2" < "9" < "10"``, ``"1.9" < "1.10"``, ``"1" < "1.1"``,
+    ``"v9" < "v10"``). Text sorts before a number at the same place (``"1.rc1" <
+    "1.0"``); leading zeros and the separators break ties only (``"01"`` before ``"1"``),
+    so distinct versions never compare equal."""
+    parts = tuple(
+        (1, int(part), part) if part.isdigit() else (0, 0, part)
+        for part in _PARTS.findall(version)
     )
+    return parts, version
 
 
 def split_ref(ref: str) -> tuple[str, str | None]:
