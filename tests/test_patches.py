@@ -6,9 +6,10 @@ and any number of replays; the non-determinism error of code changed the wrong w
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import isolated_app as iso
 import pytest
 import upgrade_app
 from proc import Harness
@@ -67,8 +68,10 @@ def test_patched_is_false_for_a_run_past_it_the_old_way_and_true_for_a_new_one_a
 
     c = h.spawn("new-again", worker_id="w-patch", env_extra={"UPGRADE_CODE": "new"})
     wait_for(
-        lambda: len([r for r in h.invocations() if r["step_id"] == "2:refund_v1"]) == 3
-        and len([r for r in h.invocations() if r["step_id"] == "2:refund_v2"]) == 2,
+        lambda: (
+            len([r for r in h.invocations() if r["step_id"] == "2:refund_v1"]) == 3
+            and len([r for r in h.invocations() if r["step_id"] == "2:refund_v2"]) == 2
+        ),
         what="both runs to be replayed by the restarted worker",
         detail=h.worker_logs,
     )
@@ -223,3 +226,18 @@ def test_an_isolated_runs_report_may_carry_a_patch_marker_once() -> None:
     ]:
         with pytest.raises(ValueRefused, match=why):
             check.check(bad, finish=False)
+
+
+@pytest.mark.usefixtures("bwrap")
+def test_patched_in_an_isolated_run_is_reported_by_the_sandbox_and_journaled_by_the_host(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    app = make_app()
+    app.workflows.update(iso.app.workflows)  # the module the harness imports in a sandbox
+    app.tools.update(iso.app.tools)
+    app.launch()
+    run_id = app.start(iso.patched_in_sandbox, 3)
+    assert app.result(run_id, timeout_s=90) == 12
+    events = app.events(run_id)
+    assert markers(events) == [{"patch": "double-twice", "taken": True, "after": 1}]
+    assert completed(events) == ["1:quick", "2:quick"]

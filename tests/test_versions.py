@@ -58,6 +58,12 @@ def test_the_registry_gives_the_newest_by_name_and_one_version_by_name_at_versio
     assert [wd.version for wd in registry.versions("checkout")] == ["2", "9", "10"]
     with pytest.raises(ratchet.UnknownWorkflow, match=r"has no version '3'; its versions: 2, 9"):
         registry.resolve("checkout@3")
+    other = WorkflowRegistry()
+    other["checkout"] = ratchet.WorkflowDef(_wf, "checkout", "11")
+    registry.update(other)  # every version of another app's workflows
+    assert registry["checkout"].version == "11"
+    del registry["checkout@11"]
+    assert registry["checkout"].version == "10"
 
 
 @pytest.fixture
@@ -155,11 +161,43 @@ def test_a_run_in_flight_on_v1_finishes_on_v1_after_its_worker_restarts_with_v2(
         assert h.app.result(in_flight) == "v1: reserved o1"  # v1's code, to the end
         assert h.app.result(fresh) == "v2: reserved o2, charged o2"
         assert h.app.get(fresh).workflow_version == "2"
-        steps = [
-            e.step_id for e in h.app.events(in_flight) if e.kind == EventKind.STEP_COMPLETED
-        ]
+        steps = [e.step_id for e in h.app.events(in_flight) if e.kind == EventKind.STEP_COMPLETED]
         assert steps == ["1:reserve"]  # v2's charge step never ran for it
         pids = [r["pid"] for r in h.invocations() if r["run_id"] == in_flight]
         assert pids == [a.pid, b.pid]  # started by the old worker, finished by the new one
     finally:
         h.close()
+
+
+def test_a_drive_of_a_version_the_worker_lacks_fails_it_and_runs_no_other_versions_code(
+    app: ratchet.Ratchet, db_url: str
+) -> None:
+    from ratchet.engine.control import Control
+    from ratchet.engine.driver import drive
+
+    run_id = app.start("checkout@1", "o")
+    only_v2 = ratchet.Ratchet(db_url)
+    try:
+
+        @only_v2.workflow(name="checkout", version="2")
+        async def checkout_v2(order: str, block: bool = False) -> str:
+            raise AssertionError("version 2's code drove a run of version 1")
+
+        # Its worker would never claim the run (it serves ("checkout", "2") only); a drive
+        # that reaches it anyway fails it as a run of an unknown workflow, naming both.
+        store = only_v2.store
+        [claimed] = only_v2.portal.call(store.claim("w", 10.0, 1, ["default"], [("checkout", "1")]))
+        outcome = only_v2.portal.call(drive(store, claimed, only_v2.workflows, Control()))
+        assert outcome == "failed"
+        rec = only_v2.get(run_id)
+        assert rec.error == (
+            "RatchetError: workflow 'checkout' version '1' is not registered with this "
+            "worker (it has version 2)"
+        )
+        assert [e.kind for e in only_v2.events(run_id)] == [
+            "run_queued",
+            "run_started",
+            "run_failed",
+        ]
+    finally:
+        only_v2.shutdown()

@@ -13,7 +13,7 @@ anyway fails as a run of an unknown workflow does, rather than running other cod
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Protocol, runtime_checkable
 
 from ratchet.engine.definitions import WorkflowDef
@@ -102,9 +102,11 @@ def missing(workflows: Mapping[str, WorkflowDef], name: str, version: str) -> st
     )
 
 
-class WorkflowRegistry(Mapping[str, WorkflowDef]):
+class WorkflowRegistry(MutableMapping[str, WorkflowDef]):
     """An app's code workflows: by name, the newest version (what a start of the name
-    takes); ``name@version`` gives that version. Iterating gives each name once."""
+    takes); ``name@version`` gives that version. Iterating gives each name once. Setting
+    ``registry[name] = wd`` registers ``wd`` beside the other versions (:meth:`add`);
+    :meth:`update` takes every version of another app's workflows."""
 
     def __init__(self) -> None:
         self._versions: dict[str, dict[str, WorkflowDef]] = {}
@@ -161,6 +163,31 @@ class WorkflowRegistry(Mapping[str, WorkflowDef]):
         if found is None:
             raise KeyError(ref)
         return found
+
+    def __setitem__(self, ref: str, wd: WorkflowDef) -> None:
+        if ref not in (wd.name, f"{wd.name}{AT}{wd.version}"):
+            raise InvalidInput(f"workflow {wd.name!r} version {wd.version!r} set as {ref!r}")
+        self.add(wd)
+
+    def __delitem__(self, ref: str) -> None:
+        """Forget ``name`` (every version) or ``name@version`` (that one)."""
+        name, version = split_ref(ref)
+        versions = self._versions.get(name)
+        if versions is None or (version is not None and version not in versions):
+            raise KeyError(ref)
+        if version is None:
+            versions.clear()
+        else:
+            del versions[version]
+        if versions:
+            self._newest[name] = max(versions.values(), key=lambda d: version_key(d.version))
+        else:
+            del self._versions[name], self._newest[name]
+
+    def update(self, other: Mapping[str, WorkflowDef], /) -> None:  # type: ignore[override]
+        """Register every version ``other`` holds (another app's workflows)."""
+        for wd in every_version(other):
+            self.add(wd)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._newest)
