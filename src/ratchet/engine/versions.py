@@ -35,8 +35,7 @@ def version_key(version: str) -> VersionKey:
     "1.0"``); leading zeros and the separators break ties only (``"01"`` before ``"1"``),
     so distinct versions never compare equal."""
     parts = tuple(
-        (1, int(part), part) if part.isdigit() else (0, 0, part)
-        for part in _PARTS.findall(version)
+        (1, int(part), part) if part.isdigit() else (0, 0, part) for part in _PARTS.findall(version)
     )
     return parts, version
 
