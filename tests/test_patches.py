@@ -205,7 +205,7 @@ def test_patched_outside_a_workflow_or_inside_a_step_is_refused(
         return await inside()
 
     app.launch()
-    with pytest.raises(ratchet.RunFailed, match=r"deprecate_patch|patched\(\) must be called"):
+    with pytest.raises(ratchet.RunFailed, match=r"patched\(\) must be called in a workflow's co"):
         app.result(app.start("misuse"), timeout_s=30)
 
 
