@@ -251,8 +251,14 @@ class DeadLetterOut(BaseModel):
 class WorkflowOut(BaseModel):
     name: str
     kind: str = Field(description="code or graph")
-    version: str
+    version: str = Field(description="The version a start of the name takes: the newest.")
     parameters: list[str]
+    versions: list[str] = Field(
+        default_factory=list,
+        description="Every version this server has, newest first (a code workflow's by "
+        "natural order, a graph's by registration); start one as `name@version` (code "
+        "workflows).",
+    )
 
 
 class Health(BaseModel):

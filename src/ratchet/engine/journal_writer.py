@@ -102,6 +102,8 @@ class JournalWriter:
         self._abandoned: list[StepJob] = []  # threads of `def` steps nobody waits for
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._held: set[HeldStep] = set()  # steps held open while the workflow reads them
+        # Patches this drive found the run past the old way (ratchet.patched said False).
+        self._old_patches: set[str] = set()
 
     # -- progress and stops ----------------------------------------------------------------
 

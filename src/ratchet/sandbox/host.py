@@ -259,6 +259,9 @@ class HostJournal:
     async def _accept(self, p: Proposal) -> None:
         if p.kind == EventKind.STEP_COMPLETED and p.step_id in self._completed_here:
             return  # a model call's end, journaled by the host already (checked equal)
+        if p.kind == EventKind.PATCH_MARKED:  # ratchet.patched: of no step, no guard's
+            self.emit(p.kind, None, None, p.payload, p.payload_json)
+            return
         assert p.step_id is not None
         name = p.step_id.partition(":")[2]
         if p.kind == EventKind.STEP_STARTED:

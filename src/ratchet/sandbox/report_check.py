@@ -22,6 +22,7 @@ from ratchet.model import (
     dumps,
     idempotency_key,
 )
+from ratchet.names import MAX_STEP_NAME
 
 # The step names of model calls: their end is journaled by the host, never by a sandbox.
 MODEL_STEPS = frozenset(e.name for endpoints in BY_PROVIDER.values() for e in endpoints)
@@ -61,6 +62,7 @@ _FIELDS: dict[str, frozenset[str] | None] = {
     EventKind.TOOL_CALLED: frozenset({"name", "arguments", "risk"}),
     EventKind.RUN_SUCCEEDED: frozenset({"output"}),
     EventKind.RUN_FAILED: frozenset({"error", "reason", "traceback"}),
+    EventKind.PATCH_MARKED: frozenset({"patch", "taken", "deprecated", "after"}),
 }
 # What a sandbox may journal of a step's arguments and of a traceback: what its own engine
 # writes (ratchet.engine.evidence), with room for the marker.
@@ -117,6 +119,7 @@ class ReportCheck:
             raise ValueRefused("a report carries at least one event")
         views: dict[str, _View | None] = {}
         ordinals: dict[int, str] = {}
+        patches: set[str] = set()
         for i, p in enumerate(proposals):
             last = finish and i == len(proposals) - 1
             where = f"event {i + 1} ({p.kind}" + (f" of step {p.step_id})" if p.step_id else ")")
@@ -125,6 +128,8 @@ class ReportCheck:
                     self._check_end(p)
                 elif p.kind in ENDS:
                     raise ValueRefused("the run's end is the last event of a finish report")
+                elif p.kind == EventKind.PATCH_MARKED:
+                    self._check_patch(p, patches)
                 else:
                     self._check_step(p, views, ordinals)
             except ValueRefused as e:
@@ -146,6 +151,24 @@ class ReportCheck:
                 f"a sandbox does not end a run with reason {reason!r} "
                 f"(its own are {', '.join(sorted(SANDBOX_REASONS))})"
             )
+
+    def _check_patch(self, p: Proposal, patches: set[str]) -> None:
+        """A ``ratchet.patched`` marker: of no step, once per patch and run, taken."""
+        if p.step_id is not None or p.attempt is not None:
+            raise ValueRefused("a patch marker belongs to no step")
+        check_fields(p)
+        name = p.payload.get("patch")
+        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
+            raise ValueRefused("patch_marked names its patch")
+        if p.payload.get("taken") is not True:
+            raise ValueRefused("patch_marked is journaled for a patch's new path only")
+        if not isinstance(p.payload.get("deprecated", False), bool) or not isinstance(
+            p.payload.get("after", 0), int
+        ):
+            raise ValueRefused("patch_marked: deprecated is a boolean, after a step count")
+        if name in self.state.patches or name in patches:
+            raise ValueRefused(f"patch {name!r} is marked already")
+        patches.add(name)
 
     def _view(self, step_id: str, views: dict[str, _View | None]) -> _View | None:
         if step_id in views:
