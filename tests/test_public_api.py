@@ -127,12 +127,15 @@ BLOCKING = [
     "run_receipt",
     "prune",
     "sandboxes",
+    "fork",
+    "resume",
+    "diff",
 ]
 
 
-# Async calls with no blocking twin, and why: the HTTP API's starts, which return what a
-# blocking caller has no use for (the record and whether it was created, per item).
-ASYNC_ONLY = {"start_run_async", "start_runs_async"}
+# Async calls with no blocking twin, and why: the HTTP API's starts and forks, which return
+# what a blocking caller has no use for (the record and whether it was created, per item).
+ASYNC_ONLY = {"start_run_async", "start_runs_async", "fork_run_async"}
 
 
 def _members(cls: type) -> dict[str, Any]:

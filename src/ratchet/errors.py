@@ -250,6 +250,10 @@ class UnknownApproval(InvalidInput, LookupError):
     """The run has no such approval."""
 
 
+class UnknownStep(InvalidInput, LookupError):
+    """The run has no such step."""
+
+
 class UnknownToken(InvalidInput, LookupError):
     """Unknown API token id."""
 
@@ -313,6 +317,10 @@ class ResultTimeout(RatchetError):
 
 class NotDeadLettered(RatchetError):
     """The run is not in the dead-letter queue."""
+
+
+class NotCancelled(RatchetError):
+    """The run is not cancelled: only a cancelled run resumes."""
 
 
 class RunFinished(RatchetError):

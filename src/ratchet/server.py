@@ -21,7 +21,7 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 
 from ratchet import __version__  # noqa: E402
-from ratchet.api import admin, events, receipts, replay, runs, tokens  # noqa: E402
+from ratchet.api import admin, events, forks, receipts, replay, runs, tokens  # noqa: E402
 from ratchet.api.metrics import Metrics  # noqa: E402
 from ratchet.api.readiness import READY_TIMEOUT_S, Readiness  # noqa: E402
 from ratchet.api.tails import Tails  # noqa: E402
@@ -141,6 +141,7 @@ def create_app(
     api.state.metrics = Metrics()
     errors.install(api)
     api.include_router(runs.router)
+    api.include_router(forks.router)
     api.include_router(replay.router)
     api.include_router(events.router)
     api.include_router(receipts.router)

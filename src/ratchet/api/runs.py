@@ -120,6 +120,8 @@ def _run(rec: RunRecord, token: Token) -> Run:
         created_at=rec.created_at,
         updated_at=rec.updated_at,
         tags=rec.tags,
+        forked_from=shown_or_none(token, rec.forked_from),
+        forked_at=rec.forked_at,
     )
 
 

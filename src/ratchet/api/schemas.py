@@ -12,6 +12,7 @@ from ratchet.names import (
     MAX_DECIDER,
     MAX_QUEUE,
     MAX_RUN_ID,
+    MAX_STEP,
     MAX_TAG_KEY,
     MAX_TAG_VALUE,
     MAX_TAGS,
@@ -123,6 +124,12 @@ class Run(BaseModel):
     created_at: float
     updated_at: float
     tags: dict[str, str] = Field(default_factory=dict)
+    forked_from: str | None = Field(
+        default=None, description="A fork's source run (POST /v1/runs/{id}/fork)."
+    )
+    forked_at: str | None = Field(
+        default=None, description="The step of the source run the fork was made at."
+    )
 
 
 class DriveOut(BaseModel):
@@ -438,3 +445,56 @@ class TokenOut(BaseModel):
 
 class TokenCreated(TokenOut):
     token: str = Field(description="The secret, shown once: only its hash is kept.")
+
+
+class ForkBody(Body):
+    at: str = Field(
+        min_length=1,
+        max_length=MAX_STEP,
+        description='The fork point: a step id of the run, e.g. "3:summarize". The fork '
+        "starts with copies of the run's completed steps before it and runs from it on.",
+    )
+    input: Any = Field(
+        default=None,
+        description="Other input for the fork (a workflow's arguments by parameter name; "
+        "for a graph, its input). Absent: the source run's.",
+    )
+    edit: dict[str, Any] | None = Field(
+        default=None,
+        description='Outputs to replace, by step id: {"3:summarize": "..."}. The fork '
+        "point or a step before it; an edited fork point is journaled completed, and the "
+        "fork goes on after it with that output.",
+    )
+
+
+class ForkAccepted(BaseModel):
+    run_id: str = Field(description="The fork's run id.")
+    forked_from: str
+    forked_at: str
+
+
+class Resumed(BaseModel):
+    run_id: str
+
+
+class StepSideOut(BaseModel):
+    status: str
+    output: Any = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+    duration_ms: float | None = None
+    error: str | None = None
+
+
+class StepDiffOut(BaseModel):
+    step_id: str
+    status: str = Field(description="same, changed, only_a or only_b.")
+    a: StepSideOut | None = None
+    b: StepSideOut | None = None
+
+
+class RunDiffOut(BaseModel):
+    a: str
+    b: str
+    steps: list[StepDiffOut]

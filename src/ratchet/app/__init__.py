@@ -2,8 +2,9 @@
 
 :class:`Ratchet` is assembled from one module per job: ``base`` (the database, the loop,
 the signing key), ``definitions`` (workflows, steps, tools, graphs), ``starting`` (starting
-runs), ``client`` (the calls on runs, as coroutines), ``blocking`` (their blocking twins)
-and ``embedded`` (workers in this process)."""
+runs), ``forking`` (forks, resumes and diffs of runs), ``client`` (the calls on runs, as
+coroutines), ``blocking`` (their blocking twins) and ``embedded`` (workers in this
+process)."""
 
 from __future__ import annotations
 

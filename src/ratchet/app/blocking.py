@@ -8,6 +8,7 @@ from typing import Any
 
 from ratchet.app.base import UNSET, check_status
 from ratchet.app.client import Client
+from ratchet.app.forking import Forking
 from ratchet.app.starting import Starting
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport
@@ -18,6 +19,7 @@ from ratchet.model import (
     DeliveryReceipt,
     Event,
     LLMTotals,
+    RunDiff,
     RunRecord,
     RunStatus,
 )
@@ -25,7 +27,7 @@ from ratchet.store import WorkerInfo
 from ratchet.store.sandboxes import SandboxRecord
 
 
-class Blocking(Starting, Client):
+class Blocking(Starting, Forking, Client):
     """The blocking client calls of :class:`ratchet.Ratchet`."""
 
     def start(
@@ -199,3 +201,23 @@ class Blocking(Starting, Client):
     ) -> DeliveryReceipt:
         """Blocking :meth:`settle_receipt_async`."""
         return self._portal.call(self.settle_receipt_async(key, response=response, failed=failed))
+
+    def fork(
+        self,
+        run_id: str,
+        at: str,
+        *,
+        input: Any = UNSET,
+        edit: Mapping[str, Any] | None = None,
+        by: str | None = None,
+    ) -> str:
+        """Blocking :meth:`fork_async`."""
+        return self._portal.call(self.fork_async(run_id, at, input=input, edit=edit, by=by))
+
+    def resume(self, run_id: str, *, by: str | None = None) -> str:
+        """Blocking :meth:`resume_async`."""
+        return self._portal.call(self.resume_async(run_id, by=by))
+
+    def diff(self, a: str, b: str) -> RunDiff:
+        """Blocking :meth:`diff_async`."""
+        return self._portal.call(self.diff_async(a, b))

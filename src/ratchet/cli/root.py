@@ -15,6 +15,7 @@ from ratchet.cli.acting import cancel, retry, signal_
 from ratchet.cli.approvals import approvals, approve, reject
 from ratchet.cli.delivery_receipts import receipts_cli
 from ratchet.cli.demo import demo
+from ratchet.cli.forking import diff, fork, resume
 from ratchet.cli.graphs import graph_cli
 from ratchet.cli.llm_server import llm_server
 from ratchet.cli.retention import prune_cmd
@@ -72,6 +73,9 @@ cli.command()(dlq)
 cli.command("signal")(signal_)
 cli.command()(cancel)
 cli.command()(retry)
+cli.command()(fork)
+cli.command()(resume)
+cli.command()(diff)
 cli.add_typer(receipts_cli, name="receipts")
 cli.command()(demo)
 cli.command("llm-server")(llm_server)

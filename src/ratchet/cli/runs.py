@@ -255,6 +255,11 @@ def show(
         ("run", Text(rec.run_id)),
         ("workflow", Text(f"{rec.workflow} v{rec.workflow_version}")),
         ("queue", Text(rec.queue)),
+        *(
+            [("forked from", Text(f"{rec.forked_from} at step {rec.forked_at}"))]
+            if rec.forked_from is not None
+            else []
+        ),
         ("status", status_text(rec.status)),
         ("created", Text(when(rec.created_at))),
         ("updated", Text(when(rec.updated_at))),

@@ -12,8 +12,10 @@ of Ratchet's, so every layer may import it; its names are imported from here
 - :mod:`~ratchet.model.fold`: a run's state folded from its journal
 - :mod:`~ratchet.model.records`: the records the store returns
 - :mod:`~ratchet.model.story`: a run's story for people (its input as given, its drives)
+- :mod:`~ratchet.model.diff`: two runs side by side, step by step
 """
 
+from ratchet.model.diff import RunDiff, StepDiff, StepSide, diff_states
 from ratchet.model.events import (
     GENESIS_HASH,
     Event,
@@ -107,6 +109,7 @@ __all__ = [
     "NewRun",
     "PatchMarkedPayload",
     "QueueReason",
+    "RunDiff",
     "RunDrivenPayload",
     "RunEndedPayload",
     "RunQueuedPayload",
@@ -116,7 +119,9 @@ __all__ = [
     "SandboxStatus",
     "SettledBy",
     "StepCompletedPayload",
+    "StepDiff",
     "StepFailedPayload",
+    "StepSide",
     "StepStartedPayload",
     "StepState",
     "StepStatus",
@@ -126,6 +131,7 @@ __all__ = [
     "answer_text",
     "apply",
     "chain_next",
+    "diff_states",
     "drives",
     "dumps",
     "duration",

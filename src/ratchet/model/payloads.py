@@ -13,6 +13,8 @@ class RunQueuedPayload(TypedDict, total=False):
     reason: str  # a QueueReason: why the run was queued again
     by: str  # who retried it
     grant: dict[str, Any]  # the limits the retry moved
+    forked_from: str  # a fork's first run_queued: the run it was forked from
+    forked_at: str  # ... and the step it was forked at
 
 
 class RunDrivenPayload(TypedDict, total=False):

@@ -32,6 +32,10 @@ class RunRecord:
     tenant_id: str = "default"
     # Set at start, never changed (a child run's are its parent's); see ratchet.names.
     tags: dict[str, str] = field(default_factory=dict)
+    # A fork's source run and the step it was forked at (see ratchet.app.forking); None
+    # for a run started afresh. Set at creation, never changed.
+    forked_from: str | None = None
+    forked_at: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -51,6 +55,8 @@ class RunRecord:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
             "tags": dict(self.tags),
+            "forked_from": self.forked_from,
+            "forked_at": self.forked_at,
         }
 
 
@@ -72,6 +78,9 @@ class NewRun:
     guards: dict[str, Any] | None = None
     # Its tags (checked), journaled in run_queued; a child run is given its parent's.
     tags: dict[str, str] = field(default_factory=dict)
+    # A fork's source run and fork point (see RunRecord), journaled in run_queued.
+    forked_from: str | None = None
+    forked_at: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,7 @@ class QueueReason(StrEnum):
     """``run_queued``'s ``reason`` after the first: why a run was queued again."""
 
     RETRY = "retry"  # a person re-queued a dead-lettered run
+    RESUME = "resume"  # a person resumed a cancelled run
 
 
 class DeadLetterReason(StrEnum):

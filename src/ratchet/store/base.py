@@ -33,6 +33,7 @@ from ratchet.store import (
     approvals,
     deliveries,
     endings,
+    forks,
     graphs,
     history,
     journal,
@@ -355,6 +356,18 @@ class Store(StoreHooks):
         limits as they were unless ``grant`` (checked by the caller) moves some; ``by``,
         who retried it, is journaled in the ``run_queued`` event with the grant."""
         return await endings.retry_dead(self, run_id, grant, by)
+
+    # -- forks and resumes (ratchet.store.forks) ---------------------------------------------
+
+    async def create_fork(self, new: NewRun, events: Sequence[Event]) -> RunRecord:
+        """Write a fork: its run row (queued, with its lineage) and the journal it starts
+        with (:func:`ratchet.store.forks.fork_journal`), in one transaction."""
+        return await forks.create_fork(self, new, events)
+
+    async def resume(self, run_id: str, by: str | None = None) -> RunRecord:
+        """Queue a cancelled run again under its own id; it goes on after its last
+        completed step. :class:`NotCancelled` for any other status, writing nothing."""
+        return await forks.resume(self, run_id, by)
 
     # -- deliveries' receipts (ratchet.store.deliveries) -------------------------------------
 

@@ -43,6 +43,8 @@ def record_from_row(row: Any) -> RunRecord:
         updated_at=row["updated_at"],
         tenant_id=row["tenant_id"],
         tags=json.loads(row["tags"]),
+        forked_from=row["forked_from"],
+        forked_at=row["forked_at"],
     )
 
 

@@ -16,6 +16,7 @@ from ratchet.errors import (
     ApprovalNotPending,
     InvalidInput,
     JournalPruned,
+    NotCancelled,
     NotDeadLettered,
     RatchetError,
     RunFinished,
@@ -83,6 +84,7 @@ def _status_of(e: Exception) -> int:
         RunFinished
         | ApprovalNotPending
         | NotDeadLettered
+        | NotCancelled
         | SignalAlreadyConsumed
         | RunNotFinished
         | JournalPruned,
