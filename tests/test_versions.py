@@ -85,6 +85,10 @@ def test_two_versions_in_one_app_new_runs_take_the_newest_and_name_at_version_pi
     app.launch()  # one worker serves both versions
     assert app.result(newest, timeout_s=30) == "v2: reserved o-new, charged o-new"
     assert app.result(pinned, timeout_s=30) == "v1: reserved o-old"
+    # A fork keeps its source's version, though the app's newest is another.
+    fork = app.fork(pinned, at="1:reserve", input={"order": "o-fork"})
+    assert app.get(fork).workflow_version == "1"
+    assert app.result(fork, timeout_s=30) == "v1: reserved o-fork"
     # A version the app lacks is refused, naming those it has; nothing is written.
     before = len(app.runs())
     with pytest.raises(ratchet.UnknownWorkflow, match=r"'checkout' has no version '7'.*1, 2"):
