@@ -6,6 +6,7 @@ journaled as ``request_drifted``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -317,3 +318,59 @@ def test_journals_without_requests_read_as_no_request() -> None:
     )
     assert requests_of([old, odd]) == {}
     assert request_of([old], f"1:{CHAT}") is None
+
+
+def test_a_retry_and_parallel_calls_store_no_message_twice(
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
+    server, base = provider
+    oai = ratchet.llm.wrap(
+        openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET),
+        retry=ratchet.Retry(max_attempts=2, backoff_ms=10, retry_on=("llm",)),
+    )
+    app = make_app()
+    system = {"role": "system", "content": "You answer questions about orders."}
+
+    @app.workflow()
+    async def fan() -> list[str]:
+        first = await oai.chat.completions.create(
+            model=MODEL, messages=[system, {"role": "user", "content": "a"}]
+        )
+        both = await asyncio.gather(
+            *(
+                oai.chat.completions.create(
+                    model=MODEL, messages=[system, {"role": "user", "content": q}]
+                )
+                for q in ("b", "c")
+            )
+        )
+        return [str(r.choices[0].message.content) for r in (first, *both)]
+
+    server.fail("429", times=1)  # the first call is retried
+    app.launch()
+    run_id = app.start(fan)
+    assert app.result(run_id, timeout_s=30) == ["echo: a", "echo: b", "echo: c"]
+    starts = started(app, run_id)
+    assert [(e.step_id, e.attempt) for e in starts] == [
+        (f"1:{CHAT}", 1),
+        (f"1:{CHAT}", 2),
+        (f"2:{CHAT}", 1),
+        (f"3:{CHAT}", 1),
+    ]
+    retry = starts[1].payload["request"]
+    # The retry sends what the first attempt sent, every message journaled already; it
+    # never names its own step.
+    assert retry["bodies"] == {} and retry["messages"]["from"] is None
+    assert len(retry["messages"]["add"]) == 2
+    # The parallel calls share the system prompt with the first call: stored once.
+    for e in starts[2:]:
+        request = e.payload["request"]
+        assert request["messages"]["keep"] == 1 and len(request["bodies"]) == 1
+    stored = [d for e in starts for d in e.payload["request"]["bodies"]]
+    assert len(stored) == len(set(stored)) == 4
+    resolved = requests_of(app.events(run_id))
+    assert [resolved[f"{i}:{CHAT}"]["messages"][1]["content"] for i in (1, 2, 3)] == [
+        "a",
+        "b",
+        "c",
+    ]
