@@ -329,7 +329,7 @@ def test_a_retry_and_parallel_calls_store_no_message_twice(
         retry=ratchet.Retry(max_attempts=2, backoff_ms=10, retry_on=("llm",)),
     )
     app = make_app()
-    system = {"role": "system", "content": "You answer questions about orders."}
+    system: Any = {"role": "system", "content": "You answer questions about orders."}
 
     @app.workflow()
     async def fan() -> list[str]:
