@@ -158,6 +158,7 @@ class RunContext(Primitives):
                 if wf is None:
                     raise RatchetError(missing(self.workflows, rec.workflow, rec.workflow_version))
                 self.guards.configure(wf.guards or DEFAULT_GUARDS, self.state.guards)
+                self.request_drift = wf.request_drift
                 args, kwargs = wf.call_args(rec.input)
                 result = await wf.fn(*args, **kwargs)
                 if self._held:  # streams still open end before the run does

@@ -45,6 +45,7 @@ class EventKind(StrEnum):
     # ratchet.patched / deprecate_patch: a run reached a patch first under the code that
     # has it (it takes no step position; see docs/how-to/upgrading.md).
     PATCH_MARKED = "patch_marked"
+    REQUEST_DRIFTED = "request_drifted"
     RUN_SUCCEEDED = "run_succeeded"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"

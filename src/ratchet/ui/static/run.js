@@ -17,6 +17,7 @@ const KINDS = ["run_queued", "run_started", "run_resumed", "step_started", "step
   "step_failed", "step_retrying", "step_waiting", "approval_decided", "signal_received",
   "tool_called", "anomaly_detected", "confidence_evaluated", "confidence_gate_bypassed",
   "patch_marked",
+  "request_drifted",
   ...TERMINAL];
 
 // The page embeds its waterfall compact (rows and segments as lists of values, named by
