@@ -74,11 +74,11 @@ class DriveRequests:
         journaled one. One that differs raises :class:`NonDeterminismError` naming the step
         and the first difference, or, where the workflow opted in
         (``request_drift="warn"``), is journaled as ``request_drifted`` and the journaled
-        answer goes back as usual. A step journaled without a request (an older run) is not
-        checked."""
+        answer goes back as usual. A step journaled without a request (an older run) and a
+        step a fork copied from its source are not checked."""
         index = await self.index()
         journaled = index.lists.get(step_id)
-        if journaled is None:
+        if journaled is None or step_id in index.copied:
             return
         messages, params = request
         difference = first_difference(

@@ -77,6 +77,9 @@ class RequestIndex:
         # Short excerpts of the messages read back from the journal, by digest: what a
         # drift report quotes of the journaled side.
         self.excerpts: dict[str, str] = {}
+        # Steps a fork copied from its source: taken as they were, never held to the
+        # fork's code (a fork may change the input the requests were made from).
+        self.copied: set[str] = set()
         self._root = _Node()
 
     @classmethod
@@ -94,6 +97,8 @@ class RequestIndex:
             return
         for key, body in (request.get("bodies") or {}).items():
             self.excerpts[key] = excerpt(body)
+        if request.get("copied_from"):
+            self.copied.add(step_id)
         self._record(step_id, digests, dict(request.get("params") or {}))
 
     def entry(
