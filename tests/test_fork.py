@@ -603,5 +603,6 @@ def test_a_forks_copied_model_calls_keep_their_requests_and_new_input_is_no_drif
     events = app.events(fork)
     assert not [e for e in events if e.kind == EventKind.REQUEST_DRIFTED]
     call = f"1:{CALL}"
-    assert request_of(events, call) == request_of(app.events(source), call)
-    assert request_of(events, call)["messages"] == [{"role": "user", "content": "on otters"}]
+    copied = request_of(events, call)
+    assert copied is not None and copied == request_of(app.events(source), call)
+    assert copied["messages"] == [{"role": "user", "content": "on otters"}]
