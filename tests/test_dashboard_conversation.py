@@ -1,0 +1,155 @@
+"""A run's model calls as a conversation on its page, in a real browser on both backends
+(the harness of tests/test_dashboard.py), for runs made against the local provider through
+the wrapped OpenAI SDK: an agent's turns with their messages, tool calls and results,
+tokens, cost and latency, a retried call and one cut short by its worker's SIGKILL told
+inline, the raw JSON one click away, one step's whole conversation in its detail; a
+journal's markup shown as text; a long conversation paged. The dashboard guide's
+conversation screenshots are taken here."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import test_dashboard
+from proc import Harness
+from test_dashboard import IMAGES, Dash, dashboard, eid, expect, row
+from waiting import wait_for
+
+from ratchet.llm.server import LocalProvider, serve
+
+browser = test_dashboard.browser  # the module's browser fixture, shared
+
+AGENT_SCRIPT = {
+    "rules": [
+        {
+            "match": {"last_role": "user"},
+            "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]},
+        },
+        {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
+    ]
+}
+TURN_1 = "1:openai.chat.completions.create"
+TURN_2 = "3:openai.chat.completions.create"
+
+
+@pytest.fixture
+def dash(h: Harness, browser: Any) -> Iterator[Dash]:
+    with dashboard(h, browser, heartbeat_s=0.5, live_poll_s=0.2) as d:
+        yield d
+
+
+def shot(dash: Dash, locator: Any, name: str) -> None:
+    # One backend writes the guide's pictures; both take them, so both render the page.
+    picture = locator.screenshot()
+    if dash.h.db_url.startswith("sqlite"):
+        IMAGES.mkdir(parents=True, exist_ok=True)
+        (IMAGES / name).write_bytes(picture)
+
+
+@pytest.mark.crash
+def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
+    dash: Dash,
+) -> None:
+    h = dash.h
+    server = LocalProvider(script=AGENT_SCRIPT)
+    with serve(server) as base:
+        env = {"CRASH_LLM_URL": base}
+        server.fail("429", times=1, retry_after=0.1)  # turn 1's first attempt: retried
+        run_id = dash.start("agent_run", {"text": "What is the weather in Paris?"})
+        a = h.spawn("a", lease_ttl=1.5, recovery_interval=60.0, env_extra=env)
+        h.wait_invoked("2:lookup")  # turn 1 answered, its tool running
+        server.fail("slow", times=1, delay_s=3.0)  # turn 2 is held...
+        h.open_gate("lookup")
+        wait_for(lambda: server.stats()["received"] >= 3, what="turn 2 sent")
+        a.kill()  # ...and its worker killed while the provider answers it
+        h.spawn("b", lease_ttl=1.5, recovery_interval=0.2, env_extra=env)
+        h.wait_status(eid(run_id), "succeeded")
+
+    page = dash.signed_in(viewport={"width": 1100, "height": 900})
+    page.goto(f"/runs/{run_id}")
+    talk = page.get_by_role("region", name="Conversation")
+    turns = talk.get_by_role("article")
+    expect(turns).to_have_count(2)
+    first, second = turns.nth(0), turns.nth(1)
+    expect(first).to_have_attribute("data-step", TURN_1)
+    roles = first.locator(".msg .role")
+    expect(roles).to_have_text(["system", "user", "assistant · reply"])
+    expect(first.locator(".msg").nth(0)).to_contain_text("Answer with the tools.")
+    expect(first.locator(".msg").nth(1)).to_contain_text("What is the weather in Paris?")
+    # The reply's tool call with its arguments; the call's tokens, cost and latency.
+    call = first.locator(".msg.reply .call")
+    expect(call).to_contain_text("calls lookup")
+    expect(call.locator("pre")).to_have_text('{\n  "city": "Paris"\n}')
+    expect(first.locator(".tokens")).to_have_text(re.compile(r"^[\d,]+ → [\d,]+ tokens$"))
+    expect(first.locator(".cost")).to_have_text(re.compile(r"^\$0\.\d{6}$"))
+    expect(first.locator(".latency")).to_have_text(re.compile(r"^\d+(\.\d)? (ms|s)$"))
+    # The 429 and its retry, inline.
+    expect(first.locator(".attempt")).to_have_text(
+        [re.compile(r"^attempt 1 retrying: .*429"), "attempt 2 completed"]
+    )
+
+    # Turn 2 continues turn 1: the tool's result (named), then the answer; its first
+    # attempt was cut short by the kill, and the drive that ended says so.
+    expect(second.locator(".earlier")).to_contain_text(f"3 earlier messages, as in {TURN_1}")
+    expect(second.locator(".msg .role")).to_have_text(["tool · lookup", "assistant · reply"])
+    expect(second.locator(".msg").nth(0)).to_contain_text('"sky": "sunny"')
+    expect(second.locator(".msg.reply")).to_contain_text("It is sunny in Paris.")
+    took_over = r"worker (killed, taken over|lost \(killed or hung\), lease expired, taken over)"
+    expect(second.locator(".attempt")).to_have_text(
+        [
+            re.compile(rf"^attempt 1 interrupted \(drive 1 by a: {took_over} by b after"),
+            "attempt 1 completed",
+        ]
+    )
+    shot(dash, talk, "dashboard-conversation.png")
+
+    # The raw JSON, one click away: the request as sent (its messages whole), the response.
+    raw = second.locator("details.raw")
+    raw.locator("summary").click()
+    expect(raw.locator("pre")).to_contain_text('"tool_call_id"')
+    expect(raw.locator("pre")).to_contain_text('"It is sunny in Paris."')
+    expect(raw.locator("pre")).to_contain_text('"latency_ms"')
+
+    # A step's detail: that call's whole conversation, every message it was sent.
+    row(page, TURN_2).get_by_role("button", name=TURN_2).click()
+    detail = page.get_by_role("region", name=f"Step {TURN_2}")
+    whole = detail.locator("#detail-conversation")
+    expect(whole.locator(".msg .role")).to_have_text(
+        ["system", "user", "assistant", "tool · lookup", "assistant · reply"]
+    )
+    shot(dash, detail, "dashboard-conversation-step.png")
+
+
+def test_a_journals_markup_is_text_and_a_long_conversation_is_paged(dash: Dash) -> None:
+    h = dash.h
+    evil = '<script>document.title="pwned"</script><img src=x onerror="document.title=1"> weather?'
+    # The agent's question asks for the tool; the asker's questions are echoed.
+    script = {"rules": [{**AGENT_SCRIPT["rules"][0], "match": {"contains": "weather"}}]}
+    script["rules"].append(AGENT_SCRIPT["rules"][1])
+    with serve(LocalProvider(script=script)) as base:
+        h.open_gate("lookup")
+        marked = dash.start("agent_run", {"text": evil})
+        long = dash.start("asker", {"n": 55})
+        h.spawn("w", lease_ttl=3.0, env_extra={"CRASH_LLM_URL": base})
+        h.wait_status(eid(marked), "succeeded")
+        h.wait_status(eid(long), "succeeded", timeout=60)
+
+    page = dash.signed_in()
+    page.goto(f"/runs/{marked}")
+    talk = page.get_by_role("region", name="Conversation")
+    expect(talk.get_by_role("article")).to_have_count(2)
+    expect(talk.locator(".msg.role-user .text").first).to_have_text(evil)
+    assert talk.locator("script, img").count() == 0
+    assert page.title() != "pwned"
+
+    page.goto(f"/runs/{long}")
+    turns = page.get_by_role("region", name="Conversation").get_by_role("article")
+    expect(turns).to_have_count(50)
+    more = page.get_by_role("button", name="More turns (5 more)")
+    more.click()
+    expect(turns).to_have_count(55)
+    expect(turns.last.locator(".msg.role-user")).to_contain_text("question 55")
+    expect(turns.last.locator(".msg.reply")).to_contain_text("echo: question 55")
