@@ -34,6 +34,7 @@ class Definitions(AppBase):
         tier: str = "process",
         sandbox: Sandbox | None = None,
         timeout_s: float | None = None,
+        request_drift: str = "error",
     ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
     def workflow(
@@ -45,6 +46,7 @@ class Definitions(AppBase):
         tier: str = "process",
         sandbox: Sandbox | None = None,
         timeout_s: float | None = None,
+        request_drift: str = "error",
     ) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
         Its name (default: the function's) and version are stored with each run; a worker
@@ -52,7 +54,11 @@ class Definitions(AppBase):
         (default: ``ratchet.Guards()``). ``timeout_s`` is each run's deadline, in seconds
         from its first start (``Guards.timeout_s``): past it the run fails with
         :class:`RunTimeout`, also while parked. ``tier="isolated"`` runs each attempt in a
-        sandbox of its own (``sandbox=ratchet.Sandbox(...)``; see ratchet.sandbox)."""
+        sandbox of its own (``sandbox=ratchet.Sandbox(...)``; see ratchet.sandbox).
+        ``request_drift`` says what a replay does when a completed model call's request
+        differs from the journaled one (the prompt changed under a running run):
+        ``"error"`` (the default) fails the run with :class:`NonDeterminismError`,
+        ``"warn"`` journals ``request_drifted`` and goes on with the journaled answer."""
         fn = None
         if callable(name):  # used bare: @app.workflow
             fn, name = name, None
@@ -65,7 +71,14 @@ class Definitions(AppBase):
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
             wf_name = name or fn.__name__
-            wd = WorkflowDef(fn, wf_name, str(version), guards, check_tier(tier, sandbox, wf_name))
+            wd = WorkflowDef(
+                fn,
+                wf_name,
+                str(version),
+                guards,
+                check_tier(tier, sandbox, wf_name),
+                request_drift=request_drift,
+            )
             if wd.name in self.workflows and self.workflows[wd.name].fn is not fn:
                 raise InvalidInput(f"workflow {wd.name!r} is already registered")
             self.workflows[wd.name] = wd

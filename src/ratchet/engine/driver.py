@@ -158,6 +158,7 @@ class RunContext(Primitives):
                         f"workflow {rec.workflow!r} is not registered with this worker"
                     )
                 self.guards.configure(wf.guards or DEFAULT_GUARDS, self.state.guards)
+                self.request_drift = wf.request_drift
                 args, kwargs = wf.call_args(rec.input)
                 result = await wf.fn(*args, **kwargs)
                 if self._held:  # streams still open end before the run does

@@ -12,6 +12,7 @@ of Ratchet's, so every layer may import it; its names are imported from here
 - :mod:`~ratchet.model.fold`: a run's state folded from its journal
 - :mod:`~ratchet.model.records`: the records the store returns
 - :mod:`~ratchet.model.story`: a run's story for people (its input as given, its drives)
+- :mod:`~ratchet.model.requests`: model requests as the journal holds them, read back whole
 """
 
 from ratchet.model.events import (
@@ -54,6 +55,7 @@ from ratchet.model.records import (
     NewRun,
     RunRecord,
 )
+from ratchet.model.requests import RequestIndex, request_of, requests_of
 from ratchet.model.states import (
     TAKEOVERS,
     TERMINAL_EVENTS,
@@ -105,6 +107,7 @@ __all__ = [
     "Lease",
     "NewRun",
     "QueueReason",
+    "RequestIndex",
     "RunDrivenPayload",
     "RunEndedPayload",
     "RunQueuedPayload",
@@ -132,5 +135,7 @@ __all__ = [
     "given_input",
     "idempotency_key",
     "output_payload",
+    "request_of",
+    "requests_of",
     "split_step_id",
 ]

@@ -42,6 +42,7 @@ class EventKind(StrEnum):
     ANOMALY_DETECTED = "anomaly_detected"
     CONFIDENCE_EVALUATED = "confidence_evaluated"
     CONFIDENCE_GATE_BYPASSED = "confidence_gate_bypassed"
+    REQUEST_DRIFTED = "request_drifted"
     RUN_SUCCEEDED = "run_succeeded"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"

@@ -209,6 +209,18 @@ class RemoteStore:
             events = (await self.reporter.journal())[1]
         return [e for e in events if e.seq > after][: None if limit < 0 else limit]
 
+    async def load_requests(self, run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """What the store's ``requests_load`` gives, from the journal the channel reads."""
+        out: list[tuple[str, str, dict[str, Any]]] = []
+        for ev in await self.load_events(run_id):
+            if ev.step_id is None:
+                continue
+            if ev.kind == "step_started" and isinstance(ev.payload.get("request"), dict):
+                out.append((ev.kind, ev.step_id, ev.payload["request"]))
+            elif ev.kind == "request_drifted":
+                out.append((ev.kind, ev.step_id, ev.payload))
+        return out
+
     async def now(self) -> float:
         return time.time()
 

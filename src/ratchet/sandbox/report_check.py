@@ -34,6 +34,7 @@ STEP_KINDS = frozenset(
         EventKind.STEP_RETRYING,
         EventKind.STEP_WAITING,
         EventKind.TOOL_CALLED,
+        EventKind.REQUEST_DRIFTED,
     }
 )
 ENDS = {EventKind.RUN_SUCCEEDED: RunStatus.SUCCEEDED, EventKind.RUN_FAILED: RunStatus.FAILED}
@@ -51,7 +52,16 @@ SANDBOX_REASONS = frozenset(
 # The fields of each proposal's payload (None: any; the tool's call is its own record).
 _FIELDS: dict[str, frozenset[str] | None] = {
     EventKind.STEP_STARTED: frozenset(
-        {"idempotency_key", "resumed", "kind", "provider", "model", "call_sha256", "args"}
+        {
+            "idempotency_key",
+            "resumed",
+            "kind",
+            "provider",
+            "model",
+            "call_sha256",
+            "args",
+            "request",
+        }
     ),
     EventKind.STEP_COMPLETED: frozenset({"output"}),
     EventKind.STEP_FAILED: frozenset({"error", "error_type", "traceback"}),
@@ -59,6 +69,7 @@ _FIELDS: dict[str, frozenset[str] | None] = {
         {"attempt", "of", "error", "delay_s", "retry_at", "traceback"}
     ),
     EventKind.TOOL_CALLED: frozenset({"name", "arguments", "risk"}),
+    EventKind.REQUEST_DRIFTED: frozenset({"difference", "message"}),
     EventKind.RUN_SUCCEEDED: frozenset({"output"}),
     EventKind.RUN_FAILED: frozenset({"error", "reason", "traceback"}),
 }
@@ -183,6 +194,14 @@ class ReportCheck:
         if holder is not None and holder != step_id:
             raise ValueRefused(f"position {ordinal} holds step {holder!r}")
         view = self._view(step_id, views)
+        if p.kind == EventKind.REQUEST_DRIFTED:
+            # A replay found a completed model call's request changed, and goes on.
+            if view is None or view.status != StepStatus.COMPLETED or view.kind != "llm":
+                raise ValueRefused(f"step {step_id} is not a completed model call")
+            if p.attempt is not None:
+                raise ValueRefused("request_drifted names no attempt")
+            check_fields(p)
+            return
         if view is None and p.kind in (
             EventKind.STEP_COMPLETED,
             EventKind.STEP_FAILED,
