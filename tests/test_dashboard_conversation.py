@@ -22,15 +22,14 @@ from ratchet.llm.server import LocalProvider, serve
 
 browser = test_dashboard.browser  # the module's browser fixture, shared
 
-AGENT_SCRIPT = {
-    "rules": [
-        {
-            "match": {"last_role": "user"},
-            "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]},
-        },
-        {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
-    ]
+ASK_LOOKUP: dict[str, Any] = {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]}
+ANSWER: dict[str, Any] = {
+    "match": {"last_role": "tool"},
+    "reply": {"text": "It is sunny in Paris."},
 }
+AGENT_SCRIPT = {"rules": [{"match": {"last_role": "user"}, "reply": ASK_LOOKUP}, ANSWER]}
+# The agent's question (it says "weather") asks for the tool; other questions are echoed.
+WEATHER_SCRIPT = {"rules": [{"match": {"contains": "weather"}, "reply": ASK_LOOKUP}, ANSWER]}
 TURN_1 = "1:openai.chat.completions.create"
 TURN_2 = "3:openai.chat.completions.create"
 
@@ -126,10 +125,7 @@ def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
 def test_a_journals_markup_is_text_and_a_long_conversation_is_paged(dash: Dash) -> None:
     h = dash.h
     evil = '<script>document.title="pwned"</script><img src=x onerror="document.title=1"> weather?'
-    # The agent's question asks for the tool; the asker's questions are echoed.
-    script = {"rules": [{**AGENT_SCRIPT["rules"][0], "match": {"contains": "weather"}}]}
-    script["rules"].append(AGENT_SCRIPT["rules"][1])
-    with serve(LocalProvider(script=script)) as base:
+    with serve(LocalProvider(script=WEATHER_SCRIPT)) as base:
         h.open_gate("lookup")
         marked = dash.start("agent_run", {"text": evil})
         long = dash.start("asker", {"n": 55})
@@ -153,3 +149,14 @@ def test_a_journals_markup_is_text_and_a_long_conversation_is_paged(dash: Dash) 
     expect(turns).to_have_count(55)
     expect(turns.last.locator(".msg.role-user")).to_contain_text("question 55")
     expect(turns.last.locator(".msg.reply")).to_contain_text("echo: question 55")
+
+    # Another tenant's token reads neither the conversation nor a turn of it.
+    with dash.api(dash.token(tenant="globex")) as other:
+        for path in ("conversation", f"turn?step_id={TURN_1}"):
+            refused = other.get(f"/ui/runs/{marked}/{path}")
+            assert refused.status_code == 404, refused.text
+        assert other.get(f"/ui/runs/{marked}/conversation?after=-1").status_code == 422
+    with dash.api() as mine:
+        raw = mine.get(f"/ui/runs/{marked}/turn", params={"step_id": TURN_1}).json()
+        assert raw["request"]["messages"][-1]["content"] == evil
+        assert mine.get(f"/ui/runs/{marked}/turn?step_id=9:nope").status_code == 404

@@ -113,10 +113,11 @@ def _json(value: Any) -> str:
 def _arguments(raw: Any) -> str:
     """Tool call arguments as indented JSON when they are JSON, else as they came."""
     if isinstance(raw, str):
+        text = raw
         try:
-            raw = json.loads(raw)
+            raw = json.loads(text)
         except ValueError:
-            return raw
+            return text
     return json.dumps(raw, indent=2, ensure_ascii=False, default=str)
 
 
@@ -355,15 +356,18 @@ def _base(payload: dict[str, Any], previous: str | None, full: dict[str, list[An
     return previous
 
 
+_STATUS: dict[str, str] = {
+    EventKind.STEP_STARTED: "running",
+    EventKind.STEP_COMPLETED: "completed",
+    EventKind.STEP_FAILED: "failed",
+    EventKind.STEP_RETRYING: "retrying",
+    EventKind.STEP_WAITING: "waiting",
+}
+
+
 def _status(events: list[Event]) -> str:
-    last = events[-1].kind
-    return {
-        EventKind.STEP_STARTED: "running",
-        EventKind.STEP_COMPLETED: "completed",
-        EventKind.STEP_FAILED: "failed",
-        EventKind.STEP_RETRYING: "retrying",
-        EventKind.STEP_WAITING: "waiting",
-    }.get(last, str(last))
+    last = str(events[-1].kind)
+    return _STATUS.get(last, last)
 
 
 def _tool_names(tools: Any) -> list[str]:
