@@ -55,12 +55,11 @@ class Journal:
 
     def request(self, step: str, messages: list[Any], **params: Any) -> dict[str, Any]:
         source, keep = None, 0
-        for other, sent in self.lists.items():
-            n = 0
-            while n < min(len(sent), len(messages)) and sent[n] == messages[n]:
-                n += 1
-            if n > keep:
-                source, keep = other, n
+        if self.lists:  # the conversation goes on from the request before it
+            source, sent = next(reversed(self.lists.items()))
+            while keep < min(len(sent), len(messages)) and sent[keep] == messages[keep]:
+                keep += 1
+            source = source if keep else None
         digests = [digest(m) for m in messages]
         bodies = {d: m for d, m in zip(digests, messages, strict=True) if d not in self.known}
         self.known.update(digests)
@@ -269,21 +268,32 @@ def test_the_fragment_escapes_what_a_journal_holds() -> None:
     assert 'data-step="1:openai.chat.completions.create"' in html
 
 
-def test_a_long_message_is_clipped_and_a_long_conversation_paged() -> None:
+def test_a_long_message_is_clipped_and_a_200_turn_conversation_paged() -> None:
     j = Journal()
     j.add("run_started", **drive("a", 1))
     messages: list[Any] = []
-    for i in range(1, 121):
+    for i in range(1, 201):
         messages = [*messages, {"role": "user", "content": f"q{i}" + "x" * (5000 if i == 1 else 0)}]
         reply = {"role": "assistant", "content": f"a{i}"}
         j.call(f"{i}:openai.chat.completions.create", messages, completion(reply))
         messages = [*messages, reply]
     turns = j.turns()
-    assert len(turns) == 120
+    assert len(turns) == 200
     # Each turn shows its one new question (the reply before it was shown as a reply).
     assert all(len(t.messages) == 1 for t in turns)
     assert [t.messages[0].text for t in turns[1:4]] == ["q2", "q3", "q4"]
-    html = render(turns[:50], total=120, more=50)
+    html = render(turns[:50], total=200, more=50)
     assert "1,002 more characters in the raw JSON" in html
-    assert 'data-after="50"' in html and "More turns (70 more)" in html
+    assert 'data-after="50"' in html and "More turns (150 more)" in html
     assert html.count("<article") == 50
+    assert len(html) < 100_000  # a page of 200 turns ships a quarter of them, each once
+
+
+def test_a_pydantic_ai_model_response_reads_as_the_reply() -> None:
+    from pydantic_ai.messages import ModelMessagesTypeAdapter, ModelResponse, TextPart, ToolCallPart
+
+    response = ModelResponse(parts=[TextPart("Looking."), ToolCallPart("lookup", {"c": 1}, "t1")])
+    [dumped] = ModelMessagesTypeAdapter.dump_python([response], mode="json")
+    got = conversation.reply({"response": dumped})
+    assert got is not None and got.text == "Looking."
+    assert [(c.id, c.name, c.arguments) for c in got.calls] == [("t1", "lookup", '{\n  "c": 1\n}')]

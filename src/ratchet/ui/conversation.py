@@ -172,10 +172,12 @@ def message(raw: Any) -> Message:
 
 def reply(output: Any) -> Message | None:
     """The model's answer in a step's output: the assistant message of an OpenAI chat
-    completion, a Responses API body or an Anthropic message (whole, or streamed: the
-    response inside the stream's output); None for anything else."""
-    if isinstance(output, dict) and isinstance(output.get("response"), dict) and "chunks" in output:
-        output = output["response"]
+    completion, a Responses API body, an Anthropic message (whole, or streamed: the
+    response inside the stream's output) or a Pydantic AI model response; None for
+    anything else."""
+    inner = output.get("response") if isinstance(output, dict) else None
+    if isinstance(inner, dict) and not {"choices", "content", "parts"} & set(output):
+        output = inner  # a stream's output, or Pydantic AI's: the response inside
     if isinstance(output, str):
         return Message("assistant", output)
     if not isinstance(output, dict):
@@ -196,6 +198,20 @@ def reply(output: Any) -> Message | None:
                 texts.append(_text(item.get("content")))
             elif item.get("type") == "function_call":
                 msg.calls += message(item).calls
+        msg.text = "\n".join(t for t in texts if t)
+        return msg
+    parts = output.get("parts")
+    if isinstance(parts, list):  # Pydantic AI's ModelResponse
+        msg = Message("assistant")
+        texts = []
+        for part in parts:
+            if not isinstance(part, dict):
+                continue
+            if part.get("part_kind") == "text":
+                texts.append(_text(part.get("content")))
+            elif part.get("part_kind") == "tool-call":
+                name, args = str(part.get("tool_name")), _arguments(part.get("args"))
+                msg.calls.append(ToolCall(part.get("tool_call_id"), name, args))
         msg.text = "\n".join(t for t in texts if t)
         return msg
     content = output.get("content")
