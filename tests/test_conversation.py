@@ -181,6 +181,18 @@ def test_retries_and_a_crash_are_told_inline() -> None:
     assert turn.reply is not None and turn.reply.text == "hi"
 
 
+def test_a_call_the_run_was_cancelled_under_was_cut_short() -> None:
+    j = Journal()
+    step = "1:openai.chat.completions.create"
+    j.add("run_started", **drive("a", 1))
+    j.add("step_started", step, 1, kind="llm", request=j.request(step, [USER]))
+    j.add("run_cancelled", by="ana", error="cancelled")
+    [turn] = j.turns()
+    assert turn.status == "interrupted" and turn.reply is None
+    [attempt] = turn.attempts
+    assert (attempt.outcome, attempt.note) == ("interrupted", "drive 1 by a: cancelled by ana")
+
+
 def test_a_failed_call_has_no_reply_and_says_why() -> None:
     j = Journal()
     step = "1:anthropic.messages.create"

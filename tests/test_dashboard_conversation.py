@@ -121,6 +121,11 @@ def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
     )
     shot(dash, detail, "dashboard-conversation-step.png")
 
+    # On a phone, nothing wider than the screen.
+    page.set_viewport_size({"width": 390, "height": 844})
+    expect(first.locator(".msg.reply .call")).to_be_visible()
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+
 
 def test_a_journals_markup_is_text_and_a_long_conversation_is_paged(dash: Dash) -> None:
     h = dash.h

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ratchet.model import Event, EventKind
+from ratchet.model.states import TERMINAL_EVENTS
 from ratchet.model.story import DriveStory, drives
 
 # The request's parameters shown beside a turn (the rest stays in its raw JSON).
@@ -247,17 +248,23 @@ def _drive_of(seq: int, all_drives: list[DriveStory]) -> DriveStory | None:
     return found
 
 
-def _attempts(events: list[Event], all_drives: list[DriveStory]) -> list[Attempt]:
-    """Each attempt of one step (its events in seq order) and how it ended."""
+def _cut_short(attempt: Attempt, all_drives: list[DriveStory]) -> None:
+    """``attempt`` never ended: its drive did first (a crash, a cancel), as the drive says."""
+    attempt.outcome = "interrupted"
+    drive = _drive_of(attempt.seq, all_drives)
+    if drive is not None and drive.ended:
+        attempt.note = f"drive {drive.drive} by {drive.worker_id or '?'}: {drive.ended}"
+
+
+def _attempts(events: list[Event], all_drives: list[DriveStory], over: bool) -> list[Attempt]:
+    """Each attempt of one step (its events in seq order) and how it ended; ``over``:
+    the run has ended, so an attempt still going was cut short."""
     out: list[Attempt] = []
     current: Attempt | None = None
     for ev in events:
         if ev.kind == EventKind.STEP_STARTED:
             if current is not None and current.outcome == "running":
-                current.outcome = "interrupted"
-                drive = _drive_of(current.seq, all_drives)
-                if drive is not None and drive.ended:
-                    current.note = f"drive {drive.drive} by {drive.worker_id or '?'}: {drive.ended}"
+                _cut_short(current, all_drives)
             current = Attempt(ev.attempt or len(out) + 1, "running", ev.seq)
             out.append(current)
         elif current is None:
@@ -269,6 +276,8 @@ def _attempts(events: list[Event], all_drives: list[DriveStory]) -> list[Attempt
             current.error = ev.payload.get("error")
         elif ev.kind == EventKind.STEP_WAITING:
             current.outcome = "waiting"
+    if over and current is not None and current.outcome == "running":
+        _cut_short(current, all_drives)
     return out
 
 
@@ -291,6 +300,7 @@ def turns(
     message, is not shown twice. With ``whole``, that step's turn alone, with every
     message it was sent."""
     all_drives = drives(events)
+    over = any(ev.kind in TERMINAL_EVENTS for ev in events)
     by_step: dict[str, list[Event]] = {}
     started: dict[str, dict[str, Any]] = {}
     kinds: dict[str, str | None] = {}
@@ -329,6 +339,7 @@ def turns(
                     names[c.id] = c.name
             if m.answers and not m.tool:
                 m.tool = names.get(m.answers)
+        status = _status(step_events)
         meta = (completed or {}).get("llm") or {}
         usage = meta.get("usage") or {}
         params = {k: v for k, v in (request or {}).items() if k != "messages"}
@@ -339,7 +350,7 @@ def turns(
             Turn(
                 number=len(out) + 1,
                 step_id=step_id,
-                status=_status(step_events),
+                status="interrupted" if over and status == "running" else status,
                 provider=meta.get("provider") or payload.get("provider"),
                 model=meta.get("model") or payload.get("model"),
                 journaled=request is not None,
@@ -353,7 +364,7 @@ def turns(
                 output_tokens=_tokens(usage, "output_tokens"),
                 cost_usd=_number(meta.get("cost_usd")),
                 latency_ms=_number(meta.get("latency_ms")),
-                attempts=_attempts(step_events, all_drives),
+                attempts=_attempts(step_events, all_drives, over),
             )
         )
         replies[step_id] = answer
