@@ -127,21 +127,28 @@ def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
-def test_a_journals_markup_is_text_and_a_long_conversation_is_paged(dash: Dash) -> None:
+def test_a_journals_markup_is_text_the_page_follows_and_a_long_conversation_is_paged(
+    dash: Dash,
+) -> None:
     h = dash.h
     evil = '<script>document.title="pwned"</script><img src=x onerror="document.title=1"> weather?'
     with serve(LocalProvider(script=WEATHER_SCRIPT)) as base:
-        h.open_gate("lookup")
         marked = dash.start("agent_run", {"text": evil})
-        long = dash.start("asker", {"n": 55})
         h.spawn("w", lease_ttl=3.0, env_extra={"CRASH_LLM_URL": base})
-        h.wait_status(eid(marked), "succeeded")
+        h.wait_invoked("2:lookup")  # turn 1 answered, its tool waiting for its gate
+        page = dash.signed_in()
+        page.goto(f"/runs/{marked}")
+        talk = page.get_by_role("region", name="Conversation")
+        expect(talk.get_by_role("article")).to_have_count(1)
+        # The page follows the run: the next turn comes without a reload.
+        h.open_gate("lookup")
+        expect(talk.get_by_role("article")).to_have_count(2)
+        expect(talk.locator(".msg.reply").last).to_contain_text("It is sunny in Paris.")
+        expect(page.locator("#run-status")).to_have_text("succeeded")
+        long = dash.start("asker", {"n": 55})
         h.wait_status(eid(long), "succeeded", timeout=60)
 
-    page = dash.signed_in()
-    page.goto(f"/runs/{marked}")
-    talk = page.get_by_role("region", name="Conversation")
-    expect(talk.get_by_role("article")).to_have_count(2)
+    # What the journal holds is shown as text, never run.
     expect(talk.locator(".msg.role-user .text").first).to_have_text(evil)
     assert talk.locator("script, img").count() == 0
     assert page.title() != "pwned"
@@ -160,8 +167,15 @@ def test_a_journals_markup_is_text_and_a_long_conversation_is_paged(dash: Dash) 
         for path in ("conversation", f"turn?step_id={TURN_1}"):
             refused = other.get(f"/ui/runs/{marked}/{path}")
             assert refused.status_code == 404, refused.text
-        assert other.get(f"/ui/runs/{marked}/conversation?after=-1").status_code == 422
     with dash.api() as mine:
         raw = mine.get(f"/ui/runs/{marked}/turn", params={"step_id": TURN_1}).json()
         assert raw["request"]["messages"][-1]["content"] == evil
+        assert raw["response"]["choices"][0]["message"]["tool_calls"]
+        # The step's detail in the API gives the request as what the call was made with.
+        step = mine.get(f"/v1/runs/{marked}/step", params={"step_id": TURN_1}).json()
+        assert step["args_journaled"] is True and step["args"] == raw["request"]
+        assert step["args"]["model"] == "gpt-4.1-mini"
         assert mine.get(f"/ui/runs/{marked}/turn?step_id=9:nope").status_code == 404
+        assert mine.get(f"/ui/runs/{marked}/conversation?after=-1").status_code == 422
+        missing = mine.get(f"/ui/runs/{marked}/conversation?step_id=2:lookup")
+        assert missing.status_code == 404 and "no model call" in missing.json()["message"]
