@@ -266,6 +266,11 @@ REFUSED: list[tuple[str, list[dict[str, Any]], str]] = [
         [ev("step_waiting", "2:signal:go", None, reason="signal", name="go")],
         "does not park",
     ),
+    (
+        "a drift of a step that is not a completed model call",
+        [ev("request_drifted", "1:a", None, difference={"message": 0}, message="m")],
+        "is not a completed model call",
+    ),
     ("two steps at one position", [started("1:b")], "position 1 holds step '1:a'"),
     ("an id that is not a step's", [started("a")], "is not <position>:<name>"),
     ("a run's end in an append", [ev("run_succeeded", output=1)], "last event of a finish"),

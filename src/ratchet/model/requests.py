@@ -28,7 +28,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ratchet.model.events import Event
+from ratchet.model.events import Event, dumps
 from ratchet.model.states import EventKind
 
 # How much of a message a drift report quotes.
@@ -222,7 +222,8 @@ def first_difference(
             }
     for name in sorted(set(journaled_params) | set(params)):
         was_p, is_p = journaled_params.get(name), params.get(name)
-        if canonical(was_p) != canonical(is_p):
+        # Both as the journal writes them: the journaled side has been through it.
+        if (name in journaled_params) != (name in params) or dumps(was_p) != dumps(is_p):
             return {
                 "param": name,
                 "journaled": None if name not in journaled_params else excerpt(was_p),

@@ -16,6 +16,7 @@ const TERMINAL = ["run_succeeded", "run_failed", "run_cancelled"];
 const KINDS = ["run_queued", "run_started", "run_resumed", "step_started", "step_completed",
   "step_failed", "step_retrying", "step_waiting", "approval_decided", "signal_received",
   "tool_called", "anomaly_detected", "confidence_evaluated", "confidence_gate_bypassed",
+  "request_drifted",
   ...TERMINAL];
 
 // The page embeds its waterfall compact (rows and segments as lists of values, named by
