@@ -193,6 +193,15 @@ def test_a_call_the_run_was_cancelled_under_was_cut_short() -> None:
     assert (attempt.outcome, attempt.note) == ("interrupted", "drive 1 by a: cancelled by ana")
 
 
+def test_a_drift_found_on_replay_is_told_on_its_turn() -> None:
+    j = agent_journal()
+    said = "step '1:openai.chat.completions.create': the model request differs ..."
+    j.add("request_drifted", "1:openai.chat.completions.create", None, message=said)
+    first, second = j.turns()
+    assert first.drifts == [said] and second.drifts == []
+    assert "Replayed with a changed request" in render([first])
+
+
 def test_a_failed_call_has_no_reply_and_says_why() -> None:
     j = Journal()
     step = "1:anthropic.messages.create"

@@ -79,6 +79,8 @@ class Turn:
     cost_usd: float | None
     latency_ms: float | None
     attempts: list[Attempt]
+    # What a replay found changed in its request (``request_drifted``), in the journal's words.
+    drifts: list[str] = field(default_factory=list)
 
     @property
     def attempts_shown(self) -> bool:
@@ -304,7 +306,10 @@ def turns(
     by_step: dict[str, list[Event]] = {}
     started: dict[str, dict[str, Any]] = {}
     kinds: dict[str, str | None] = {}
+    drifts: dict[str, list[str]] = {}
     for ev in events:
+        if ev.kind == EventKind.REQUEST_DRIFTED and ev.step_id is not None:
+            drifts.setdefault(ev.step_id, []).append(str(ev.payload.get("message") or "changed"))
         if ev.step_id is None or not ev.kind.startswith("step_"):
             continue
         by_step.setdefault(ev.step_id, []).append(ev)
@@ -365,6 +370,7 @@ def turns(
                 cost_usd=_number(meta.get("cost_usd")),
                 latency_ms=_number(meta.get("latency_ms")),
                 attempts=_attempts(step_events, all_drives, over),
+                drifts=drifts.get(step_id, []),
             )
         )
         replies[step_id] = answer
