@@ -1,5 +1,6 @@
 """A run's model calls as a conversation (:mod:`ratchet.ui.conversation`), from journals
-written by hand in the journal's request format: each turn shows the messages the turn
+written by hand in the journal's request format and of real agent runs on the local
+provider (OpenAI and Anthropic SDKs): each turn shows the messages the turn
 before did not, the reply once, tool calls and their results by tool, tokens, cost and
 latency, and each attempt that did not simply complete, a crash in the words of the run's
 drives; a journal without requests still shows the answers; the page's fragment escapes
@@ -7,8 +8,16 @@ whatever a journal holds."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
+import anthropic
+import openai
+import pytest
+
+import ratchet
+from ratchet.llm.server import LocalProvider, serve
 from ratchet.model import GENESIS_HASH, Event
 from ratchet.model.requests import digest, requests_of
 from ratchet.ui import conversation
@@ -318,3 +327,57 @@ def test_a_pydantic_ai_model_response_reads_as_the_reply() -> None:
     got = conversation.reply({"response": dumped})
     assert got is not None and got.text == "Looking."
     assert [(c.id, c.name, c.arguments) for c in got.calls] == [("t1", "lookup", '{\n  "c": 1\n}')]
+
+
+@pytest.mark.parametrize("which", ["openai", "anthropic"])
+def test_a_real_agent_run_on_the_local_provider_reads_as_its_conversation(
+    make_app: Callable[..., ratchet.Ratchet], which: str
+) -> None:
+    script = {
+        "rules": [
+            {
+                "match": {"last_role": "user"},
+                "reply": {"tool_calls": [{"name": "lookup", "arguments": {"city": "Paris"}}]},
+            },
+            {"match": {"last_role": "tool"}, "reply": {"text": "It is sunny in Paris."}},
+        ]
+    }
+    with serve(LocalProvider(script=script)) as base:
+        client = (
+            ratchet.llm.wrap(openai.AsyncOpenAI(base_url=base + "/v1", api_key="sk-local"))
+            if which == "openai"
+            else ratchet.llm.wrap(anthropic.AsyncAnthropic(base_url=base, api_key="sk-local"))
+        )
+        app = make_app()
+
+        @app.tool
+        async def lookup(city: str) -> dict[str, str]:
+            """The weather in a city."""
+            return {"city": city, "sky": "sunny"}
+
+        @app.workflow()
+        async def ask(text: str) -> str | None:
+            agent = ratchet.Agent(
+                model="gpt-4.1-mini" if which == "openai" else "claude-sonnet-4-6",
+                instructions="Use the tools.",
+                tools=[lookup],
+                client=client,
+            )
+            return (await agent.run(text)).output
+
+        app.launch()
+        run_id = app.start(ask, "weather in Paris?")
+        assert app.result(run_id, timeout_s=30) == "It is sunny in Paris."
+    events = app.events(run_id)
+    first, second = conversation.turns(events, requests_of(events))
+    assert [(m.role, m.text) for m in first.messages] == [
+        ("system", "Use the tools."),
+        ("user", "weather in Paris?"),
+    ]
+    assert first.tools == ["lookup"] and first.provider == which
+    assert first.reply is not None and [c.name for c in first.reply.calls] == ["lookup"]
+    assert first.input_tokens and first.output_tokens and first.latency_ms is not None
+    [result] = second.messages  # the call echoed back is turn 1's reply, not shown again
+    assert (result.role, result.tool) == ("tool", "lookup")
+    assert json.loads(result.text) == {"city": "Paris", "sky": "sunny"}
+    assert second.reply is not None and second.reply.text == "It is sunny in Paris."
