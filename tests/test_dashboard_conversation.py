@@ -58,13 +58,13 @@ def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
         env = {"CRASH_LLM_URL": base}
         server.fail("429", times=1, retry_after=0.1)  # turn 1's first attempt: retried
         run_id = dash.start("agent_run", {"text": "What is the weather in Paris?"})
-        a = h.spawn("a", lease_ttl=1.5, recovery_interval=60.0, env_extra=env)
+        a = h.spawn("a", env_extra=env)
         h.wait_invoked("2:lookup")  # turn 1 answered, its tool running
         server.fail("slow", times=1, delay_s=3.0)  # turn 2 is held...
         h.open_gate("lookup")
         wait_for(lambda: server.stats()["received"] >= 3, what="turn 2 sent")
         a.kill()  # ...and its worker killed while the provider answers it
-        h.spawn("b", lease_ttl=1.5, recovery_interval=0.2, env_extra=env)
+        h.spawn("b", worker_id="a", env_extra=env)  # restarted: it reclaims the run at once
         h.wait_status(eid(run_id), "succeeded")
 
     page = dash.signed_in(viewport={"width": 1100, "height": 900})
@@ -96,10 +96,13 @@ def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
     expect(second.locator(".msg .role")).to_have_text(["tool · lookup", "assistant · reply"])
     expect(second.locator(".msg").nth(0)).to_contain_text('"sky": "sunny"')
     expect(second.locator(".msg.reply")).to_contain_text("It is sunny in Paris.")
-    took_over = r"worker (killed, taken over|lost \(killed or hung\), lease expired, taken over)"
+    took_over = (
+        r"worker (restarted, run reclaimed|killed, taken over"
+        r"|lost \(killed or hung\), lease expired, taken over)"
+    )
     expect(second.locator(".attempt")).to_have_text(
         [
-            re.compile(rf"^attempt 1 interrupted \(drive 1 by a: {took_over} by b after"),
+            re.compile(rf"^attempt 1 interrupted \(drive 1 by a: {took_over} by a after"),
             "attempt 1 completed",
         ]
     )
@@ -134,7 +137,7 @@ def test_a_journals_markup_is_text_the_page_follows_and_a_long_conversation_is_p
     evil = '<script>document.title="pwned"</script><img src=x onerror="document.title=1"> weather?'
     with serve(LocalProvider(script=WEATHER_SCRIPT)) as base:
         marked = dash.start("agent_run", {"text": evil})
-        h.spawn("w", lease_ttl=3.0, env_extra={"CRASH_LLM_URL": base})
+        h.spawn("w", env_extra={"CRASH_LLM_URL": base})
         h.wait_invoked("2:lookup")  # turn 1 answered, its tool waiting for its gate
         page = dash.signed_in()
         page.goto(f"/runs/{marked}")
