@@ -381,3 +381,43 @@ def test_a_real_agent_run_on_the_local_provider_reads_as_its_conversation(
     assert (result.role, result.tool) == ("tool", "lookup")
     assert json.loads(result.text) == {"city": "Paris", "sky": "sunny"}
     assert second.reply is not None and second.reply.text == "It is sunny in Paris."
+
+
+def test_a_pydantic_ai_run_journals_no_request_and_still_reads_as_its_answers(
+    make_app: Callable[..., ratchet.Ratchet], collect_clients: None
+) -> None:
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+    from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+    from ratchet.integrations.pydantic_ai import RatchetDurability
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart("lookup", {"city": "Paris"}, "t1")])
+        return ModelResponse(parts=[TextPart("It is sunny in Paris.")])
+
+    agent = Agent(FunctionModel(model), name="weather", capabilities=[RatchetDurability()])
+
+    @agent.tool_plain
+    def lookup(city: str) -> str:
+        """The weather in a city."""
+        return f"sunny in {city}"
+
+    app = make_app()
+
+    @app.workflow()
+    async def ask(text: str) -> str:
+        return (await agent.run(text)).output
+
+    app.launch()
+    run_id = app.start(ask, "weather in Paris?")
+    assert app.result(run_id, timeout_s=30) == "It is sunny in Paris."
+    events = app.events(run_id)
+    first, second = conversation.turns(events, requests_of(events))
+    assert not first.journaled and not second.journaled
+    assert first.reply is not None and [c.name for c in first.reply.calls] == ["lookup"]
+    assert second.reply is not None and second.reply.text == "It is sunny in Paris."
+    html = render([first, second])
+    assert html.count("The request was not journaled") == 2
+    assert "It is sunny in Paris." in html
