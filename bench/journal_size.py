@@ -5,11 +5,11 @@ journaled whole.
 ``python -m bench.journal_size [--turns 200]`` runs, on SQLite, one workflow of ``turns``
 model calls against the local provider (``ratchet.llm.server``): a system prompt and a first
 question, then each turn appends the assistant's answer and a tool result or a user message
-(every other turn), so turn ``i`` sends ``2i`` messages. It runs the same conversation twice:
-as Ratchet journals it, and with every request journaled whole (each of its messages in
-``bodies``, nothing referenced), and reports for each the journal's bytes (the sum of the
-stored payloads, as SQLite holds them), the bytes of the ``request`` fields alone, and the
-messages sent. Nothing is estimated: both figures are the journal as written.
+(every other turn), so turn ``i`` sends ``2i`` messages. It runs the same conversation twice,
+a run each: as Ratchet journals it, and with every request journaled whole (each of its
+messages in ``bodies``, nothing referenced), and reports for each the journal's bytes (the
+sum of the stored payloads, as SQLite holds them), the bytes of the ``request`` fields
+alone, and the messages sent. Nothing is estimated: both figures are the journal as written.
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ SYSTEM = (
 ) * 3
 
 
-def conversations(db: str, base: str, turn_counts: list[int]) -> list[dict[str, Any]]:
-    """Run the conversation once for each of ``turn_counts`` on the SQLite database ``db``
-    (one app, a run each); the size of each run's journal."""
+def conversations(db: str, base: str, turn_counts: list[int]) -> dict[str, list[dict[str, Any]]]:
+    """Run the conversation once for each of ``turn_counts``, each way, on the SQLite
+    database ``db`` (one app, a run each); the size of each run's journal, by way."""
     import openai
 
     import ratchet
+    import ratchet.engine.requests as journaled
     from ratchet.model import dumps
 
     app = ratchet.Ratchet(f"sqlite:///{db}")
@@ -60,13 +61,17 @@ def conversations(db: str, base: str, turn_counts: list[int]) -> list[dict[str, 
                 )
         return sent
 
-    out = []
+    out: dict[str, list[dict[str, Any]]] = {"content_addressed": [], "whole_requests": []}
     try:
         app.launch()
-        for turns in turn_counts:
+        for way, turns in [(w, t) for w in out for t in turn_counts]:
             began = time.perf_counter()
-            run_id = app.start(long_agent, turns)
-            sent = app.result(run_id, timeout_s=600)
+            journaled.WHOLE = way == "whole_requests"  # read by each request the run journals
+            try:
+                run_id = app.start(long_agent, turns)
+                sent = app.result(run_id, timeout_s=600)
+            finally:
+                journaled.WHOLE = False
             seconds = time.perf_counter() - began
             requests = sum(
                 len(dumps(e.payload["request"]).encode())
@@ -79,7 +84,7 @@ def conversations(db: str, base: str, turn_counts: list[int]) -> list[dict[str, 
                     "WHERE run_id = ?",
                     (run_id,),
                 ).fetchone()
-            out.append(
+            out[way].append(
                 {
                     "turns": turns,
                     "journal_bytes": int(total),
@@ -95,19 +100,12 @@ def conversations(db: str, base: str, turn_counts: list[int]) -> list[dict[str, 
 
 
 def measure_many(turn_counts: list[int], folder: Path) -> list[dict[str, Any]]:
-    """The conversation of each of ``turn_counts`` turns journaled both ways (each way on a
-    database of its own): one result per count, as :func:`measure` gives it."""
-    import ratchet.engine.requests as journaled
+    """The conversation of each of ``turn_counts`` turns journaled both ways: one result per
+    count, as :func:`measure` gives it."""
     from ratchet.llm.server import LocalProvider, serve
 
-    ways: dict[str, list[dict[str, Any]]] = {}
     with serve(LocalProvider()) as base:
-        for way, whole in (("content_addressed", False), ("whole_requests", True)):
-            journaled.WHOLE = whole
-            try:
-                ways[way] = conversations(str(folder / f"{way}.db"), base, turn_counts)
-            finally:
-                journaled.WHOLE = False
+        ways = conversations(str(folder / "journal_size.db"), base, turn_counts)
     results = []
     for ca, wr in zip(ways["content_addressed"], ways["whole_requests"], strict=True):
         results.append(

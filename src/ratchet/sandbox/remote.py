@@ -31,6 +31,7 @@ from ratchet.errors import (
     StoreConflict,
     ValueRefused,
 )
+from ratchet.llm.request_parts import as_json
 from ratchet.model import Event, Lease, RunRecord, RunStatus, dumps
 
 TIMEOUT_S = 60.0
@@ -156,7 +157,8 @@ class Reporter:
                 "step_id": step_id,
                 "attempt": attempt,
                 "site": site,
-                "kwargs_json": dumps(kwargs),
+                # As the SDK would send it, and as the step journaled its request.
+                "kwargs_json": dumps(as_json(kwargs)),
             },
             timeout=None,
         )
