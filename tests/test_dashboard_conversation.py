@@ -3,8 +3,8 @@
 the wrapped OpenAI SDK: an agent's turns with their messages, tool calls and results,
 tokens, cost and latency, a retried call and one cut short by its worker's SIGKILL told
 inline, the raw JSON one click away, one step's whole conversation in its detail; a
-journal's markup shown as text; a long conversation paged. The dashboard guide's
-conversation screenshots are taken here."""
+journal's markup shown as text; the page following a running agent; a 200-turn
+conversation paged. The dashboard guide's conversation screenshots are taken here."""
 
 from __future__ import annotations
 
@@ -130,7 +130,7 @@ def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
 
 
-def test_a_journals_markup_is_text_the_page_follows_and_a_long_conversation_is_paged(
+def test_a_journals_markup_is_text_the_page_follows_and_200_turns_are_paged(
     dash: Dash,
 ) -> None:
     h = dash.h
@@ -148,7 +148,7 @@ def test_a_journals_markup_is_text_the_page_follows_and_a_long_conversation_is_p
         expect(talk.get_by_role("article")).to_have_count(2)
         expect(talk.locator(".msg.reply").last).to_contain_text("It is sunny in Paris.")
         expect(page.locator("#run-status")).to_have_text("succeeded")
-        long = dash.start("asker", {"n": 55})
+        long = dash.start("asker", {"n": 200})
         h.wait_status(eid(long), "succeeded", timeout=60)
 
     # What the journal holds is shown as text, never run.
@@ -156,14 +156,17 @@ def test_a_journals_markup_is_text_the_page_follows_and_a_long_conversation_is_p
     assert talk.locator("script, img").count() == 0
     assert page.title() != "pwned"
 
-    page.goto(f"/runs/{long}")
+    # A 200-turn run: fifty turns at first, fifty more a click.
+    with page.expect_response(re.compile(r"/conversation$")) as first_page:
+        page.goto(f"/runs/{long}")
+    assert len(first_page.value.body()) < 100_000
     turns = page.get_by_role("region", name="Conversation").get_by_role("article")
     expect(turns).to_have_count(50)
-    more = page.get_by_role("button", name="More turns (5 more)")
-    more.click()
-    expect(turns).to_have_count(55)
-    expect(turns.last.locator(".msg.role-user")).to_contain_text("question 55")
-    expect(turns.last.locator(".msg.reply")).to_contain_text("echo: question 55")
+    page.get_by_role("button", name="More turns (150 more)").click()
+    expect(turns).to_have_count(100)
+    expect(turns.last.locator(".msg.role-user")).to_contain_text("question 100")
+    expect(turns.last.locator(".msg.reply")).to_contain_text("echo: question 100")
+    expect(page.get_by_role("button", name="More turns (100 more)")).to_be_visible()
 
     # Another tenant's token reads neither the conversation nor a turn of it.
     with dash.api(dash.token(tenant="globex")) as other:
