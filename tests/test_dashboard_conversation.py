@@ -115,14 +115,21 @@ def test_an_agent_run_reads_as_a_conversation_with_its_retry_and_crash_inline(
     expect(raw.locator("pre")).to_contain_text('"It is sunny in Paris."')
     expect(raw.locator("pre")).to_contain_text('"latency_ms"')
 
-    # A step's detail: that call's whole conversation, every message it was sent.
-    row(page, TURN_2).get_by_role("button", name=TURN_2).click()
+    # A step's detail (opened from its turn, as from its waterfall row): that call's whole
+    # conversation, every message it was sent.
+    second.get_by_role("button", name=TURN_2).click()
     detail = page.get_by_role("region", name=f"Step {TURN_2}")
     whole = detail.locator("#detail-conversation")
     expect(whole.locator(".msg .role")).to_have_text(
         ["system", "user", "assistant", "tool · lookup", "assistant · reply"]
     )
     shot(dash, detail, "dashboard-conversation-step.png")
+    page.get_by_role("button", name="Close step detail").click()
+    row(page, TURN_1).get_by_role("button", name=TURN_1).click()
+    detail = page.get_by_role("region", name=f"Step {TURN_1}")
+    expect(detail.locator("#detail-conversation .msg .role")).to_have_text(
+        ["system", "user", "assistant · reply"]
+    )
 
     # On a phone, nothing wider than the screen.
     page.set_viewport_size({"width": 390, "height": 844})

@@ -242,10 +242,17 @@ function story(run) {
 }
 
 // -- a step's detail ---------------------------------------------------------------------
-list.addEventListener("click", async (e) => {
+list.addEventListener("click", (e) => {
   const button = e.target.closest("button.step");
-  if (!button) return;
-  const stepId = button.closest("li").dataset.step;
+  if (button) showStep(button.closest("li").dataset.step);
+});
+// A turn's step name opens that step's detail, as its waterfall row does.
+$("turns").addEventListener("click", (e) => {
+  const button = e.target.closest("button.turn-step");
+  if (button) showStep(button.closest("article").dataset.step);
+});
+
+async function showStep(stepId) {
   const d = await api(`${base}/step?step_id=${encodeURIComponent(stepId)}`);
   const s = d.state;
   $("detail-title").textContent = `Step ${s.step_id}`;
@@ -277,7 +284,7 @@ list.addEventListener("click", async (e) => {
   const panel = $("detail");
   panel.hidden = false;
   panel.focus();
-});
+}
 list.addEventListener("mouseover", (e) => {
   const seg = e.target.closest(".seg");
   if (seg && !seg.title) seg.title = seg.getAttribute("aria-label");
