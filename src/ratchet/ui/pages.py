@@ -522,13 +522,18 @@ async def run_conversation(
         raise ApiError(404, f"run {run_id!r} has no model call {step_id!r}")
     page = shown[after : after + TURNS_PAGE]
     more = after + TURNS_PAGE if len(shown) > after + TURNS_PAGE else None
+    # Errors and drift reports name runs as the engine does; the page speaks the tenant's ids.
+    for turn in page:
+        turn.drifts = [tenants.external_text(rec.tenant_id, d) for d in turn.drifts]
+        for attempt in turn.attempts:
+            if attempt.error is not None:
+                attempt.error = tenants.external_text(rec.tenant_id, attempt.error)
     context = {
         "turns": page,
         "total": len(shown),
         "more": more,
         "whole": step_id is not None,
         "clip": CLIP,
-        "run_id": tenants.external_id(token.tenant_id, rec.run_id),
     }
     return _page(request, "_conversation.html", context)
 
