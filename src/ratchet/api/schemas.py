@@ -388,10 +388,12 @@ class StepDetail(BaseModel):
     args: Any = Field(
         default=None,
         description="What the latest attempt was called with: its arguments by parameter "
-        "name, as journaled (bounded; see docs/concepts/journal.md); null when not journaled.",
+        "name, as journaled (bounded; see docs/concepts/journal.md); a model call's, its "
+        "request resolved from the journal (messages and params); null when not journaled.",
     )
     args_journaled: bool = Field(
-        default=False, description="Whether the latest step_started holds the arguments."
+        default=False,
+        description="Whether the latest step_started holds the arguments (or the request).",
     )
     answer: str | None = Field(
         default=None,
