@@ -48,16 +48,17 @@ def test_workflows_lists_the_graphs_registered_from_the_command_line(
     db = api.h.db_url
     before = {w["name"] for w in api.acme.get("/v1/workflows").json()}
     assert "hello" not in before and "chain" in before
-    ok("--db", db, "graph", "register", str(graph_file(tmp_path, "hi")))
+    first = ok("--db", db, "graph", "register", str(graph_file(tmp_path, "hi")))
     second = ok("--db", db, "graph", "register", str(graph_file(tmp_path, "hey")))
     version = second.stdout.split("version ")[1].strip()
     listed = {w["name"]: w for w in api.acme.get("/v1/workflows").json()}
-    # The version a start takes: the newest.
+    # The version a start takes: the newest; and every version, newest first.
     assert listed["hello"] == {
         "name": "hello",
         "kind": "graph",
         "version": version,
         "parameters": ["input"],
+        "versions": [version, first.stdout.split("version ")[1].strip()],
     }
     assert listed["chain"]["kind"] == "code"
     started = api.acme.post("/v1/runs", json={"workflow": "hello", "input": {}})

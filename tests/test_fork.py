@@ -25,7 +25,7 @@ import ratchet
 from ratchet.errors import InvalidInput, NotCancelled, UnknownRun, UnknownStep, UnknownWorkflow
 from ratchet.llm.server import LocalProvider
 from ratchet.llm.worst_case import worst_case
-from ratchet.model import EventKind, NewRun, fold, idempotency_key
+from ratchet.model import EventKind, NewRun, fold, idempotency_key, request_of
 from ratchet.receipts.verify import verify
 from ratchet.store import tokens
 from ratchet.store.forks import fork_journal
@@ -566,3 +566,43 @@ def test_the_api_resumes_a_cancelled_run(
     assert c["globex"].post(f"/v1/runs/{run_id}/resume").status_code == 404
     app.launch()
     assert done(app, rec.run_id).status == "succeeded"
+
+
+def test_a_forks_copied_model_calls_keep_their_requests_and_new_input_is_no_drift(
+    make_app: Callable[..., ratchet.Ratchet], provider: tuple[LocalProvider, str]
+) -> None:
+    server, base = provider
+    oai = ratchet.llm.wrap(
+        openai.AsyncOpenAI(base_url=base + "/v1", api_key=LLM_SECRET),
+        retry=ratchet.Retry(max_attempts=2, backoff_ms=10, retry_on=("llm",)),
+    )
+    app = make_app()
+
+    @app.step()
+    async def shout(text: str) -> str:
+        return text.upper()
+
+    @app.workflow()
+    async def about(topic: str) -> str:
+        reply = await oai.chat.completions.create(
+            model=MODEL, max_tokens=100, messages=[{"role": "user", "content": f"on {topic}"}]
+        )
+        return await shout(str(reply.choices[0].message.content))
+
+    server.fail("429", times=1)  # the model call's first attempt fails: its retry's
+    app.launch()  # step_started names the messages the first attempt journaled
+    source = app.start("about", "otters")
+    assert app.result(source, timeout_s=30) == "ECHO: ON OTTERS"
+    sent = len(server.requests())
+    # Other input: the copied model call was asked "on otters", the fork's code now asks
+    # "on beavers" of it. The fork takes the copy as it was (no drift, no call) and the
+    # copied request reads back whole from the fork's own journal.
+    fork = app.fork(source, "2:shout", input={"topic": "beavers"})
+    assert app.result(fork, timeout_s=30) == "ECHO: ON OTTERS"
+    assert len(server.requests()) == sent
+    events = app.events(fork)
+    assert not [e for e in events if e.kind == EventKind.REQUEST_DRIFTED]
+    call = f"1:{CALL}"
+    copied = request_of(events, call)
+    assert copied is not None and copied == request_of(app.events(source), call)
+    assert copied["messages"] == [{"role": "user", "content": "on otters"}]

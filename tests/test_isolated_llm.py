@@ -21,7 +21,7 @@ import pytest
 import ratchet
 from ratchet.llm.prices import Usage, cost_usd
 from ratchet.llm.server import LocalProvider, serve
-from ratchet.model import idempotency_key
+from ratchet.model import idempotency_key, requests_of
 
 RESULT_S = 90.0
 SECRET = "sk-worker-only-" + "7" * 24
@@ -127,6 +127,11 @@ def test_a_sandboxed_model_call_is_made_by_the_worker_with_its_key_and_journaled
     assert len(server.requests()) == 2
     assert [e.step_id for e in events if e.kind == "step_completed"].count(STEP) == 1
     assert app.get(run_id).status == "succeeded"
+    # The requests the sandbox's drive journaled, read back whole; never its header.
+    requests = requests_of(events)
+    asked = [{"role": "user", "content": "hello from the sandbox"}]
+    assert requests[STEP] == {"messages": asked, "model": iso.MODEL, "max_tokens": 64}
+    assert requests["2:anthropic.messages.create"]["messages"] == asked
 
 
 def test_a_budget_stops_a_sandboxed_model_call_before_it_is_sent(

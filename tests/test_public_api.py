@@ -76,6 +76,8 @@ EXPECTED = {
     "Start",
     "BatchItemInvalid",
     "RunTimeout",
+    "patched",
+    "deprecate_patch",
 }
 
 

@@ -12,11 +12,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import openai
 import pytest
 from serving import serving
 
 import ratchet
+from ratchet.errors import ValueRefused
 from ratchet.model import ClaimedRun, NewRun, RunStatus, dumps, idempotency_key
+from ratchet.model.requests import RequestIndex
 from ratchet.sandbox.channel import ReportChannel
 from ratchet.sandbox.host import HostJournal
 from ratchet.store import Store, tokens
@@ -266,6 +269,11 @@ REFUSED: list[tuple[str, list[dict[str, Any]], str]] = [
         [ev("step_waiting", "2:signal:go", None, reason="signal", name="go")],
         "does not park",
     ),
+    (
+        "a drift of a step that is not a completed model call",
+        [ev("request_drifted", "1:a", None, difference={"message": 0}, message="m")],
+        "is not a completed model call",
+    ),
     ("two steps at one position", [started("1:b")], "position 1 holds step '1:a'"),
     ("an id that is not a step's", [started("a")], "is not <position>:<name>"),
     ("a run's end in an append", [ev("run_succeeded", output=1)], "last event of a finish"),
@@ -476,4 +484,34 @@ async def test_the_host_journals_what_its_guards_record(
     assert anomalies == [("2:poll", "excessive_steps"), ("3:poll", "runaway_loop")]
     # Recorded, not failed: the run goes on.
     assert (await sbx.report([started("4:other", call_sha256="beef")])).status_code == 200
+    await sbx.close()
+
+
+async def test_a_model_call_that_is_not_its_journaled_request_is_refused_before_it_is_sent(
+    store: Store, channel: ReportChannel
+) -> None:
+    claimed = await _claimed(store)
+    sbx = await Sandbox.make(channel, store, claimed)
+    # Nothing listens there: a call that got past the check would fail otherwise.
+    client = ratchet.llm.wrap(openai.AsyncOpenAI(base_url="http://127.0.0.1:9/v1", api_key="k"))
+    site: str = client.site  # type: ignore[attr-defined]  # wrap() keeps the client's type
+    step = "1:openai.chat.completions.create"
+    asked = [{"role": "user", "content": "refund 10 EUR"}]
+    request = RequestIndex().entry(step, asked, {"model": "gpt-4.1-mini"})
+    start = ev(
+        "step_started",
+        step,
+        1,
+        kind="llm",
+        idempotency_key=idempotency_key(RUN, step, 1),
+        request=request,
+    )
+    assert (await sbx.report([start])).status_code == 200
+    other = {"model": "gpt-4.1-mini", "messages": [{"role": "user", "content": "refund 999 EUR"}]}
+    with pytest.raises(ValueRefused, match="not the request its step_started journaled: message 0"):
+        await sbx.journal.call_model(step, 1, site, other)
+    hotter = {"model": "gpt-4.1-mini", "messages": asked, "temperature": 2}
+    with pytest.raises(ValueRefused, match="param 'temperature'"):
+        await sbx.journal.call_model(step, 1, site, hotter)
+    assert await _journal(store) == [(1, "run_queued"), (2, "step_started")]
     await sbx.close()

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from ratchet._version import __version__ as __version__  # the release
 from ratchet.app import Ratchet
 from ratchet.effects.deliver import deliver, deliver_sync
-from ratchet.engine.context import StepInfo, current_step, require_run
+from ratchet.engine.context import StepInfo, current_step, require_run, workflow_run
 from ratchet.engine.definitions import StepKey, WorkflowDef, check_name
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import Retry
@@ -62,10 +62,12 @@ from ratchet.errors import (
     UnknownWorkflow,
 )
 from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
+from ratchet.names import MAX_STEP_NAME, check_length
 from ratchet.sandbox.spec import Sandbox
 
 if TYPE_CHECKING:
     from ratchet import llm  # noqa: F401  (ratchet.llm, loaded on first use)
+    from ratchet.engine.drive import Drive
     from ratchet.llm.agent import Agent, AgentMaxTurns, AgentResult
     from ratchet.llm.gate import Gate
 
@@ -134,6 +136,8 @@ __all__ = [
     "current_step",
     "deliver",
     "deliver_sync",
+    "deprecate_patch",
+    "patched",
     "sleep",
     "wait_for_signal",
 ]
@@ -160,6 +164,36 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module 'ratchet' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
+
+
+def patched(name: str) -> bool:
+    """Whether this run takes patch ``name``'s new path, for a change to a workflow that
+    runs in flight must not see (``if ratchet.patched("fix-refund-prompt"): <new> else:
+    <old>``). True for a run that reaches this point first under the code that has the
+    patch (a ``patch_marked`` event is journaled; it takes no step position, so later step
+    ids do not move), and on every replay of it; False for a run whose journal already
+    went past this point the old way (nothing is journaled), on every replay alike. Called
+    in a workflow's code, outside any step. See docs/how-to/upgrading.md."""
+    check_length(check_name(name, "patch name"), "patch name", MAX_STEP_NAME)
+    return _workflow_code("ratchet.patched()").patched(name)
+
+
+def deprecate_patch(name: str) -> None:
+    """Patch ``name`` has no old path any more: call it where ``ratchet.patched(name)``
+    was, once no run that went past that point the old way remains, and keep only the new
+    code. Runs whose journal holds the patch's marker replay as before; a run reaching
+    this point journals the marker too (``deprecated``), so a worker still on the code
+    with ``patched`` takes the new path for it. It checks nothing and raises nothing for a
+    run: remove the call altogether in a later deploy. See docs/how-to/upgrading.md."""
+    check_length(check_name(name, "patch name"), "patch name", MAX_STEP_NAME)
+    _workflow_code("ratchet.deprecate_patch()").patched(name, deprecated=True)
+
+
+def _workflow_code(what: str) -> Drive:
+    ctx = workflow_run()
+    if ctx is None:
+        raise RatchetError(f"{what} must be called in a workflow's code, outside any step")
+    return ctx
 
 
 async def sleep(seconds: float) -> None:

@@ -139,9 +139,17 @@ class ValueRefused(RatchetError):
 
 
 class NonDeterminismError(RatchetError):
-    """The workflow's step sequence differs from its journal."""
+    """The workflow's step sequence differs from its journal: the code changed under a
+    run in flight. The message names the step, what the journal holds and what the code
+    called, and ends with the page that says how to change code safely."""
 
     retry_class = RetryClass.NEVER
+    page = "docs/how-to/upgrading.md"
+
+    def __init__(self, message: str) -> None:
+        if not message.endswith(self.page):
+            message = f"{message}; see {self.page}"
+        super().__init__(message)
 
 
 class StepFailed(RatchetError):

@@ -236,6 +236,28 @@ def build(
         tools = [m["content"] for m in result.messages if m["role"] == "tool"]
         return [result.output, tools]
 
+    async def prompted_body() -> list[Any]:
+        # The system prompt is the worker's (CRASH_PROMPT): a worker started with another
+        # is code that changed under the run.
+        oai = llm_client()
+        messages: list[Any] = [
+            {"role": "system", "content": os.environ.get("CRASH_PROMPT", "You are terse.")},
+            {"role": "user", "content": "question 1"},
+        ]
+        first = await oai.chat.completions.create(model="gpt-4.1-mini", messages=messages)
+        held = await work(2, block=True)  # the worker is killed here
+        messages += [first.choices[0].message, {"role": "user", "content": "question 2"}]
+        second = await oai.chat.completions.create(model="gpt-4.1-mini", messages=messages)
+        return [first.choices[0].message.content, held, second.choices[0].message.content]
+
+    @app.workflow()
+    async def prompted() -> list[Any]:
+        return await prompted_body()
+
+    @app.workflow(request_drift="warn")
+    async def prompted_warn() -> list[Any]:
+        return await prompted_body()
+
     return app
 
 

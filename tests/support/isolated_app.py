@@ -60,6 +60,15 @@ async def simple(n: int) -> int:
     return await quick(await quick(n))
 
 
+@app.workflow(tier="isolated", sandbox=ratchet.Sandbox(memory_mb=256, timeout_s=120))
+async def patched_in_sandbox(n: int) -> int:
+    """``ratchet.patched`` inside a sandbox: its marker is reported to the host."""
+    n = await quick(n)
+    if ratchet.patched("double-twice"):
+        n = await quick(n)
+    return n
+
+
 @app.step
 def hang() -> int:
     time.sleep(600)

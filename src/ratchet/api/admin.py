@@ -65,16 +65,19 @@ async def workflows(request: Request, token: Reader) -> list[WorkflowOut]:
             kind="code",
             version=w.version,
             parameters=list(inspect.signature(w.fn).parameters),
+            versions=[v.version for v in reversed(app.workflows.versions(w.name))],
         )
         for w in app.workflows.values()
     ]
     # Newest first within a name: the first of each is the version a start of it takes.
-    latest: dict[str, str] = {}
+    graphs: dict[str, list[str]] = {}
     for g in await request.app.state.store.list_graphs():
-        latest.setdefault(g.name, g.version)
+        graphs.setdefault(g.name, []).append(g.version)
     out += [
-        WorkflowOut(name=name, kind="graph", version=version, parameters=["input"])
-        for name, version in latest.items()
+        WorkflowOut(
+            name=name, kind="graph", version=versions[0], parameters=["input"], versions=versions
+        )
+        for name, versions in graphs.items()
         if name not in app.workflows  # a code workflow of the same name is what starts
     ]
     return sorted(out, key=lambda w: w.name)

@@ -20,6 +20,7 @@ from ratchet.api.schemas import (
 )
 from ratchet.api.timeline import SandboxSpan, as_compact, as_dict, waterfall
 from ratchet.model import EventKind, RunRecord, StepState, answer_text, fold
+from ratchet.model.requests import request_of
 from ratchet.names import MAX_STEP
 from ratchet.store import Store, dashboard, tenants
 from ratchet.web.errors import ApiError
@@ -157,14 +158,21 @@ async def step_detail(
     usage = (step.llm or {}).get("usage") or {}
     cost = (step.llm or {}).get("cost_usd")
     key = started.get("idempotency_key") if started else None
+    args_journaled = bool(started and "args" in started)
+    args = started.get("args") if started else None
+    if started and not args_journaled and "request" in started:
+        # A model call journals its request (messages by digest) in place of its
+        # arguments: the request resolved is what it was called with.
+        args = request_of(events, step_id)
+        args_journaled = args is not None
     return StepDetail(
         run_id=shown(token, rec.run_id),
         state=_step(step, rec.tenant_id),
         idempotency_key=str(key) if key else None,
         lease_epoch=started_epoch,
         input=started,
-        args=started.get("args") if started else None,
-        args_journaled=bool(started and "args" in started),
+        args=args,
+        args_journaled=args_journaled,
         answer=(
             answer_text(step.output) if step.kind == "llm" and step.status == "completed" else None
         ),

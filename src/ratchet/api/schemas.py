@@ -258,8 +258,14 @@ class DeadLetterOut(BaseModel):
 class WorkflowOut(BaseModel):
     name: str
     kind: str = Field(description="code or graph")
-    version: str
+    version: str = Field(description="The version a start of the name takes: the newest.")
     parameters: list[str]
+    versions: list[str] = Field(
+        default_factory=list,
+        description="Every version this server has, newest first (a code workflow's by "
+        "natural order, a graph's by registration); start one as `name@version` (code "
+        "workflows).",
+    )
 
 
 class Health(BaseModel):
@@ -382,10 +388,12 @@ class StepDetail(BaseModel):
     args: Any = Field(
         default=None,
         description="What the latest attempt was called with: its arguments by parameter "
-        "name, as journaled (bounded; see docs/concepts/journal.md); null when not journaled.",
+        "name, as journaled (bounded; see docs/concepts/journal.md); a model call's, its "
+        "request resolved from the journal (messages and params); null when not journaled.",
     )
     args_journaled: bool = Field(
-        default=False, description="Whether the latest step_started holds the arguments."
+        default=False,
+        description="Whether the latest step_started holds the arguments (or the request).",
     )
     answer: str | None = Field(
         default=None,

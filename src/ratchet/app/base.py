@@ -11,6 +11,7 @@ from typing import Any
 from ratchet.config import DatabaseURL, data_dir, database_url_from_env
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.portal import Portal
+from ratchet.engine.versions import WorkflowRegistry
 from ratchet.errors import InvalidInput, UnknownWorkflow
 from ratchet.extras import require
 from ratchet.model import RunStatus
@@ -72,7 +73,8 @@ class AppBase:
         self.lease_ttl = lease_ttl
         self.recovery_interval = recovery_interval
         self.clock = clock or Clock()
-        self.workflows: dict[str, WorkflowDef] = {}
+        # By name, the newest version; name@version, that one (see ratchet.engine.versions).
+        self.workflows = WorkflowRegistry()
         self.tools: dict[str, Any] = {}  # name -> the @app.tool callable
         self.graphs: dict[str, str] = {}  # graph name -> the version app.graph registered
         self._graph_defs: dict[str, WorkflowDef] = {}  # the interpreter, per graph name
@@ -109,8 +111,8 @@ class AppBase:
     def _resolve(self, wf: WorkflowDef | str) -> WorkflowDef:
         if isinstance(wf, WorkflowDef):
             return wf
-        if isinstance(wf, str) and wf in self.workflows:
-            return self.workflows[wf]
+        if isinstance(wf, str):
+            return self.workflows.resolve(wf)
         known = ", ".join(sorted(self.workflows)) or "none"
         raise UnknownWorkflow(f"unknown workflow {wf!r}; registered workflows: {known}")
 

@@ -67,7 +67,8 @@ class Client(AppBase):
                         await asyncio.wait_for(finished.wait(), max(wait, 0))
                     continue
             if rec.status == RunStatus.SUCCEEDED:
-                wd = self.workflows.get(rec.workflow)
+                # Through the run's own version: another version may return another type.
+                wd = self.workflows.version_of(rec.workflow, rec.workflow_version)
                 return wd.revive(rec.output) if wd else rec.output
             if rec.status == RunStatus.FAILED:
                 cls = RunTimeout if (rec.error or "").startswith("RunTimeout:") else RunFailed

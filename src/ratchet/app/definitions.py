@@ -12,6 +12,7 @@ from ratchet.engine.definitions import StepDef, StepKey, WorkflowDef
 from ratchet.engine.guards import DEFAULT as DEFAULT_GUARDS
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import Retry, as_policy
+from ratchet.engine.versions import check_workflow_name
 from ratchet.errors import InvalidInput
 from ratchet.names import check_step_name
 from ratchet.sandbox.spec import Sandbox, check_tier
@@ -34,6 +35,7 @@ class Definitions(AppBase):
         tier: str = "process",
         sandbox: Sandbox | None = None,
         timeout_s: float | None = None,
+        request_drift: str = "error",
     ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
     def workflow(
@@ -45,14 +47,23 @@ class Definitions(AppBase):
         tier: str = "process",
         sandbox: Sandbox | None = None,
         timeout_s: float | None = None,
+        request_drift: str = "error",
     ) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
-        Its name (default: the function's) and version are stored with each run; a worker
-        drives runs of the workflows it has. ``guards`` are its :class:`ratchet.Guards`
-        (default: ``ratchet.Guards()``). ``timeout_s`` is each run's deadline, in seconds
-        from its first start (``Guards.timeout_s``): past it the run fails with
-        :class:`RunTimeout`, also while parked. ``tier="isolated"`` runs each attempt in a
-        sandbox of its own (``sandbox=ratchet.Sandbox(...)``; see ratchet.sandbox)."""
+        Its name (default: the function's; no ``@``) and version are stored with each run;
+        a worker drives runs of the workflows it has. Several versions of one name may be
+        registered side by side: a start of the name takes the newest (natural order:
+        ``"10"`` after ``"9"``), ``app.start("name@1", ...)`` that version, and a run keeps
+        its version to the end (docs/how-to/upgrading.md). ``guards`` are its
+        :class:`ratchet.Guards` (default: ``ratchet.Guards()``). ``timeout_s`` is each
+        run's deadline, in seconds from its first start (``Guards.timeout_s``): past it the
+        run fails with :class:`RunTimeout`, also while parked. ``tier="isolated"`` runs
+        each attempt in a sandbox of its own (``sandbox=ratchet.Sandbox(...)``; see
+        ratchet.sandbox).
+        ``request_drift`` says what a replay does when a completed model call's request
+        differs from the journaled one (the prompt changed under a running run):
+        ``"error"`` (the default) fails the run with :class:`NonDeterminismError`,
+        ``"warn"`` journals ``request_drifted`` and goes on with the journaled answer."""
         fn = None
         if callable(name):  # used bare: @app.workflow
             fn, name = name, None
@@ -65,10 +76,17 @@ class Definitions(AppBase):
 
         def decorate(fn: Callable[..., Any]) -> WorkflowDef:
             wf_name = name or fn.__name__
-            wd = WorkflowDef(fn, wf_name, str(version), guards, check_tier(tier, sandbox, wf_name))
-            if wd.name in self.workflows and self.workflows[wd.name].fn is not fn:
-                raise InvalidInput(f"workflow {wd.name!r} is already registered")
-            self.workflows[wd.name] = wd
+            if isinstance(wf_name, str):
+                check_workflow_name(wf_name)
+            wd = WorkflowDef(
+                fn,
+                wf_name,
+                str(version),
+                guards,
+                check_tier(tier, sandbox, wf_name),
+                request_drift=request_drift,
+            )
+            self.workflows.add(wd)
             return wd
 
         return decorate(fn) if fn is not None else decorate

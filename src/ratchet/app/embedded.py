@@ -28,7 +28,7 @@ class Embedded(Definitions):
         # Graph versions may be isolated too (tier: isolated); the runner costs nothing
         # until a sandbox is needed.
         if "isolation" not in options and (
-            options["serve_graphs"] or any(wd.sandbox is not None for wd in self.workflows.values())
+            options["serve_graphs"] or any(wd.sandbox is not None for wd in self.workflows.every())
         ):
             from ratchet.sandbox.on_demand import OnDemandRunner
 

@@ -149,13 +149,14 @@ class Forking(AppBase):
     async def _check_forkable(self, store: Store, source: RunRecord) -> None:
         """A fork replays the source's journal under the workflow's code: refuse a run
         whose workflow, at the source's version, this app cannot drive."""
-        wd = self.workflows.get(source.workflow)
-        if wd is not None:
-            if wd.version == source.workflow_version:
+        if source.workflow in self.workflows:
+            if self.workflows.version_of(source.workflow, source.workflow_version):
                 return
+            have = [wd.version for wd in self.workflows.versions(source.workflow)]
             raise UnknownWorkflow(
                 f"cannot fork run {source.run_id}: it ran workflow {source.workflow!r} "
-                f"version {source.workflow_version}, and this app has version {wd.version}"
+                f"version {source.workflow_version}, and this app has version "
+                f"{', '.join(have)}"
             )
         if await store.get_graph(source.workflow, source.workflow_version) is None:
             raise UnknownWorkflow(
@@ -166,7 +167,7 @@ class Forking(AppBase):
 
     async def _fork_input(self, store: Store, source: RunRecord, given: Any, strict: bool) -> Any:
         """The fork's stored input from ``given``, checked as a start checks it."""
-        wd = self.workflows.get(source.workflow)
+        wd = self.workflows.version_of(source.workflow, source.workflow_version)
         try:
             if wd is not None:
                 if isinstance(given, Mapping):

@@ -13,6 +13,7 @@ from ratchet.app.base import AppBase
 from ratchet.engine.definitions import WorkflowDef, check_name
 from ratchet.engine.guards import check_overrides
 from ratchet.engine.starts import RunRequest, as_start, at_item
+from ratchet.engine.versions import split_ref
 from ratchet.errors import InvalidInput, RunIdConflict, UnknownWorkflow
 from ratchet.model import NewRun, RunRecord, RunStatus
 from ratchet.names import MAX_QUEUE, MAX_WORKFLOW, check_length, check_tags
@@ -161,7 +162,11 @@ class Starting(AppBase):
             wf = r.workflow
             field = "workflow"
             check_length(wf, "workflow name", MAX_WORKFLOW)
-            if isinstance(wf, str) and wf not in self.workflows:
+            if (
+                isinstance(wf, str)
+                and wf not in self.workflows
+                and split_ref(wf)[0] not in self.workflows  # name@version: a code workflow's
+            ):
                 from ratchet.graphs.start import new_graph_run
 
                 field = "input"

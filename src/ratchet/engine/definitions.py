@@ -26,6 +26,8 @@ from ratchet.errors import InvalidInput, NotSerializable
 from ratchet.names import quote
 
 _EMPTY = inspect.Parameter.empty
+# What a workflow may ask a replay to do with a model request that drifted.
+REQUEST_DRIFT = ("error", "warn")
 
 
 def check_name(value: Any, what: str) -> str:
@@ -110,6 +112,12 @@ class StepDef:
     # Whether step_started journals the arguments (see ratchet.engine.evidence); False for
     # a step whose arguments must not be stored.
     journal_args: bool = True
+    # The model request a call makes, from its arguments: (messages, params) as JSON,
+    # journaled in step_started content-addressed (see ratchet.model.requests) and checked
+    # against the journal when a completed call is replayed; None: not a model call.
+    request: (
+        Callable[[tuple[Any, ...], dict[str, Any]], tuple[list[Any], dict[str, Any]]] | None
+    ) = None
     _returns: Codec | None = None
     _params: tuple[tuple[str, ...], str] | None = None
 
@@ -185,6 +193,10 @@ class WorkflowDef:
     # ratchet.sandbox.Sandbox, which the sandbox feature reads; the engine only asks
     # whether there is one, so it knows nothing of sandboxes).
     sandbox: object | None = None
+    # What a replay does when a completed model call's request differs from the journaled
+    # one (the prompt changed under the run): "error" fails the run (non-determinism),
+    # "warn" journals request_drifted and goes on with the journaled answer.
+    request_drift: str = "error"
     signature: inspect.Signature = field(init=False)
     _returns: Codec | None = None
     _params: dict[str, Codec] = field(default_factory=dict)
@@ -192,6 +204,11 @@ class WorkflowDef:
     def __post_init__(self) -> None:
         check_name(self.name, "workflow name")
         check_name(self.version, f"version of workflow {self.name}")
+        if self.request_drift not in REQUEST_DRIFT:
+            raise InvalidInput(
+                f"workflow {self.name}: request_drift must be one of "
+                f"{', '.join(map(repr, REQUEST_DRIFT))}, got {self.request_drift!r}"
+            )
         if not inspect.iscoroutinefunction(self.fn):
             raise InvalidInput(f"workflow {self.name} must be an async def function")
         self.signature = inspect.signature(self.fn)

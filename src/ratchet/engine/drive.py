@@ -159,6 +159,14 @@ class Drive(Protocol):
         write."""
         ...
 
+    def patched(self, name: str, deprecated: bool = False) -> bool:
+        """Whether the run takes patch ``name``'s new path (``ratchet.patched``): True when
+        it reaches this point first under code that has the patch (a ``patch_marked``
+        event is journaled, taking no step position) or its journal holds that marker;
+        False when its journal went past this point the old way (nothing journaled).
+        ``deprecated``: ``ratchet.deprecate_patch``."""
+        ...
+
     def configure_guards(self, guards: Guards) -> None:
         """Guard the run with ``guards`` (and the run's own overrides and grants) from
         here on, instead of its workflow's."""

@@ -70,6 +70,9 @@ class DriveStore:
     async def pending_signal(self, run_id: str, name: str) -> tuple[int, Any] | None:
         return await self._guard(self.raw.pending_signal(run_id, name))
 
+    async def load_requests(self, run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+        return await self._guard(self.raw.load_requests(run_id))
+
     async def get_approval(self, run_id: str, step_id: str) -> Approval | None:
         return await self._guard(self.raw.get_approval(run_id, step_id))
 

@@ -34,6 +34,7 @@ from ratchet.engine.guards.run import RunGuards
 from ratchet.engine.journal_writer import error_text
 from ratchet.engine.primitives import Primitives
 from ratchet.engine.threads import StepThreads
+from ratchet.engine.versions import definition_for, missing
 from ratchet.errors import (
     ApprovalTimeout,
     ChildRunFailed,
@@ -152,12 +153,12 @@ class RunContext(Primitives):
         rec = self.record
         try:
             try:
-                wf = self.workflows.get(rec.workflow)
+                # That version's code, never another's (see ratchet.engine.versions).
+                wf = definition_for(self.workflows, rec.workflow, rec.workflow_version)
                 if wf is None:
-                    raise RatchetError(
-                        f"workflow {rec.workflow!r} is not registered with this worker"
-                    )
+                    raise RatchetError(missing(self.workflows, rec.workflow, rec.workflow_version))
                 self.guards.configure(wf.guards or DEFAULT_GUARDS, self.state.guards)
+                self.request_drift = wf.request_drift
                 args, kwargs = wf.call_args(rec.input)
                 result = await wf.fn(*args, **kwargs)
                 if self._held:  # streams still open end before the run does

@@ -19,6 +19,7 @@ from ratchet.engine.control import Control, Stopped, StopReason
 from ratchet.engine.drive import HeldStep
 from ratchet.engine.drive_store import DriveStore
 from ratchet.engine.faults import crash_point
+from ratchet.engine.requests import DriveRequests
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepJob, StepThreads
 from ratchet.engine.waits import Waits
@@ -86,6 +87,10 @@ class JournalWriter:
         self.pending: list[Event] = []
         self.ordinal = 0
         self.journal_ordinals = max(state.by_ordinal, default=0)
+        self.journal_start = state.last_seq  # what earlier drives journaled ends here
+        # The run's model requests, read back only once this drive makes a model call.
+        self.requests = DriveRequests(self)
+        self.request_drift = "error"  # the workflow's, once the drive has found it
         # The journal's steps by the seq of their first event (the order the fold met
         # them in, so state.steps is in it already), and for each prefix the highest
         # ordinal in it: a journaled outcome goes back to the workflow only once every
@@ -102,6 +107,8 @@ class JournalWriter:
         self._abandoned: list[StepJob] = []  # threads of `def` steps nobody waits for
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._held: set[HeldStep] = set()  # steps held open while the workflow reads them
+        # Patches this drive found the run past the old way (ratchet.patched said False).
+        self._old_patches: set[str] = set()
 
     # -- progress and stops ----------------------------------------------------------------
 

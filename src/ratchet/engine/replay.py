@@ -15,6 +15,7 @@ import asyncio
 import bisect
 import heapq
 from collections.abc import Iterable
+from typing import Any
 
 from ratchet.engine.journal_writer import JournalWriter
 from ratchet.errors import (
@@ -25,7 +26,7 @@ from ratchet.errors import (
     SignalTimeout,
     StepFailed,
 )
-from ratchet.model import ABANDONED, StepState
+from ratchet.model import ABANDONED, EventKind, StepState
 
 # How long a replay waits for a step call the journal says came before an outcome, with
 # no step called meanwhile, before it calls the code changed (see Replay.replayed).
@@ -55,11 +56,37 @@ class Replay(JournalWriter):
         step = self.state.by_ordinal.get(ordinal)
         if step is not None and step.name != name:
             raise NonDeterminismError(
-                f"non-deterministic workflow {self.record.workflow}: at step position "
-                f"{ordinal} the journal has {step.step_id!r} but the code now calls "
-                f"'{ordinal}:{name}'"
+                f"non-deterministic workflow {self.record.workflow} version "
+                f"{self.record.workflow_version}: at step position {ordinal} the journal "
+                f"holds step {step.step_id!r} ({step.status}) but the code now calls step "
+                f"'{ordinal}:{name}'. The code changed under this run: keep the old path for "
+                f"runs that took it (ratchet.patched), or register the change as a new version"
             )
         return f"{ordinal}:{name}", step
+
+    def patched(self, name: str, deprecated: bool = False) -> bool:
+        """Whether the run takes patch ``name``'s new path: True when the journal holds its
+        marker, or when the run reaches this point first under code that has the patch
+        (the marker is journaled then; it takes no step position, so the ids of later steps
+        stay what they were); False when the journal already holds steps past this point
+        and no marker (the run went past it the old way: nothing is journaled, and every
+        later replay finds the same). One answer per patch for the whole drive.
+        ``deprecated`` (``ratchet.deprecate_patch``): the code has only the new path; the
+        marker is journaled alike, so a worker still running the ``patched`` code takes
+        the new path too, and the answer is not used."""
+        marked = self.state.patches.get(name)
+        if marked is not None:
+            return bool(marked.get("taken", True))
+        if name in self._old_patches:
+            return False
+        if self.journal_ordinals > self.ordinal:
+            self._old_patches.add(name)
+            return False
+        payload: dict[str, Any] = {"patch": name, "taken": True, "after": self.ordinal}
+        if deprecated:
+            payload["deprecated"] = True
+        self.emit(EventKind.PATCH_MARKED, payload=payload)  # folded into state.patches
+        return True
 
     def upcoming(self) -> StepState | None:
         """What the journal holds at the next step position, without taking it."""
@@ -148,9 +175,10 @@ class Replay(JournalWriter):
             except TimeoutError:
                 if self.ordinal == seen:
                     raise NonDeterminismError(
-                        f"non-deterministic workflow {self.record.workflow}: the journal "
-                        f"holds step {step.step_id!r} as finished after step position {need} "
-                        f"was begun, but the code has called only {self.ordinal} steps"
+                        f"non-deterministic workflow {self.record.workflow} version "
+                        f"{self.record.workflow_version}: the journal holds step "
+                        f"{step.step_id!r} as finished after step position {need} was begun, "
+                        f"but the code has called only {self.ordinal} steps and calls no more"
                     ) from None
                 seen = self.ordinal
 
@@ -165,9 +193,10 @@ class Replay(JournalWriter):
         if self.journal_ordinals > self.ordinal:
             extra = self.state.by_ordinal[self.ordinal + 1]
             raise NonDeterminismError(
-                f"non-deterministic workflow {self.record.workflow}: the journal has step "
-                f"{extra.step_id!r} at position {extra.ordinal}, but the code now returns after "
-                f"{self.ordinal} steps"
+                f"non-deterministic workflow {self.record.workflow} version "
+                f"{self.record.workflow_version}: the journal holds step {extra.step_id!r} "
+                f"({extra.status}) at position {extra.ordinal}, but the code now returns "
+                f"after {self.ordinal} steps"
             )
 
     @staticmethod

@@ -120,11 +120,17 @@ class Steps(Replay):
         guards = self.guards
         if self.state.paused_at:
             await guards.replay_pauses(step_id)
+        # A model call's request (messages, params): journaled with each attempt's start,
+        # checked against the journal when its call is replayed.
+        request = sd.request(args, kwargs) if sd.request is not None else None
         done = await self.journaled_outcome(step)
         if done is not None:
+            if request is not None:
+                await self.requests.check_replayed(step_id, request)
             await guards.after_step(sd, step_id, args, kwargs, done.output, None, False)
             return sd.revive(done.output)
         self.check_stop()
+        index = await self.requests.index() if request is not None else None
         base = step.attempt_base if step else 0
         attempt, resumed, key_attempt = self._next_attempt(step)
         if resumed and step is not None and step.interrupted >= MAX_STARTS_PER_ATTEMPT:
@@ -184,12 +190,12 @@ class Steps(Replay):
             else:
                 if reserve is not None:  # held until the call's outcome is known
                     payload["reserve"] = reserve
-                self.emit(
-                    EventKind.STEP_STARTED,
-                    step_id,
-                    attempt,
-                    {**payload, "kind": sd.kind, **(started or {})},
-                )
+                full = {**payload, "kind": sd.kind, **(started or {})}
+                if request is not None and index is not None:
+                    # Computed as it is emitted: which messages the journal already holds
+                    # depends on what went before it, parallel calls included.
+                    full["request"] = self.requests.entry(index, step_id, request)
+                self.emit(EventKind.STEP_STARTED, step_id, attempt, full)
             await self.flush()
             crash_point("after_step_started")
             span = (

@@ -44,6 +44,7 @@ from ratchet.engine.faults import crash_point
 from ratchet.engine.gcpace import GcPacer
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
+from ratchet.engine.versions import definition_for, every_version
 from ratchet.errors import WorkerIdInUse
 from ratchet.model import ClaimedRun, ClaimReason, RunRecord
 from ratchet.receipts import Signer
@@ -138,7 +139,7 @@ class Worker:
         self.queues = list(queues)
         # Claims take only runs of these (workflow, version) pairs: in a rolling deploy,
         # or beside workers of other apps, the rest wait for a worker that has them.
-        self.code_served = frozenset((wd.name, wd.version) for wd in workflows.values())
+        self.code_served = frozenset((wd.name, wd.version) for wd in every_version(workflows))
         self.served = self.code_served
         # Whether this worker can make sandboxes: None until asked (once, when it first
         # has isolated runs to serve). A worker that cannot serves no isolated workflow,
@@ -189,7 +190,7 @@ class Worker:
 
     async def _run(self, stop: asyncio.Event) -> None:
         isolated = frozenset(
-            (wd.name, wd.version) for wd in self.workflows.values() if wd.sandbox is not None
+            (wd.name, wd.version) for wd in every_version(self.workflows) if wd.sandbox is not None
         )
         if isolated and not await self._isolates():
             self.code_served -= isolated
@@ -338,7 +339,7 @@ class Worker:
             self._gc.run_finished(len(self.active))
 
     async def _workflow(self, record: RunRecord) -> WorkflowDef | None:
-        wd = self.workflows.get(record.workflow)
+        wd = definition_for(self.workflows, record.workflow, record.workflow_version)
         if (
             wd is None
             or (wd.name, wd.version) in self.code_served

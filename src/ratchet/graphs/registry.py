@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.versions import definition_for, every_version
 from ratchet.graphs.compiled import compiled
 from ratchet.graphs.walk import GraphApp, GraphWorkflow
 
@@ -65,13 +66,23 @@ class AppWorkflows(Mapping[str, WorkflowDef]):
     def values(self) -> Any:
         return self.app.workflows.values()
 
+    def every(self) -> list[WorkflowDef]:
+        """Every version of every code workflow (what the worker's claims serve)."""
+        return every_version(self.app.workflows)
+
+    def version_of(self, name: str, version: str) -> WorkflowDef | None:
+        """A code workflow's definition at ``version`` (None when the app lacks that
+        version), else the interpreter of graph ``name``."""
+        if name in self.app.workflows:
+            return definition_for(self.app.workflows, name, version)
+        return self.app.graph_interpreter(name)
+
     async def pinned(self, store: Store, name: str, version: str) -> WorkflowDef | None:
-        """The workflow of a run of ``name`` at ``version``: a code workflow, the
+        """The workflow of a run of ``name`` at ``version``: a code workflow's version, the
         interpreter of an isolated graph version (carrying its sandbox), else None (the
         interpreter in-process: :meth:`__getitem__`'s)."""
-        wd = self.app.workflows.get(name)
-        if wd is not None:
-            return wd
+        if name in self.app.workflows:
+            return definition_for(self.app.workflows, name, version)
         graph = await compiled(store, name, version)
         if graph is None or graph.sandbox is None:
             return None

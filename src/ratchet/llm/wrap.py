@@ -33,6 +33,7 @@ from ratchet.llm.endpoints import BY_PROVIDER, Endpoint
 from ratchet.llm.gate import Gate
 from ratchet.llm.gate import apply as gate_apply
 from ratchet.llm.prices import Usage, cost_usd
+from ratchet.llm.request_parts import split_request
 from ratchet.llm.sdk_errors import as_llm_error
 from ratchet.llm.stream import DurableStream
 from ratchet.llm.worst_case import worst_case
@@ -190,6 +191,8 @@ class DurableCall:
         self._plain_raw = plain.with_raw_response.create
         self._raw = bare.with_raw_response.create
         self._bare = bare.create
+        # The request is journaled whole (content-addressed: ratchet.model.requests), so
+        # the arguments are not journaled again as a step's args.
         self.step = StepDef(
             self._send,
             endpoint.name,
@@ -199,6 +202,8 @@ class DurableCall:
             encode=_encode,
             decode=endpoint.revive,
             worst_case=worst_case,
+            journal_args=False,
+            request=self._request,
         )
         self.stream_step = StepDef(
             self._send_stream,
@@ -209,8 +214,15 @@ class DurableCall:
             encode=_encode,
             decode=lambda body: body,
             worst_case=worst_case,
+            journal_args=False,
+            request=self._request,
         )
         self.body_step = dataclasses.replace(self.step, decode=lambda body: body)
+
+    def _request(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        return split_request(self.endpoint, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
         gate = kwargs.pop("ratchet_gate", None)

@@ -13,6 +13,7 @@ of Ratchet's, so every layer may import it; its names are imported from here
 - :mod:`~ratchet.model.records`: the records the store returns
 - :mod:`~ratchet.model.story`: a run's story for people (its input as given, its drives)
 - :mod:`~ratchet.model.diff`: two runs side by side, step by step
+- :mod:`~ratchet.model.requests`: model requests as the journal holds them, read back whole
 """
 
 from ratchet.model.diff import RunDiff, StepDiff, StepSide, diff_states
@@ -38,6 +39,7 @@ from ratchet.model.payloads import (
     AnomalyPayload,
     ApprovalDecidedPayload,
     GatePayload,
+    PatchMarkedPayload,
     RunDrivenPayload,
     RunEndedPayload,
     RunQueuedPayload,
@@ -56,6 +58,7 @@ from ratchet.model.records import (
     NewRun,
     RunRecord,
 )
+from ratchet.model.requests import RequestIndex, request_of, requests_of
 from ratchet.model.states import (
     TAKEOVERS,
     TERMINAL_EVENTS,
@@ -106,7 +109,9 @@ __all__ = [
     "LLMTotals",
     "Lease",
     "NewRun",
+    "PatchMarkedPayload",
     "QueueReason",
+    "RequestIndex",
     "RunDiff",
     "RunDrivenPayload",
     "RunEndedPayload",
@@ -138,5 +143,7 @@ __all__ = [
     "given_input",
     "idempotency_key",
     "output_payload",
+    "request_of",
+    "requests_of",
     "split_step_id",
 ]

@@ -12,6 +12,7 @@ from ratchet.model.payloads import (
     AnomalyPayload,
     ApprovalDecidedPayload,
     GatePayload,
+    PatchMarkedPayload,
     RunDrivenPayload,
     RunEndedPayload,
     RunQueuedPayload,
@@ -131,6 +132,8 @@ class RunState:
     retried_at: list[float] = field(default_factory=list)
     # The confidence gates evaluated or bypassed, by key: a replay takes the journaled verdict.
     gates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The patches whose new path the run took (ratchet.patched), by name: their markers.
+    patches: dict[str, PatchMarkedPayload] = field(default_factory=dict)
     # Spend reserved by model calls in flight (``reserve`` of their step_started: the call's
     # worst case), by step; a call whose outcome is unknown keeps its reservation until it
     # is answered. The limits people granted (approving a guard's pause, retrying the run),
@@ -311,6 +314,9 @@ def apply(state: RunState, ev: Event) -> None:
         if grant is not None and decided.get("approved"):
             state.limit_epoch += 1
             state.grants.update(grant)
+    elif kind == EventKind.PATCH_MARKED:
+        marked = cast(PatchMarkedPayload, ev.payload)
+        state.patches.setdefault(marked["patch"], marked)
     elif kind in (EventKind.CONFIDENCE_EVALUATED, EventKind.CONFIDENCE_GATE_BYPASSED):
         state.gates[cast(GatePayload, ev.payload)["key"]] = ev.payload
     elif kind in TERMINAL_EVENTS:

@@ -77,6 +77,18 @@ class GatePayload(TypedDict, total=False):
     key: Required[str]
 
 
+class PatchMarkedPayload(TypedDict, total=False):
+    """``patch_marked``: the run took patch ``patch``'s new path (``taken``, always true:
+    a run that went past it the old way journals nothing). ``deprecated``: journaled by
+    ``ratchet.deprecate_patch``. ``after``: how many step positions the run had taken
+    then (the marker takes none)."""
+
+    patch: Required[str]
+    taken: Required[bool]
+    deprecated: bool
+    after: int
+
+
 class RunEndedPayload(TypedDict, total=False):
     """``run_succeeded``, ``run_failed`` and ``run_cancelled``."""
 

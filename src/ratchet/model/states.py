@@ -42,6 +42,10 @@ class EventKind(StrEnum):
     ANOMALY_DETECTED = "anomaly_detected"
     CONFIDENCE_EVALUATED = "confidence_evaluated"
     CONFIDENCE_GATE_BYPASSED = "confidence_gate_bypassed"
+    # ratchet.patched / deprecate_patch: a run reached a patch first under the code that
+    # has it (it takes no step position; see docs/how-to/upgrading.md).
+    PATCH_MARKED = "patch_marked"
+    REQUEST_DRIFTED = "request_drifted"
     RUN_SUCCEEDED = "run_succeeded"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"

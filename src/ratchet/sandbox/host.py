@@ -42,6 +42,8 @@ from ratchet.engine.guards import ANOMALIES, BUDGET, Guards
 from ratchet.engine.guards.run import RunGuards
 from ratchet.errors import GuardTripped, RunFinished, StorageError, ValueRefused
 from ratchet.llm import routing
+from ratchet.llm.endpoints import Endpoint
+from ratchet.llm.request_parts import split_request
 from ratchet.llm.worst_case import worst_case
 from ratchet.model import (
     DeadLetterReason,
@@ -56,6 +58,7 @@ from ratchet.model import (
     fold,
     output_payload,
 )
+from ratchet.model.requests import RequestIndex, describe, first_difference
 from ratchet.receipts import Signer
 from ratchet.receipts.service import receipt_for
 from ratchet.sandbox.host_calls import InFlight, check_budgets, own_credentials, send
@@ -109,6 +112,8 @@ class HostJournal:
         self._keys: dict[tuple[str, int], str] = {}
         self._completed_here: dict[str, dict[str, Any]] = {}
         self._calls: dict[tuple[str, int], InFlight] = {}
+        # The model requests the journal holds: a call must be the one its step journaled.
+        self._requests = RequestIndex()
         for ev in events:
             if ev.kind == EventKind.STEP_STARTED and ev.step_id and ev.attempt:
                 self._note_started(ev.step_id, ev.attempt, ev.payload)
@@ -259,6 +264,9 @@ class HostJournal:
     async def _accept(self, p: Proposal) -> None:
         if p.kind == EventKind.STEP_COMPLETED and p.step_id in self._completed_here:
             return  # a model call's end, journaled by the host already (checked equal)
+        if p.kind == EventKind.PATCH_MARKED:  # ratchet.patched: of no step, no guard's
+            self.emit(p.kind, None, None, p.payload, p.payload_json)
+            return
         assert p.step_id is not None
         name = p.step_id.partition(":")[2]
         if p.kind == EventKind.STEP_STARTED:
@@ -283,6 +291,9 @@ class HostJournal:
             await self.guards.after_retry(p.step_id)
 
     def _note_started(self, step_id: str, attempt: int, payload: dict[str, Any]) -> None:
+        request = payload.get("request")
+        if isinstance(request, dict):
+            self._requests.read(step_id, request)
         digest = payload.get("call_sha256")
         self._digests[step_id] = digest if isinstance(digest, str) else "#" + step_id
         key = payload.get("idempotency_key")
@@ -293,6 +304,23 @@ class HostJournal:
         return self._digests.get(step_id, "#" + step_id)
 
     # -- model calls -----------------------------------------------------------------------
+
+    def _check_request(self, step_id: str, endpoint: Endpoint, kwargs: dict[str, Any]) -> None:
+        """The call is the request the step's ``step_started`` journaled, or it is refused
+        (so the journal holds what was sent). A step journaled without a request is not
+        checked: its journal claims nothing."""
+        journaled = self._requests.lists.get(step_id)
+        if journaled is None:
+            return
+        messages, params = split_request(endpoint, kwargs)
+        difference = first_difference(
+            journaled, self._requests.params.get(step_id, {}), messages, params, {}
+        )
+        if difference is not None:
+            raise ValueRefused(
+                f"step {step_id}: the call is not the request its step_started journaled: "
+                f"{describe(difference)}"
+            )
 
     async def call_model(
         self, step_id: str, attempt: int, site: str, kwargs: dict[str, Any]
@@ -329,6 +357,7 @@ class HostJournal:
                 raise ValueRefused(f"attempt {attempt} of step {step_id} has made its call")
             call = routing.call_at(site, step.name)
             kwargs = own_credentials(kwargs)
+            self._check_request(step_id, call.endpoint, kwargs)
             key = self._keys[(step_id, attempt)]
             tokens, usd = worst_case((), kwargs)
             try:

@@ -31,6 +31,7 @@ from ratchet.errors import (
     StoreConflict,
     ValueRefused,
 )
+from ratchet.llm.request_parts import as_json
 from ratchet.model import Event, Lease, RunRecord, RunStatus, dumps
 
 TIMEOUT_S = 60.0
@@ -156,7 +157,8 @@ class Reporter:
                 "step_id": step_id,
                 "attempt": attempt,
                 "site": site,
-                "kwargs_json": dumps(kwargs),
+                # As the SDK would send it, and as the step journaled its request.
+                "kwargs_json": dumps(as_json(kwargs)),
             },
             timeout=None,
         )
@@ -208,6 +210,18 @@ class RemoteStore:
         if events is None:
             events = (await self.reporter.journal())[1]
         return [e for e in events if e.seq > after][: None if limit < 0 else limit]
+
+    async def load_requests(self, run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """What the store's ``requests_load`` gives, from the journal the channel reads."""
+        out: list[tuple[str, str, dict[str, Any]]] = []
+        for ev in await self.load_events(run_id):
+            if ev.step_id is None:
+                continue
+            if ev.kind == "step_started" and isinstance(ev.payload.get("request"), dict):
+                out.append((ev.kind, ev.step_id, ev.payload["request"]))
+            elif ev.kind == "request_drifted":
+                out.append((ev.kind, ev.step_id, ev.payload))
+        return out
 
     async def now(self) -> float:
         return time.time()

@@ -22,6 +22,7 @@ from ratchet.model import (
     dumps,
     idempotency_key,
 )
+from ratchet.names import MAX_STEP_NAME
 
 # The step names of model calls: their end is journaled by the host, never by a sandbox.
 MODEL_STEPS = frozenset(e.name for endpoints in BY_PROVIDER.values() for e in endpoints)
@@ -34,6 +35,7 @@ STEP_KINDS = frozenset(
         EventKind.STEP_RETRYING,
         EventKind.STEP_WAITING,
         EventKind.TOOL_CALLED,
+        EventKind.REQUEST_DRIFTED,
     }
 )
 ENDS = {EventKind.RUN_SUCCEEDED: RunStatus.SUCCEEDED, EventKind.RUN_FAILED: RunStatus.FAILED}
@@ -51,7 +53,16 @@ SANDBOX_REASONS = frozenset(
 # The fields of each proposal's payload (None: any; the tool's call is its own record).
 _FIELDS: dict[str, frozenset[str] | None] = {
     EventKind.STEP_STARTED: frozenset(
-        {"idempotency_key", "resumed", "kind", "provider", "model", "call_sha256", "args"}
+        {
+            "idempotency_key",
+            "resumed",
+            "kind",
+            "provider",
+            "model",
+            "call_sha256",
+            "args",
+            "request",
+        }
     ),
     EventKind.STEP_COMPLETED: frozenset({"output"}),
     EventKind.STEP_FAILED: frozenset({"error", "error_type", "traceback"}),
@@ -59,8 +70,10 @@ _FIELDS: dict[str, frozenset[str] | None] = {
         {"attempt", "of", "error", "delay_s", "retry_at", "traceback"}
     ),
     EventKind.TOOL_CALLED: frozenset({"name", "arguments", "risk"}),
+    EventKind.REQUEST_DRIFTED: frozenset({"difference", "message"}),
     EventKind.RUN_SUCCEEDED: frozenset({"output"}),
     EventKind.RUN_FAILED: frozenset({"error", "reason", "traceback"}),
+    EventKind.PATCH_MARKED: frozenset({"patch", "taken", "deprecated", "after"}),
 }
 # What a sandbox may journal of a step's arguments and of a traceback: what its own engine
 # writes (ratchet.engine.evidence), with room for the marker.
@@ -117,6 +130,7 @@ class ReportCheck:
             raise ValueRefused("a report carries at least one event")
         views: dict[str, _View | None] = {}
         ordinals: dict[int, str] = {}
+        patches: set[str] = set()
         for i, p in enumerate(proposals):
             last = finish and i == len(proposals) - 1
             where = f"event {i + 1} ({p.kind}" + (f" of step {p.step_id})" if p.step_id else ")")
@@ -125,6 +139,8 @@ class ReportCheck:
                     self._check_end(p)
                 elif p.kind in ENDS:
                     raise ValueRefused("the run's end is the last event of a finish report")
+                elif p.kind == EventKind.PATCH_MARKED:
+                    self._check_patch(p, patches)
                 else:
                     self._check_step(p, views, ordinals)
             except ValueRefused as e:
@@ -146,6 +162,24 @@ class ReportCheck:
                 f"a sandbox does not end a run with reason {reason!r} "
                 f"(its own are {', '.join(sorted(SANDBOX_REASONS))})"
             )
+
+    def _check_patch(self, p: Proposal, patches: set[str]) -> None:
+        """A ``ratchet.patched`` marker: of no step, once per patch and run, taken."""
+        if p.step_id is not None or p.attempt is not None:
+            raise ValueRefused("a patch marker belongs to no step")
+        check_fields(p)
+        name = p.payload.get("patch")
+        if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME:
+            raise ValueRefused("patch_marked names its patch")
+        if p.payload.get("taken") is not True:
+            raise ValueRefused("patch_marked is journaled for a patch's new path only")
+        if not isinstance(p.payload.get("deprecated", False), bool) or not isinstance(
+            p.payload.get("after", 0), int
+        ):
+            raise ValueRefused("patch_marked: deprecated is a boolean, after a step count")
+        if name in self.state.patches or name in patches:
+            raise ValueRefused(f"patch {name!r} is marked already")
+        patches.add(name)
 
     def _view(self, step_id: str, views: dict[str, _View | None]) -> _View | None:
         if step_id in views:
@@ -183,6 +217,14 @@ class ReportCheck:
         if holder is not None and holder != step_id:
             raise ValueRefused(f"position {ordinal} holds step {holder!r}")
         view = self._view(step_id, views)
+        if p.kind == EventKind.REQUEST_DRIFTED:
+            # A replay found a completed model call's request changed, and goes on.
+            if view is None or view.status != StepStatus.COMPLETED or view.kind != "llm":
+                raise ValueRefused(f"step {step_id} is not a completed model call")
+            if p.attempt is not None:
+                raise ValueRefused("request_drifted names no attempt")
+            check_fields(p)
+            return
         if view is None and p.kind in (
             EventKind.STEP_COMPLETED,
             EventKind.STEP_FAILED,

@@ -152,6 +152,12 @@ class Store(StoreHooks):
         """A run's journal after ``after``, in one query."""
         return await journal.load_events(self, run_id, after, limit)
 
+    async def load_requests(self, run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+        """The model requests the run journaled (``step_started``'s ``request``) and the
+        ``request_drifted`` events, in seq order, in one query: ``(kind, step id, the
+        request or the event's payload)``."""
+        return await journal.load_requests(self, run_id)
+
     async def journal_heads(self, run_ids: Sequence[str]) -> dict[str, int]:
         """The seq of the last event of each run's journal, by run id (runs with no
         journal are left out). A tail reads it to know where the journal ends now."""

@@ -29,6 +29,7 @@ from ratchet.model import (
     StepState,
     dumps,
 )
+from ratchet.model.requests import RequestIndex, requests_of
 from ratchet.store.bus import READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.journal import append_unowned
@@ -82,6 +83,12 @@ def fork_journal(
         )
 
     wanted = set(copied) | set(edits)
+    # A model call's request is journaled against the run's earlier ones (messages by
+    # digest, bodies once per run): the source's latest start of a step may name bodies
+    # an earlier attempt or a step the fork does not copy journaled. Each copied request
+    # is written again against the fork's own journal, whole in what it references.
+    requests = {sid: r for sid, r in requests_of(source).items() if sid in wanted}
+    index = RequestIndex()
     started: dict[str, dict[str, Any]] = {}  # each step's latest step_started payload
     first: dict[str, int] = {}  # the seq of each step's first event
     last: dict[str, int] = {}  # ... and of its last
@@ -106,6 +113,8 @@ def fork_journal(
         attempt = step.attempt if step is not None else attempts[sid]
         if ev.seq == first[sid]:
             body = {k: v for k, v in started.get(sid, {}).items() if k not in _ATTEMPT_ONLY}
+            if sid in requests:
+                body["request"] = _copied_request(index, sid, requests[sid], new.forked_from)
             add(EventKind.STEP_STARTED, sid, attempt, body | {"copied_from": new.forked_from})
         if sid in edits:
             if ev.seq == last[sid]:
@@ -115,6 +124,15 @@ def fork_journal(
         elif ev is completion.get(sid):
             add(EventKind.STEP_COMPLETED, sid, ev.attempt, ev.payload)
     return out
+
+
+def _copied_request(
+    index: RequestIndex, step_id: str, resolved: Mapping[str, Any], source_run: str
+) -> dict[str, Any]:
+    """A copied step's ``request``, written against the fork's journal, marked as taken
+    from ``source_run`` (a replay of the fork does not hold it to the fork's code)."""
+    params = {k: v for k, v in resolved.items() if k != "messages"}
+    return index.entry(step_id, list(resolved["messages"]), params) | {"copied_from": source_run}
 
 
 def _fork_params(new: NewRun) -> dict[str, Any]:

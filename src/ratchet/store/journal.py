@@ -9,6 +9,7 @@ once it commits (:meth:`Dialect._journaled`).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -20,7 +21,14 @@ from ratchet.store.leases import check_lease
 from ratchet.store.rows import event_params, events_from_rows
 from ratchet.store.transaction import Tx
 
-__all__ = ["append", "append_unowned", "heads", "insert_events", "load_events"]
+__all__ = [
+    "append",
+    "append_unowned",
+    "heads",
+    "insert_events",
+    "load_events",
+    "load_requests",
+]
 
 
 def insert_events(d: Dialect, tx: Tx, events: Sequence[Event]) -> None:
@@ -73,6 +81,13 @@ async def load_events(d: Dialect, run_id: str, after: int = 0, limit: int = -1) 
     params = {"run_id": run_id, "after": after, "limit": limit}
     rows = await d._read(lambda tx: tx.all("events_load", params))
     return events_from_rows(rows, d.json_text_canonical)
+
+
+async def load_requests(d: Dialect, run_id: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """The model requests the run journaled and the drifts journaled of them, in seq order:
+    ``(kind, step id, request or payload)``, in one query."""
+    rows = await d._read(lambda tx: tx.all("requests_load", {"run_id": run_id}))
+    return [(r["kind"], r["step_id"], json.loads(r["data"])) for r in rows]
 
 
 async def heads(d: Dialect, run_ids: Sequence[str]) -> dict[str, int]:

@@ -29,11 +29,13 @@ from ratchet.api.events import ENDED
 from ratchet.api.replay import waterfall_out
 from ratchet.api.runs import owned
 from ratchet.app import Ratchet
-from ratchet.model import LLMTotals, RunRecord, RunStatus, given_input
+from ratchet.model import Event, EventKind, LLMTotals, RunRecord, RunStatus, given_input
+from ratchet.model.requests import requests_of
+from ratchet.names import MAX_STEP
 from ratchet.store import Store, dashboard, sessions, tenants, tokens
 from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
-from ratchet.ui import run_diff, tag_filters
+from ratchet.ui import conversation, run_diff, tag_filters
 from ratchet.web.errors import ApiError
 
 HERE = Path(__file__).parent
@@ -548,3 +550,74 @@ def _shown(token: Token, rec: RunRecord) -> RunRecord:
         parent_run_id=None if rec.parent_run_id is None else ext(rec.parent_run_id),
         forked_from=None if rec.forked_from is None else ext(rec.forked_from),
     )
+
+
+# -- a run's conversation --------------------------------------------------------------------
+
+TURNS_PAGE = 50  # turns a conversation fragment holds; "More turns" fetches the next
+CLIP = 4000  # a message's characters shown inline; the whole of it is in the raw JSON
+
+
+async def _journal(request: Request, token: Token, run_id: str) -> tuple[RunRecord, list[Event]]:
+    rec = await owned(request, run_id, token)
+    return rec, await _store(request).load_events(rec.run_id)
+
+
+@router.get("/ui/runs/{run_id:path}/conversation", response_class=HTMLResponse)
+async def run_conversation(
+    request: Request,
+    run_id: str,
+    token: Annotated[Token, Depends(scope("runs:read"))],
+    step_id: Annotated[str | None, Query(min_length=1, max_length=MAX_STEP)] = None,
+    after: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    """The run's model calls as a conversation, ``TURNS_PAGE`` turns from turn ``after``;
+    with ``step_id``, that LLM step's turn alone with every message it was sent."""
+    rec, events = await _journal(request, token, run_id)
+    shown = conversation.turns(events, requests_of(events), whole=step_id)
+    if step_id is not None and not shown:
+        raise ApiError(404, f"run {run_id!r} has no model call {step_id!r}")
+    page = shown[after : after + TURNS_PAGE]
+    more = after + TURNS_PAGE if len(shown) > after + TURNS_PAGE else None
+    # Errors and drift reports name runs as the engine does; the page speaks the tenant's ids.
+    for turn in page:
+        turn.drifts = [tenants.external_text(rec.tenant_id, d) for d in turn.drifts]
+        for attempt in turn.attempts:
+            if attempt.error is not None:
+                attempt.error = tenants.external_text(rec.tenant_id, attempt.error)
+    context = {
+        "turns": page,
+        "total": len(shown),
+        "more": more,
+        "whole": step_id is not None,
+        "clip": CLIP,
+    }
+    return _page(request, "_conversation.html", context)
+
+
+@router.get("/ui/runs/{run_id:path}/turn")
+async def run_turn(
+    request: Request,
+    run_id: str,
+    token: Annotated[Token, Depends(scope("runs:read"))],
+    step_id: Annotated[str, Query(min_length=1, max_length=MAX_STEP)],
+) -> dict[str, Any]:
+    """One model call's raw JSON: the request as it was sent (its messages whole), the
+    provider's response and what the journal says of the call (usage, cost, latency)."""
+    _, events = await _journal(request, token, run_id)
+    if not any(e.step_id == step_id and e.kind == EventKind.STEP_STARTED for e in events):
+        raise ApiError(404, f"run {run_id!r} has no step {step_id!r}")
+    completed = next(
+        (
+            e.payload
+            for e in reversed(events)
+            if e.step_id == step_id and e.kind == EventKind.STEP_COMPLETED
+        ),
+        {},
+    )
+    return {
+        "step_id": step_id,
+        "request": requests_of(events).get(step_id),
+        "response": completed.get("output"),
+        "llm": completed.get("llm"),
+    }

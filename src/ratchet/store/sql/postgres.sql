@@ -120,6 +120,16 @@ SELECT run_id, seq, kind, step_id, attempt, coalesce(payload_text, payload::text
        prev_hash, hash
 FROM journal_events WHERE run_id = %(run_id)s AND seq > %(after)s ORDER BY seq LIMIT %(limit)s
 
+-- name: requests_load
+-- The model requests a run journaled (step_started's request) and the drifts a replay found,
+-- in seq order: read once by a drive that makes a model call, to journal its own after them.
+SELECT kind, step_id,
+       (CASE WHEN kind = 'step_started' THEN payload->'request' ELSE payload END)::text AS data
+FROM journal_events
+WHERE run_id = %(run_id)s
+  AND ((kind = 'step_started' AND payload->'request' IS NOT NULL) OR kind = 'request_drifted')
+ORDER BY seq
+
 -- name: event_last
 SELECT seq, hash FROM journal_events WHERE run_id = %(run_id)s ORDER BY seq DESC LIMIT 1
 

@@ -102,6 +102,18 @@ WHERE run_id IN (SELECT value FROM json_each(:ids)) AND status IN ('succeeded', 
 SELECT run_id, seq, kind, step_id, attempt, payload, 1 AS payload_exact, at, prev_hash, hash
 FROM journal_events WHERE run_id = :run_id AND seq > :after ORDER BY seq LIMIT :limit
 
+-- name: requests_load
+-- The model requests a run journaled (step_started's request) and the drifts a replay found,
+-- in seq order: read once by a drive that makes a model call, to journal its own after them.
+SELECT kind, step_id,
+       CASE WHEN kind = 'step_started' THEN json_extract(payload, '$.request') ELSE payload END
+         AS data
+FROM journal_events
+WHERE run_id = :run_id
+  AND ((kind = 'step_started' AND json_extract(payload, '$.request') IS NOT NULL)
+       OR kind = 'request_drifted')
+ORDER BY seq
+
 -- name: llm_calls_of_runs
 -- The LLM usage and cost journaled in some runs (a model call's step_completed; the calls
 -- made inside a step, with its end, retry included): run totals for a list of runs.

@@ -16,6 +16,8 @@ const TERMINAL = ["run_succeeded", "run_failed", "run_cancelled"];
 const KINDS = ["run_queued", "run_started", "run_resumed", "step_started", "step_completed",
   "step_failed", "step_retrying", "step_waiting", "approval_decided", "signal_received",
   "tool_called", "anomaly_detected", "confidence_evaluated", "confidence_gate_bypassed",
+  "patch_marked",
+  "request_drifted",
   ...TERMINAL];
 
 // The page embeds its waterfall compact (rows and segments as lists of values, named by
@@ -197,6 +199,7 @@ const refresh = coalesced(async () => {
   $("run-error").hidden = !run.error;
   $("run-error").textContent = run.error ?? "";
   story(run);
+  loadTurns();
   if (scrubbed === null) {
     draw(latest);
     if ($("state-box").open) scrubTo(latest.last_seq);
@@ -240,10 +243,17 @@ function story(run) {
 }
 
 // -- a step's detail ---------------------------------------------------------------------
-list.addEventListener("click", async (e) => {
+list.addEventListener("click", (e) => {
   const button = e.target.closest("button.step");
-  if (!button) return;
-  const stepId = button.closest("li").dataset.step;
+  if (button) showStep(button.closest("li").dataset.step);
+});
+// A turn's step name opens that step's detail, as its waterfall row does.
+$("turns").addEventListener("click", (e) => {
+  const button = e.target.closest("button.turn-step");
+  if (button) showStep(button.closest("article").dataset.step);
+});
+
+async function showStep(stepId) {
   const d = await api(`${base}/step?step_id=${encodeURIComponent(stepId)}`);
   const s = d.state;
   $("detail-title").textContent = `Step ${s.step_id}`;
@@ -265,6 +275,11 @@ list.addEventListener("click", async (e) => {
   $("detail-error").textContent = s.error ?? "–";
   $("detail-tb").hidden = !s.traceback;
   $("detail-traceback").textContent = s.traceback ?? "";
+  // A model call reads as its conversation: every message it was sent, then its reply.
+  const talk = $("detail-conversation");
+  talk.hidden = s.kind !== "llm";
+  talk.querySelector(".turns").innerHTML = s.kind === "llm"
+    ? await fragment(`${uiBase}/conversation?step_id=${encodeURIComponent(stepId)}`) : "";
   $("detail-events").textContent = d.events.map((ev) =>
     JSON.stringify({ seq: ev.seq, kind: ev.kind, attempt: ev.attempt, at: ev.at, payload: ev.payload })).join("\n");
   const panel = $("detail");
@@ -272,13 +287,57 @@ list.addEventListener("click", async (e) => {
   panel.focus();
   // For the step's actions (fork.js), which work from the same detail.
   panel.dispatchEvent(new CustomEvent("step-shown", { detail: d }));
-});
+}
 list.addEventListener("mouseover", (e) => {
   const seg = e.target.closest(".seg");
   if (seg && !seg.title) seg.title = seg.getAttribute("aria-label");
 });
 $("detail-close").addEventListener("click", () => { $("detail").hidden = true; });
 document.addEventListener("keydown", (e) => { if (e.key === "Escape") $("detail").hidden = true; });
+
+// -- the conversation --------------------------------------------------------------------
+// The run's model calls as turns, rendered (and escaped) by the server, a page of turns at
+// a time; each turn's raw JSON is fetched when it is opened, so a long conversation
+// ships only what is read.
+const uiBase = `/ui/runs/${runPath(data.run_id)}`;
+const turnsBox = $("turns");
+let pagedOn = false; // "More turns" was asked for: a refresh leaves the pages read alone
+
+async function fragment(path) {
+  const r = await fetch(path, { credentials: "same-origin", headers: { Accept: "text/html" } });
+  if (!r.ok) throw new Error(`${r.status} ${r.statusText}`);
+  return r.text();
+}
+
+const loadTurns = coalesced(async () => {
+  if (pagedOn || !latest.rows.some((r) => r.kind === "llm")) return;
+  $("conversation").hidden = false;
+  turnsBox.innerHTML = await fragment(`${uiBase}/conversation`);
+  turnsBox.dataset.loaded = String(latest.last_seq);
+});
+
+document.addEventListener("click", async (e) => {
+  const more = e.target.closest("button.more-turns");
+  if (!more) return;
+  pagedOn = true;
+  more.disabled = true;
+  more.outerHTML = await fragment(`${uiBase}/conversation?after=${encodeURIComponent(more.dataset.after)}`);
+});
+
+// A turn's raw JSON: the request as sent, the response, the call's usage and latency.
+document.addEventListener("toggle", async (e) => {
+  const box = e.target;
+  if (!box.matches?.("details.raw") || !box.open || box.dataset.loaded) return;
+  box.dataset.loaded = "1";
+  const pre = box.querySelector("pre");
+  try {
+    const raw = await api(`${uiBase}/turn?step_id=${encodeURIComponent(box.dataset.step)}`);
+    pre.textContent = JSON.stringify(raw, null, 2);
+  } catch (err) {
+    pre.textContent = `could not load: ${err.message}`;
+    delete box.dataset.loaded;
+  }
+}, true);
 
 // -- actions ------------------------------------------------------------------------------
 const report = (text) => { $("action-result").textContent = text; };
@@ -330,6 +389,7 @@ for (const form of document.querySelectorAll("form.approval")) {
 requestAnimationFrame(() => setTimeout(() => performance.mark("ratchet:painted")));
 draw(latest);
 performance.mark("ratchet:drawn");
+loadTurns();
 // The state is folded on the server when first asked for (opening it, or scrubbing), not
 // with every page load: for a long journal that is a second read of every event.
 $("state-box").addEventListener("toggle", () => {
