@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import test_dashboard
 from proc import Harness
-from test_dashboard import Dash, dashboard, eid, expect, row, screenshot
+from test_dashboard import IMAGES, Dash, dashboard, eid, expect, row, screenshot
 
 browser = test_dashboard.browser  # the module's browser fixture, shared
 ASK = "1:openai.chat.completions.create"
@@ -32,6 +32,13 @@ def open_step(page: Any, step_id: str) -> Any:
     detail = page.get_by_role("region", name=f"Step {step_id}")
     expect(detail).to_be_visible()
     return detail
+
+
+def element_shot(dash: Dash, element: Any, name: str) -> None:
+    """A picture of one part of a page for the docs (one backend writes it)."""
+    shot = element.screenshot()
+    if dash.h.db_url.startswith("sqlite"):
+        (IMAGES / name).write_bytes(shot)
 
 
 def new_run_id(page: Any, source: str) -> str:
@@ -72,7 +79,7 @@ def test_a_models_answer_edited_forks_the_run_shows_its_lineage_and_the_diff(
         assert body["choices"][0]["message"]["content"] == edited
         form.get_by_label("Edit the whole response as JSON").uncheck()
         expect(answer).to_have_value(edited)
-        screenshot(dash, page, "dashboard-fork.png")
+        element_shot(dash, detail, "dashboard-fork.png")
         form.get_by_role("button", name="Fork", exact=True).click()
 
         fork = new_run_id(page, source)
