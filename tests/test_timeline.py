@@ -125,6 +125,24 @@ def test_a_long_backoff_is_parked_time_and_a_cancel_ends_what_goes_on() -> None:
     assert waterfall("r", events).parked == [(2.0, 30.0)]
 
 
+def test_a_run_queued_again_after_its_end_is_not_terminal_until_it_ends_again() -> None:
+    # A cancelled run resumed (or a failed one retried): its page must follow it again.
+    events = journal(
+        (0.0, "run_started", None, None, {}),
+        (1.0, "step_started", "1:work", 1, {}),
+        (2.0, "step_completed", "1:work", 1, {}),
+        (3.0, "run_cancelled", None, None, {"by": "ana"}),
+        (4.0, "run_queued", None, None, {"reason": "resume", "by": "ana"}),
+        (5.0, "run_succeeded", None, None, {}),
+    )
+    assert [waterfall("r", events[:n]).terminal for n in (3, 4, 5, 6)] == [
+        False,
+        True,
+        False,
+        True,
+    ]
+
+
 def test_the_compact_form_expands_to_the_api_form() -> None:
     events = journal(
         (0.0, "run_started", None, None, {"worker_id": "a", "epoch": 1, "reason": "claim"}),

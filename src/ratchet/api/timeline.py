@@ -165,6 +165,8 @@ def waterfall(
                 if seg.kind == "attempt":
                     _close(seg, ev.at, ev.seq, "interrupted")
                     del open_seg[step_id]
+        if kind == EventKind.RUN_QUEUED and terminal:
+            terminal = False  # retried or resumed: the run goes on after its end
         if kind in TERMINAL_EVENTS:
             terminal = True
             for seg in open_seg.values():

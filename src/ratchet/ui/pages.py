@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
@@ -35,7 +35,7 @@ from ratchet.names import MAX_STEP
 from ratchet.store import Store, dashboard, sessions, tenants, tokens
 from ratchet.store.base import DONE, READY
 from ratchet.store.tokens import Token
-from ratchet.ui import conversation, tag_filters
+from ratchet.ui import conversation, run_diff, tag_filters
 from ratchet.web.errors import ApiError
 
 HERE = Path(__file__).parent
@@ -408,6 +408,62 @@ async def runs_live(
     )
 
 
+# -- two runs side by side ------------------------------------------------------------------
+# Before a run's page: its route takes any path under /runs/, these included.
+
+
+def _run_url(run_id: str, *rest: str) -> str:
+    return "/".join(["/runs", quote(run_id), *(quote(r) for r in rest)])
+
+
+@router.get("/runs/{run_a:path}/diff/{run_b:path}", response_class=HTMLResponse)
+async def diff_page(request: Request, run_a: str, run_b: str) -> Response:
+    """Two runs of the tenant's step by step: same, changed, or only in one, with each
+    side's output, tokens, cost and duration."""
+    found = await _session(request)
+    if found is None:
+        return _to_signin(request)
+    token, secret = found
+    user = _user(token, secret)
+    try:
+        a = await owned(request, run_a, token)
+        b = await owned(request, run_b, token)
+    except ApiError as e:
+        return _page(request, "missing.html", {"user": user, "message": e.message}, e.status)
+    app: Ratchet = request.app.state.ratchet
+    diff = await app.diff_async(a.run_id, b.run_id)
+    # Where one of the two was forked from the other, that step is marked.
+    fork_point = (
+        b.forked_at
+        if b.forked_from == a.run_id
+        else a.forked_at
+        if a.forked_from == b.run_id
+        else None
+    )
+    return _page(
+        request,
+        "diff.html",
+        {
+            "user": user,
+            "a": _shown(token, a),
+            "b": _shown(token, b),
+            "diff": run_diff.view(diff, fork_point),
+        },
+    )
+
+
+@router.get("/runs/{run_id:path}/diff", response_class=HTMLResponse)
+async def diff_with(
+    request: Request, run_id: str, with_: Annotated[str | None, Query(alias="with")] = None
+) -> Response:
+    """The run page's "diff with run" form: to the diff of this run and the one named
+    (no run named: back to this run's page). No run id holds "/diff": a user's cannot
+    hold "/", a child's ends in its step's number."""
+    other = (with_ or "").strip()
+    target = _run_url(run_id, "diff", other) if other else _run_url(run_id)
+    return RedirectResponse(target, status_code=303)
+
+
 # -- a run -----------------------------------------------------------------------------------
 
 
@@ -492,6 +548,7 @@ def _shown(token: Token, rec: RunRecord) -> RunRecord:
         rec,
         run_id=ext(rec.run_id),
         parent_run_id=None if rec.parent_run_id is None else ext(rec.parent_run_id),
+        forked_from=None if rec.forked_from is None else ext(rec.forked_from),
     )
 
 

@@ -285,6 +285,8 @@ async function showStep(stepId) {
   const panel = $("detail");
   panel.hidden = false;
   panel.focus();
+  // For the step's actions (fork.js), which work from the same detail.
+  panel.dispatchEvent(new CustomEvent("step-shown", { detail: d }));
 }
 list.addEventListener("mouseover", (e) => {
   const seg = e.target.closest(".seg");
