@@ -6,6 +6,7 @@ none of it, another tenant reaches none of it, and a cross-site POST changes not
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ import pytest
 import test_dashboard
 from proc import Harness
 from test_dashboard import IMAGES, Dash, dashboard, eid, expect, row, screenshot
+
+from ratchet.ui.pages import fork_form_input
 
 browser = test_dashboard.browser  # the module's browser fixture, shared
 ASK = "1:openai.chat.completions.create"
@@ -264,3 +267,17 @@ def test_readers_other_tenants_and_other_sites_cannot_fork_or_resume(dash: Dash)
         assert refused.status == 403
     assert [r.run_id for r in h.app.runs() if r.forked_from] == []
     assert h.app.get(eid(parked)).status == "cancelled"
+
+
+def test_the_fork_form_starts_from_the_arguments_by_name(h: Harness) -> None:
+    # A run started with positional arguments shows them as given (a list) on its page;
+    # the fork form offers them by name, as a fork takes them, and the fork accepts them.
+    run_id = h.app.start("retrier", 1, 0)
+    h.spawn("w")
+    rec = h.wait_status(run_id, "succeeded")
+    assert fork_form_input(h.app, rec) == {"succeed_on": 1, "block_on": 0}
+    fork = h.app.fork(run_id, "1:flaky", input=fork_form_input(h.app, rec))
+    assert h.app.get(fork).input == {"args": [], "kwargs": {"succeed_on": 1, "block_on": 0}}
+    # A graph's (or an unknown workflow's) input stays as it was given.
+    other = dataclasses.replace(rec, workflow="not-here")
+    assert fork_form_input(h.app, other) == [1, 0]

@@ -514,8 +514,23 @@ async def run_page(request: Request, run_id: str) -> Response:
             "children": [_shown(token, c) for c in children],
             "dead_lettered": dead_lettered,
             "story": _story(rec, wf, totals.get(rec.run_id)),
+            "fork_input": fork_form_input(app, rec),
         },
     )
+
+
+def fork_form_input(app: Ratchet, rec: RunRecord) -> Any:
+    """The input a fork form starts from: a code workflow's arguments by name, as a fork
+    takes them (a run started with positional arguments shows them as a list), else the
+    input as it was given (a graph's)."""
+    wd = app.workflows.version_of(rec.workflow, rec.workflow_version)
+    stored = rec.input
+    if wd is None or not (isinstance(stored, dict) and set(stored) == {"args", "kwargs"}):
+        return given_input(stored)
+    try:
+        return dict(wd.signature.bind_partial(*stored["args"], **stored["kwargs"]).arguments)
+    except TypeError:  # a signature the stored input no longer fits
+        return given_input(stored)
 
 
 def _story(rec: RunRecord, wf: dict[str, Any], llm: LLMTotals | None) -> dict[str, Any]:

@@ -101,7 +101,8 @@ open?.addEventListener("click", () => {
   $("fork-answer").value = answer ?? "";
   $("fork-output").value = JSON.stringify(s.status === "completed" ? s.output : null, null, 2);
   form.elements.namedItem("change_input").checked = false;
-  $("fork-input").value = $("story-input").textContent;
+  // The arguments by name, as a fork takes them (the page's Input shows them as given).
+  $("fork-input").value = JSON.stringify(JSON.parse($("fork-input-given").textContent), null, 2);
   say("");
   editable();
   form.hidden = false;
