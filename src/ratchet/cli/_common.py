@@ -18,7 +18,7 @@ from rich.console import Console
 from typer.core import TyperArgument, TyperGroup
 
 from ratchet.app import Ratchet
-from ratchet.config import DEFAULT_DATABASE_URL
+from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL
 from ratchet.errors import RatchetError
 
 DbOption = Annotated[
@@ -152,6 +152,21 @@ def client(ctx: typer.Context, db: str | None, read_only: bool = False) -> Itera
             yield app
         finally:
             app.shutdown()
+
+
+@contextlib.contextmanager
+def app_on_db(ctx: typer.Context, spec: str, db: str | None) -> Iterator[Ratchet]:
+    """The app ``spec`` names (``module:attribute``, see :func:`load_app`), on the
+    command's --db where one is given (else on its own database), shut down afterwards."""
+    app = load_app(spec)
+    try:
+        url = given_db(ctx, db)
+        if url is not None:
+            DatabaseURL.parse(url)
+            app.database_url = url
+        yield app
+    finally:
+        app.shutdown()
 
 
 def grant_option(text: str | None) -> dict[str, Any] | None:

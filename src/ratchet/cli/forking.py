@@ -17,15 +17,13 @@ from ratchet.cli._common import (
     Fail,
     JsonOption,
     RunArg,
+    app_on_db,
     client,
     die,
     errors,
-    given_db,
-    load_app,
     make_console,
 )
 from ratchet.cli._format import compact, cost_text, echo_json, status_text
-from ratchet.config import DatabaseURL
 from ratchet.errors import UnknownWorkflow
 from ratchet.model import StepSide
 
@@ -93,16 +91,8 @@ def fork(
     edit = None if output is None else {at: _json("--output", output)}
     given = _json("--input", input)
     if app_spec is not None:
-        with errors():
-            app = load_app(app_spec)
-            try:
-                url = given_db(ctx, db)
-                if url is not None:
-                    DatabaseURL.parse(url)
-                    app.database_url = url
-                new = _fork(app, run_id, at, given, edit, by)
-            finally:
-                app.shutdown()
+        with errors(), app_on_db(ctx, app_spec, db) as app:
+            new = _fork(app, run_id, at, given, edit, by)
     else:
         with client(ctx, db) as app:
             try:

@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from ratchet.cli._common import DbOption, Fail, configure_logging, errors, given_db, load_app
-from ratchet.config import DatabaseURL, parse_age, parse_duration
+from ratchet.cli._common import DbOption, Fail, app_on_db, configure_logging, errors
+from ratchet.config import parse_age, parse_duration
 
 
 def server(
@@ -86,12 +86,7 @@ def server(
         prune_age = parse_age(prune_finished_before) if prune_finished_before is not None else None
         prune_every = parse_duration(prune_interval)
         request_timeout_s = parse_duration(request_timeout)
-        app = load_app(app_spec)
-        try:
-            url = given_db(ctx, db)
-            if url is not None:
-                DatabaseURL.parse(url)
-                app.database_url = url
+        with app_on_db(ctx, app_spec, db) as app:
             # The port is taken before anything starts: uvicorn binds it only after the
             # app's startup, by when the embedded workers would have claimed and driven runs.
             sock = _listen(host, port)
@@ -123,8 +118,6 @@ def server(
                 Server(config, on_shutdown=lambda: drain(api), announce=True).run(sockets=[sock])
             finally:
                 sock.close()
-        finally:
-            app.shutdown()
 
 
 def _listen(host: str, port: int) -> socket.socket:

@@ -11,8 +11,7 @@ import httpx
 import typer
 
 from ratchet.app import Ratchet
-from ratchet.cli._common import DbOption, Fail, client, die, errors, given_db, load_app
-from ratchet.config import DatabaseURL
+from ratchet.cli._common import DbOption, Fail, app_on_db, client, die, errors, given_db
 from ratchet.errors import InvalidInput, UnknownWorkflow
 
 SERVER_TIMEOUT_S = 30.0
@@ -91,16 +90,8 @@ def start_cmd(
             die("--server starts the run through the server: give no --app and no --db with it")
         run = _through_server(server, token, name, value, run_id, queue, overrides)
     elif app_spec is not None:
-        with errors():
-            app = load_app(app_spec)
-            try:
-                url = given_db(ctx, db)
-                if url is not None:
-                    DatabaseURL.parse(url)
-                    app.database_url = url
-                run = _start(app, name, value, run_id, queue, overrides)
-            finally:
-                app.shutdown()
+        with errors(), app_on_db(ctx, app_spec, db) as app:
+            run = _start(app, name, value, run_id, queue, overrides)
     else:
         with client(ctx, db) as app:
             try:
