@@ -12,8 +12,8 @@ from ratchet.app.client import Client
 from ratchet.app.forking import Forking
 from ratchet.app.starting import Starting
 from ratchet.engine.definitions import WorkflowDef
-from ratchet.engine.start_options import Debounce
 from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport
+from ratchet.engine.start_options import Debounce
 from ratchet.model import (
     Approval,
     DeadLetter,

@@ -29,6 +29,7 @@ from ratchet.model import (
     RunRecord,
     RunStatus,
 )
+from ratchet.model.starts import StartPlan
 from ratchet.store import (
     approvals,
     deliveries,
@@ -44,7 +45,6 @@ from ratchet.store import (
     workers,
 )
 from ratchet.store import waits as run_waits
-from ratchet.model.starts import StartPlan
 from ratchet.store.bus import CANCEL, DONE, EVENTS, READY
 from ratchet.store.graphs import StoredGraph
 from ratchet.store.hooks import StoreHooks
