@@ -123,8 +123,12 @@ def test_start_options_on_a_batch(served: Api) -> None:
     assert api.other.post("/v1/runs:batch", json=dup).status_code == 202
     after_other = _count(api)
     assert after_other == before + 2
-    bad = {"runs": [body["runs"][0] | {"dedup_id": "b-9"}, body["runs"][1] | {"delay_s": None}]}
-    bad["runs"][1] = {"workflow": "chain", "input": {"n": 1}, "start_at": "2030-01-01"}
+    bad = {
+        "runs": [
+            {"workflow": "chain", "input": {"n": 1}, "dedup_id": "b-9"},
+            {"workflow": "chain", "input": {"n": 1}, "start_at": "2030-01-01"},
+        ]
+    }
     said = problem(api.acme.post("/v1/runs:batch", json=bad), 422, "invalid_input")
     assert said["details"][0]["field"] == "runs[1].start_at", said
     assert _count(api) == after_other
