@@ -9,6 +9,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from clirun import ok, refused
@@ -70,7 +71,8 @@ def test_start_options_on_post_runs_and_tenants_never_meet(served: Api) -> None:
 
     # Bad options: refused naming the field, nothing written.
     before = _count(api)
-    base = {"workflow": "chain", "input": {"n": 1}}
+    base: dict[str, Any] = {"workflow": "chain", "input": {"n": 1}}
+    bad: dict[str, Any]
     for bad, field in (
         ({"start_at": "2030-01-01T09:30:00"}, "start_at"),
         ({"start_at": "next tuesday"}, "start_at"),
