@@ -68,6 +68,23 @@ def test_a_dedup_id_is_held_until_its_run_ends(db_url: str) -> None:
         assert after not in (first, again)
 
 
+def test_a_resume_is_refused_while_another_run_holds_the_dedup_id(db_url: str) -> None:
+    with starts_app.build(db_url) as app:
+        first = app.start("echo", 1, dedup_id="order-7")
+        app.cancel(first)
+        wait_for(lambda: app.get(first).status == RunStatus.CANCELLED, what="the cancel")
+        second = app.start("echo", 2, dedup_id="order-7")
+        with pytest.raises(ratchet.DuplicateStart, match="holds its dedup id") as refused:
+            app.resume(first)
+        assert refused.value.run_id == second
+        assert app.get(first).status == RunStatus.CANCELLED
+        assert [e.kind for e in app.events(first)][-1] == EventKind.RUN_CANCELLED
+        app.cancel(second)
+        wait_for(lambda: app.get(second).status == RunStatus.CANCELLED, what="the cancel")
+        app.resume(first)
+        assert app.get(first).status == RunStatus.QUEUED
+
+
 def test_concurrent_starts_with_one_dedup_id_from_several_processes_one_wins(
     db_url: str, tmp_path: Path
 ) -> None:

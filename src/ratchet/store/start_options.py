@@ -27,7 +27,7 @@ from ratchet.store.rows import record_from_row
 from ratchet.store.runs import insert_run
 from ratchet.store.transaction import Tx
 
-__all__ = ["create_planned_run", "create_planned_runs"]
+__all__ = ["check_dedup_free", "create_planned_run", "create_planned_runs"]
 
 T = TypeVar("T")
 
@@ -47,6 +47,19 @@ async def _decided(d: Dialect, body: Callable[[Tx], T]) -> T:
             if type(e) is not StoreConflict or attempt == _TRIES - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def check_dedup_free(tx: Tx, run_id: str) -> None:
+    """Within ``tx``, before a terminal run is queued again (a retry, a resume): raise
+    :class:`DuplicateStart` if another run not terminal holds its dedup id, which the run
+    gave up when it ended."""
+    row = tx.one("dedup_holder_of", {"run_id": run_id})
+    if row is not None:
+        raise DuplicateStart(
+            row["run_id"],
+            f"run {run_id!r} cannot be queued again: run {row['run_id']!r} holds its dedup "
+            "id and is not ended yet",
+        )
 
 
 def _place(

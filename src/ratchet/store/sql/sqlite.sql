@@ -181,6 +181,14 @@ SELECT run_id FROM runs
 WHERE tenant_id = :tenant_id AND workflow = :workflow AND dedup_id = :dedup_id
   AND status NOT IN ('succeeded', 'failed', 'cancelled')
 
+-- name: dedup_holder_of
+-- Another run, not terminal, holding the dedup id of run_id (which a retry or a resume
+-- would make not terminal again).
+SELECT h.run_id FROM runs r
+JOIN runs h ON h.tenant_id = r.tenant_id AND h.workflow = r.workflow AND h.dedup_id = r.dedup_id
+WHERE r.run_id = :run_id AND r.dedup_id IS NOT NULL AND h.run_id <> r.run_id
+  AND h.status NOT IN ('succeeded', 'failed', 'cancelled')
+
 -- name: debounce_pending
 -- The run collecting a debounce key's starts, not begun yet (along runs_debounce).
 SELECT run_id FROM runs
