@@ -165,6 +165,7 @@ def test_ratchet_start_takes_a_dedup_id_a_delay_and_a_time(
     assert "start_at: " in line and "no time zone" in line, line
     line = refused(2, *start, "--input", one, "--start-at", "2030-01-01T00:00:00Z", "--delay", "1")
     assert "not both" in line, line
+    assert "starts at 2030-01-01 00:00:00 UTC" in ok("--db", db_url, "show", timed).stdout
     with ratchet.Ratchet(db_url) as client:
         assert client.get(delayed).status == RunStatus.WAITING
         assert client.get(timed).not_before == 1893456000.0
