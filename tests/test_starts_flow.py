@@ -132,6 +132,21 @@ def test_debounced_starts_from_two_processes_collapse_into_one_run_with_the_late
         assert later != run_id and app.result(later, timeout_s=15) == 3
 
 
+def test_debounced_starts_racing_from_several_processes_make_one_run(
+    db_url: str, tmp_path: Path
+) -> None:
+    with starts_app.build(db_url) as app:
+        _ = app.store
+        go = tmp_path / "go"
+        procs = [_starter(db_url, go, "debounce:30", "doc-7", x) for x in (1, 2, 3, 4)]
+        go.touch()
+        said = [_said(p) for p in procs]
+        assert len({s["won"] for s in said}) == 1, said
+        [rec] = app.runs()
+        assert rec.run_id == said[0]["won"] and rec.status == RunStatus.WAITING
+        assert rec.input["args"][0] in (1, 2, 3, 4)
+
+
 def test_a_delayed_start_is_not_claimed_before_its_time_by_a_running_worker(db_url: str) -> None:
     with starts_app.build(db_url) as app:
         app.launch()
