@@ -75,6 +75,8 @@ EXPECTED = {
     "RunNotFinished",
     "Start",
     "BatchItemInvalid",
+    "Debounce",
+    "DuplicateStart",
     "RunTimeout",
     "patched",
     "deprecate_patch",

@@ -15,6 +15,7 @@ from ratchet.engine.context import StepInfo, current_step, require_run, workflow
 from ratchet.engine.definitions import StepKey, WorkflowDef, check_name
 from ratchet.engine.guards import Guards
 from ratchet.engine.retry import Retry
+from ratchet.engine.start_options import Debounce
 from ratchet.engine.starts import Start
 from ratchet.engine.values import codec_for
 from ratchet.errors import (
@@ -27,6 +28,7 @@ from ratchet.errors import (
     ConfigError,
     ConnectorError,
     DeliveryFailed,
+    DuplicateStart,
     GateRejected,
     GuardTripped,
     InvalidInput,
@@ -84,8 +86,10 @@ __all__ = [
     "ChildRunFailed",
     "ConfigError",
     "ConnectorError",
+    "Debounce",
     "Decision",
     "DeliveryFailed",
+    "DuplicateStart",
     "Event",
     "Gate",
     "GateRejected",

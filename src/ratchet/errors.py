@@ -88,6 +88,17 @@ class BatchItemInvalid(InvalidInput):
         self.taken = taken
 
 
+class DuplicateStart(RatchetError):
+    """A run of this workflow with this dedup id is not terminal yet; ``run_id`` is its id.
+    The HTTP API answers 409 with it."""
+
+    retry_class = RetryClass.NEVER
+
+    def __init__(self, run_id: str, message: str | None = None) -> None:
+        super().__init__(message or f"a start with this dedup id is run {run_id!r}, not ended yet")
+        self.run_id = run_id
+
+
 class NotSerializable(InvalidInput, TypeError):
     """A value is not JSON-serialisable."""
 

@@ -39,9 +39,11 @@ from ratchet.api.schemas import (
     StatusAfter,
 )
 from ratchet.app import Ratchet
+from ratchet.engine.start_options import Debounce, parse_start_at, start_options
 from ratchet.engine.starts import RunRequest
 from ratchet.errors import ApprovalNotPending, BatchItemInvalid, InvalidInput, RatchetError
 from ratchet.model import RunRecord, RunStatus, drives, duration, failure, given_input
+from ratchet.model.starts import StartPlan
 from ratchet.names import MAX_RUN_PATH, MAX_SIGNAL, MAX_STEP, MAX_TAGS, MAX_WORKFLOW, parse_tag
 from ratchet.store import Store, dashboard, tenants, tokens
 from ratchet.store.base import DONE
@@ -160,6 +162,7 @@ async def start_run(
             tenant=token.tenant_id,
             guards=guards,
             tags=body.tags,
+            plan=r.plan,
         )
     except InvalidInput as e:
         raise ApiError(422, speak(request, str(e)), details={"workflow": body.workflow}) from e
@@ -198,7 +201,24 @@ def _request(
         workflow.check_json(body.input)
     args: tuple[Any, ...] = (body.input,) if graph else ()
     kwargs: dict[str, Any] = {} if graph else body.input
-    return RunRequest(body.workflow, args, kwargs, run_id, body.queue, 0, guards, body.tags)
+    return RunRequest(
+        body.workflow, args, kwargs, run_id, body.queue, 0, guards, body.tags, _plan(body)
+    )
+
+
+def _plan(body: StartRun) -> StartPlan | None:
+    """A start's dedup id, debounce and time to begin at, checked (naming the field). The
+    run id an Idempotency-Key makes is no run id the caller chose: a debounced start takes
+    one (its repeat pushes the same run)."""
+    return start_options(
+        dedup_id=body.dedup_id,
+        debounce=None
+        if body.debounce is None
+        else Debounce(key=body.debounce.key, wait_s=body.debounce.wait_s),
+        start_at=None if body.start_at is None else parse_start_at(body.start_at),
+        delay_s=body.delay_s,
+        run_id=body.run_id,
+    )
 
 
 @router.post(
@@ -242,7 +262,7 @@ async def start_runs(
         try:
             requests.append(_request(app, item, run_id, guards))
         except InvalidInput as e:
-            field, problem = f"runs[{i}].input", speak(request, str(e))
+            field, problem = f"runs[{i}].{e.field or 'input'}", speak(request, str(e))
             raise ApiError(
                 422, f"{field}: {problem}", details=[{"field": field, "message": problem}]
             ) from e

@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from ratchet.engine.start_options import MAX_START_KEY, MAX_WAIT_S
 from ratchet.names import (
     MAX_COMMENT,
     MAX_DECIDER,
@@ -39,6 +40,19 @@ class Body(BaseModel):
     model_config = ConfigDict(strict=True)
 
 
+class DebounceIn(Body):
+    key: str = Field(
+        min_length=1,
+        max_length=MAX_START_KEY,
+        description="Starts of this key (per workflow) within the window collapse into one run.",
+    )
+    wait_s: float = Field(
+        gt=0,
+        le=MAX_WAIT_S,
+        description="The window, in seconds: the run begins this long after the last start.",
+    )
+
+
 class StartRun(Body):
     workflow: str = Field(
         min_length=1, max_length=MAX_WORKFLOW, description="A workflow's or a graph's name."
@@ -68,6 +82,31 @@ class StartRun(Body):
         f"GET /v1/runs?tag=customer=acme finds it. At most {MAX_TAGS}; each key 1-"
         f"{MAX_TAG_KEY} letters, digits and _ . : / - (starting with a letter or digit), "
         f"each value at most {MAX_TAG_VALUE} characters.",
+    )
+    dedup_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_START_KEY,
+        description="While a run of this workflow with this dedup id is not terminal, "
+        'another start with it is refused 409, with that run\'s id in details ({"run_id": '
+        "...}).",
+    )
+    debounce: DebounceIn | None = Field(
+        default=None,
+        description="Collapse the starts of a key within a window into one run, which begins "
+        "after the window with the latest input; each start answers that run's id. Takes no "
+        "run_id, dedup_id, start_at or delay_s.",
+    )
+    start_at: str | None = Field(
+        default=None,
+        description="Queue the run now, claimable from this ISO-8601 time, which must carry "
+        "its offset (2026-05-01T09:30:00+02:00, or Z).",
+    )
+    delay_s: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_WAIT_S,
+        description="Queue the run now, claimable this many seconds from now. Not with start_at.",
     )
 
 

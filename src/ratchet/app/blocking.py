@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from ratchet.app.base import UNSET, check_status
@@ -12,6 +13,7 @@ from ratchet.app.forking import Forking
 from ratchet.app.starting import Starting
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.retention import DEFAULT_STATUSES, PruneReport
+from ratchet.engine.start_options import Debounce
 from ratchet.model import (
     Approval,
     DeadLetter,
@@ -41,6 +43,10 @@ class Blocking(Starting, Forking, Client):
         guards: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
         tags: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
+        debounce: Debounce | None = None,
+        start_at: datetime | None = None,
+        delay_s: float | None = None,
         **kwargs: Any,
     ) -> str:
         """Blocking :meth:`start_async`."""
@@ -54,6 +60,10 @@ class Blocking(Starting, Forking, Client):
                 guards=guards,
                 timeout_s=timeout_s,
                 tags=tags,
+                dedup_id=dedup_id,
+                debounce=debounce,
+                start_at=start_at,
+                delay_s=delay_s,
                 **kwargs,
             )
         )

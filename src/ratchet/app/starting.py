@@ -7,15 +7,18 @@ import dataclasses
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from ratchet.app.base import AppBase
 from ratchet.engine.definitions import WorkflowDef, check_name
 from ratchet.engine.guards import check_overrides
+from ratchet.engine.start_options import Debounce, start_options
 from ratchet.engine.starts import RunRequest, as_start, at_item
 from ratchet.engine.versions import split_ref
 from ratchet.errors import InvalidInput, RunIdConflict, UnknownWorkflow
 from ratchet.model import NewRun, RunRecord, RunStatus
+from ratchet.model.starts import StartPlan
 from ratchet.names import MAX_QUEUE, MAX_WORKFLOW, check_length, check_tags
 from ratchet.store import Store, tenants
 from ratchet.store.tenants import DEFAULT_TENANT
@@ -46,6 +49,10 @@ class Starting(AppBase):
         guards: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
         tags: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
+        debounce: Debounce | None = None,
+        start_at: datetime | None = None,
+        delay_s: float | None = None,
         **kwargs: Any,
     ) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
@@ -55,7 +62,18 @@ class Starting(AppBase):
         is the run's deadline (the guard field of that name), in seconds from its start.
         ``tags`` (``{"customer": "acme"}``) are kept with the run, never changed, and given
         to its child runs; :meth:`runs` finds runs by them. At most 20, each key 1-64
-        letters, digits and ``_ . : / -``, each value a string of at most 256 characters."""
+        letters, digits and ``_ . : / -``, each value a string of at most 256 characters.
+
+        ``dedup_id``: while a run of this workflow with this id is not terminal, another
+        start with it raises :class:`DuplicateStart` naming that run. ``debounce``
+        (:class:`ratchet.Debounce`): starts of its key within its window collapse into one
+        run, which begins a window after the last of them with its input; every one of
+        them returns that run's id. ``start_at`` (an aware datetime) or ``delay_s``: the
+        run is stored now and no worker claims it before then (see
+        :mod:`ratchet.engine.start_options`)."""
+        plan = start_options(
+            dedup_id=dedup_id, debounce=debounce, start_at=start_at, delay_s=delay_s, run_id=run_id
+        )
         if timeout_s is not None:
             guards = {**(guards or {}), "timeout_s": timeout_s}
         rec, _ = await self.start_run_async(
@@ -67,6 +85,7 @@ class Starting(AppBase):
             priority=priority,
             guards=guards,
             tags=tags,
+            plan=plan,
         )
         return rec.run_id
 
@@ -82,12 +101,14 @@ class Starting(AppBase):
         tenant: str | None = None,
         guards: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        plan: StartPlan | None = None,
     ) -> tuple[RunRecord, bool]:
         """:meth:`start_async` for callers that need the record and whether it was created,
         its arguments given as a sequence and a mapping. With ``tenant`` (the HTTP API),
         ``run_id`` is that tenant's id (see :mod:`ratchet.store.tenants`; the record
         carries the engine's), and a conflict with an existing run names the fields that
-        differ without quoting the stored values."""
+        differ without quoting the stored values. ``plan``: the start's dedup id, debounce
+        or time to begin at (:func:`ratchet.engine.start_options.start_options`)."""
         new, graph = await self._new_run(
             RunRequest(wf, tuple(args), kwargs, run_id, queue, priority, guards, tags),
             tenant or DEFAULT_TENANT,
@@ -96,7 +117,10 @@ class Starting(AppBase):
         redact = tenant is not None
         if tenant is not None:
             [new] = await _tenant_scoped(store, tenant, [new])
-        rec, created = await store.create_run(new, redact=redact)
+        if plan is None:
+            rec, created = await store.create_run(new, redact=redact)
+        else:
+            rec, created = await store.create_planned_run(new, plan, redact=redact)
         if (
             not created
             and graph
@@ -124,6 +148,13 @@ class Starting(AppBase):
         if not news:
             return []
         store = await self._astore()
+        if any(r.plan is not None for r in requests):
+            if tenant is not None:
+                news = await _tenant_scoped(store, tenant, news)
+            plans = [r.plan for r in requests]
+            return await store.create_planned_runs(
+                list(zip(news, plans, strict=True)), redact=tenant is not None
+            )
         if tenant is None:
             return await store.create_runs(news)
         return await store.create_runs(await _tenant_scoped(store, tenant, news), redact=True)
@@ -227,6 +258,14 @@ class Starting(AppBase):
         requests = []
         for i, item in enumerate(items):
             start = as_start(item, i)
+            with at_item(i):
+                plan = start_options(
+                    dedup_id=start.dedup_id,
+                    debounce=start.debounce,
+                    start_at=start.start_at,
+                    delay_s=start.delay_s,
+                    run_id=start.run_id,
+                )
             requests.append(
                 RunRequest(
                     wf,
@@ -237,6 +276,7 @@ class Starting(AppBase):
                     priority if start.priority is None else start.priority,
                     guards if start.guards is None else start.guards,
                     tags if start.tags is None else start.tags,
+                    plan,
                 )
             )
         return [run_id for run_id, _, _ in await self.start_runs_async(requests)]

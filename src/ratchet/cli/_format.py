@@ -48,6 +48,9 @@ def waiting_text(rec: RunRecord, now: float | None = None) -> str | None:
     """What a waiting run waits for, and until when where a time applies: ``waiting for
     signal approve``, ``sleeping until 12:03:04 UTC``, ``backing off until ...``; None
     for a run that is not waiting."""
+    if rec.status == RunStatus.WAITING and not rec.waiting_for and rec.not_before is not None:
+        # Waiting on no key: a delayed or debounced start, not begun yet.
+        return f"starts at {utc_text(rec.not_before, now)}"
     if rec.status != RunStatus.WAITING or not rec.waiting_for:
         return None
     try:

@@ -271,8 +271,9 @@ def show(
         rows.append(("error", Text(shorten(rec.error, head_limit), style="red")))
     if took is not None:
         rows.append(("duration", Text(duration_text(took))))
-    if rec.waiting_for:
-        rows.append(("waiting", Text(waiting_text(rec) or rec.waiting_for)))
+    waits = waiting_text(rec)
+    if rec.waiting_for or waits:
+        rows.append(("waiting", Text(waits or rec.waiting_for or "")))
     # Every run journals run_queued: a finished run with no events was pruned.
     pruned = state.last_seq == 0 and rec.status.terminal
     rows.append(("drives", Text(str(state.drives))))

@@ -12,6 +12,7 @@ import typer
 
 from ratchet.app import Ratchet
 from ratchet.cli._common import DbOption, Fail, app_on_db, client, die, errors, given_db
+from ratchet.engine.start_options import parse_start_at, start_options
 from ratchet.errors import InvalidInput, UnknownWorkflow
 
 SERVER_TIMEOUT_S = 30.0
@@ -46,6 +47,32 @@ def start_cmd(
             metavar="JSON",
             help="Guard overrides for this run, e.g. "
             '\'{"max_steps": 50, "actions": {"runaway_loop": "pause"}}\'.',
+        ),
+    ] = None,
+    dedup_id: Annotated[
+        str | None,
+        typer.Option(
+            "--dedup-id",
+            metavar="ID",
+            help="Refused while a run of NAME with this dedup id is not terminal (the "
+            "refusal names it).",
+        ),
+    ] = None,
+    delay: Annotated[
+        float | None,
+        typer.Option(
+            "--delay",
+            metavar="SECONDS",
+            help="Store the run now; no worker claims it before this many seconds.",
+        ),
+    ] = None,
+    start_at: Annotated[
+        str | None,
+        typer.Option(
+            "--start-at",
+            metavar="TIME",
+            help="Store the run now; no worker claims it before this ISO-8601 time, "
+            "given with its offset (2026-05-01T09:30:00+02:00, or Z). Not with --delay.",
         ),
     ] = None,
     app_spec: Annotated[
@@ -85,17 +112,19 @@ def start_cmd(
     Input is JSON and is taken as it is written: `true` is no integer, `"3"` no number."""
     value = _json_option("--input", input, {})
     overrides = _json_option("--guards", guards, None)
+    when = {"dedup_id": dedup_id, "start_at": start_at, "delay_s": delay}
+    when = {k: v for k, v in when.items() if v is not None}
     if server is not None:
         if app_spec is not None or given_db(ctx, db) is not None:
             die("--server starts the run through the server: give no --app and no --db with it")
-        run = _through_server(server, token, name, value, run_id, queue, overrides)
+        run = _through_server(server, token, name, value, run_id, queue, overrides, when)
     elif app_spec is not None:
         with errors(), app_on_db(ctx, app_spec, db) as app:
-            run = _start(app, name, value, run_id, queue, overrides)
+            run = _start(app, name, value, run_id, queue, overrides, when)
     else:
         with client(ctx, db) as app:
             try:
-                run = _start(app, name, value, run_id, queue, overrides)
+                run = _start(app, name, value, run_id, queue, overrides, when)
             except UnknownWorkflow as e:
                 raise Fail(
                     f"{e} (a code workflow starts with --app APP, or through a server with "
@@ -120,9 +149,17 @@ def _start(
     run_id: str | None,
     queue: str,
     guards: dict[str, Any] | None,
+    when: dict[str, Any],
 ) -> str:
     """Start ``name`` with ``app``: a code workflow's arguments by name, checked strictly
-    as the API checks them (they came as JSON); anything else as a graph's input."""
+    as the API checks them (they came as JSON); anything else as a graph's input. ``when``:
+    the start's ``dedup_id``, ``start_at`` (ISO-8601 text) and ``delay_s``, as given."""
+    plan = start_options(
+        dedup_id=when.get("dedup_id"),
+        start_at=None if "start_at" not in when else parse_start_at(when["start_at"]),
+        delay_s=when.get("delay_s"),
+        run_id=run_id,
+    )
     workflow = app.workflows.get(name)
     args: tuple[Any, ...] = (value,)
     kwargs: dict[str, Any] = {}
@@ -135,7 +172,9 @@ def _start(
         workflow.check_json(value)
         args, kwargs = (), value
     rec, _ = app.portal.call(
-        app.start_run_async(name, args, kwargs, run_id=run_id, queue=queue, guards=guards)
+        app.start_run_async(
+            name, args, kwargs, run_id=run_id, queue=queue, guards=guards, plan=plan
+        )
     )
     return rec.run_id
 
@@ -148,6 +187,7 @@ def _through_server(
     run_id: str | None,
     queue: str,
     guards: dict[str, Any] | None,
+    when: dict[str, Any],
 ) -> str:
     """``POST /v1/runs`` on ``server``; the run's id, or one line saying why not (the
     server's own message when it refused)."""
@@ -155,7 +195,7 @@ def _through_server(
         die("--server needs a token with the runs:write scope: --token TOKEN or $RATCHET_TOKEN")
     if not isinstance(value, dict):
         die("--input through a server is a JSON object (a workflow's arguments by name)")
-    body: dict[str, Any] = {"workflow": name, "input": value, "queue": queue}
+    body: dict[str, Any] = {"workflow": name, "input": value, "queue": queue, **when}
     if run_id is not None:
         body["run_id"] = run_id
     if guards is not None:

@@ -6,18 +6,34 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from ratchet.engine.definitions import WorkflowDef
+from ratchet.engine.start_options import Debounce
 from ratchet.errors import BatchItemInvalid, InvalidInput
+from ratchet.model.starts import StartPlan
 
 
 class Start:
     """One run of a batch start: its workflow's arguments as in ``app.start`` and,
     optionally, its own ``run_id`` (idempotent), ``queue``, ``priority``, ``guards`` and
-    ``tags`` (each defaulting to the batch's)."""
+    ``tags`` (each defaulting to the batch's), and its own ``dedup_id``, ``debounce``,
+    ``start_at`` or ``delay_s`` (as in ``app.start``; a batch has no default for these)."""
 
-    __slots__ = ("args", "guards", "kwargs", "priority", "queue", "run_id", "tags")
+    __slots__ = (
+        "args",
+        "debounce",
+        "dedup_id",
+        "delay_s",
+        "guards",
+        "kwargs",
+        "priority",
+        "queue",
+        "run_id",
+        "start_at",
+        "tags",
+    )
 
     def __init__(
         self,
@@ -27,8 +43,16 @@ class Start:
         priority: int | None = None,
         guards: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
+        debounce: Debounce | None = None,
+        start_at: datetime | None = None,
+        delay_s: float | None = None,
         **kwargs: Any,
     ) -> None:
+        self.dedup_id = dedup_id
+        self.debounce = debounce
+        self.start_at = start_at
+        self.delay_s = delay_s
         self.args = args
         self.kwargs = kwargs
         self.run_id = run_id
@@ -41,7 +65,17 @@ class Start:
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
         parts += [
             f"{k}={getattr(self, k)!r}"
-            for k in ("run_id", "queue", "priority", "guards", "tags")
+            for k in (
+                "run_id",
+                "queue",
+                "priority",
+                "guards",
+                "tags",
+                "dedup_id",
+                "debounce",
+                "start_at",
+                "delay_s",
+            )
             if getattr(self, k) is not None
         ]
         return f"Start({', '.join(parts)})"
@@ -78,6 +112,8 @@ class RunRequest:
     priority: int = 0
     guards: Mapping[str, Any] | None = None
     tags: Mapping[str, str] | None = None
+    # A dedup id, debounce or time to begin at, checked (ratchet.engine.start_options).
+    plan: StartPlan | None = None
 
 
 @contextlib.contextmanager

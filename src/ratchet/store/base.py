@@ -29,6 +29,7 @@ from ratchet.model import (
     RunRecord,
     RunStatus,
 )
+from ratchet.model.starts import StartPlan
 from ratchet.store import (
     approvals,
     deliveries,
@@ -40,6 +41,7 @@ from ratchet.store import (
     leases,
     runs,
     sandboxes,
+    start_options,
     workers,
 )
 from ratchet.store import waits as run_waits
@@ -115,6 +117,24 @@ class Store(StoreHooks):
         (``redact``: without quoting the stored runs' values). Top-level runs only (no
         parent)."""
         return await runs.create_runs(self, news, redact)
+
+    async def create_planned_run(
+        self, new: NewRun, plan: StartPlan, *, redact: bool = False
+    ) -> tuple[RunRecord, bool]:
+        """:meth:`create_run` with a dedup id, a debounce or a time to begin at (see
+        :mod:`ratchet.store.start_options`). A debounced start that finds its key's run
+        not begun yet gives it its input and a new window, and returns it with
+        ``created=False``; a dedup id held by a run not terminal raises
+        :class:`DuplicateStart` naming it, and nothing is written."""
+        return await start_options.create_planned_run(self, new, plan, redact)
+
+    async def create_planned_runs(
+        self, items: Sequence[tuple[NewRun, StartPlan | None]], *, redact: bool = False
+    ) -> list[tuple[str, RunStatus, bool]]:
+        """:meth:`create_runs` for a batch some of whose runs have a plan, each item as in
+        :meth:`create_planned_run`; one transaction: a duplicate start or a conflict of
+        any item writes nothing of the batch."""
+        return await start_options.create_planned_runs(self, items, redact)
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         """The run, or None."""

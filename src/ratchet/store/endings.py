@@ -30,6 +30,7 @@ from ratchet.store.leases import check_lease
 from ratchet.store.retention import put_receipt_in
 from ratchet.store.rows import record_from_row
 from ratchet.store.runs import locked_run, locked_run_and_parent
+from ratchet.store.start_options import check_dedup_free
 from ratchet.store.transaction import Tx
 
 __all__ = ["cancel", "finish", "retry_dead"]
@@ -155,6 +156,7 @@ async def retry_dead(
         rec = locked_run(tx, run_id)
         if rec.status != RunStatus.FAILED or tx.run("dead_letter_delete", {"run_id": run_id}) != 1:
             raise NotDeadLettered(f"run {run_id} is {rec.status}, not dead-lettered")
+        check_dedup_free(tx, run_id)
         tx.one("lease_row_locked", {"run_id": run_id})
         payload: dict[str, Any] = {"reason": "retry"}
         if by is not None:

@@ -35,6 +35,7 @@ from ratchet.store.dialect import Dialect
 from ratchet.store.journal import append_unowned
 from ratchet.store.rows import event_params, record_from_row
 from ratchet.store.runs import locked_run, queued_payload
+from ratchet.store.start_options import check_dedup_free
 from ratchet.store.transaction import Tx
 
 __all__ = ["COPIED_KINDS", "create_fork", "fork_journal", "resume"]
@@ -177,6 +178,7 @@ async def resume(d: Dialect, run_id: str, by: str | None = None) -> RunRecord:
             raise NotCancelled(
                 f"run {run_id} is {rec.status}, not cancelled: only a cancelled run resumes"
             )
+        check_dedup_free(tx, run_id)
         tx.one("lease_row_locked", {"run_id": run_id})
         payload: dict[str, Any] = {"reason": str(QueueReason.RESUME)}
         if by is not None:

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 
 from ratchet.errors import (
     ApprovalNotPending,
+    DuplicateStart,
     InvalidInput,
     JournalPruned,
     NotCancelled,
@@ -26,7 +27,7 @@ from ratchet.errors import (
     UnknownRun,
     UnknownToken,
 )
-from ratchet.store.tenants import external_text
+from ratchet.store.tenants import external_id, external_text
 
 log = logging.getLogger("ratchet.api")
 
@@ -129,6 +130,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RatchetError)
     async def refused(request: Request, e: RatchetError) -> JSONResponse:
+        if isinstance(e, DuplicateStart):
+            tenant = getattr(request.state, "tenant", None)
+            run_id = e.run_id if tenant is None else external_id(tenant, e.run_id)
+            return error_response(409, "conflict", speak(request, str(e)), {"run_id": run_id})
         status = _status_of(e)
         if status == 500:
             return _internal(request, e)

@@ -196,6 +196,42 @@ WITH due AS (
 )
 SELECT run_id, (SELECT count(*) FROM woken) AS woken FROM promoted
 
+-- name: dedup_holder
+-- The run holding a dedup id: of this tenant and workflow, not terminal (along runs_dedup).
+SELECT run_id FROM runs
+WHERE tenant_id = %(tenant_id)s AND workflow = %(workflow)s AND dedup_id = %(dedup_id)s
+  AND status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: dedup_holder_of
+-- Another run, not terminal, holding the dedup id of run_id (which a retry or a resume
+-- would make not terminal again).
+SELECT h.run_id FROM runs r
+JOIN runs h ON h.tenant_id = r.tenant_id AND h.workflow = r.workflow AND h.dedup_id = r.dedup_id
+WHERE r.run_id = %(run_id)s AND r.dedup_id IS NOT NULL AND h.run_id <> r.run_id
+  AND h.status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: debounce_pending
+-- The run collecting a debounce key's starts, not begun yet (along runs_debounce), locked:
+-- the timer making it queued and another start pushing it take turns.
+SELECT run_id FROM runs
+WHERE tenant_id = %(tenant_id)s AND workflow = %(workflow)s
+  AND debounce_key = %(debounce_key)s AND status = 'waiting' AND waiting_for IS NULL
+FOR UPDATE
+
+-- name: debounce_push
+-- A start within the window: the latest input, and the window begins again.
+UPDATE runs SET input = %(input)s::jsonb, not_before = to_timestamp(%(not_before)s),
+                updated_at = ratchet_now()
+WHERE run_id = %(run_id)s AND status = 'waiting' AND waiting_for IS NULL
+
+-- name: run_start_options
+-- A run just inserted takes its dedup id and debounce key, and, when it may not begin
+-- before a time, waits for it on no wait key until the timers make it queued.
+UPDATE runs SET dedup_id = %(dedup_id)s, debounce_key = %(debounce_key)s,
+                status = CASE WHEN %(not_before)s::float8 IS NULL THEN status ELSE 'waiting' END,
+                not_before = to_timestamp(%(not_before)s::float8)
+WHERE run_id = %(run_id)s AND status = 'queued'
+
 -- name: claim_pick
 -- One queue's ready runs of the workflows the worker serves, in runs_queued order.
 SELECT run_id, priority, created_at FROM runs

@@ -175,6 +175,39 @@ WHERE run_id IN (
 )
 RETURNING run_id
 
+-- name: dedup_holder
+-- The run holding a dedup id: of this tenant and workflow, not terminal (along runs_dedup).
+SELECT run_id FROM runs
+WHERE tenant_id = :tenant_id AND workflow = :workflow AND dedup_id = :dedup_id
+  AND status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: dedup_holder_of
+-- Another run, not terminal, holding the dedup id of run_id (which a retry or a resume
+-- would make not terminal again).
+SELECT h.run_id FROM runs r
+JOIN runs h ON h.tenant_id = r.tenant_id AND h.workflow = r.workflow AND h.dedup_id = r.dedup_id
+WHERE r.run_id = :run_id AND r.dedup_id IS NOT NULL AND h.run_id <> r.run_id
+  AND h.status NOT IN ('succeeded', 'failed', 'cancelled')
+
+-- name: debounce_pending
+-- The run collecting a debounce key's starts, not begun yet (along runs_debounce).
+SELECT run_id FROM runs
+WHERE tenant_id = :tenant_id AND workflow = :workflow AND debounce_key = :debounce_key
+  AND status = 'waiting' AND waiting_for IS NULL
+
+-- name: debounce_push
+-- A start within the window: the latest input, and the window begins again.
+UPDATE runs SET input = :input, not_before = :not_before, updated_at = ratchet_now()
+WHERE run_id = :run_id AND status = 'waiting' AND waiting_for IS NULL
+
+-- name: run_start_options
+-- A run just inserted takes its dedup id and debounce key, and, when it may not begin
+-- before a time, waits for it on no wait key until the timers make it queued.
+UPDATE runs SET dedup_id = :dedup_id, debounce_key = :debounce_key,
+                status = CASE WHEN :not_before IS NULL THEN status ELSE 'waiting' END,
+                not_before = :not_before
+WHERE run_id = :run_id AND status = 'queued'
+
 -- name: claim_pick
 -- One queue's ready runs of the workflows the worker serves, in runs_queued order.
 -- (:served is a JSON list of [workflow, version] pairs.)
