@@ -21,9 +21,11 @@ from ratchet.errors import (
     RatchetError,
     RunFinished,
     RunNotFinished,
+    ScheduleExists,
     SignalAlreadyConsumed,
     UnknownApproval,
     UnknownRun,
+    UnknownSchedule,
     UnknownToken,
 )
 from ratchet.store.tenants import external_text
@@ -77,7 +79,7 @@ def error_response(
 
 
 def _status_of(e: Exception) -> int:
-    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken):
+    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken | UnknownSchedule):
         return 404
     if isinstance(
         e,
@@ -87,7 +89,8 @@ def _status_of(e: Exception) -> int:
         | NotCancelled
         | SignalAlreadyConsumed
         | RunNotFinished
-        | JournalPruned,
+        | JournalPruned
+        | ScheduleExists,
     ):
         return 409
     if isinstance(e, InvalidInput):
