@@ -271,3 +271,24 @@ def test_schedules_added_at_run_time_persist_and_fire(
     assert [r["name"] for r in again.schedules()] == ["digest"]
     with pytest.raises(UnknownSchedule):
         again.delete_schedule("fast")
+
+
+def test_the_schedules_command(db_url: str) -> None:
+    from typer.testing import CliRunner
+
+    from ratchet.cli import cli
+
+    def ratchet_(*args: str) -> Any:
+        return CliRunner().invoke(cli, ["--db", db_url, "schedules", *args])
+
+    out = ratchet_("--app", "schedule_app:app")
+    assert out.exit_code == 0, out.output
+    assert "tick" in out.output and "every 1s" in out.output
+    assert ratchet_("pause", "tick").output.strip() == "schedule tick is paused"
+    out = ratchet_("--json")
+    assert '"paused": true' in out.output and '"next_tick": null' in out.output
+    out = ratchet_("trigger", "tick", "--app", "schedule_app:app")
+    assert out.exit_code == 0 and out.output.startswith("sched:tick:trigger:"), out.output
+    assert ratchet_("resume", "tick").exit_code == 0
+    out = ratchet_("pause", "nope")
+    assert out.exit_code == 2 and "unknown schedule 'nope'" in out.output

@@ -24,6 +24,10 @@ def build(db_url: str, **kw: Any) -> ratchet.Ratchet:
     return app
 
 
+# For `ratchet schedules --app schedule_app:app --db URL` (the command's --db is used).
+app = build("sqlite:///.ratchet/schedule_app.db")
+
+
 if __name__ == "__main__":
     from crash_app import main
 

@@ -24,6 +24,7 @@ from ratchet.cli.runs import dlq, events, runs, show
 from ratchet.cli.sandboxes import sandboxes
 from ratchet.cli.server import server
 from ratchet.cli.start import start_cmd
+from ratchet.cli.schedules import schedules_cli
 from ratchet.cli.tokens import tokens_cli
 from ratchet.cli.worker import worker
 
@@ -92,6 +93,7 @@ cli.command("prune")(prune_cmd)
 cli.command()(sandboxes)
 cli.command()(server)
 cli.add_typer(tokens_cli, name="tokens")
+cli.add_typer(schedules_cli, name="schedules")
 
 
 def main() -> None:
