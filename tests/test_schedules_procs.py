@@ -4,6 +4,7 @@ the missed policies are in test_schedules.py, with the scheduler's clock injecte
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 import schedule_app
 from proc import Harness
+from serving import serving
+from test_server import Api, engine_id, problem
 from waiting import wait_for
 
 from ratchet.engine.schedules import tick_run_id
@@ -65,3 +68,87 @@ def test_three_workers_fire_each_tick_once_and_a_killed_one_loses_none(sh: Harne
     [row] = h.app.schedules()
     assert row["last_fired"] == datetime.fromtimestamp(ticks[-1], UTC).isoformat()
 
+
+@contextlib.contextmanager
+def schedules_api(h: Harness) -> Iterator[Api]:
+    """An API-only server of the schedule app, clients of tenants acme and globex (every
+    scope) and one of acme that may only read."""
+    app = schedule_app.build(h.db_url)
+    try:
+        with serving(app, workers=0) as base:
+            a = Api(base, h, [])
+            for tenant in ("acme", "globex"):
+                a.client(a.token(tenant))
+            a.client(a.token("acme", ("runs:read",)))
+            try:
+                yield a
+            finally:
+                for client in a.clients:
+                    client.close()
+    finally:
+        app.shutdown()
+
+
+def test_schedules_over_the_api_persist_and_stay_in_their_tenant(sh: Harness) -> None:
+    h = sh
+    with schedules_api(h) as api:
+        acme, globex, reader = api.clients
+        # Bad specs are refused naming the problem, and nothing is written.
+        for body, words in [
+            ({"cron": "0 25 * * *"}, "invalid cron"),
+            ({"every": "soon"}, "invalid every 'soon'"),
+            ({"every": "1s", "tz": "Nowhere/Land"}, "unknown tz 'Nowhere/Land'"),
+            ({"every": "1s", "missed": "never"}, "invalid missed 'never'"),
+            ({"every": "1s", "workflow": "ghost"}, "unknown workflow 'ghost'"),
+        ]:
+            sent = {"name": "bad", "workflow": "tick", **body}
+            assert (
+                words
+                in problem(acme.post("/v1/schedules", json=sent), 422, "invalid_input")["message"]
+            )
+        assert [s["name"] for s in acme.get("/v1/schedules").json()] == []
+        problem(
+            reader.post("/v1/schedules", json={"name": "x", "workflow": "tick"}), 403, "forbidden"
+        )
+        made = acme.post("/v1/schedules", json={"name": "fast", "workflow": "tick", "every": "1s"})
+        assert made.status_code == 201, made.text
+        assert made.json()["source"] == "api" and made.json()["every"] == "1s"
+        problem(
+            acme.post("/v1/schedules", json={"name": "fast", "workflow": "tick", "every": "2s"}),
+            409,
+            "conflict",
+        )
+        # Another tenant neither sees nor touches it.
+        assert globex.get("/v1/schedules").json() == []
+        problem(globex.post("/v1/schedules/fast/pause"), 404, "not_found")
+        problem(globex.delete("/v1/schedules/fast"), 404, "not_found")
+        assert reader.get("/v1/schedules/fast").json()["paused"] is False
+        paused = acme.post("/v1/schedules/fast/pause").json()
+        assert paused["paused"] is True and paused["next_tick"] is None
+        triggered = acme.post("/v1/schedules/fast/trigger")
+        assert triggered.status_code == 201
+        run_id = triggered.json()["run_id"]
+        assert run_id.startswith("sched:fast:trigger:")
+        assert acme.get(f"/v1/runs/{run_id}").status_code == 200
+        assert globex.get(f"/v1/runs/{run_id}").status_code == 404
+        changed = acme.patch("/v1/schedules/fast", json={"missed": "skip"}).json()
+        assert changed["missed"] == "skip" and changed["every"] == "1s"
+        assert acme.post("/v1/schedules/fast/resume").json()["paused"] is False
+    # A restart: a new server lists it, and a worker that never saw the API fires it.
+    w = h.spawn("w0")
+    w.wait_started()
+    ours = engine_id("sched:fast:", "acme")
+    wait_for(
+        lambda: len([r for r in h.app.runs(limit=200) if r.run_id.startswith(ours)]) >= 3,
+        timeout=20,
+        what="ticks of the added schedule",
+        detail=h.worker_logs,
+    )
+    with schedules_api(h) as api:
+        acme = api.clients[0]
+        [row] = acme.get("/v1/schedules").json()
+        assert row["name"] == "fast" and row["last_fired"] is not None
+        listed = acme.get("/v1/runs", params={"limit": 200}).json()["runs"]
+        assert any(r["run_id"].startswith("sched:fast:2") for r in listed)
+        assert acme.delete("/v1/schedules/fast").status_code == 204
+        assert acme.get("/v1/schedules").json() == []

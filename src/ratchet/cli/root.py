@@ -22,9 +22,9 @@ from ratchet.cli.retention import prune_cmd
 from ratchet.cli.run_receipts import export, keys_cli, receipt, verify_cmd
 from ratchet.cli.runs import dlq, events, runs, show
 from ratchet.cli.sandboxes import sandboxes
+from ratchet.cli.schedules import schedules_cli
 from ratchet.cli.server import server
 from ratchet.cli.start import start_cmd
-from ratchet.cli.schedules import schedules_cli
 from ratchet.cli.tokens import tokens_cli
 from ratchet.cli.worker import worker
 
