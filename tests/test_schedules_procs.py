@@ -5,10 +5,12 @@ the missed policies are in test_schedules.py, with the scheduler's clock injecte
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
 import schedule_app
 from proc import Harness
@@ -152,3 +154,30 @@ def test_schedules_over_the_api_persist_and_stay_in_their_tenant(sh: Harness) ->
         assert any(r["run_id"].startswith("sched:fast:2") for r in listed)
         assert acme.delete("/v1/schedules/fast").status_code == 204
         assert acme.get("/v1/schedules").json() == []
+
+
+def test_the_dashboard_lists_schedules_and_pauses_one(sh: Harness) -> None:
+    h = sh
+    app = schedule_app.build(h.db_url)
+    try:
+        with serving(app, workers=0) as base, httpx.Client(base_url=base, timeout=30) as web:
+            api = Api(base, h, [])
+            signed = web.post("/signin", data={"token": api.token("default"), "next": "/schedules"})
+            assert signed.status_code == 303
+            page = web.get("/schedules")
+            assert page.status_code == 200
+            html = page.text
+            assert '<tr data-schedule="tick">' in html and "every 1s" in html
+            assert 'data-action="pause" data-name="tick"' in html and "active" in html
+            csrf = re.search(r'name="csrf-token" content="([^"]+)"', html)
+            assert csrf is not None
+            # The buttons' call: the API on the session cookie, with the page's CSRF token.
+            paused = web.post("/v1/schedules/tick/pause", headers={"X-CSRF-Token": csrf.group(1)})
+            assert paused.status_code == 200, paused.text
+            html = web.get("/schedules").text
+            assert 'data-action="resume" data-name="tick"' in html and "paused" in html
+            assert web.post("/v1/schedules/tick/resume").status_code == 403  # no CSRF token
+            # Signed out, the page sends to the sign-in form.
+            assert httpx.get(f"{base}/schedules").status_code == 303
+    finally:
+        app.shutdown()
