@@ -130,6 +130,13 @@ BLOCKING = [
     "fork",
     "resume",
     "diff",
+    "schedules",
+    "pause_schedule",
+    "resume_schedule",
+    "trigger_schedule",
+    "add_schedule",
+    "change_schedule",
+    "delete_schedule",
 ]
 
 
@@ -166,6 +173,7 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         "workflow",
         "step",
         "tool",
+        "schedule",
         "worker",
         "run_worker",
         "llm_client",

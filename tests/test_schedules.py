@@ -190,8 +190,8 @@ def test_dst_in_berlin(make_app: Callable[..., ratchet.Ratchet]) -> None:
     # An hourly schedule fires on both passes of the repeated hour: two instants.
     hourly = ScheduleSpec.make("h", "digest", cron="0 * * * *", tz="Europe/Berlin")
     start = datetime(2026, 10, 25, 0, 30, tzinfo=BERLIN).timestamp()
-    got = [hourly.at(t).isoformat() for t in hourly.newest_ticks(start, start + 4 * 3600, 10)]
-    assert got == [
+    shown = [hourly.at(t).isoformat() for t in hourly.newest_ticks(start, start + 4 * 3600, 10)]
+    assert shown == [
         "2026-10-25T01:00:00+02:00",
         "2026-10-25T02:00:00+02:00",
         "2026-10-25T02:00:00+01:00",

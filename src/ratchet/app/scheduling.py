@@ -88,6 +88,7 @@ class Scheduling(AppBase):
             if spec.name in self.schedule_specs:
                 raise InvalidInput(f"schedule {spec.name!r} is declared twice; give name=")
             self.schedule_specs[spec.name] = spec
+            self._schedules_declared = False
             return wd
 
         return decorate
@@ -100,14 +101,21 @@ class Scheduling(AppBase):
         now = self.wall_clock()
         return [describe(r, now) for r in await stored.of_tenant(store, tenant)]
 
-    def schedules(self) -> list[dict[str, Any]]:
+    def schedules(self, *, tenant: str = DEFAULT_TENANT) -> list[dict[str, Any]]:
         """:meth:`schedules_async`, blocking."""
-        return self._portal.call(self.schedules_async())
+        return self._portal.call(self.schedules_async(tenant=tenant))
 
     async def _declare(self, tenant: str) -> None:
-        # The code's schedules are in the table as soon as anyone asks, not only once a
-        # worker has started.
-        if tenant == DEFAULT_TENANT and self.schedule_specs and not self.read_only:
+        # The code's schedules are in the table as soon as this app is asked, not only once
+        # a worker has started; once per app, as a worker writes them once when it starts
+        # (a change made through the API since then stays until the next).
+        if (
+            tenant == DEFAULT_TENANT
+            and self.schedule_specs
+            and not self.read_only
+            and not self._schedules_declared
+        ):
+            self._schedules_declared = True
             await stored.declare(
                 await self._astore(), tenant, list(self.schedule_specs.values()), self.wall_clock()
             )
@@ -125,9 +133,9 @@ class Scheduling(AppBase):
         await self._row(name, tenant)
         await stored.pause(await self._astore(), tenant, name)
 
-    def pause_schedule(self, name: str) -> None:
+    def pause_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> None:
         """:meth:`pause_schedule_async`, blocking."""
-        self._portal.call(self.pause_schedule_async(name))
+        self._portal.call(self.pause_schedule_async(name, tenant=tenant))
 
     async def resume_schedule_async(self, name: str, *, tenant: str = DEFAULT_TENANT) -> None:
         """Fire ``name``'s ticks again, from the next one: the ticks that passed while it
@@ -135,9 +143,9 @@ class Scheduling(AppBase):
         await self._row(name, tenant)
         await stored.resume(await self._astore(), tenant, name, self.wall_clock())
 
-    def resume_schedule(self, name: str) -> None:
+    def resume_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> None:
         """:meth:`resume_schedule_async`, blocking."""
-        self._portal.call(self.resume_schedule_async(name))
+        self._portal.call(self.resume_schedule_async(name, tenant=tenant))
 
     async def trigger_schedule_async(self, name: str, *, tenant: str = DEFAULT_TENANT) -> str:
         """Run ``name``'s workflow now, once, with ``at`` now, under a run id of its own
@@ -150,9 +158,9 @@ class Scheduling(AppBase):
         await start_scheduled(await self._astore(), tenant, new)
         return new.run_id
 
-    def trigger_schedule(self, name: str) -> str:
+    def trigger_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> str:
         """:meth:`trigger_schedule_async`, blocking."""
-        return self._portal.call(self.trigger_schedule_async(name))
+        return self._portal.call(self.trigger_schedule_async(name, tenant=tenant))
 
     def _scheduled_workflow(self, workflow: object) -> WorkflowDef:
         if not isinstance(workflow, str) or workflow not in self.workflows:
@@ -184,9 +192,23 @@ class Scheduling(AppBase):
             raise ScheduleExists(f"schedule {name!r} exists already")
         return describe(await self._row(name, tenant), self.wall_clock())
 
-    def add_schedule(self, name: str, workflow: str, **options: Any) -> dict[str, Any]:
+    def add_schedule(
+        self,
+        name: str,
+        workflow: str,
+        *,
+        cron: str | None = None,
+        every: str | None = None,
+        tz: str = "UTC",
+        missed: str = "latest",
+        tenant: str = DEFAULT_TENANT,
+    ) -> dict[str, Any]:
         """:meth:`add_schedule_async`, blocking."""
-        return self._portal.call(self.add_schedule_async(name, workflow, **options))
+        return self._portal.call(
+            self.add_schedule_async(
+                name, workflow, cron=cron, every=every, tz=tz, missed=missed, tenant=tenant
+            )
+        )
 
     async def change_schedule_async(
         self, name: str, *, tenant: str = DEFAULT_TENANT, **changes: Any
@@ -215,9 +237,11 @@ class Scheduling(AppBase):
         await stored.change(await self._astore(), tenant, spec)
         return describe(await self._row(name, tenant), self.wall_clock())
 
-    def change_schedule(self, name: str, **changes: Any) -> dict[str, Any]:
+    def change_schedule(
+        self, name: str, *, tenant: str = DEFAULT_TENANT, **changes: Any
+    ) -> dict[str, Any]:
         """:meth:`change_schedule_async`, blocking."""
-        return self._portal.call(self.change_schedule_async(name, **changes))
+        return self._portal.call(self.change_schedule_async(name, tenant=tenant, **changes))
 
     async def delete_schedule_async(self, name: str, *, tenant: str = DEFAULT_TENANT) -> None:
         """Delete a schedule (its runs stay). A schedule declared in code comes back when
@@ -225,6 +249,6 @@ class Scheduling(AppBase):
         await self._row(name, tenant)
         await stored.delete(await self._astore(), tenant, name)
 
-    def delete_schedule(self, name: str) -> None:
+    def delete_schedule(self, name: str, *, tenant: str = DEFAULT_TENANT) -> None:
         """:meth:`delete_schedule_async`, blocking."""
-        self._portal.call(self.delete_schedule_async(name))
+        self._portal.call(self.delete_schedule_async(name, tenant=tenant))
