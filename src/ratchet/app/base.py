@@ -83,7 +83,8 @@ class AppBase:
         # The wall clock schedules are read by (epoch seconds); tests set it to simulate
         # downtime without sleeping through it.
         self.wall_clock: Callable[[], float] = time.time
-        self._schedules_declared = False  # written to the database by this app yet
+        # The store this app wrote its declared schedules to, once (see app.scheduling).
+        self._schedules_declared: Store | None = None
         self.graphs: dict[str, str] = {}  # graph name -> the version app.graph registered
         self._graph_defs: dict[str, WorkflowDef] = {}  # the interpreter, per graph name
         self._llm_clients: dict[str, Any] = {}  # provider -> wrapped client, for ai-steps

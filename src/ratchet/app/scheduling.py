@@ -88,7 +88,7 @@ class Scheduling(AppBase):
             if spec.name in self.schedule_specs:
                 raise InvalidInput(f"schedule {spec.name!r} is declared twice; give name=")
             self.schedule_specs[spec.name] = spec
-            self._schedules_declared = False
+            self._schedules_declared = None
             return wd
 
         return decorate
@@ -109,15 +109,16 @@ class Scheduling(AppBase):
         # The code's schedules are in the table as soon as this app is asked, not only once
         # a worker has started; once per app, as a worker writes them once when it starts
         # (a change made through the API since then stays until the next).
+        store = await self._astore()
         if (
             tenant == DEFAULT_TENANT
             and self.schedule_specs
             and not self.read_only
-            and not self._schedules_declared
+            and self._schedules_declared is not store
         ):
-            self._schedules_declared = True
+            self._schedules_declared = store
             await stored.declare(
-                await self._astore(), tenant, list(self.schedule_specs.values()), self.wall_clock()
+                store, tenant, list(self.schedule_specs.values()), self.wall_clock()
             )
 
     async def _row(self, name: str, tenant: str) -> stored.ScheduleRow:
