@@ -292,3 +292,30 @@ def test_the_schedules_command(db_url: str) -> None:
     assert ratchet_("resume", "tick").exit_code == 0
     out = ratchet_("pause", "nope")
     assert out.exit_code == 2 and "unknown schedule 'nope'" in out.output
+
+
+def test_a_tick_started_by_a_worker_that_died_before_noting_it_is_neither_lost_nor_doubled(
+    make_app: Callable[..., ratchet.Ratchet],
+) -> None:
+    """A worker killed between creating a tick's run and noting the tick fired: the run is
+    there, the schedule's last fired tick is the one before. The next pass finds the run
+    (no second one), notes the tick, and goes on to the next."""
+    from ratchet.engine.scheduler import scheduled_run, start_scheduled
+
+    app = build(make_app)
+    clock = FakeClock(T0 + 1)
+    s = scheduler(app, clock)
+    app.portal.call(s.declare())
+    spec = app.schedule_specs["digest"]
+    tick = T0 + 60
+    new = scheduled_run(app.workflows["digest"], spec, tick_run_id("digest", tick), tick, "default")
+    app.portal.call(start_scheduled(app.store, "default", new))  # ...and the worker died
+    assert app.schedules()[0]["last_fired"] is None
+    clock.now = T0 + 60 + 2
+    fire(app, s)
+    assert s.fired == 0  # found, not created again
+    assert run_ids(app) == ticks(T0 + 60)
+    assert app.schedules()[0]["last_fired"] == datetime.fromtimestamp(tick, UTC).isoformat()
+    clock.now = T0 + 120 + 1
+    fire(app, s)
+    assert run_ids(app) == ticks(T0 + 60, T0 + 120)
