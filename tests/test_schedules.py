@@ -244,6 +244,12 @@ def test_a_workflow_without_at_cannot_be_scheduled(
     with pytest.raises(InvalidInput, match="unknown workflow 'ghost'"):
         app.add_schedule("g", "ghost", every="1m")
 
+    @app.workflow()
+    async def counted(at: int) -> None: ...
+
+    with pytest.raises(InvalidInput, match="its `at` must take a datetime"):
+        app.schedule(every="1m")(counted)
+
 
 def test_schedules_added_at_run_time_persist_and_fire(
     db_url: str, make_app: Callable[..., ratchet.Ratchet]
@@ -256,6 +262,12 @@ def test_schedules_added_at_run_time_persist_and_fire(
     changed = app.change_schedule("fast", cron="*/5 * * * *", tz="Europe/Berlin")
     assert (changed["cron"], changed["every"]) == ("*/5 * * * *", None)
     assert changed["tz"] == "Europe/Berlin"
+    for bad, words in [({"tz": "Moon/Base"}, "unknown tz"), ({"every": "1w"}, "invalid every")]:
+        with pytest.raises(InvalidInput, match=words):
+            app.change_schedule("fast", **bad)
+    with pytest.raises(InvalidInput, match="unknown schedule field 'queue'"):
+        app.change_schedule("fast", queue="q")
+    assert app.schedules()[1] == changed  # nothing written
     app.shutdown()
     # Another app on the same database (a restart) finds it and fires it.
     again = build(make_app)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from ratchet.app.base import AppBase
@@ -53,6 +54,12 @@ def _takes_at(wd: WorkflowDef) -> None:
                 f"workflow {wd.name!r} cannot be scheduled: its parameter {p.name!r} "
                 "has no default, and a tick gives only `at`"
             )
+    try:  # `at` annotated as something a datetime is not
+        wd.bind((), {"at": datetime(2000, 1, 1, tzinfo=UTC)})
+    except InvalidInput as e:
+        raise InvalidInput(
+            f"workflow {wd.name!r} cannot be scheduled: its `at` must take a datetime ({e})"
+        ) from None
 
 
 class Scheduling(AppBase):
