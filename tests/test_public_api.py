@@ -132,6 +132,13 @@ BLOCKING = [
     "fork",
     "resume",
     "diff",
+    "schedules",
+    "pause_schedule",
+    "resume_schedule",
+    "trigger_schedule",
+    "add_schedule",
+    "change_schedule",
+    "delete_schedule",
 ]
 
 
@@ -168,6 +175,7 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         "workflow",
         "step",
         "tool",
+        "schedule",
         "worker",
         "run_worker",
         "llm_client",

@@ -71,6 +71,14 @@ class UnknownRun(InvalidInput, LookupError):
     """Unknown run id."""
 
 
+class UnknownSchedule(InvalidInput, LookupError):
+    """No schedule of that name (for this tenant)."""
+
+
+class ScheduleExists(InvalidInput):
+    """A schedule of that name exists already."""
+
+
 class RunIdConflict(InvalidInput):
     """A run with this id already exists with a different workflow, input, queue or
     priority."""

@@ -539,3 +539,39 @@ class RunDiffOut(BaseModel):
     a: str
     b: str
     steps: list[StepDiffOut]
+
+
+class ScheduleOut(BaseModel):
+    name: str
+    workflow: str
+    cron: str | None
+    every: str | None = Field(description="The interval, in seconds: '30s'.")
+    tz: str
+    missed: str
+    source: str = Field(description="code (declared with @app.schedule) or api (added here).")
+    paused: bool
+    last_fired: str | None = Field(description="The newest tick fired (ISO, in its zone).")
+    next_tick: str | None = Field(description="The next tick (ISO, in its zone); none paused.")
+
+
+class NewSchedule(Body):
+    name: str = Field(min_length=1, max_length=100)
+    workflow: str = Field(
+        min_length=1, max_length=MAX_WORKFLOW, description="A workflow of the server's app."
+    )
+    cron: str | None = Field(default=None, max_length=200, description="'0 * * * *'")
+    every: str | None = Field(default=None, max_length=50, description="'30s', '5m', '1h30m'")
+    tz: str = Field(default="UTC", max_length=100)
+    missed: str = Field(default="latest", description="skip, latest or all.")
+
+
+class ScheduleChange(Body):
+    workflow: str | None = Field(default=None, min_length=1, max_length=MAX_WORKFLOW)
+    cron: str | None = Field(default=None, max_length=200)
+    every: str | None = Field(default=None, max_length=50)
+    tz: str | None = Field(default=None, max_length=100)
+    missed: str | None = None
+
+
+class ScheduleTriggered(BaseModel):
+    run_id: str

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from ratchet.app.blocking import Blocking
 from ratchet.app.embedded import Embedded
+from ratchet.app.scheduling import Scheduling
 
 
-class Ratchet(Embedded, Blocking):
+class Ratchet(Embedded, Blocking, Scheduling):
     """A Ratchet application: its workflows, its steps and its database.
 
     ``database_url`` defaults to ``RATCHET_DATABASE_URL``, else

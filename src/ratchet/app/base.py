@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ratchet.config import DatabaseURL, data_dir, database_url_from_env
 from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.portal import Portal
+from ratchet.engine.schedules import ScheduleSpec
 from ratchet.engine.versions import WorkflowRegistry
 from ratchet.errors import InvalidInput, UnknownWorkflow
 from ratchet.extras import require
@@ -76,6 +78,13 @@ class AppBase:
         # By name, the newest version; name@version, that one (see ratchet.engine.versions).
         self.workflows = WorkflowRegistry()
         self.tools: dict[str, Any] = {}  # name -> the @app.tool callable
+        # Schedules declared with @app.schedule, by name (see ratchet.app.scheduling).
+        self.schedule_specs: dict[str, ScheduleSpec] = {}
+        # The wall clock schedules are read by (epoch seconds); tests set it to simulate
+        # downtime without sleeping through it.
+        self.wall_clock: Callable[[], float] = time.time
+        # The store this app wrote its declared schedules to, once (see app.scheduling).
+        self._schedules_declared: Store | None = None
         self.graphs: dict[str, str] = {}  # graph name -> the version app.graph registered
         self._graph_defs: dict[str, WorkflowDef] = {}  # the interpreter, per graph name
         self._llm_clients: dict[str, Any] = {}  # provider -> wrapped client, for ai-steps

@@ -9,6 +9,7 @@ from ratchet.app.base import running_loop
 from ratchet.app.definitions import Definitions
 from ratchet.config import private_paths
 from ratchet.engine import faults
+from ratchet.engine.scheduler import Scheduler
 from ratchet.engine.worker import Worker
 from ratchet.errors import RatchetError
 
@@ -35,6 +36,16 @@ class Embedded(Definitions):
             options["isolation"] = OnDemandRunner(
                 self.store, signer=options["signer"], private=private_paths(self.database_url)
             )
+        # Every worker fires schedules' ticks: the declared ones and those added at run time.
+        options.setdefault(
+            "scheduler",
+            Scheduler(
+                self.store,
+                self.workflows,
+                list(self.schedule_specs.values()),
+                now=self.wall_clock,
+            ),
+        )
         return Worker(self.store, AppWorkflows(self), **options)
 
     async def run_worker(self, stop: asyncio.Event | None = None, **options: Any) -> None:

@@ -22,6 +22,7 @@ from ratchet.cli.retention import prune_cmd
 from ratchet.cli.run_receipts import export, keys_cli, receipt, verify_cmd
 from ratchet.cli.runs import dlq, events, runs, show
 from ratchet.cli.sandboxes import sandboxes
+from ratchet.cli.schedules import schedules_cli
 from ratchet.cli.server import server
 from ratchet.cli.start import start_cmd
 from ratchet.cli.tokens import tokens_cli
@@ -92,6 +93,7 @@ cli.command("prune")(prune_cmd)
 cli.command()(sandboxes)
 cli.command()(server)
 cli.add_typer(tokens_cli, name="tokens")
+cli.add_typer(schedules_cli, name="schedules")
 
 
 def main() -> None:

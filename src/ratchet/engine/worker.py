@@ -11,6 +11,8 @@ Loops, all on one event loop:
 * liveness: every :data:`LIVENESS_S`, look for workers that died (their liveness lock,
   held while their process lives, is gone: see ratchet.store.workers) and take their runs
   at once, leases live or not, under a new epoch;
+* schedules: every second or so, start the due ticks of the schedules (see
+  ratchet.engine.scheduler);
 * sweep: every recovery interval, steal up to 20 running runs whose lease expired (and at
   once again while passes come back full): the backstop for a holder whose death cannot
   be seen (one cut off, a worker of an earlier version). A sweep or a look that found no
@@ -42,6 +44,7 @@ from ratchet.engine.definitions import WorkflowDef
 from ratchet.engine.driver import drive
 from ratchet.engine.faults import crash_point
 from ratchet.engine.gcpace import GcPacer
+from ratchet.engine.scheduler import Scheduler
 from ratchet.engine.stats import STATS
 from ratchet.engine.threads import StepThreads
 from ratchet.engine.versions import definition_for, every_version
@@ -124,6 +127,7 @@ class Worker:
         serve_graphs: bool = False,
         signer: Signer | None = None,
         isolation: Isolation | None = None,
+        scheduler: Scheduler | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -151,6 +155,8 @@ class Worker:
         self.poll_interval = poll_interval or (0.05 if store.dialect == "sqlite" else 1.0)
         self.grace = grace
         self.isolation = isolation
+        # Fires the ticks of schedules (ratchet.engine.scheduler), on every worker alike.
+        self.scheduler = scheduler
         # Plain `def` steps run on threads of the worker's own, sized from its concurrency
         # (a run's parallel branches may each hold one).
         self.threads = StepThreads(2 * concurrency)
@@ -232,6 +238,8 @@ class Worker:
             asyncio.create_task(self._sweep_loop()),
             asyncio.create_task(self._liveness_loop()),
         ]
+        if self.scheduler is not None:
+            claiming.append(asyncio.create_task(self.scheduler.run()))
         renewing = asyncio.create_task(self._renew_loop())
         waiter = asyncio.create_task(stop.wait())
         try:

@@ -636,3 +636,19 @@ async def run_turn(
         "response": completed.get("output"),
         "llm": completed.get("llm"),
     }
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+@router.get("/schedules", response_class=HTMLResponse)
+async def schedules_page(request: Request) -> Response:
+    """The tenant's schedules: when each fires, its last and next tick; pause, resume and
+    trigger for an admin (through ``/v1/schedules``)."""
+    found = await _session(request)
+    if found is None:
+        return _to_signin(request)
+    token, secret = found
+    app: Ratchet = request.app.state.ratchet
+    rows = await app.schedules_async(tenant=token.tenant_id)
+    return _page(request, "schedules.html", {"user": _user(token, secret), "schedules": rows})

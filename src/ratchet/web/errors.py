@@ -22,9 +22,11 @@ from ratchet.errors import (
     RatchetError,
     RunFinished,
     RunNotFinished,
+    ScheduleExists,
     SignalAlreadyConsumed,
     UnknownApproval,
     UnknownRun,
+    UnknownSchedule,
     UnknownToken,
 )
 from ratchet.store.tenants import external_id, external_text
@@ -78,7 +80,7 @@ def error_response(
 
 
 def _status_of(e: Exception) -> int:
-    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken):
+    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken | UnknownSchedule):
         return 404
     if isinstance(
         e,
@@ -88,7 +90,8 @@ def _status_of(e: Exception) -> int:
         | NotCancelled
         | SignalAlreadyConsumed
         | RunNotFinished
-        | JournalPruned,
+        | JournalPruned
+        | ScheduleExists,
     ):
         return 409
     if isinstance(e, InvalidInput):

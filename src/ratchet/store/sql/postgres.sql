@@ -1023,3 +1023,62 @@ SELECT count(*) AS n FROM dead_letters WHERE run_id = %(run_id)s
 -- name: graph_versions_tiers
 SELECT name, version, coalesce(definition ->> 'tier' = 'isolated', false) AS isolated
 FROM graphs
+
+-- Schedules (ratchet.store.schedules): one row per tenant and schedule name.
+
+-- name: schedule_declare
+-- A schedule declared in code, written by each worker that has it: its spec follows the
+-- code, its pause and last fired tick stay; one added through the API under that name
+-- stays the API's.
+INSERT INTO schedules (tenant_id, name, workflow, cron, every_s, tz, missed, source, paused,
+                       created_at, last_tick)
+VALUES (%(tenant_id)s, %(name)s, %(workflow)s, %(cron)s, %(every_s)s, %(tz)s, %(missed)s, 'code', 0, %(now)s, NULL)
+ON CONFLICT (tenant_id, name) DO UPDATE
+SET workflow = excluded.workflow, cron = excluded.cron, every_s = excluded.every_s,
+    tz = excluded.tz, missed = excluded.missed
+WHERE schedules.source = 'code'
+
+-- name: schedule_add
+INSERT INTO schedules (tenant_id, name, workflow, cron, every_s, tz, missed, source, paused,
+                       created_at, last_tick)
+VALUES (%(tenant_id)s, %(name)s, %(workflow)s, %(cron)s, %(every_s)s, %(tz)s, %(missed)s, 'api', 0, %(now)s, NULL)
+ON CONFLICT (tenant_id, name) DO NOTHING
+
+-- name: schedule_change
+UPDATE schedules
+SET workflow = %(workflow)s, cron = %(cron)s, every_s = %(every_s)s, tz = %(tz)s, missed = %(missed)s
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+
+-- name: schedule_delete
+DELETE FROM schedules WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+
+-- name: schedules_all
+-- What every worker's scheduler reads each pass: every schedule of every tenant.
+SELECT tenant_id, name, workflow, cron, every_s, tz, missed, source, paused, created_at,
+       last_tick
+FROM schedules ORDER BY tenant_id, name
+
+-- name: schedules_of_tenant
+SELECT tenant_id, name, workflow, cron, every_s, tz, missed, source, paused, created_at,
+       last_tick
+FROM schedules WHERE tenant_id = %(tenant_id)s ORDER BY name
+
+-- name: schedule_get
+SELECT tenant_id, name, workflow, cron, every_s, tz, missed, source, paused, created_at,
+       last_tick
+FROM schedules WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+
+-- name: schedule_advance
+-- Only forward: a slower worker that fired an older tick never moves it back.
+UPDATE schedules SET last_tick = %(tick)s
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s AND (last_tick IS NULL OR last_tick < %(tick)s)
+
+-- name: schedule_pause
+UPDATE schedules SET paused = 1 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+
+-- name: schedule_resume
+-- The ticks that passed while paused are not owed: the schedule goes on from the tick given.
+UPDATE schedules
+SET paused = 0,
+    last_tick = CASE WHEN last_tick IS NULL OR last_tick < %(tick)s THEN %(tick)s ELSE last_tick END
+WHERE tenant_id = %(tenant_id)s AND name = %(name)s

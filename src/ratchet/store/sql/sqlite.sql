@@ -816,3 +816,62 @@ SELECT count(*) AS n FROM dead_letters WHERE run_id = :run_id
 SELECT name, version,
        coalesce(json_extract(definition, '$.tier') = 'isolated', 0) AS isolated
 FROM graphs
+
+-- Schedules (ratchet.store.schedules): one row per tenant and schedule name.
+
+-- name: schedule_declare
+-- A schedule declared in code, written by each worker that has it: its spec follows the
+-- code, its pause and last fired tick stay; one added through the API under that name
+-- stays the API's.
+INSERT INTO schedules (tenant_id, name, workflow, cron, every_s, tz, missed, source, paused,
+                       created_at, last_tick)
+VALUES (:tenant_id, :name, :workflow, :cron, :every_s, :tz, :missed, 'code', 0, :now, NULL)
+ON CONFLICT (tenant_id, name) DO UPDATE
+SET workflow = excluded.workflow, cron = excluded.cron, every_s = excluded.every_s,
+    tz = excluded.tz, missed = excluded.missed
+WHERE schedules.source = 'code'
+
+-- name: schedule_add
+INSERT INTO schedules (tenant_id, name, workflow, cron, every_s, tz, missed, source, paused,
+                       created_at, last_tick)
+VALUES (:tenant_id, :name, :workflow, :cron, :every_s, :tz, :missed, 'api', 0, :now, NULL)
+ON CONFLICT (tenant_id, name) DO NOTHING
+
+-- name: schedule_change
+UPDATE schedules
+SET workflow = :workflow, cron = :cron, every_s = :every_s, tz = :tz, missed = :missed
+WHERE tenant_id = :tenant_id AND name = :name
+
+-- name: schedule_delete
+DELETE FROM schedules WHERE tenant_id = :tenant_id AND name = :name
+
+-- name: schedules_all
+-- What every worker's scheduler reads each pass: every schedule of every tenant.
+SELECT tenant_id, name, workflow, cron, every_s, tz, missed, source, paused, created_at,
+       last_tick
+FROM schedules ORDER BY tenant_id, name
+
+-- name: schedules_of_tenant
+SELECT tenant_id, name, workflow, cron, every_s, tz, missed, source, paused, created_at,
+       last_tick
+FROM schedules WHERE tenant_id = :tenant_id ORDER BY name
+
+-- name: schedule_get
+SELECT tenant_id, name, workflow, cron, every_s, tz, missed, source, paused, created_at,
+       last_tick
+FROM schedules WHERE tenant_id = :tenant_id AND name = :name
+
+-- name: schedule_advance
+-- Only forward: a slower worker that fired an older tick never moves it back.
+UPDATE schedules SET last_tick = :tick
+WHERE tenant_id = :tenant_id AND name = :name AND (last_tick IS NULL OR last_tick < :tick)
+
+-- name: schedule_pause
+UPDATE schedules SET paused = 1 WHERE tenant_id = :tenant_id AND name = :name
+
+-- name: schedule_resume
+-- The ticks that passed while paused are not owed: the schedule goes on from the tick given.
+UPDATE schedules
+SET paused = 0,
+    last_tick = CASE WHEN last_tick IS NULL OR last_tick < :tick THEN :tick ELSE last_tick END
+WHERE tenant_id = :tenant_id AND name = :name

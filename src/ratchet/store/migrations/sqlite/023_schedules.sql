@@ -1,0 +1,20 @@
+-- Schedules (ratchet.engine.schedules): one row per tenant and schedule name, declared in
+-- code (source 'code', written by every worker that has it) or added through the API
+-- (source 'api'). last_tick is the newest tick fired (epoch seconds), so a worker that
+-- comes back after downtime knows what it missed; the run of a tick is created under an
+-- id derived from the schedule and the tick, so the runs table's key, not a leader, makes
+-- one run per tick however many workers look.
+CREATE TABLE schedules (
+    tenant_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    workflow TEXT NOT NULL,
+    cron TEXT,
+    every_s REAL,
+    tz TEXT NOT NULL,
+    missed TEXT NOT NULL,
+    source TEXT NOT NULL,
+    paused INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL,
+    last_tick REAL,
+    PRIMARY KEY (tenant_id, name)
+);
