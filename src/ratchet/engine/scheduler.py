@@ -29,6 +29,10 @@ from ratchet.store.tenants import DEFAULT_TENANT
 log = logging.getLogger("ratchet.scheduler")
 
 PERIOD_S = 1.0
+# While the table holds no schedule this worker fires, it looks less often: an idle fleet
+# should not read the table every second from every worker. A schedule added through the
+# API is seen within this.
+IDLE_PERIOD_S = 5.0
 # The tag each scheduled run carries: the schedule that started it.
 SCHEDULE_TAG = "ratchet.schedule"
 
@@ -106,10 +110,12 @@ class Scheduler:
         now = self.now()
         nearest = now + self.period
         fired: list[tuple[str, str, float]] = []
+        mine = False
         for row in await stored.every_schedule(self.store):
             wd = self.workflows.get(row.workflow)
             if row.paused or wd is None:
                 continue
+            mine = True
             spec = spec_of(row)
             after = row.last_tick if row.last_tick is not None else row.created_at
             try:
@@ -125,4 +131,6 @@ class Scheduler:
             except RatchetError as e:  # one bad schedule never holds up the others
                 log.warning("action=schedule_failed schedule=%s error=%s", row.name, e)
         await stored.advance(self.store, fired)
+        if not mine:
+            return max(self.period, IDLE_PERIOD_S)
         return max(0.0, min(self.period, nearest - self.now()))
