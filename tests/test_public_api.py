@@ -74,6 +74,7 @@ EXPECTED = {
     "JournalPruned",
     "RunNotFinished",
     "Start",
+    "Rate",
     "BatchItemInvalid",
     "RunTimeout",
     "patched",
@@ -130,6 +131,8 @@ BLOCKING = [
     "fork",
     "resume",
     "diff",
+    "queues",
+    "set_queue_limits",
 ]
 
 
@@ -161,7 +164,8 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         if callable(value) and not name.startswith("_") and not name.endswith("_async")
     }
     # Not client calls: the decorators, a worker object, running a worker on a given loop,
-    # the model clients graph ai-steps use, the interpreter graph runs are driven with.
+    # the model clients graph ai-steps use, the interpreter graph runs are driven with, a
+    # queue's declaration.
     assert public - {
         "workflow",
         "step",
@@ -171,6 +175,7 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         "llm_client",
         "llm_client_for",
         "graph_interpreter",
+        "queue",
     } == set(BLOCKING)
     for name in BLOCKING:
         blocking = getattr(ratchet.Ratchet, name)

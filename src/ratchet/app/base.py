@@ -18,6 +18,7 @@ from ratchet.model import RunStatus
 from ratchet.names import MAX_WORKFLOW, check_length, check_tags
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.store import Clock, Store, make_store
+from ratchet.store.queues import QueueLimits
 
 UNSET: Any = object()  # "not given", where None is a value (a JSON null)
 
@@ -84,6 +85,7 @@ class AppBase:
         self._portal = Portal()
         self._embedded: tuple[asyncio.Event, Any] | None = None
         self._signer: Signer | None = None
+        self._queues: dict[str, QueueLimits] = {}  # app.queue's declarations, by name
 
     @property
     def store(self) -> Store:
@@ -92,6 +94,8 @@ class AppBase:
             if self._store is None:
                 store = make_store(self.database_url, self.clock, read_only=self.read_only)
                 self._portal.call(store.open())
+                if not self.read_only:
+                    self._portal.call(store.declare_queues(self._declared_queues()))
                 self._store = store
             return self._store
 
@@ -102,6 +106,10 @@ class AppBase:
         blocking client calls are built on it). Not for code already on that loop
         (a step, a workflow): it awaits instead."""
         return self._portal
+
+    def _declared_queues(self) -> list[QueueLimits]:
+        """The queues to write when the store opens (see ratchet.app.queues)."""
+        return []
 
     async def _astore(self) -> Store:
         if self._store is not None:

@@ -36,11 +36,12 @@ class Blocking(Starting, Forking, Client):
         /,
         *args: Any,
         run_id: str | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
         tags: Mapping[str, str] | None = None,
+        concurrency_key: str | None = None,
         **kwargs: Any,
     ) -> str:
         """Blocking :meth:`start_async`."""
@@ -54,6 +55,7 @@ class Blocking(Starting, Forking, Client):
                 guards=guards,
                 timeout_s=timeout_s,
                 tags=tags,
+                concurrency_key=concurrency_key,
                 **kwargs,
             )
         )
@@ -64,15 +66,22 @@ class Blocking(Starting, Forking, Client):
         items: Iterable[Any],
         /,
         *,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        concurrency_key: str | None = None,
     ) -> list[str]:
         """Blocking :meth:`start_many_async`."""
         return self._portal.call(
             self.start_many_async(
-                wf, items, queue=queue, priority=priority, guards=guards, tags=tags
+                wf,
+                items,
+                queue=queue,
+                priority=priority,
+                guards=guards,
+                tags=tags,
+                concurrency_key=concurrency_key,
             )
         )
 

@@ -14,10 +14,19 @@ from ratchet.errors import BatchItemInvalid, InvalidInput
 
 class Start:
     """One run of a batch start: its workflow's arguments as in ``app.start`` and,
-    optionally, its own ``run_id`` (idempotent), ``queue``, ``priority``, ``guards`` and
-    ``tags`` (each defaulting to the batch's)."""
+    optionally, its own ``run_id`` (idempotent), ``queue``, ``priority``, ``guards``,
+    ``tags`` and ``concurrency_key`` (each defaulting to the batch's)."""
 
-    __slots__ = ("args", "guards", "kwargs", "priority", "queue", "run_id", "tags")
+    __slots__ = (
+        "args",
+        "concurrency_key",
+        "guards",
+        "kwargs",
+        "priority",
+        "queue",
+        "run_id",
+        "tags",
+    )
 
     def __init__(
         self,
@@ -27,9 +36,11 @@ class Start:
         priority: int | None = None,
         guards: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        concurrency_key: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.args = args
+        self.concurrency_key = concurrency_key
         self.kwargs = kwargs
         self.run_id = run_id
         self.queue = queue
@@ -41,7 +52,7 @@ class Start:
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
         parts += [
             f"{k}={getattr(self, k)!r}"
-            for k in ("run_id", "queue", "priority", "guards", "tags")
+            for k in ("run_id", "queue", "priority", "guards", "tags", "concurrency_key")
             if getattr(self, k) is not None
         ]
         return f"Start({', '.join(parts)})"
@@ -74,10 +85,12 @@ class RunRequest:
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
     run_id: str | None = None
-    queue: str = "default"
+    queue: str | None = "default"  # None: the workflow's queue (@app.workflow(queue=...))
     priority: int = 0
     guards: Mapping[str, Any] | None = None
     tags: Mapping[str, str] | None = None
+    # Its queue's per_key_concurrency counts the runs in flight sharing it.
+    concurrency_key: str | None = None
 
 
 @contextlib.contextmanager
