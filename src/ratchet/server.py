@@ -21,7 +21,7 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 
 from ratchet import __version__  # noqa: E402
-from ratchet.api import admin, events, forks, receipts, replay, runs, tokens  # noqa: E402
+from ratchet.api import admin, events, forks, queues, receipts, replay, runs, tokens  # noqa: E402
 from ratchet.api.metrics import Metrics  # noqa: E402
 from ratchet.api.readiness import READY_TIMEOUT_S, Readiness  # noqa: E402
 from ratchet.api.tails import Tails  # noqa: E402
@@ -146,6 +146,7 @@ def create_app(
     api.include_router(events.router)
     api.include_router(receipts.router)
     api.include_router(admin.v1)
+    api.include_router(queues.router)
     api.include_router(tokens.router)
     api.include_router(admin.router)
     api.include_router(runs.last)

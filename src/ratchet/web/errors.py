@@ -23,6 +23,7 @@ from ratchet.errors import (
     RunNotFinished,
     SignalAlreadyConsumed,
     UnknownApproval,
+    UnknownQueue,
     UnknownRun,
     UnknownToken,
 )
@@ -77,7 +78,7 @@ def error_response(
 
 
 def _status_of(e: Exception) -> int:
-    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken):
+    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken | UnknownQueue):
         return 404
     if isinstance(
         e,

@@ -1085,3 +1085,6 @@ WHERE run_id = ANY(%(ids)s::text[]) AND first_started_at IS NULL
 
 -- name: run_first_started
 SELECT first_started_at FROM runs WHERE run_id = %(run_id)s
+
+-- name: runs_keys
+SELECT concurrency_key FROM runs WHERE queue = %(queue)s

@@ -867,3 +867,6 @@ WHERE run_id IN (SELECT value FROM json_each(:ids)) AND first_started_at IS NULL
 
 -- name: run_first_started
 SELECT first_started_at FROM runs WHERE run_id = :run_id
+
+-- name: runs_keys
+SELECT concurrency_key FROM runs WHERE queue = :queue
