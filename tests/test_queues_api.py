@@ -39,7 +39,7 @@ def api(db_url: str, tmp_path: Path) -> Iterator[Api]:
 
 
 def test_queues_are_listed_and_changed_by_the_operator_and_workers_obey(api: Api) -> None:
-    operator, tenant_admin, writer = api.clients
+    operator, _, writer = api.clients
     listed = operator.get("/v1/queues")
     assert listed.status_code == 200, listed.text
     by_name = {q["name"]: q for q in listed.json()}

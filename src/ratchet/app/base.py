@@ -92,11 +92,13 @@ class AppBase:
         """The opened store (opened on first use, migrations applied)."""
         with self._store_lock:
             if self._store is None:
+                # The queues first: a bad RATCHET_QUEUES is refused before anything opens.
+                declared = [] if self.read_only else self._declared_queues()
                 store = make_store(self.database_url, self.clock, read_only=self.read_only)
                 self._portal.call(store.open())
-                if not self.read_only:
-                    self._portal.call(store.declare_queues(self._declared_queues()))
                 self._store = store
+                if declared:
+                    self._portal.call(store.declare_queues(declared))
             return self._store
 
     @property
