@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import queues_app
 from proc import Harness
@@ -119,3 +120,39 @@ def test_concurrency_keys_are_the_tenants_own(api: Api) -> None:
         )
     )
     assert keys == {"acme/k", "k", "k2"}
+
+
+def _signed_in(api: Api, secret: str) -> httpx.Client:
+    client = httpx.Client(base_url=api.base, timeout=30)
+    api.clients.append(client)
+    r = client.post("/signin", data={"token": secret, "next": "/queues"})
+    assert r.status_code in (200, 303), r.text
+    return client
+
+
+def test_the_dashboard_shows_the_queues_to_the_operator_alone(api: Api) -> None:
+    h = api.h
+    h.app.start("limited", dwell=0.0)
+    operator = _signed_in(api, api.token("default", ("admin",)))
+    page = operator.get("/queues")
+    assert page.status_code == 200, page.text
+    html = page.text
+    assert '<tr data-queue="limited">' in html and '<tr data-queue="rated">' in html
+    row = html.split('<tr data-queue="limited">')[1].split("</tr>")[0]
+    cells = [c.split(">", 1)[1] for c in row.split("</td>")[:-1]]
+    assert [c.strip() for c in cells] == [
+        "limited",
+        "1",
+        "0 / 2",
+        "2",
+        "–",
+        "–",
+        "free their slot",
+        "code",
+    ]
+    assert 'href="/queues"' in operator.get("/runs").text
+
+    other = _signed_in(api, api.token("acme", ("runs:read", "runs:write", "admin")))
+    refused = other.get("/queues")
+    assert refused.status_code == 403 and "limited" not in refused.text
+    assert 'href="/queues"' not in other.get("/runs").text

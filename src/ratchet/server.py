@@ -28,6 +28,7 @@ from ratchet.api.tails import Tails  # noqa: E402
 from ratchet.api.token_watch import TOKEN_CHECK_S, TokenWatch  # noqa: E402
 from ratchet.app import Ratchet  # noqa: E402
 from ratchet.ui import pages  # noqa: E402
+from ratchet.ui import queues as queues_page  # noqa: E402
 from ratchet.web import errors  # noqa: E402
 from ratchet.web.limits import MAX_BODY, BodyLimit, PlainTarget  # noqa: E402
 
@@ -152,6 +153,7 @@ def create_app(
     api.include_router(runs.last)
     # The dashboard: its pages, and its scripts and stylesheet from the package.
     api.include_router(pages.router)
+    api.include_router(queues_page.router)
     api.mount("/ui/static", StaticFiles(directory=pages.HERE / "static"), name="ui-static")
     api.add_middleware(BodyLimit, limit=max_body)
     api.add_middleware(PlainTarget)
