@@ -173,3 +173,22 @@ def test_a_killed_workers_slots_are_freed_by_takeover_without_double_counting(
         q.open_gate(f"g{i}")
     wait_done(q, held + waiting)
     assert most_at_once(list(intervals(q).values())) <= 2
+
+
+def test_a_queue_that_holds_slots_while_parked_counts_its_parked_runs(q: Harness) -> None:
+    q.spawn("w", concurrency=4).wait_started()
+    first = q.app.start("listener")
+    q.wait_parked(first, "signal:go")
+    second = q.app.start("listener")
+    # A claim after the second was queued: the worker took this run of another queue.
+    q.wait_status(q.app.start("unlimited"), "succeeded")
+    assert q.app.get(second).status == ratchet.RunStatus.QUEUED
+    assert running(q, "parked") == 1  # the parked run holds the queue's one slot
+    q.app.signal(first, "go", 1)
+    q.wait_parked(second, "signal:go")  # its slot freed when the first ended
+    q.app.set_queue_limits("parked", hold_while_parked=False)
+    third = q.app.start("listener")
+    q.wait_parked(third, "signal:go")  # parked runs hold no slot any more
+    for run_id in (second, third):
+        q.app.signal(run_id, "go", 2)
+    wait_done(q, [first, second, third])

@@ -29,6 +29,7 @@ def build(
     app.queue("rated", rate=RATE)
     app.queue("single", concurrency=1)
     app.queue("open")  # declared, no limits
+    app.queue("parked", concurrency=1, hold_while_parked=True)
 
     @app.step
     async def hold(dwell: float = 0.0, block: str | None = None) -> str:
@@ -59,6 +60,11 @@ def build(
     @app.workflow(queue="open")
     async def unlimited(dwell: float = 0.0) -> str:
         return await hold(dwell)
+
+    @app.workflow(queue="parked")
+    async def listener() -> str:
+        await hold()
+        return str(await ratchet.wait_for_signal("go"))
 
     return app
 
