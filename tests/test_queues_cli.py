@@ -28,6 +28,20 @@ def test_queues_are_listed_and_set_from_the_command_line(db_url: str) -> None:
         run_id = app.start("research", "ptfe", concurrency_key="tenant-acme")
         assert app.get(run_id).queue == "research"
         assert app.get(app.start("research", "x", queue="other")).queue == "other"
+        many = app.start_many(
+            "research",
+            [ratchet.Start("a", concurrency_key="k1"), ratchet.Start("b"), ("c",)],
+            concurrency_key="k2",
+        )
+        keys = app.portal.call(
+            app.store._read(
+                lambda tx: {
+                    r["concurrency_key"] for r in tx.all("runs_keys", {"queue": "research"})
+                }
+            )
+        )
+        assert keys == {"tenant-acme", "k1", "k2"}
+        assert {app.get(r).queue for r in many} == {"research"}
     finally:
         app.shutdown()
     [research] = json.loads(ok("--db", db_url, "queues", "--json").stdout)
@@ -37,7 +51,7 @@ def test_queues_are_listed_and_set_from_the_command_line(db_url: str) -> None:
         "per_key_concurrency": 2,
         "rate": {"limit": 50, "per_s": 60.0},
         "hold_while_parked": False,
-        "depth": 1,
+        "depth": 4,
         "in_flight": 0,
         "set_by": "code",
     }

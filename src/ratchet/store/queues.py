@@ -263,6 +263,8 @@ def pick_limited(
     marks their first drive (:func:`mark_started`)."""
     picked: list[Any] = []
     for name in sorted(set(names)):
+        if len(picked) >= limit:
+            break
         row = tx.one("queue_lock", {"name": name})
         if row is None:
             continue
@@ -276,7 +278,7 @@ def pick_limited(
                 "per_s": 0.0 if q.rate is None else float(q.rate.per_s),
             },
         )
-        room = limit
+        room = limit - len(picked)  # what the other queues left of this claim
         if q.concurrency is not None:
             room = min(room, q.concurrency - int(use["in_flight"]))
         fresh = room  # first drives allowed
