@@ -22,6 +22,7 @@ async def queues_page(request: Request) -> Response:
     user = _user(token, secret)
     if not user["operator"]:
         message = "Queues are fleet-wide: only an admin of the default tenant sees them."
-        return _page(request, "missing.html", {"user": user, "message": message}, 403)
+        context = {"user": user, "heading": "Not allowed", "message": message}
+        return _page(request, "missing.html", context, 403)
     views = await _store(request).list_queues()
     return _page(request, "queues.html", {"user": user, "queues": views})
