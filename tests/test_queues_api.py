@@ -96,6 +96,7 @@ def test_bad_limits_and_unknown_queues_are_refused_writing_nothing(api: Api) -> 
         {"rate": {"limit": 3, "per_s": 0}},
         {"concurency": 3},
         {"concurrency": 3, "hold_while_parked": None},
+        {},
     ):
         r = operator.patch("/v1/queues/limited", json=body)
         assert r.status_code == 422, (body, r.text)

@@ -217,6 +217,10 @@ async def set_limits(d: Dialect, name: str, changes: Mapping[str, Any]) -> Queue
     in ``changes``, checked before anything is written. Raises :class:`NotFound` for a
     queue nobody declared."""
     check_limits(name, changes)  # the shape, before the row is read
+    if not changes:
+        raise InvalidInput(
+            f"nothing to change for queue {name!r}: give one of {', '.join(_FIELDS)}"
+        )
 
     def body(tx: Tx) -> QueueLimits:
         row = tx.one("queue_lock", {"name": name})
