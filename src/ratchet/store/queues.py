@@ -207,7 +207,9 @@ def _limits(row: Any) -> QueueLimits:
 async def declare(d: Dialect, queues: Iterable[QueueLimits]) -> None:
     """Write the queues an app declares (with its configuration over them); a queue whose
     limits were last changed through the API keeps them."""
-    rows = [_params(q, "code") for q in queues]
+    # In name order, as claims lock queue rows: a worker starting beside claiming workers
+    # never waits on them in the opposite order (a deadlock).
+    rows = [_params(q, "code") for q in sorted(queues, key=lambda q: q.name)]
     if rows:
         await d._run(lambda tx: tx.send_many("queue_declare", rows))
 
