@@ -86,8 +86,10 @@ def test_rate_limits_first_drives_per_window(q: Harness) -> None:
     ids = [q.app.start("rated") for _ in range(6)]
     wait_done(q, ids)
     starts = sorted(r["at"] for r in q.invocations("start"))
-    # Two first drives a second: the sixth cannot start before two windows went by.
-    assert starts[-1] - starts[0] >= 2 * queues_app.RATE.per_s - 0.2
+    # Two first drives a second: the sixth cannot start before two windows went by (seen
+    # from the steps, whose starts lag their claims by a scheduling delay each).
+    assert starts[-1] - starts[0] >= 2 * queues_app.RATE.per_s - 0.5
+    # As the database counted them: any three first drives span a window at least.
     firsts = sorted(_first_started(q, ids))
     for i in range(len(firsts) - 2):
         assert firsts[i + 2] - firsts[i] >= queues_app.RATE.per_s - 0.01, firsts
