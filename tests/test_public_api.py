@@ -74,6 +74,7 @@ EXPECTED = {
     "JournalPruned",
     "RunNotFinished",
     "Start",
+    "Rate",
     "BatchItemInvalid",
     "Debounce",
     "DuplicateStart",
@@ -139,6 +140,8 @@ BLOCKING = [
     "add_schedule",
     "change_schedule",
     "delete_schedule",
+    "queues",
+    "set_queue_limits",
 ]
 
 
@@ -170,7 +173,8 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         if callable(value) and not name.startswith("_") and not name.endswith("_async")
     }
     # Not client calls: the decorators, a worker object, running a worker on a given loop,
-    # the model clients graph ai-steps use, the interpreter graph runs are driven with.
+    # the model clients graph ai-steps use, the interpreter graph runs are driven with, a
+    # queue's declaration.
     assert public - {
         "workflow",
         "step",
@@ -181,6 +185,7 @@ def test_every_blocking_call_has_an_async_twin() -> None:
         "llm_client",
         "llm_client_for",
         "graph_interpreter",
+        "queue",
     } == set(BLOCKING)
     for name in BLOCKING:
         blocking = getattr(ratchet.Ratchet, name)

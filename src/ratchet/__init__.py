@@ -66,6 +66,7 @@ from ratchet.errors import (
 from ratchet.model import Approval, Decision, Event, RunRecord, RunStatus
 from ratchet.names import MAX_STEP_NAME, check_length
 from ratchet.sandbox.spec import Sandbox
+from ratchet.store.queues import Rate
 
 if TYPE_CHECKING:
     from ratchet import llm  # noqa: F401  (ratchet.llm, loaded on first use)
@@ -108,6 +109,7 @@ __all__ = [
     "NotSerializable",
     "Ratchet",
     "RatchetError",
+    "Rate",
     "ReceiptBusy",
     "ReceiptSettled",
     "ReceiptUnresolved",

@@ -269,6 +269,10 @@ class UnknownApproval(InvalidInput, LookupError):
     """The run has no such approval."""
 
 
+class UnknownQueue(InvalidInput, LookupError):
+    """No queue of that name was declared (``app.queue``)."""
+
+
 class UnknownStep(InvalidInput, LookupError):
     """The run has no such step."""
 

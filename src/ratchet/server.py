@@ -21,13 +21,24 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi.staticfiles import StaticFiles  # noqa: E402
 
 from ratchet import __version__  # noqa: E402
-from ratchet.api import admin, events, forks, receipts, replay, runs, schedules, tokens  # noqa: E402
+from ratchet.api import (  # noqa: E402
+    admin,
+    events,
+    forks,
+    queues,
+    receipts,
+    replay,
+    runs,
+    schedules,
+    tokens,
+)
 from ratchet.api.metrics import Metrics  # noqa: E402
 from ratchet.api.readiness import READY_TIMEOUT_S, Readiness  # noqa: E402
 from ratchet.api.tails import Tails  # noqa: E402
 from ratchet.api.token_watch import TOKEN_CHECK_S, TokenWatch  # noqa: E402
 from ratchet.app import Ratchet  # noqa: E402
 from ratchet.ui import pages  # noqa: E402
+from ratchet.ui import queues as queues_page  # noqa: E402
 from ratchet.web import errors  # noqa: E402
 from ratchet.web.limits import MAX_BODY, BodyLimit, PlainTarget  # noqa: E402
 
@@ -146,12 +157,14 @@ def create_app(
     api.include_router(events.router)
     api.include_router(receipts.router)
     api.include_router(admin.v1)
+    api.include_router(queues.router)
     api.include_router(tokens.router)
     api.include_router(schedules.router)
     api.include_router(admin.router)
     api.include_router(runs.last)
     # The dashboard: its pages, and its scripts and stylesheet from the package.
     api.include_router(pages.router)
+    api.include_router(queues_page.router)
     api.mount("/ui/static", StaticFiles(directory=pages.HERE / "static"), name="ui-static")
     api.add_middleware(BodyLimit, limit=max_body)
     api.add_middleware(PlainTarget)

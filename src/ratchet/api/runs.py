@@ -152,7 +152,7 @@ async def start_run(
         run_id = _keyed_run_id(token.tenant_id, idempotency_key)
     guards = await authorised(app, store_of(request), token, body.workflow, body.guards)
     try:
-        r = _request(app, body, run_id, guards)
+        r = _request(app, body, run_id, guards, token.tenant_id)
         rec, created = await app.start_run_async(
             r.workflow,
             r.args,
@@ -163,6 +163,7 @@ async def start_run(
             guards=guards,
             tags=body.tags,
             plan=r.plan,
+            concurrency_key=r.concurrency_key,
         )
     except InvalidInput as e:
         raise ApiError(422, speak(request, str(e)), details={"workflow": body.workflow}) from e
@@ -190,7 +191,11 @@ def _keyed_run_id(tenant: str, key: str) -> str:
 
 
 def _request(
-    app: Ratchet, body: StartRun, run_id: str | None, guards: dict[str, Any] | None
+    app: Ratchet,
+    body: StartRun,
+    run_id: str | None,
+    guards: dict[str, Any] | None,
+    token_tenant: str,
 ) -> RunRequest:
     """A start's body as the app takes it: a graph's input is its one argument, a code
     workflow's its arguments by name, checked strictly here (JSON input: ``true`` is no
@@ -201,8 +206,22 @@ def _request(
         workflow.check_json(body.input)
     args: tuple[Any, ...] = (body.input,) if graph else ()
     kwargs: dict[str, Any] = {} if graph else body.input
+    key = body.concurrency_key
+    if key is not None and token_tenant != tenants.DEFAULT_TENANT:
+        # Queues are fleet-wide; a key is the tenant's own, so another tenant using the
+        # same key never takes this one's slots.
+        key = f"{token_tenant}/{key}"
     return RunRequest(
-        body.workflow, args, kwargs, run_id, body.queue, 0, guards, body.tags, _plan(body)
+        body.workflow,
+        args,
+        kwargs,
+        run_id,
+        body.queue,
+        0,
+        guards,
+        body.tags,
+        plan=_plan(body),
+        concurrency_key=key,
     )
 
 
@@ -249,6 +268,8 @@ async def start_runs(
     store = store_of(request)
     requests = []
     for i, item in enumerate(body.runs):
+        if item.concurrency_key is None and body.concurrency_key is not None:
+            item = item.model_copy(update={"concurrency_key": body.concurrency_key})
         run_id = item.run_id
         if run_id is None and idempotency_key is not None:
             run_id = _keyed_run_id(token.tenant_id, f"{idempotency_key}#{i}")
@@ -260,7 +281,7 @@ async def start_runs(
             )
         )
         try:
-            requests.append(_request(app, item, run_id, guards))
+            requests.append(_request(app, item, run_id, guards, token.tenant_id))
         except InvalidInput as e:
             field, problem = f"runs[{i}].{e.field or 'input'}", speak(request, str(e))
             raise ApiError(

@@ -68,7 +68,20 @@ class StartRun(Body):
         description="Makes the start idempotent. The tenant's own: another tenant's run "
         "of the same id is another run.",
     )
-    queue: str = Field(default="default", min_length=1, max_length=MAX_QUEUE)
+    queue: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_QUEUE,
+        description="The queue the run joins; default: the workflow's "
+        '(@app.workflow(queue=...)), else "default".',
+    )
+    concurrency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_QUEUE,
+        description="The key its queue's per_key_concurrency counts, within the caller's "
+        "tenant (another tenant's runs of the same key are counted apart).",
+    )
     guards: dict[str, Any] | None = Field(
         default=None,
         description="Guard overrides for this run (ratchet.Guards fields), "
@@ -110,6 +123,37 @@ class StartRun(Body):
     )
 
 
+class RateIn(Body):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    limit: int = Field(ge=1, description="First drives allowed per window.")
+    per_s: float = Field(gt=0, description="The window, in seconds.")
+
+
+class QueueLimitsIn(Body):
+    """The limits to change; a field left out keeps its value, null removes the limit."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    concurrency: int | None = Field(default=None, ge=1)
+    per_key_concurrency: int | None = Field(default=None, ge=1)
+    rate: RateIn | None = None
+    hold_while_parked: bool | None = None
+
+
+class QueueOut(BaseModel):
+    name: str
+    depth: int = Field(description="Runs queued.")
+    in_flight: int = Field(
+        description="Runs running (and parked, when the queue holds their slots)."
+    )
+    concurrency: int | None
+    per_key_concurrency: int | None
+    rate: dict[str, float] | None = Field(description='{"limit": K, "per_s": S} or null.')
+    hold_while_parked: bool
+    set_by: str = Field(description="code (declared, RATCHET_QUEUES over it) or api.")
+
+
 class RunAccepted(BaseModel):
     run_id: str
     status: str
@@ -124,6 +168,12 @@ class StartRuns(Body):
         max_length=MAX_BATCH,
         description=f"The runs to start (1 to {MAX_BATCH:,}), each as POST /v1/runs takes it; "
         "all are written in one transaction, or none.",
+    )
+    concurrency_key: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_QUEUE,
+        description="The concurrency_key of every item that names none.",
     )
 
 

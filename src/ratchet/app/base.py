@@ -20,6 +20,7 @@ from ratchet.model import RunStatus
 from ratchet.names import MAX_WORKFLOW, check_length, check_tags
 from ratchet.receipts.keys import Signer, load_signer
 from ratchet.store import Clock, Store, make_store
+from ratchet.store.queues import QueueLimits
 
 UNSET: Any = object()  # "not given", where None is a value (a JSON null)
 
@@ -93,15 +94,20 @@ class AppBase:
         self._portal = Portal()
         self._embedded: tuple[asyncio.Event, Any] | None = None
         self._signer: Signer | None = None
+        self._queues: dict[str, QueueLimits] = {}  # app.queue's declarations, by name
 
     @property
     def store(self) -> Store:
         """The opened store (opened on first use, migrations applied)."""
         with self._store_lock:
             if self._store is None:
+                # The queues first: a bad RATCHET_QUEUES is refused before anything opens.
+                declared = [] if self.read_only else self._declared_queues()
                 store = make_store(self.database_url, self.clock, read_only=self.read_only)
                 self._portal.call(store.open())
                 self._store = store
+                if declared:
+                    self._portal.call(store.declare_queues(declared))
             return self._store
 
     @property
@@ -111,6 +117,10 @@ class AppBase:
         blocking client calls are built on it). Not for code already on that loop
         (a step, a workflow): it awaits instead."""
         return self._portal
+
+    def _declared_queues(self) -> list[QueueLimits]:
+        """The queues to write when the store opens (see ratchet.app.queues)."""
+        return []
 
     async def _astore(self) -> Store:
         if self._store is not None:

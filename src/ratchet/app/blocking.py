@@ -38,7 +38,7 @@ class Blocking(Starting, Forking, Client):
         /,
         *args: Any,
         run_id: str | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
@@ -47,6 +47,7 @@ class Blocking(Starting, Forking, Client):
         debounce: Debounce | None = None,
         start_at: datetime | None = None,
         delay_s: float | None = None,
+        concurrency_key: str | None = None,
         **kwargs: Any,
     ) -> str:
         """Blocking :meth:`start_async`."""
@@ -64,6 +65,7 @@ class Blocking(Starting, Forking, Client):
                 debounce=debounce,
                 start_at=start_at,
                 delay_s=delay_s,
+                concurrency_key=concurrency_key,
                 **kwargs,
             )
         )
@@ -74,15 +76,22 @@ class Blocking(Starting, Forking, Client):
         items: Iterable[Any],
         /,
         *,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        concurrency_key: str | None = None,
     ) -> list[str]:
         """Blocking :meth:`start_many_async`."""
         return self._portal.call(
             self.start_many_async(
-                wf, items, queue=queue, priority=priority, guards=guards, tags=tags
+                wf,
+                items,
+                queue=queue,
+                priority=priority,
+                guards=guards,
+                tags=tags,
+                concurrency_key=concurrency_key,
             )
         )
 

@@ -36,6 +36,7 @@ class Definitions(AppBase):
         sandbox: Sandbox | None = None,
         timeout_s: float | None = None,
         request_drift: str = "error",
+        queue: str | None = None,
     ) -> Callable[[Callable[..., Any]], WorkflowDef]: ...
 
     def workflow(
@@ -48,6 +49,7 @@ class Definitions(AppBase):
         sandbox: Sandbox | None = None,
         timeout_s: float | None = None,
         request_drift: str = "error",
+        queue: str | None = None,
     ) -> Any:
         """Declare an ``async def`` workflow, as ``@app.workflow`` or ``@app.workflow(...)``.
         Its name (default: the function's; no ``@``) and version are stored with each run;
@@ -63,7 +65,9 @@ class Definitions(AppBase):
         ``request_drift`` says what a replay does when a completed model call's request
         differs from the journaled one (the prompt changed under a running run):
         ``"error"`` (the default) fails the run with :class:`NonDeterminismError`,
-        ``"warn"`` journals ``request_drifted`` and goes on with the journaled answer."""
+        ``"warn"`` journals ``request_drifted`` and goes on with the journaled answer.
+        ``queue`` is the queue its runs join unless a start names another (default:
+        ``"default"``; see :meth:`queue` for limits); a worker serves its workflows' queues."""
         fn = None
         if callable(name):  # used bare: @app.workflow
             fn, name = name, None
@@ -85,6 +89,7 @@ class Definitions(AppBase):
                 guards,
                 check_tier(tier, sandbox, wf_name),
                 request_drift=request_drift,
+                queue=queue,
             )
             self.workflows.add(wd)
             return wd

@@ -44,7 +44,7 @@ class Starting(AppBase):
         /,
         *args: Any,
         run_id: str | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         timeout_s: float | None = None,
@@ -53,6 +53,7 @@ class Starting(AppBase):
         debounce: Debounce | None = None,
         start_at: datetime | None = None,
         delay_s: float | None = None,
+        concurrency_key: str | None = None,
         **kwargs: Any,
     ) -> str:
         """Queue a run and return its id at once; nothing executes in the caller. With an
@@ -63,7 +64,9 @@ class Starting(AppBase):
         ``tags`` (``{"customer": "acme"}``) are kept with the run, never changed, and given
         to its child runs; :meth:`runs` finds runs by them. At most 20, each key 1-64
         letters, digits and ``_ . : / -``, each value a string of at most 256 characters.
-
+        ``queue`` defaults to the workflow's (``@app.workflow(queue=...)``, else
+        ``"default"``); ``concurrency_key`` is the key its queue's ``per_key_concurrency``
+        counts (docs/how-to/queues.md).
         ``dedup_id``: while a run of this workflow with this id is not terminal, another
         start with it raises :class:`DuplicateStart` naming that run. ``debounce``
         (:class:`ratchet.Debounce`): starts of its key within its window collapse into one
@@ -86,6 +89,7 @@ class Starting(AppBase):
             guards=guards,
             tags=tags,
             plan=plan,
+            concurrency_key=concurrency_key,
         )
         return rec.run_id
 
@@ -96,12 +100,13 @@ class Starting(AppBase):
         kwargs: Mapping[str, Any],
         *,
         run_id: str | None = None,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         tenant: str | None = None,
         guards: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
         plan: StartPlan | None = None,
+        concurrency_key: str | None = None,
     ) -> tuple[RunRecord, bool]:
         """:meth:`start_async` for callers that need the record and whether it was created,
         its arguments given as a sequence and a mapping. With ``tenant`` (the HTTP API),
@@ -110,7 +115,17 @@ class Starting(AppBase):
         differ without quoting the stored values. ``plan``: the start's dedup id, debounce
         or time to begin at (:func:`ratchet.engine.start_options.start_options`)."""
         new, graph = await self._new_run(
-            RunRequest(wf, tuple(args), kwargs, run_id, queue, priority, guards, tags),
+            RunRequest(
+                wf,
+                tuple(args),
+                kwargs,
+                run_id,
+                queue,
+                priority,
+                guards,
+                tags,
+                concurrency_key=concurrency_key,
+            ),
             tenant or DEFAULT_TENANT,
         )
         store = await self._astore()
@@ -181,7 +196,12 @@ class Starting(AppBase):
                     "or digit"
                 )
             field = "queue"
-            check_length(check_name(queue, "queue"), "queue", MAX_QUEUE)
+            if queue is not None:
+                check_length(check_name(queue, "queue"), "queue", MAX_QUEUE)
+            field = "concurrency_key"
+            key = r.concurrency_key
+            if key is not None:
+                check_length(check_name(key, "concurrency key"), "concurrency key", MAX_QUEUE)
             field = "priority"
             if isinstance(priority, bool) or not isinstance(priority, int):
                 raise InvalidInput(f"invalid priority {priority!r}: expected an integer")
@@ -208,14 +228,16 @@ class Starting(AppBase):
                         r.args,
                         dict(r.kwargs),
                         run_id or uuid.uuid4().hex,
-                        queue,
+                        queue or "default",
                         priority,
                         known=self.workflows,
                     )
                 except UnknownWorkflow:
                     field = "workflow"
                     raise
-                return dataclasses.replace(new, tenant_id=tenant, guards=overrides, tags=tags), True
+                return dataclasses.replace(
+                    new, tenant_id=tenant, guards=overrides, tags=tags, concurrency_key=key
+                ), True
             field = "workflow"
             wd = self._resolve(wf)
             field = "input"
@@ -229,11 +251,12 @@ class Starting(AppBase):
             wd.name,
             wd.version,
             data,
-            queue,
+            queue if queue is not None else (wd.queue or "default"),
             priority,
             tenant_id=tenant,
             guards=overrides,
             tags=tags,
+            concurrency_key=key,
         ), False
 
     async def start_many_async(
@@ -242,10 +265,11 @@ class Starting(AppBase):
         items: Iterable[Any],
         /,
         *,
-        queue: str = "default",
+        queue: str | None = None,
         priority: int = 0,
         guards: Mapping[str, Any] | None = None,
         tags: Mapping[str, str] | None = None,
+        concurrency_key: str | None = None,
     ) -> list[str]:
         """Queue many runs of ``wf`` at once and return their ids, in order: one
         transaction and one wake-up for the whole batch. Each item is a
@@ -276,7 +300,10 @@ class Starting(AppBase):
                     priority if start.priority is None else start.priority,
                     guards if start.guards is None else start.guards,
                     tags if start.tags is None else start.tags,
-                    plan,
+                    plan=plan,
+                    concurrency_key=(
+                        concurrency_key if start.concurrency_key is None else start.concurrency_key
+                    ),
                 )
             )
         return [run_id for run_id, _, _ in await self.start_runs_async(requests)]

@@ -18,6 +18,7 @@ from ratchet.cli.demo import demo
 from ratchet.cli.forking import diff, fork, resume
 from ratchet.cli.graphs import graph_cli
 from ratchet.cli.llm_server import llm_server
+from ratchet.cli.queues import queues_cli
 from ratchet.cli.retention import prune_cmd
 from ratchet.cli.run_receipts import export, keys_cli, receipt, verify_cmd
 from ratchet.cli.runs import dlq, events, runs, show
@@ -94,6 +95,7 @@ cli.command()(sandboxes)
 cli.command()(server)
 cli.add_typer(tokens_cli, name="tokens")
 cli.add_typer(schedules_cli, name="schedules")
+cli.add_typer(queues_cli, name="queues")
 
 
 def main() -> None:

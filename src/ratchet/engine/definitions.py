@@ -197,6 +197,9 @@ class WorkflowDef:
     # one (the prompt changed under the run): "error" fails the run (non-determinism),
     # "warn" journals request_drifted and goes on with the journaled answer.
     request_drift: str = "error"
+    # The queue its runs join unless a start names one (None: "default"); a worker serves
+    # the queues of its workflows (ratchet.store.queues has the queues' limits).
+    queue: str | None = None
     signature: inspect.Signature = field(init=False)
     _returns: Codec | None = None
     _params: dict[str, Codec] = field(default_factory=dict)
@@ -209,6 +212,8 @@ class WorkflowDef:
                 f"workflow {self.name}: request_drift must be one of "
                 f"{', '.join(map(repr, REQUEST_DRIFT))}, got {self.request_drift!r}"
             )
+        if self.queue is not None:
+            check_name(self.queue, f"queue of workflow {self.name}")
         if not inspect.iscoroutinefunction(self.fn):
             raise InvalidInput(f"workflow {self.name} must be an async def function")
         self.signature = inspect.signature(self.fn)

@@ -119,7 +119,8 @@ class Primitives(Steps):
                 wf.name,
                 wf.version,
                 wf.bind(args, kwargs),
-                queue=queue or self.record.queue,
+                # Its workflow's own queue (@app.workflow(queue=...)) before its parent's.
+                queue=queue or wf.queue or self.record.queue,
                 priority=self.record.priority,
                 parent_run_id=self.run_id,
                 parent_step_id=step_id,

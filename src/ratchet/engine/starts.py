@@ -17,12 +17,14 @@ from ratchet.model.starts import StartPlan
 
 class Start:
     """One run of a batch start: its workflow's arguments as in ``app.start`` and,
-    optionally, its own ``run_id`` (idempotent), ``queue``, ``priority``, ``guards`` and
-    ``tags`` (each defaulting to the batch's), and its own ``dedup_id``, ``debounce``,
-    ``start_at`` or ``delay_s`` (as in ``app.start``; a batch has no default for these)."""
+    optionally, its own ``run_id`` (idempotent), ``queue``, ``priority``, ``guards``,
+    ``tags`` and ``concurrency_key`` (each defaulting to the batch's), and its own
+    ``dedup_id``, ``debounce``, ``start_at`` or ``delay_s`` (as in ``app.start``; a batch
+    has no default for these)."""
 
     __slots__ = (
         "args",
+        "concurrency_key",
         "debounce",
         "dedup_id",
         "delay_s",
@@ -47,6 +49,7 @@ class Start:
         debounce: Debounce | None = None,
         start_at: datetime | None = None,
         delay_s: float | None = None,
+        concurrency_key: str | None = None,
         **kwargs: Any,
     ) -> None:
         self.dedup_id = dedup_id
@@ -54,6 +57,7 @@ class Start:
         self.start_at = start_at
         self.delay_s = delay_s
         self.args = args
+        self.concurrency_key = concurrency_key
         self.kwargs = kwargs
         self.run_id = run_id
         self.queue = queue
@@ -71,6 +75,7 @@ class Start:
                 "priority",
                 "guards",
                 "tags",
+                "concurrency_key",
                 "dedup_id",
                 "debounce",
                 "start_at",
@@ -108,12 +113,14 @@ class RunRequest:
     args: tuple[Any, ...]
     kwargs: Mapping[str, Any]
     run_id: str | None = None
-    queue: str = "default"
+    queue: str | None = "default"  # None: the workflow's queue (@app.workflow(queue=...))
     priority: int = 0
     guards: Mapping[str, Any] | None = None
     tags: Mapping[str, str] | None = None
     # A dedup id, debounce or time to begin at, checked (ratchet.engine.start_options).
     plan: StartPlan | None = None
+    # Its queue's per_key_concurrency counts the runs in flight sharing it.
+    concurrency_key: str | None = None
 
 
 @contextlib.contextmanager

@@ -140,7 +140,9 @@ class Worker:
         self.concurrency = concurrency
         self.lease_ttl = lease_ttl or lease_ttl_from_env()
         self.recovery_interval = recovery_interval or recovery_interval_from_env()
-        self.queues = list(queues)
+        # And the queues its workflows name (@app.workflow(queue=...)): their runs join those.
+        named = [wd.queue for wd in every_version(workflows) if wd.queue is not None]
+        self.queues = list(dict.fromkeys([*queues, *named]))
         # Claims take only runs of these (workflow, version) pairs: in a rolling deploy,
         # or beside workers of other apps, the rest wait for a worker that has them.
         self.code_served = frozenset((wd.name, wd.version) for wd in every_version(workflows))

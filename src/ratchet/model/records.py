@@ -81,6 +81,8 @@ class NewRun:
     # A fork's source run and fork point (see RunRecord), journaled in run_queued.
     forked_from: str | None = None
     forked_at: str | None = None
+    # Its queue's per_key_concurrency counts the runs in flight sharing it (ratchet.store.queues).
+    concurrency_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

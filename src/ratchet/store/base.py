@@ -13,7 +13,7 @@ public method is one transaction.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar, Unpack
 
 from ratchet.errors import RatchetError, StoreNotReady
@@ -44,6 +44,7 @@ from ratchet.store import (
     start_options,
     workers,
 )
+from ratchet.store import queues as queue_limits
 from ratchet.store import waits as run_waits
 from ratchet.store.bus import CANCEL, DONE, EVENTS, READY
 from ratchet.store.graphs import StoredGraph
@@ -255,6 +256,22 @@ class Store(StoreHooks):
         ``(workflow, version)`` pairs in ``served``; others stay queued for a worker that
         serves them."""
         return await leases.claim(self, worker_id, ttl, limit, queues, served)
+
+    async def declare_queues(self, declared: Iterable[queue_limits.QueueLimits]) -> None:
+        """Write the queues an app declares (see :mod:`ratchet.store.queues`); limits last
+        changed through the API stand."""
+        await queue_limits.declare(self, declared)
+
+    async def set_queue_limits(
+        self, name: str, changes: Mapping[str, Any]
+    ) -> queue_limits.QueueLimits:
+        """Change a declared queue's limits at run time (every worker's next claim obeys
+        them); the fields in ``changes``, checked before anything is written."""
+        return await queue_limits.set_limits(self, name, changes)
+
+    async def list_queues(self) -> list[queue_limits.QueueView]:
+        """Every declared queue with its limits, depth and runs in flight."""
+        return await queue_limits.list_queues(self)
 
     async def steal_expired(
         self,

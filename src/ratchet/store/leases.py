@@ -17,6 +17,7 @@ from typing import Any
 
 from ratchet.errors import LeaseLost
 from ratchet.model import ClaimedRun, ClaimReason, Lease
+from ratchet.store import queues as queue_limits
 from ratchet.store.bus import READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.rows import record_from_row
@@ -98,12 +99,21 @@ async def claim(
     def body(tx: Tx) -> list[ClaimedRun]:
         if tx.all("timers_due", {"limit": TIMER_BATCH}):
             d._announce(tx, READY)
+        names = list(dict.fromkeys(queues))
+        limited = set(queue_limits.limited_in(d, tx, names))
         picked: list[Any] = []
-        for queue in dict.fromkeys(queues):  # each along runs_queued, then merged
-            picked += tx.all("claim_pick", {"queue": queue, "limit": limit, **d._served(served)})
+        for queue in names:  # each along runs_queued, then merged
+            if queue not in limited:
+                params = {"queue": queue, "limit": limit, **d._served(served)}
+                picked += tx.all("claim_pick", params)
+        within = queue_limits.pick_limited(d, tx, list(limited), limit, served)
+        bounded = {r["run_id"] for r in within}
+        picked += within
         picked.sort(key=lambda r: (-r["priority"], r["created_at"]))
         ids = [r["run_id"] for r in picked[:limit]]
-        return take(d, tx, ids, worker_id, ttl, "claim")
+        taken = take(d, tx, ids, worker_id, ttl, "claim")
+        queue_limits.mark_started(d, tx, [c for c in taken if c.record.run_id in bounded])
+        return taken
 
     return await d._run(body)
 

@@ -38,8 +38,9 @@ from ratchet.model import (
     RunRecord,
     dumps,
 )
+from ratchet.store import queues as queue_limits
 from ratchet.store.base import Store
-from ratchet.store.leases import TIMER_BATCH
+from ratchet.store.leases import TIMER_BATCH, take
 from ratchet.store.pg_liveness import SERVER_SETTLE_S, LivenessSession
 from ratchet.store.queries import load_migrations, load_queries
 from ratchet.store.rows import record_from_row
@@ -324,6 +325,7 @@ class PostgresStore(Store):
             "priority": new.priority,
             "tenant_id": new.tenant_id,
             "tags": dumps(new.tags),
+            "concurrency_key": new.concurrency_key,
             "payload": ev.payload_json,
             "at": ev.at,
             "prev_hash": ev.prev_hash,
@@ -353,6 +355,7 @@ class PostgresStore(Store):
             "priorities": [r["priority"] for r in runs],
             "tenants": [r["tenant_id"] for r in runs],
             "tags": [r["tags"] for r in runs],
+            "keys": [r["concurrency_key"] for r in runs],
             "payloads": [e["payload"] for e in events],
             "ats": [e["at"] for e in events],
             "hashes": [e["hash"] for e in events],
@@ -379,20 +382,43 @@ class PostgresStore(Store):
         }
         timers = {"limit": TIMER_BATCH}
 
-        def statement() -> list[Any]:
+        limited_params = {"queues": params["queues"]}
+
+        def statement() -> tuple[list[Any], list[Any]]:
             with self._checkout() as conn:
                 self._sync_clock(conn)
                 with conn.pipeline():
                     conn.execute(self.queries["timers_due"], timers)
                     cur = conn.execute(self.queries["claim_ready"], params)
-                return cur.fetchall()
+                    limited = conn.execute(self.queries["queues_limited"], limited_params)
+                return cur.fetchall(), limited.fetchall()
 
-        rows = await self._loop_run(statement)
-        return [
+        rows, limited = await self._loop_run(statement)
+        claimed = [
             ClaimedRun(rec, Lease(rec.run_id, worker_id, int(row["epoch"])), ClaimReason.CLAIM)
             for row in rows
             for rec in (record_from_row(row),)
         ]
+        room = limit - len(claimed)
+        if limited and room > 0:
+            # Queues with limits: their own transaction, under their rows' locks.
+            names = [r["name"] for r in limited]
+            claimed += await self._run(self._claim_limited, names, worker_id, ttl, room, served)
+        return claimed
+
+    def _claim_limited(
+        self,
+        tx: Tx,
+        names: list[str],
+        worker_id: str,
+        ttl: float,
+        limit: int,
+        served: Collection[tuple[str, str]],
+    ) -> list[ClaimedRun]:
+        picked = queue_limits.pick_limited(self, tx, names, limit, served)
+        taken = take(self, tx, [r["run_id"] for r in picked], worker_id, ttl, "claim")
+        queue_limits.mark_started(self, tx, taken)
+        return taken
 
     async def _statement(self, sql: str, params: dict[str, Any], fetch: bool = False) -> Any:
         """One statement outside an explicit transaction: its own commit, one round trip.

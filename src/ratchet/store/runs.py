@@ -67,6 +67,7 @@ def _run_params(new: NewRun) -> dict[str, Any]:
         "priority": new.priority,
         "tenant_id": new.tenant_id,
         "tags": dumps(new.tags),
+        "concurrency_key": new.concurrency_key,
     }
 
 

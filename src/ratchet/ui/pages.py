@@ -126,6 +126,8 @@ def _user(token: Token, secret: str) -> dict[str, Any]:
         "csrf": sessions.csrf_token(secret),
         "can_write": allows(token, "runs:write"),
         "admin": allows(token, "admin"),
+        # Fleet-wide pages (the queues) are the default tenant's admins' alone.
+        "operator": allows(token, "admin") and token.tenant_id == tenants.DEFAULT_TENANT,
     }
 
 

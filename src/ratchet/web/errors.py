@@ -25,6 +25,7 @@ from ratchet.errors import (
     ScheduleExists,
     SignalAlreadyConsumed,
     UnknownApproval,
+    UnknownQueue,
     UnknownRun,
     UnknownSchedule,
     UnknownToken,
@@ -80,7 +81,7 @@ def error_response(
 
 
 def _status_of(e: Exception) -> int:
-    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken | UnknownSchedule):
+    if isinstance(e, UnknownRun | UnknownApproval | UnknownToken | UnknownSchedule | UnknownQueue):
         return 404
     if isinstance(
         e,

@@ -25,11 +25,12 @@ SELECT ratchet_now() AS now
 -- name: run_insert
 -- A child run belongs to its parent's tenant, whatever the caller passed.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                  parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags)
+                  parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags,
+                  concurrency_key)
 VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
         %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
         ratchet_now(), COALESCE((SELECT tenant_id FROM runs WHERE run_id = %(parent_run_id)s),
-                                %(tenant_id)s), %(tags)s::jsonb)
+                                %(tenant_id)s), %(tags)s::jsonb, %(concurrency_key)s)
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: run_get
@@ -558,8 +559,15 @@ RETURNING run_id
 -- Each queue is read along runs_queued (priority, then age) and stops at the limit, so
 -- the cost does not grow with the backlog; the queues' heads are then merged. Runs whose
 -- (workflow, version) this worker does not serve are left for a worker that does.
+-- Queues with limits are left to the claim of ratchet.store.queues (a look at the small
+-- queues table by name, the only cost of limits to the queues without them).
 WITH picked AS (
-    SELECT c.run_id, c.lease_epoch FROM unnest(%(queues)s::text[]) AS q(name)
+    SELECT c.run_id, c.lease_epoch
+    FROM (SELECT u.name FROM unnest(%(queues)s::text[]) AS u(name)
+          WHERE NOT EXISTS (
+              SELECT 1 FROM queues l WHERE l.name = u.name
+                AND (l.concurrency IS NOT NULL OR l.per_key_concurrency IS NOT NULL
+                     OR l.rate_limit IS NOT NULL))) AS q
     CROSS JOIN LATERAL (
         SELECT run_id, priority, created_at, lease_epoch FROM runs
         WHERE status = 'queued' AND queue = q.name
@@ -591,12 +599,13 @@ RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output,
 -- are invisible to its own reads, so the new row comes back from RETURNING.
 WITH new AS (
     INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                      parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags)
+                      parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags,
+                      concurrency_key)
     VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
             %(parent_run_id)s, %(parent_step_id)s, %(queue)s, %(priority)s, ratchet_now(),
             ratchet_now(),
             COALESCE((SELECT tenant_id FROM runs WHERE run_id = %(parent_run_id)s),
-                     %(tenant_id)s), %(tags)s::jsonb)
+                     %(tenant_id)s), %(tags)s::jsonb, %(concurrency_key)s)
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, workflow, workflow_version, input, status, output, error,
               parent_run_id, parent_step_id, queue, priority, not_before, waiting_for,
@@ -628,14 +637,14 @@ WITH r AS (
     SELECT * FROM unnest(%(run_ids)s::text[], %(workflows)s::text[], %(versions)s::text[],
                          %(inputs)s::text[], %(queues)s::text[], %(priorities)s::integer[],
                          %(tenants)s::text[], %(payloads)s::text[], %(ats)s::float8[],
-                         %(hashes)s::text[], %(tags)s::text[])
+                         %(hashes)s::text[], %(tags)s::text[], %(keys)s::text[])
          AS r(run_id, workflow, workflow_version, input, queue, priority, tenant_id, payload,
-              at, hash, tags)
+              at, hash, tags, concurrency_key)
 ), new AS (
     INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, priority,
-                      created_at, updated_at, tenant_id, tags)
+                      created_at, updated_at, tenant_id, tags, concurrency_key)
     SELECT run_id, workflow, workflow_version, input::jsonb, 'queued', queue, priority,
-           ratchet_now(), ratchet_now(), tenant_id, tags::jsonb
+           ratchet_now(), ratchet_now(), tenant_id, tags::jsonb, concurrency_key
     FROM r ORDER BY run_id
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id
@@ -1082,3 +1091,95 @@ UPDATE schedules
 SET paused = 0,
     last_tick = CASE WHEN last_tick IS NULL OR last_tick < %(tick)s THEN %(tick)s ELSE last_tick END
 WHERE tenant_id = %(tenant_id)s AND name = %(name)s
+
+-- Queues (migration 022, ratchet.store.queues): limits every claimer of a limited queue
+-- reads under the queue's row lock, so concurrent claimers of it take turns.
+
+-- name: queue_declare
+-- An app's declaration; limits last changed through the API stand.
+INSERT INTO queues (name, concurrency, per_key_concurrency, rate_limit, rate_per_s,
+                    hold_while_parked, set_by, updated_at)
+VALUES (%(name)s, %(concurrency)s, %(per_key_concurrency)s, %(rate_limit)s, %(rate_per_s)s,
+        %(hold_while_parked)s, %(set_by)s, ratchet_now())
+ON CONFLICT (name) DO UPDATE
+SET concurrency = excluded.concurrency, per_key_concurrency = excluded.per_key_concurrency,
+    rate_limit = excluded.rate_limit, rate_per_s = excluded.rate_per_s,
+    hold_while_parked = excluded.hold_while_parked, updated_at = excluded.updated_at
+WHERE queues.set_by <> 'api'
+
+-- name: queue_set
+UPDATE queues SET concurrency = %(concurrency)s, per_key_concurrency = %(per_key_concurrency)s,
+                  rate_limit = %(rate_limit)s, rate_per_s = %(rate_per_s)s,
+                  hold_while_parked = %(hold_while_parked)s, set_by = %(set_by)s,
+                  updated_at = ratchet_now()
+WHERE name = %(name)s
+
+-- name: queue_lock
+SELECT name, concurrency, per_key_concurrency, rate_limit, rate_per_s, hold_while_parked
+FROM queues WHERE name = %(name)s
+FOR UPDATE
+
+-- name: queues_list
+SELECT q.name, q.concurrency, q.per_key_concurrency, q.rate_limit, q.rate_per_s,
+       q.hold_while_parked, q.set_by,
+       (SELECT count(*) FROM runs WHERE queue = q.name AND status = 'queued') AS depth,
+       (SELECT count(*) FROM runs WHERE queue = q.name
+          AND (status = 'running' OR (q.hold_while_parked AND status = 'waiting'))) AS in_flight
+FROM queues q ORDER BY q.name
+
+-- name: queues_limited
+SELECT name FROM queues
+WHERE name = ANY(%(queues)s::text[])
+  AND (concurrency IS NOT NULL OR per_key_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+
+-- name: queue_usage
+-- Counted along runs_running (or runs_status, for parked runs a queue holds slots for) and
+-- runs_first_started.
+SELECT (SELECT count(*) FROM runs
+        WHERE queue = %(queue)s AND status = ANY(%(statuses)s::text[])) AS in_flight,
+       (SELECT count(*) FROM runs
+        WHERE queue = %(queue)s
+          AND first_started_at > ratchet_now() - make_interval(secs => %(per_s)s)) AS started
+
+-- name: queue_pick
+-- A limited queue's ready runs in priority then age order, those whose key has
+-- per_key_concurrency runs in flight already left out (each key's n-th ready run is
+-- eligible while the key's runs in flight plus n stay within it). With fresh false, only
+-- runs driven before (the rate allows no first drive now).
+WITH busy AS (
+    SELECT concurrency_key, count(*) AS n FROM runs
+    WHERE queue = %(queue)s AND status = ANY(%(statuses)s::text[])
+      AND concurrency_key IS NOT NULL
+    GROUP BY concurrency_key
+), ready AS (
+    SELECT run_id, priority, created_at, concurrency_key,
+           first_started_at IS NOT NULL AS started,
+           row_number() OVER (PARTITION BY concurrency_key
+                              ORDER BY priority DESC, created_at, run_id) AS nth
+    FROM runs
+    WHERE status = 'queued' AND queue = %(queue)s
+      AND (%(fresh)s OR first_started_at IS NOT NULL)
+      AND (workflow, workflow_version) IN (
+          SELECT * FROM unnest(%(served_workflows)s::text[], %(served_versions)s::text[]))
+)
+SELECT ready.run_id, ready.priority, ready.created_at, ready.started
+FROM ready LEFT JOIN busy ON busy.concurrency_key = ready.concurrency_key
+WHERE %(per_key)s::integer IS NULL OR ready.concurrency_key IS NULL
+   OR ready.nth + coalesce(busy.n, 0) <= %(per_key)s::integer
+ORDER BY ready.priority DESC, ready.created_at, ready.run_id
+LIMIT %(limit)s
+
+-- name: queue_lock_runs
+SELECT run_id FROM runs
+WHERE run_id = ANY(%(ids)s::text[]) AND status = 'queued'
+FOR UPDATE SKIP LOCKED
+
+-- name: runs_mark_started
+UPDATE runs SET first_started_at = ratchet_now()
+WHERE run_id = ANY(%(ids)s::text[]) AND first_started_at IS NULL
+
+-- name: run_first_started
+SELECT first_started_at FROM runs WHERE run_id = %(run_id)s
+
+-- name: runs_keys
+SELECT concurrency_key FROM runs WHERE queue = %(queue)s

@@ -13,11 +13,12 @@ SELECT ratchet_now() AS now
 -- name: run_insert
 -- A child run belongs to its parent's tenant, whatever the caller passed.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, parent_run_id,
-                  parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags)
+                  parent_step_id, queue, priority, created_at, updated_at, tenant_id, tags,
+                  concurrency_key)
 VALUES (:run_id, :workflow, :workflow_version, :input, 'queued', :parent_run_id,
         :parent_step_id, :queue, :priority, ratchet_now(), ratchet_now(),
         COALESCE((SELECT tenant_id FROM runs WHERE run_id = :parent_run_id), :tenant_id),
-        :tags)
+        :tags, :concurrency_key)
 ON CONFLICT (run_id) DO NOTHING
 
 -- name: run_get
@@ -875,3 +876,89 @@ UPDATE schedules
 SET paused = 0,
     last_tick = CASE WHEN last_tick IS NULL OR last_tick < :tick THEN :tick ELSE last_tick END
 WHERE tenant_id = :tenant_id AND name = :name
+
+-- Queues (migration 021, ratchet.store.queues): limits every claimer of a limited queue
+-- reads in its claim transaction (BEGIN IMMEDIATE: claimers take turns).
+
+-- name: queue_declare
+-- An app's declaration; limits last changed through the API stand.
+INSERT INTO queues (name, concurrency, per_key_concurrency, rate_limit, rate_per_s,
+                    hold_while_parked, set_by, updated_at)
+VALUES (:name, :concurrency, :per_key_concurrency, :rate_limit, :rate_per_s,
+        :hold_while_parked, :set_by, ratchet_now())
+ON CONFLICT (name) DO UPDATE
+SET concurrency = excluded.concurrency, per_key_concurrency = excluded.per_key_concurrency,
+    rate_limit = excluded.rate_limit, rate_per_s = excluded.rate_per_s,
+    hold_while_parked = excluded.hold_while_parked, updated_at = excluded.updated_at
+WHERE queues.set_by <> 'api'
+
+-- name: queue_set
+UPDATE queues SET concurrency = :concurrency, per_key_concurrency = :per_key_concurrency,
+                  rate_limit = :rate_limit, rate_per_s = :rate_per_s,
+                  hold_while_parked = :hold_while_parked, set_by = :set_by,
+                  updated_at = ratchet_now()
+WHERE name = :name
+
+-- name: queue_lock
+SELECT name, concurrency, per_key_concurrency, rate_limit, rate_per_s, hold_while_parked
+FROM queues WHERE name = :name
+
+-- name: queues_list
+SELECT q.name, q.concurrency, q.per_key_concurrency, q.rate_limit, q.rate_per_s,
+       q.hold_while_parked, q.set_by,
+       (SELECT count(*) FROM runs WHERE queue = q.name AND status = 'queued') AS depth,
+       (SELECT count(*) FROM runs WHERE queue = q.name
+          AND (status = 'running' OR (q.hold_while_parked AND status = 'waiting'))) AS in_flight
+FROM queues q ORDER BY q.name
+
+-- name: queues_limited
+SELECT name FROM queues
+WHERE name IN (SELECT value FROM json_each(:queues))
+  AND (concurrency IS NOT NULL OR per_key_concurrency IS NOT NULL OR rate_limit IS NOT NULL)
+
+-- name: queue_usage
+SELECT (SELECT count(*) FROM runs
+        WHERE queue = :queue AND status IN (SELECT value FROM json_each(:statuses))) AS in_flight,
+       (SELECT count(*) FROM runs
+        WHERE queue = :queue AND first_started_at > ratchet_now() - :per_s) AS started
+
+-- name: queue_pick
+-- A limited queue's ready runs in priority then age order, those whose key has
+-- per_key_concurrency runs in flight already left out (each key's n-th ready run is
+-- eligible while the key's runs in flight plus n stay within it). With fresh false, only
+-- runs driven before (the rate allows no first drive now).
+WITH busy AS (
+    SELECT concurrency_key, count(*) AS n FROM runs
+    WHERE queue = :queue AND status IN (SELECT value FROM json_each(:statuses))
+      AND concurrency_key IS NOT NULL
+    GROUP BY concurrency_key
+), ready AS (
+    SELECT run_id, priority, created_at, concurrency_key,
+           first_started_at IS NOT NULL AS started,
+           row_number() OVER (PARTITION BY concurrency_key
+                              ORDER BY priority DESC, created_at, run_id) AS nth
+    FROM runs INDEXED BY runs_queued
+    WHERE status = 'queued' AND queue = :queue
+      AND (:fresh OR first_started_at IS NOT NULL)
+      AND (workflow, workflow_version) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(:served))
+)
+SELECT ready.run_id, ready.priority, ready.created_at, ready.started
+FROM ready LEFT JOIN busy ON busy.concurrency_key = ready.concurrency_key
+WHERE :per_key IS NULL OR ready.concurrency_key IS NULL
+   OR ready.nth + coalesce(busy.n, 0) <= :per_key
+ORDER BY ready.priority DESC, ready.created_at, ready.run_id
+LIMIT :limit
+
+-- name: queue_lock_runs
+SELECT run_id FROM runs
+WHERE run_id IN (SELECT value FROM json_each(:ids)) AND status = 'queued'
+
+-- name: runs_mark_started
+UPDATE runs SET first_started_at = ratchet_now()
+WHERE run_id IN (SELECT value FROM json_each(:ids)) AND first_started_at IS NULL
+
+-- name: run_first_started
+SELECT first_started_at FROM runs WHERE run_id = :run_id
+
+-- name: runs_keys
+SELECT concurrency_key FROM runs WHERE queue = :queue
