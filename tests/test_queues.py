@@ -194,3 +194,18 @@ def test_a_queue_that_holds_slots_while_parked_counts_its_parked_runs(q: Harness
     for run_id in (second, third):
         q.app.signal(run_id, "go", 2)
     wait_done(q, [first, second, third])
+
+
+def test_a_delayed_start_holds_no_slot_of_a_queue_that_holds_parked_runs(q: Harness) -> None:
+    # A start that may not begin yet waits on no key: it has not begun, so even a queue
+    # whose parked runs keep their slots counts it nowhere, and the next run takes the slot.
+    later = q.app.start("listener", delay_s=3600)
+    assert q.app.get(later).status == ratchet.RunStatus.WAITING
+    assert running(q, "parked") == 0
+    q.spawn("w", concurrency=4).wait_started()
+    now = q.app.start("listener")
+    q.wait_parked(now, "signal:go")
+    assert running(q, "parked") == 1
+    q.app.signal(now, "go", 1)
+    wait_done(q, [now])
+    q.app.cancel(later)

@@ -1124,7 +1124,8 @@ SELECT q.name, q.concurrency, q.per_key_concurrency, q.rate_limit, q.rate_per_s,
        q.hold_while_parked, q.set_by,
        (SELECT count(*) FROM runs WHERE queue = q.name AND status = 'queued') AS depth,
        (SELECT count(*) FROM runs WHERE queue = q.name
-          AND (status = 'running' OR (q.hold_while_parked AND status = 'waiting'))) AS in_flight
+          AND (status = 'running' OR (q.hold_while_parked AND status = 'waiting'
+                                        AND waiting_for IS NOT NULL))) AS in_flight
 FROM queues q ORDER BY q.name
 
 -- name: queues_limited
@@ -1136,7 +1137,9 @@ WHERE name = ANY(%(queues)s::text[])
 -- Counted along runs_running (or runs_status, for parked runs a queue holds slots for) and
 -- runs_first_started.
 SELECT (SELECT count(*) FROM runs
-        WHERE queue = %(queue)s AND status = ANY(%(statuses)s::text[])) AS in_flight,
+        WHERE queue = %(queue)s AND status = ANY(%(statuses)s::text[])
+          -- a delayed or debounced start waits on no key: not begun, it holds no slot
+          AND NOT (status = 'waiting' AND waiting_for IS NULL)) AS in_flight,
        (SELECT count(*) FROM runs
         WHERE queue = %(queue)s
           AND first_started_at > ratchet_now() - make_interval(secs => %(per_s)s)) AS started
@@ -1149,6 +1152,7 @@ SELECT (SELECT count(*) FROM runs
 WITH busy AS (
     SELECT concurrency_key, count(*) AS n FROM runs
     WHERE queue = %(queue)s AND status = ANY(%(statuses)s::text[])
+      AND NOT (status = 'waiting' AND waiting_for IS NULL)
       AND concurrency_key IS NOT NULL
     GROUP BY concurrency_key
 ), ready AS (

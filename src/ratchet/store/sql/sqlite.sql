@@ -908,7 +908,8 @@ SELECT q.name, q.concurrency, q.per_key_concurrency, q.rate_limit, q.rate_per_s,
        q.hold_while_parked, q.set_by,
        (SELECT count(*) FROM runs WHERE queue = q.name AND status = 'queued') AS depth,
        (SELECT count(*) FROM runs WHERE queue = q.name
-          AND (status = 'running' OR (q.hold_while_parked AND status = 'waiting'))) AS in_flight
+          AND (status = 'running' OR (q.hold_while_parked AND status = 'waiting'
+                                        AND waiting_for IS NOT NULL))) AS in_flight
 FROM queues q ORDER BY q.name
 
 -- name: queues_limited
@@ -918,7 +919,9 @@ WHERE name IN (SELECT value FROM json_each(:queues))
 
 -- name: queue_usage
 SELECT (SELECT count(*) FROM runs
-        WHERE queue = :queue AND status IN (SELECT value FROM json_each(:statuses))) AS in_flight,
+        WHERE queue = :queue AND status IN (SELECT value FROM json_each(:statuses))
+          -- a delayed or debounced start waits on no key: not begun, it holds no slot
+          AND NOT (status = 'waiting' AND waiting_for IS NULL)) AS in_flight,
        (SELECT count(*) FROM runs
         WHERE queue = :queue AND first_started_at > ratchet_now() - :per_s) AS started
 
@@ -930,6 +933,7 @@ SELECT (SELECT count(*) FROM runs
 WITH busy AS (
     SELECT concurrency_key, count(*) AS n FROM runs
     WHERE queue = :queue AND status IN (SELECT value FROM json_each(:statuses))
+      AND NOT (status = 'waiting' AND waiting_for IS NULL)
       AND concurrency_key IS NOT NULL
     GROUP BY concurrency_key
 ), ready AS (
