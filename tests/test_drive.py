@@ -758,6 +758,7 @@ def _install_journal(
                 "priority": 0,
                 "tenant_id": "default",
                 "tags": "{}",
+                "concurrency_key": None,
             },
         )
         app.store._insert_events(tx, events)

@@ -68,6 +68,7 @@ def _install(
                 "priority": 0,
                 "tenant_id": "default",
                 "tags": "{}",
+                "concurrency_key": None,
             },
         )
         app.store._insert_events(tx, events)

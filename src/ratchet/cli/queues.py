@@ -115,7 +115,9 @@ def set_(
     rate: Annotated[
         str | None,
         typer.Option(
-            "--rate", metavar="K/S", help="K first drives per S seconds (50/60); none: no limit."
+            "--rate",
+            metavar="RATE",
+            help="K/S: K first drives per S seconds (50/60); none: no limit.",
         ),
     ] = None,
     hold_while_parked: Annotated[
