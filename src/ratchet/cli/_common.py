@@ -169,6 +169,17 @@ def app_on_db(ctx: typer.Context, spec: str, db: str | None) -> Iterator[Ratchet
         app.shutdown()
 
 
+def json_option(flag: str, text: str | None, default: Any) -> Any:
+    """The JSON an option was given, ``default`` when it was not given; exit 2 naming
+    ``flag`` when it is not JSON."""
+    if text is None:
+        return default
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        die(f"{flag} is not JSON: {e}")
+
+
 def grant_option(text: str | None) -> dict[str, Any] | None:
     """``--grant``'s JSON, or exit 2 naming the problem."""
     if text is None:

@@ -3,7 +3,6 @@ cancelled run queued again, two runs side by side."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
@@ -21,6 +20,7 @@ from ratchet.cli._common import (
     client,
     die,
     errors,
+    json_option,
     make_console,
 )
 from ratchet.cli._format import compact, cost_text, echo_json, status_text
@@ -31,15 +31,6 @@ ByOption = Annotated[
     str | None, typer.Option("--by", metavar="WHO", help="Who does it, for the journal.")
 ]
 DIFF_STYLE = {"same": "dim", "changed": "yellow", "only_a": "red", "only_b": "green"}
-
-
-def _json(flag: str, text: str | None) -> Any:
-    if text is None:
-        return UNSET
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        die(f"{flag} is not JSON: {e}")
 
 
 def fork(
@@ -88,8 +79,8 @@ def fork(
     --at on; the run itself is not changed. A worker serving the workflow drives it."""
     if output is not None and input is not None:
         die("give --output (an edited output of the step at --at) or --input, not both")
-    edit = None if output is None else {at: _json("--output", output)}
-    given = _json("--input", input)
+    edit = None if output is None else {at: json_option("--output", output, UNSET)}
+    given = json_option("--input", input, UNSET)
     if app_spec is not None:
         with errors(), app_on_db(ctx, app_spec, db) as app:
             new = _fork(app, run_id, at, given, edit, by)

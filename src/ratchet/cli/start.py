@@ -11,7 +11,16 @@ import httpx
 import typer
 
 from ratchet.app import Ratchet
-from ratchet.cli._common import DbOption, Fail, app_on_db, client, die, errors, given_db
+from ratchet.cli._common import (
+    DbOption,
+    Fail,
+    app_on_db,
+    client,
+    die,
+    errors,
+    given_db,
+    json_option,
+)
 from ratchet.engine.start_options import parse_start_at, start_options
 from ratchet.errors import InvalidInput, UnknownWorkflow
 
@@ -110,8 +119,8 @@ def start_cmd(
     its id. A worker serving the workflow drives it (any app's worker, for a graph).
 
     Input is JSON and is taken as it is written: `true` is no integer, `"3"` no number."""
-    value = _json_option("--input", input, {})
-    overrides = _json_option("--guards", guards, None)
+    value = json_option("--input", input, {})
+    overrides = json_option("--guards", guards, None)
     when = {"dedup_id": dedup_id, "start_at": start_at, "delay_s": delay}
     when = {k: v for k, v in when.items() if v is not None}
     if server is not None:
@@ -131,15 +140,6 @@ def start_cmd(
                     "--server URL)"
                 ) from e
     typer.echo(run)
-
-
-def _json_option(flag: str, text: str | None, default: Any) -> Any:
-    if text is None:
-        return default
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        die(f"{flag} is not JSON: {e}")
 
 
 def _start(
