@@ -169,13 +169,15 @@ def test_a_fork_of_a_fork_works_and_its_receipt_verifies(
     server, base = provider
     app, ran = brief_app(make_app, base)
     app.launch()
-    source = app.start("brief", "otters")
+    source = app.start("brief", "otters", concurrency_key="desk-7")
     app.result(source, timeout_s=30)
     first = app.fork(source, "3:summarize", edit={"3:summarize": "one"})
     app.result(first, timeout_s=30)
     second = app.fork(first, "4:" + CALL)
     assert app.result(second, timeout_s=30)["summary"] == "one"
     assert (app.get(second).forked_from, app.get(second).forked_at) == (first, f"4:{CALL}")
+    # A fork counts against its queue's per-key limit as its source did.
+    assert {app.get(r).concurrency_key for r in (source, first, second)} == {"desk-7"}
     assert len(server.requests()) == 4 and ran == {"prepare": 1, "delivery": 1, "summarize": 1}
     # The copy of a copy still names the run it was copied from.
     assert {e.payload.get("copied_from") for e in app.events(second) if e.step_id} >= {first}

@@ -121,6 +121,10 @@ def test_concurrency_keys_are_the_tenants_own(api: Api) -> None:
         )
     )
     assert keys == {"acme/k", "k", "k2"}
+    # Each caller reads back the key it gave, never another tenant's prefix.
+    shown = tenant_admin.get(f"/v1/runs/{a.json()['run_id']}").json()
+    assert shown["concurrency_key"] == "k"
+    assert h.app.get(b.json()["run_id"]).concurrency_key == "k"
 
 
 def _signed_in(api: Api, secret: str) -> httpx.Client:

@@ -124,6 +124,11 @@ def _run(rec: RunRecord, token: Token) -> Run:
         tags=rec.tags,
         forked_from=shown_or_none(token, rec.forked_from),
         forked_at=rec.forked_at,
+        concurrency_key=(
+            None
+            if rec.concurrency_key is None
+            else tenants.external_key(token.tenant_id, rec.concurrency_key)
+        ),
     )
 
 
@@ -207,10 +212,8 @@ def _request(
     args: tuple[Any, ...] = (body.input,) if graph else ()
     kwargs: dict[str, Any] = {} if graph else body.input
     key = body.concurrency_key
-    if key is not None and token_tenant != tenants.DEFAULT_TENANT:
-        # Queues are fleet-wide; a key is the tenant's own, so another tenant using the
-        # same key never takes this one's slots.
-        key = f"{token_tenant}/{key}"
+    if key is not None:
+        key = tenants.scoped_key(token_tenant, key)
     return RunRequest(
         body.workflow,
         args,

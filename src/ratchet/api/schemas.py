@@ -219,6 +219,9 @@ class Run(BaseModel):
     forked_at: str | None = Field(
         default=None, description="The step of the source run the fork was made at."
     )
+    concurrency_key: str | None = Field(
+        default=None, description="The key its queue's per_key_concurrency counts it under."
+    )
 
 
 class DriveOut(BaseModel):

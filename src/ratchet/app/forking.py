@@ -141,6 +141,7 @@ class Forking(AppBase):
             tenant_id=source.tenant_id,
             guards=state.guards,
             tags=dict(source.tags),
+            concurrency_key=source.concurrency_key,
             forked_from=source.run_id,
             forked_at=at,
         )

@@ -36,6 +36,9 @@ class RunRecord:
     # for a run started afresh. Set at creation, never changed.
     forked_from: str | None = None
     forked_at: str | None = None
+    # The key its queue's per_key_concurrency counts it under (a non-default tenant's is
+    # stored with the tenant's prefix, see ratchet.store.tenants.scoped_key); set at start.
+    concurrency_key: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +60,7 @@ class RunRecord:
             "tags": dict(self.tags),
             "forked_from": self.forked_from,
             "forked_at": self.forked_at,
+            "concurrency_key": self.concurrency_key,
         }
 
 

@@ -148,6 +148,7 @@ def _fork_params(new: NewRun) -> dict[str, Any]:
         "tags": dumps(new.tags),
         "forked_from": new.forked_from,
         "forked_at": new.forked_at,
+        "concurrency_key": new.concurrency_key,
     }
 
 

@@ -45,6 +45,7 @@ def record_from_row(row: Any) -> RunRecord:
         tags=json.loads(row["tags"]),
         forked_from=row["forked_from"],
         forked_at=row["forked_at"],
+        concurrency_key=row["concurrency_key"],
     )
 
 

@@ -54,6 +54,18 @@ def external_id(tenant: str, internal: str) -> str:
     return internal[len(p) :] if internal.startswith(p) else internal
 
 
+def scoped_key(tenant: str, key: str) -> str:
+    """The stored form of ``tenant``'s concurrency key: queues are fleet-wide, and a key is
+    the tenant's own, so another tenant using the same key never takes this one's slots."""
+    return key if tenant == DEFAULT_TENANT else f"{tenant}/{key}"
+
+
+def external_key(tenant: str, key: str) -> str:
+    """The concurrency key ``tenant`` gave, from its stored form."""
+    p = f"{tenant}/"
+    return key[len(p) :] if tenant != DEFAULT_TENANT and key.startswith(p) else key
+
+
 def external_text(tenant: str, text: str) -> str:
     """``text`` (an error message naming runs of ``tenant``) with the tenant's ids."""
     return text.replace(prefix(tenant), "")

@@ -36,33 +36,33 @@ ON CONFLICT (run_id) DO NOTHING
 -- name: run_get
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs WHERE run_id = %(run_id)s
 
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at, cancel_requested, cancel_by
+       tags, forked_from, forked_at, concurrency_key, cancel_requested, cancel_by
 FROM runs WHERE run_id = %(run_id)s
 FOR UPDATE
 
 -- name: runs_get_many
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs WHERE run_id IN (SELECT unnest(%(ids)s::text[]))
 
 -- name: runs_list
 -- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
 -- name: runs_list_status
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs WHERE status = %(status)s
 ORDER BY created_at DESC, run_id LIMIT %(limit)s
 
@@ -70,7 +70,7 @@ ORDER BY created_at DESC, run_id LIMIT %(limit)s
 -- runs_list with filters, each applied when given (NULL: any).
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs
 WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s::text)
@@ -87,7 +87,7 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s::text)
 -- for. The other filters apply when given (NULL: any), as in runs_page.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs
 WHERE tags @> %(tags)s::jsonb
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
@@ -323,10 +323,10 @@ WHERE run_id = %(run_id)s AND status = 'cancelled'
 -- name: fork_insert
 -- A fork (ratchet.store.forks): a new top-level run with its lineage.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, priority,
-                  created_at, updated_at, tenant_id, tags, forked_from, forked_at)
+                  created_at, updated_at, tenant_id, tags, forked_from, forked_at, concurrency_key)
 VALUES (%(run_id)s, %(workflow)s, %(workflow_version)s, %(input)s::jsonb, 'queued',
         %(queue)s, %(priority)s, ratchet_now(), ratchet_now(), %(tenant_id)s,
-        %(tags)s::jsonb, %(forked_from)s, %(forked_at)s)
+        %(tags)s::jsonb, %(forked_from)s, %(forked_at)s, %(concurrency_key)s)
 
 -- name: run_finish
 -- Keeps the lease's epoch (the row goes with lease_drop in the same transaction).
@@ -591,7 +591,7 @@ UPDATE runs r SET status = 'running', waiting_for = NULL, not_before = NULL,
 FROM leased WHERE r.run_id = leased.run_id
 RETURNING r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
           r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
-          r.created_at, r.updated_at, r.tenant_id, r.tags, r.forked_from, r.forked_at, leased.epoch
+          r.created_at, r.updated_at, r.tenant_id, r.tags, r.forked_from, r.forked_at, r.concurrency_key, leased.epoch
 
 -- name: create_run
 -- Start in one statement: the run (queued), its run_queued event and the wake-up, or, when
@@ -609,7 +609,7 @@ WITH new AS (
     ON CONFLICT (run_id) DO NOTHING
     RETURNING run_id, workflow, workflow_version, input, status, output, error,
               parent_run_id, parent_step_id, queue, priority, not_before, waiting_for,
-              created_at, updated_at, tenant_id, tags, forked_from, forked_at
+              created_at, updated_at, tenant_id, tags, forked_from, forked_at, concurrency_key
 ), queued AS (
     INSERT INTO journal_events (run_id, seq, kind, step_id, attempt, payload, at, prev_hash,
                                 hash)
@@ -624,7 +624,7 @@ SELECT new.*, true AS created, (SELECT count(*) FROM woken) AS woken FROM new
 UNION ALL
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at, false AS created, 0 AS woken
+       tags, forked_from, forked_at, concurrency_key, false AS created, 0 AS woken
 FROM runs WHERE run_id = %(run_id)s AND NOT EXISTS (SELECT 1 FROM new)
 
 -- name: create_runs
@@ -796,7 +796,7 @@ SELECT run_id, tenant_id FROM runs WHERE run_id IN (SELECT unnest(%(ids)s::text[
 -- when given (NULL: any); text: a substring of the run id (strpos: no wildcards). Times travel as epoch seconds; microseconds survive the float.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs
 WHERE tenant_id = %(tenant_id)s
   AND (%(status)s::text IS NULL OR status = %(status)s::text)
@@ -815,7 +815,7 @@ ORDER BY created_at DESC, run_id LIMIT %(limit)s
 -- runs_page of the runs with every tag of %(tags)s, matched as in runs_filter_tagged.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs
 WHERE tenant_id = %(tenant_id)s
   AND tags @> %(tags)s::jsonb

@@ -24,32 +24,32 @@ ON CONFLICT (run_id) DO NOTHING
 -- name: run_get
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs WHERE run_id = :run_id
 
 -- name: run_get_locked
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at, cancel_requested, cancel_by
+       tags, forked_from, forked_at, concurrency_key, cancel_requested, cancel_by
 FROM runs WHERE run_id = :run_id
 
 -- name: runs_get_many
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs WHERE run_id IN (SELECT value FROM json_each(:ids))
 
 -- name: runs_list
 -- Newest first along runs_created; runs_list_status along runs_status.
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs ORDER BY created_at DESC, run_id LIMIT :limit
 
 -- name: runs_list_status
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs WHERE status = :status
 ORDER BY created_at DESC, run_id LIMIT :limit
 
@@ -57,7 +57,7 @@ ORDER BY created_at DESC, run_id LIMIT :limit
 -- runs_list with filters, each applied when given (NULL: any).
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs
 WHERE (:status IS NULL OR status = :status)
   AND (:workflow IS NULL OR workflow = :workflow)
@@ -75,7 +75,7 @@ WHERE (:status IS NULL OR status = :status)
 -- not the runs stored. The other filters apply when given (NULL: any), as in runs_page.
 SELECT r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
        r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
-       r.created_at, r.updated_at, r.tenant_id, r.tags, r.forked_from, r.forked_at
+       r.created_at, r.updated_at, r.tenant_id, r.tags, r.forked_from, r.forked_at, r.concurrency_key
 FROM (SELECT t.run_id FROM json_each(:tags) AS j
       JOIN run_tags AS t ON t.key = j.key AND t.value = j.value
       GROUP BY t.run_id HAVING count(*) = (SELECT count(*) FROM json_each(:tags))) AS m
@@ -293,9 +293,9 @@ WHERE run_id = :run_id AND status = 'cancelled'
 -- name: fork_insert
 -- A fork (ratchet.store.forks): a new top-level run with its lineage.
 INSERT INTO runs (run_id, workflow, workflow_version, input, status, queue, priority,
-                  created_at, updated_at, tenant_id, tags, forked_from, forked_at)
+                  created_at, updated_at, tenant_id, tags, forked_from, forked_at, concurrency_key)
 VALUES (:run_id, :workflow, :workflow_version, :input, 'queued', :queue, :priority,
-        ratchet_now(), ratchet_now(), :tenant_id, :tags, :forked_from, :forked_at)
+        ratchet_now(), ratchet_now(), :tenant_id, :tags, :forked_from, :forked_at, :concurrency_key)
 
 -- name: run_finish
 -- Keeps the lease's epoch (the row goes with lease_drop in the same transaction).
@@ -589,7 +589,7 @@ SELECT run_id, tenant_id FROM runs WHERE run_id IN (SELECT value FROM json_each(
 -- when given (NULL: any); text: a substring of the run id (instr: no wildcards).
 SELECT run_id, workflow, workflow_version, input, status, output, error, parent_run_id,
        parent_step_id, queue, priority, not_before, waiting_for, created_at, updated_at, tenant_id,
-       tags, forked_from, forked_at
+       tags, forked_from, forked_at, concurrency_key
 FROM runs
 WHERE tenant_id = :tenant_id
   AND (:status IS NULL OR status = :status)
@@ -606,7 +606,7 @@ ORDER BY created_at DESC, run_id LIMIT :limit
 -- runs_page of the runs with every tag of :tags, matched as in runs_filter_tagged.
 SELECT r.run_id, r.workflow, r.workflow_version, r.input, r.status, r.output, r.error,
        r.parent_run_id, r.parent_step_id, r.queue, r.priority, r.not_before, r.waiting_for,
-       r.created_at, r.updated_at, r.tenant_id, r.tags, r.forked_from, r.forked_at
+       r.created_at, r.updated_at, r.tenant_id, r.tags, r.forked_from, r.forked_at, r.concurrency_key
 FROM (SELECT t.run_id FROM json_each(:tags) AS j
       JOIN run_tags AS t ON t.key = j.key AND t.value = j.value
       GROUP BY t.run_id HAVING count(*) = (SELECT count(*) FROM json_each(:tags))) AS m
