@@ -209,3 +209,22 @@ def test_a_delayed_start_holds_no_slot_of_a_queue_that_holds_parked_runs(q: Harn
     q.app.signal(now, "go", 1)
     wait_done(q, [now])
     q.app.cancel(later)
+
+
+def test_a_freed_slot_is_handed_on_at_once_not_at_the_next_poll(
+    make_app: Any,
+) -> None:
+    # A worker that polls once in ten minutes: only the wake-up of a run's end (or park)
+    # in a limited queue can hand its slot to the next run in time.
+    app = make_app()
+    app.queue("one_at_a_time", concurrency=1)
+
+    @app.workflow(name="solo", queue="one_at_a_time")
+    async def solo(i: int) -> int:
+        if i == 1:
+            await ratchet.sleep(0.01)  # parked, it holds no slot
+        return i
+
+    ids = [app.start(solo, i) for i in range(4)]
+    app.launch(poll_interval=600)
+    assert [app.result(r, timeout_s=60) for r in ids] == [0, 1, 2, 3]

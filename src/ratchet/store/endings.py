@@ -27,6 +27,7 @@ from ratchet.store.bus import CANCEL, DONE, READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.journal import append_unowned, insert_events
 from ratchet.store.leases import check_lease
+from ratchet.store.queues import slot_freed
 from ratchet.store.retention import put_receipt_in
 from ratchet.store.rows import record_from_row
 from ratchet.store.runs import locked_run, locked_run_and_parent
@@ -73,6 +74,7 @@ async def finish(
             )
         _ended(d, tx, lease.run_id)
         rec = record_from_row(tx.one("run_get", {"run_id": lease.run_id}))
+        slot_freed(d, tx, rec.queue)
         if rec.parent_run_id and tx.run(
             "run_wake", {"run_id": rec.parent_run_id, "waiting_for": str(WaitKey.child(rec.run_id))}
         ):
@@ -131,6 +133,7 @@ def _cancel_locked(d: Dialect, tx: Tx, rec: RunRecord, by: str | None = None) ->
         {"run_id": run_id, "status": "cancelled", "output": None, "error": "cancelled"},
     )
     _ended(d, tx, run_id)
+    slot_freed(d, tx, rec.queue)  # a parked run its queue held a slot for
     if rec.parent_run_id and tx.run(
         "run_wake", {"run_id": rec.parent_run_id, "waiting_for": str(WaitKey.child(run_id))}
     ):

@@ -21,6 +21,7 @@ from typing import Any
 from ratchet.errors import InvalidInput, UnknownQueue
 from ratchet.model import ClaimedRun
 from ratchet.names import MAX_QUEUE, check_length
+from ratchet.store.bus import READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.transaction import Tx
 
@@ -250,6 +251,16 @@ async def list_queues(d: Dialect) -> list[QueueView]:
 def limited_in(d: Dialect, tx: Tx, names: Sequence[str]) -> list[str]:
     """Within ``tx``: which of ``names`` have limits."""
     return [r["name"] for r in tx.all("queues_limited", {"queues": d._ids(list(names))})]
+
+
+def slot_freed(d: Dialect, tx: Tx, queue: str) -> None:
+    """Within the transaction that ends or parks a run of ``queue``: if the queue has
+    limits, a run held back by them may be claimable now, so wake the workers at once
+    rather than at their next poll (a second on PostgreSQL). A read of the queues table,
+    never a lock on its row: claims lock the queue's row before runs rows, this
+    transaction holds a runs row already."""
+    if limited_in(d, tx, [queue]):
+        d._announce(tx, READY)
 
 
 def _in_flight(q: QueueLimits) -> list[str]:

@@ -30,6 +30,7 @@ from ratchet.store.bus import READY
 from ratchet.store.dialect import Dialect
 from ratchet.store.journal import insert_events
 from ratchet.store.leases import check_lease, release_in
+from ratchet.store.queues import slot_freed
 from ratchet.store.runs import locked_run
 from ratchet.store.transaction import Tx
 
@@ -65,6 +66,8 @@ async def park(
         release_in(tx, lease)
         if not_before is not None:
             d._announce(tx, READY)
+        else:
+            slot_freed(d, tx, row["queue"])  # a parked run holds no slot unless told to
         return "parked", []
 
     return await d._run(body)
