@@ -4,7 +4,7 @@ counted alone would be exceeded here, since each worker has free slots of its ow
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +212,7 @@ def test_a_delayed_start_holds_no_slot_of_a_queue_that_holds_parked_runs(q: Harn
 
 
 def test_a_freed_slot_is_handed_on_at_once_not_at_the_next_poll(
-    make_app: Any,
+    make_app: Callable[..., ratchet.Ratchet],
 ) -> None:
     # A worker that polls once in ten minutes: only the wake-up of a run's end (or park)
     # in a limited queue can hand its slot to the next run in time.
