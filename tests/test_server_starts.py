@@ -170,3 +170,50 @@ def test_ratchet_start_takes_a_dedup_id_a_delay_and_a_time(
         assert client.get(delayed).status == RunStatus.WAITING
         assert client.get(timed).not_before == 1893456000.0
         assert len(client.runs()) == 3
+
+
+def test_ratchet_start_gives_a_run_its_tags_and_concurrency_key(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tagged_shop.py").write_text(SHOP_APP)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "tagged_shop", raising=False)
+    start = ("start", "order", "--app", "tagged_shop:app", "--db", db_url, "--input")
+    one = '{"sku": "a-1"}'
+    run_id = ok(
+        *start, one, "--tag", "team=search", "--tag", "env=prod", "--concurrency-key", "acme"
+    ).stdout.strip()
+    with ratchet.Ratchet(db_url) as client:
+        rec = client.get(run_id)
+        assert (rec.tags, rec.concurrency_key) == ({"team": "search", "env": "prod"}, "acme")
+    found = ok("--db", db_url, "runs", "--tag", "team=search", "--json").stdout
+    assert run_id in found
+    # Refused before anything is written, naming the flag.
+    assert "--tag" in refused(2, *start, one, "--tag", "no-equals-sign")
+    assert "--tag" in refused(2, *start, one, "--tag", "a=1", "--tag", "a=2")
+    line = refused(2, *start, one, "--concurrency-key", "x" * 500)
+    assert "concurrency key" in line, line
+    with ratchet.Ratchet(db_url) as client:
+        assert [r.run_id for r in client.runs()] == [run_id]
+
+
+def test_ratchet_start_through_a_server_sends_tags_and_key(served: Api) -> None:
+    secret = served.token("acme")
+    run_id = ok(
+        "start",
+        "chain",
+        "--server",
+        served.base,
+        "--token",
+        secret,
+        "--input",
+        '{"n": 1}',
+        "--tag",
+        "team=search",
+        "--concurrency-key",
+        "k1",
+    ).stdout.strip()
+    shown = served.acme.get(f"/v1/runs/{run_id}").json()
+    assert (shown["tags"], shown["concurrency_key"]) == ({"team": "search"}, "k1")
+    assert served.h.app.get(engine_id(run_id, "acme")).concurrency_key == "acme/k1"

@@ -19,7 +19,8 @@ from typer.core import TyperArgument, TyperGroup
 
 from ratchet.app import Ratchet
 from ratchet.config import DEFAULT_DATABASE_URL, DatabaseURL
-from ratchet.errors import RatchetError
+from ratchet.errors import InvalidInput, RatchetError
+from ratchet.names import parse_tag
 
 DbOption = Annotated[
     str | None,
@@ -178,6 +179,20 @@ def json_option(flag: str, text: str | None, default: Any) -> Any:
         return json.loads(text)
     except ValueError as e:
         die(f"{flag} is not JSON: {e}")
+
+
+def tag_option(given: list[str] | None) -> dict[str, str]:
+    """``--tag KEY=VALUE`` options as one mapping, or exit 2 naming the problem (a tag
+    given twice with different values is one: a run has one value per tag)."""
+    tags: dict[str, str] = {}
+    for text in given or []:
+        try:
+            key, value = parse_tag(text)
+        except InvalidInput as e:
+            die(f"--tag: {e}")
+        if tags.setdefault(key, value) != value:
+            die(f"--tag: {key!r} given twice with different values (a run has one value per tag)")
+    return tags
 
 
 def grant_option(text: str | None) -> dict[str, Any] | None:

@@ -13,7 +13,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ratchet.cli._common import DbOption, JsonOption, RunArg, client, die, make_console
+from ratchet.cli._common import (
+    DbOption,
+    JsonOption,
+    RunArg,
+    client,
+    die,
+    make_console,
+    tag_option,
+)
 from ratchet.cli._format import (
     compact,
     cost_text,
@@ -25,7 +33,6 @@ from ratchet.cli._format import (
     waiting_text,
     when,
 )
-from ratchet.errors import InvalidInput
 from ratchet.model import (
     Event,
     LLMTotals,
@@ -39,7 +46,6 @@ from ratchet.model import (
     fold,
     given_input,
 )
-from ratchet.names import parse_tag
 from ratchet.store import WorkerInfo
 
 # How much of a value `show` prints unless --full is given.
@@ -75,7 +81,7 @@ def runs(
     """List runs, newest first."""
     if status is not None and status not in {s.value for s in RunStatus}:
         die(f"unknown status {status!r}: expected one of {', '.join(s.value for s in RunStatus)}")
-    tags = _tag_filters(tag or [])
+    tags = tag_option(tag)
     what = _described(status, workflow, tags)
     with client(ctx, db, read_only=True) as app:
         # One more than asked for tells whether there are more, without counting each time.
@@ -118,19 +124,6 @@ def runs(
         console.print(note)
     for line in notes:
         console.print(Text(line, style="yellow"))
-
-
-def _tag_filters(given: list[str]) -> dict[str, str]:
-    """``--tag key=value`` filters as one mapping (a run must have all of them)."""
-    tags: dict[str, str] = {}
-    for text in given:
-        try:
-            key, value = parse_tag(text)
-        except InvalidInput as e:
-            die(f"--tag: {e}")
-        if tags.setdefault(key, value) != value:
-            die(f"--tag: {key!r} given twice with different values (a run has one value per tag)")
-    return tags
 
 
 def _described(status: str | None, workflow: str | None, tags: dict[str, str]) -> str:

@@ -20,6 +20,7 @@ from ratchet.cli._common import (
     errors,
     given_db,
     json_option,
+    tag_option,
 )
 from ratchet.engine.start_options import parse_start_at, start_options
 from ratchet.errors import InvalidInput, UnknownWorkflow
@@ -56,6 +57,23 @@ def start_cmd(
             metavar="JSON",
             help="Guard overrides for this run, e.g. "
             '\'{"max_steps": 50, "actions": {"runaway_loop": "pause"}}\'.',
+        ),
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--tag",
+            metavar="TAG",
+            help="A tag of the run, as KEY=VALUE; repeat it for more "
+            "(`ratchet runs --tag` finds runs by them).",
+        ),
+    ] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option(
+            "--concurrency-key",
+            metavar="KEY",
+            help="The key its queue's per_key_concurrency counts it under.",
         ),
     ] = None,
     dedup_id: Annotated[
@@ -123,17 +141,20 @@ def start_cmd(
     overrides = json_option("--guards", guards, None)
     when = {"dedup_id": dedup_id, "start_at": start_at, "delay_s": delay}
     when = {k: v for k, v in when.items() if v is not None}
+    labels: dict[str, Any] = {"tags": tag_option(tag)}
+    if concurrency_key is not None:
+        labels["concurrency_key"] = concurrency_key
     if server is not None:
         if app_spec is not None or given_db(ctx, db) is not None:
             die("--server starts the run through the server: give no --app and no --db with it")
-        run = _through_server(server, token, name, value, run_id, queue, overrides, when)
+        run = _through_server(server, token, name, value, run_id, queue, overrides, when | labels)
     elif app_spec is not None:
         with errors(), app_on_db(ctx, app_spec, db) as app:
-            run = _start(app, name, value, run_id, queue, overrides, when)
+            run = _start(app, name, value, run_id, queue, overrides, when, labels)
     else:
         with client(ctx, db) as app:
             try:
-                run = _start(app, name, value, run_id, queue, overrides, when)
+                run = _start(app, name, value, run_id, queue, overrides, when, labels)
             except UnknownWorkflow as e:
                 raise Fail(
                     f"{e} (a code workflow starts with --app APP, or through a server with "
@@ -150,10 +171,12 @@ def _start(
     queue: str,
     guards: dict[str, Any] | None,
     when: dict[str, Any],
+    labels: dict[str, Any],
 ) -> str:
     """Start ``name`` with ``app``: a code workflow's arguments by name, checked strictly
     as the API checks them (they came as JSON); anything else as a graph's input. ``when``:
-    the start's ``dedup_id``, ``start_at`` (ISO-8601 text) and ``delay_s``, as given."""
+    the start's ``dedup_id``, ``start_at`` (ISO-8601 text) and ``delay_s``, as given;
+    ``labels``: its ``tags`` and ``concurrency_key``."""
     plan = start_options(
         dedup_id=when.get("dedup_id"),
         start_at=None if "start_at" not in when else parse_start_at(when["start_at"]),
@@ -173,7 +196,15 @@ def _start(
         args, kwargs = (), value
     rec, _ = app.portal.call(
         app.start_run_async(
-            name, args, kwargs, run_id=run_id, queue=queue, guards=guards, plan=plan
+            name,
+            args,
+            kwargs,
+            run_id=run_id,
+            queue=queue,
+            guards=guards,
+            plan=plan,
+            tags=labels["tags"],
+            concurrency_key=labels.get("concurrency_key"),
         )
     )
     return rec.run_id
@@ -189,7 +220,8 @@ def _through_server(
     guards: dict[str, Any] | None,
     when: dict[str, Any],
 ) -> str:
-    """``POST /v1/runs`` on ``server``; the run's id, or one line saying why not (the
+    """``POST /v1/runs`` on ``server`` (``when``: the body's start options, tags and
+    concurrency key); the run's id, or one line saying why not (the
     server's own message when it refused)."""
     if not token:
         die("--server needs a token with the runs:write scope: --token TOKEN or $RATCHET_TOKEN")
